@@ -1,0 +1,45 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+# Both create or reuse .venv and install what is missing first.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8700
+
+.PHONY: serve test lint typecheck pytest install bench clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml scripts/install.sh | $(BIN)/python
+	VENV=$(VENV) bash scripts/install.sh
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install heed with its test tools
+
+serve: $(STAMP)  ## run the server on embedded defaults (SQLite, local models)
+	$(BIN)/heed serve --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)  ## ruff lint and format check
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+
+typecheck: $(STAMP)  ## mypy (strict for heed.runtime)
+	$(BIN)/mypy
+
+pytest: $(STAMP)  ## the test suite alone
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest  ## everything CI runs
+
+bench: $(STAMP)  ## run the benchmarks (figures go to benchmarks/results/)
+	$(BIN)/python benchmarks/cancel_latency.py
+
+clean:  ## remove the virtualenv
+	rm -rf $(VENV)

@@ -1,0 +1,38 @@
+"""The ASGI application: routes, error handlers and the lifecycle middleware."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from fastapi import FastAPI
+
+from heed.api.errors import install_error_handlers
+from heed.api.metrics import Metrics
+from heed.api.middleware import RequestLifecycleMiddleware
+from heed.api.routes import diagnostics, system
+from heed.services import Services
+from heed.settings import Settings
+from heed.version import __version__
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    """Build the heed app. The lifecycle middleware is added last, so it is outermost."""
+    settings = settings or (services.settings if services else Settings())
+    services = services or Services(settings)
+    app = FastAPI(title="heed", version=__version__)
+    app.state.services = services
+    app.state.metrics = Metrics(services.lanes)
+    app.state.burn_records = OrderedDict()
+    install_error_handlers(app)
+    app.include_router(system.router)
+    if settings.enable_diagnostics:
+        app.include_router(diagnostics.router)
+    app.add_middleware(
+        RequestLifecycleMiddleware,
+        metrics=app.state.metrics,
+        api_keys=settings.api_keys,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    return app

@@ -1,0 +1,90 @@
+"""Prometheus metrics for one server: HTTP outcomes, cancellations and lane counters.
+
+Each app gets its own ``CollectorRegistry`` so several apps (tests) never clash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from heed.runtime import Lanes
+
+__all__ = ["Metrics"]
+
+
+class _LaneCollector(Collector):
+    """Reads the lanes' live counters at scrape time."""
+
+    def __init__(self, lanes: Lanes) -> None:
+        self._lanes = lanes
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gauges = {
+            "capacity": GaugeMetricFamily("heed_lane_capacity", "Slots per lane", labels=["lane"]),
+            "in_use": GaugeMetricFamily(
+                "heed_lane_in_use", "Slots held by running work", labels=["lane"]
+            ),
+            "queued": GaugeMetricFamily(
+                "heed_lane_queued", "Work waiting for a slot", labels=["lane"]
+            ),
+            "abandoned": GaugeMetricFamily(
+                "heed_lane_abandoned",
+                "Slots held by cancelled work that has not stopped yet",
+                labels=["lane"],
+            ),
+        }
+        rejected = CounterMetricFamily(
+            "heed_lane_rejected", "Work rejected because the queue was full", labels=["lane"]
+        )
+        dequeued = CounterMetricFamily(
+            "heed_lane_cancelled_in_queue",
+            "Work cancelled while queued (it never started)",
+            labels=["lane"],
+        )
+        for lane in self._lanes.all():
+            stats = lane.stats()
+            gauges["capacity"].add_metric([stats.name], stats.capacity)
+            gauges["in_use"].add_metric([stats.name], stats.in_use)
+            gauges["queued"].add_metric([stats.name], stats.queued)
+            gauges["abandoned"].add_metric([stats.name], stats.abandoned)
+            rejected.add_metric([stats.name], stats.rejected_total)
+            dequeued.add_metric([stats.name], stats.cancelled_in_queue_total)
+        yield from gauges.values()
+        yield rejected
+        yield dequeued
+
+
+class Metrics:
+    """The metric objects the HTTP layer and the engine update."""
+
+    def __init__(self, lanes: Lanes) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "heed_http_requests",
+            "HTTP requests by route template and status (499: the client left first)",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "heed_http_request_duration_seconds",
+            "HTTP request duration by route template",
+            ["route"],
+            registry=self.registry,
+        )
+        self.cancellations = Counter(
+            "heed_cancellations",
+            "Work stopped by cancellation, by reason; never counted as a failure",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "heed_http_server_errors",
+            "Requests that ended in a server error (5xx other than 503)",
+            ["route"],
+            registry=self.registry,
+        )
+        self.registry.register(_LaneCollector(lanes))

@@ -1,0 +1,30 @@
+"""Health, version and metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from heed.version import API_VERSION, __version__
+
+router = APIRouter(tags=["system"])
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """Liveness: the server answers."""
+    return {"status": "healthy"}
+
+
+@router.get("/version")
+async def get_version() -> dict[str, str]:
+    """The server's version and API version."""
+    return {"api_version": __version__, "version": __version__, "api": API_VERSION}
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """Prometheus text: HTTP outcomes, cancellations by reason, lane counters."""
+    registry = request.app.state.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,71 @@
+"""The ``heed`` command."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from heed.version import __version__
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """heed: an agent backend with memory banks and streaming chat sessions.
+
+    Settings come from HEED_* environment variables (see the README); the
+    options below override them.
+    """
+
+
+@main.command()
+@click.option("--host", default=None, help="Address to bind (default 127.0.0.1, HEED_HOST).")
+@click.option("--port", type=int, default=None, help="Port to bind (default 8700, HEED_PORT).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the database and files live (default: per-user data dir, HEED_DATA_DIR).",
+)
+@click.option("--log-level", default=None, help="debug, info, warning or error.")
+def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: str | None) -> None:
+    """Run the heed server."""
+    import uvicorn
+
+    from heed.api.app import create_app
+    from heed.settings import Settings
+
+    given: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "data_dir": data_dir,
+        "log_level": log_level,
+    }
+    overrides = {k: v for k, v in given.items() if v is not None}
+    settings = Settings(**overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    if not settings.api_keys and settings.host not in {"127.0.0.1", "::1", "localhost"}:
+        click.echo(
+            f"warning: binding {settings.host} without HEED_API_KEYS; only loopback clients "
+            "will be served",
+            err=True,
+        )
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+
+
+@main.command()
+def version() -> None:
+    """Print heed's version."""
+    click.echo(__version__)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

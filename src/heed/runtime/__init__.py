@@ -1,0 +1,47 @@
+"""heed's runtime: cancellation tokens, the request context, work slots and offload.
+
+Nothing here imports a web framework; the HTTP layer, the engine and the
+workers all build on these pieces. See docs/architecture.md for how a token
+travels from a socket to a worker thread.
+"""
+
+from heed.runtime.cancellation import (
+    DEADLINE_EXCEEDED,
+    CancellationToken,
+    OperationCancelled,
+    reraise_cancellation,
+)
+from heed.runtime.context import (
+    DEFAULT_TENANT,
+    RequestContext,
+    current_context,
+    current_token,
+    detached,
+    raise_if_cancelled,
+    use_context,
+)
+from heed.runtime.offload import WorkerProcessDied, run_in_process, run_in_thread
+from heed.runtime.retry import retry_async
+from heed.runtime.slots import Lane, LaneFull, Lanes, LaneStats
+
+__all__ = [
+    "DEADLINE_EXCEEDED",
+    "DEFAULT_TENANT",
+    "CancellationToken",
+    "Lane",
+    "LaneFull",
+    "LaneStats",
+    "Lanes",
+    "OperationCancelled",
+    "RequestContext",
+    "WorkerProcessDied",
+    "current_context",
+    "current_token",
+    "detached",
+    "raise_if_cancelled",
+    "reraise_cancellation",
+    "retry_async",
+    "run_in_process",
+    "run_in_thread",
+    "use_context",
+]

@@ -1,0 +1,190 @@
+"""Offload: the one way heed runs CPU-bound work off the event loop.
+
+Two ways, with one contract:
+
+- :func:`run_in_thread` for code that checks its token. The function runs in a
+  worker thread with a copy of the caller's contextvars, so
+  :func:`heed.runtime.context.raise_if_cancelled` inside it sees the request's
+  token (through a child token owned by this call).
+- :func:`run_in_process` for code that cannot check a token (a third-party
+  loop). It runs in a child process that is terminated when the token is
+  cancelled.
+
+The contract, for both: the awaiting coroutine does not return or raise until
+the work has really stopped. If the awaiting task itself is cancelled
+(``asyncio.CancelledError``), the work's token is cancelled and the coroutine
+still waits for the thread to finish or the process to be reaped before it
+re-raises. That is what lets a lane slot (:mod:`heed.runtime.slots`) held
+around an offload bound real CPU: the ``async with`` cannot exit early.
+
+Work whose token is cancelled before it starts never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.process import BaseProcess
+from typing import Any, ParamSpec, TypeVar
+
+from heed.runtime.cancellation import CancellationToken, OperationCancelled
+from heed.runtime.context import _current, current_context
+
+__all__ = ["WorkerProcessDied", "configure_thread_pool", "run_in_process", "run_in_thread"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_TASK_CANCELLED = "awaiting task cancelled"
+
+_executor_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_max_threads = 32
+
+
+def configure_thread_pool(max_threads: int) -> None:
+    """Set the offload pool's size before first use (lanes bound real concurrency)."""
+    global _max_threads
+    _max_threads = max_threads
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(_max_threads, thread_name_prefix="heed-offload")
+        return _executor
+
+
+async def _await_until_stopped(future: asyncio.Future[T], token: CancellationToken) -> T:
+    """Await *future*; if the awaiting task is cancelled, cancel *token* and keep
+    waiting until the future settles, then re-raise the cancellation."""
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        token.cancel(_TASK_CANCELLED)
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                continue
+            except BaseException:  # noqa: BLE001 - the work's own outcome no longer matters
+                break
+        raise
+
+
+async def run_in_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``fn(*args, **kwargs)`` in a worker thread and return its result.
+
+    Inside, the active context's token is a child of the caller's, so
+    checkpoints in *fn* stop it when the request is cancelled. Raises
+    :class:`OperationCancelled` if cancelled before the thread starts or if *fn*
+    raises it. Returns or raises only once *fn* has returned.
+    """
+    ctx = current_context()
+    ctx.raise_if_cancelled()
+    token = ctx.token.child()
+    context = contextvars.copy_context()
+    context.run(_current.set, ctx.with_token(token))
+
+    def runner() -> T:
+        token.raise_if_cancelled()  # cancelled while queued in the pool: never start
+        return context.run(fn, *args, **kwargs)
+
+    loop = asyncio.get_running_loop()
+    future = asyncio.wrap_future(_thread_pool().submit(runner), loop=loop)
+    try:
+        return await _await_until_stopped(future, token)
+    finally:
+        token.release_parent()
+
+
+class WorkerProcessDied(Exception):
+    """The worker process exited without a result (crashed or was killed externally)."""
+
+
+def _process_entry(
+    conn: multiprocessing.connection.Connection, fn: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
+    try:
+        result: tuple[bool, Any] = (True, fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - shipped back to the parent as the outcome
+        result = (False, exc)
+    try:
+        conn.send(result)
+    finally:
+        conn.close()
+
+
+_mp_context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+
+
+async def run_in_process(fn: Callable[..., T], /, *args: Any, poll_interval: float = 0.005) -> T:
+    """Run ``fn(*args)`` in a child process that is killed when the token is cancelled.
+
+    *fn* and *args* must be picklable (a module-level function). On cancel the
+    child gets SIGTERM, then SIGKILL after 1 s, and this coroutine raises
+    :class:`OperationCancelled` only after the child has been reaped.
+
+    Hand-written on top of :mod:`multiprocessing` rather than pebble: pebble's
+    futures report "cancelled" as soon as termination is requested, before the
+    process is gone, and a slot must not be released before that.
+    """
+    ctx = current_context()
+    ctx.raise_if_cancelled()
+    token = ctx.token.child()
+    parent_conn, child_conn = _mp_context.Pipe(duplex=False)
+    process: BaseProcess = _mp_context.Process(  # type: ignore[attr-defined]
+        target=_process_entry, args=(child_conn, fn, args), daemon=True
+    )
+    process.start()
+    child_conn.close()
+    try:
+        return await _await_until_stopped(
+            asyncio.ensure_future(_supervise(process, parent_conn, token, poll_interval)), token
+        )
+    finally:
+        token.release_parent()
+        parent_conn.close()
+
+
+async def _supervise(
+    process: BaseProcess,
+    conn: multiprocessing.connection.Connection,
+    token: CancellationToken,
+    poll_interval: float,
+) -> Any:
+    while True:
+        if token.cancelled:
+            await _terminate(process)
+            raise OperationCancelled(token.reason or "cancelled")
+        if conn.poll():
+            try:
+                ok, value = conn.recv()
+            except EOFError:
+                await _terminate(process)
+                raise WorkerProcessDied(f"worker exited with code {process.exitcode}") from None
+            await asyncio.to_thread(process.join)
+            if ok:
+                return value
+            raise value
+        if not process.is_alive():
+            process.join()
+            raise WorkerProcessDied(f"worker exited with code {process.exitcode}")
+        await asyncio.sleep(poll_interval)
+
+
+async def _terminate(process: BaseProcess) -> None:
+    """SIGTERM, then SIGKILL after a grace period; returns once the child is reaped."""
+    if process.is_alive():
+        process.terminate()
+        await asyncio.to_thread(process.join, 1.0)
+    if process.is_alive():
+        process.kill()
+    await asyncio.to_thread(process.join)

@@ -1,0 +1,37 @@
+"""The long-lived pieces of one heed server, built once from its settings.
+
+The HTTP layer reaches them through ``request.app.state.services``; tests and
+the CLI build them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from heed.runtime import Lane, Lanes
+from heed.runtime.offload import configure_thread_pool
+from heed.settings import Settings
+
+__all__ = ["LANE_NAMES", "Services", "build_lanes"]
+
+LANE_NAMES = ("recall", "reflect", "retain", "turn")
+
+
+def build_lanes(settings: Settings) -> Lanes:
+    """One lane per kind of work, sized from settings."""
+    return Lanes(
+        Lane(name, getattr(settings, f"{name}_concurrency"), getattr(settings, f"{name}_queue"))
+        for name in LANE_NAMES
+    )
+
+
+@dataclass
+class Services:
+    """What a running server holds: settings and lanes (the engine joins later)."""
+
+    settings: Settings
+    lanes: Lanes = field(init=False)
+
+    def __post_init__(self) -> None:
+        configure_thread_pool(self.settings.offload_threads)
+        self.lanes = build_lanes(self.settings)

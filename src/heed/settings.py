@@ -1,0 +1,64 @@
+"""Settings, read from ``HEED_*`` environment variables (see the README's table)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings", "default_data_dir"]
+
+
+def default_data_dir() -> Path:
+    """The per-user data directory: ``$XDG_DATA_HOME/heed`` or ``~/.local/share/heed``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "heed"
+
+
+class Settings(BaseSettings):
+    """Everything a heed server can be told; every field is ``HEED_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="HEED_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8700
+    data_dir: Path = Field(default_factory=default_data_dir)
+    log_level: str = "info"
+
+    api_keys: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="key=tenant pairs, comma separated. Empty: loopback clients only, no auth.",
+    )
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+
+    # Lanes: concurrent slots and queue length per kind of work.
+    recall_concurrency: int = Field(default=4, ge=1)
+    recall_queue: int = Field(default=64, ge=0)
+    reflect_concurrency: int = Field(default=2, ge=1)
+    reflect_queue: int = Field(default=16, ge=0)
+    retain_concurrency: int = Field(default=2, ge=1)
+    retain_queue: int = Field(default=32, ge=0)
+    turn_concurrency: int = Field(default=8, ge=1)
+    turn_queue: int = Field(default=64, ge=0)
+    offload_threads: int = Field(default=32, ge=1)
+
+    enable_diagnostics: bool = Field(
+        default=False,
+        description="Mount /v1/_diag (a CPU burner for benchmarks). Never in production.",
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        keys: dict[str, str] = {}
+        for pair in filter(None, (p.strip() for p in value.split(","))):
+            key, sep, tenant = pair.partition("=")
+            if not sep or not key.strip() or not tenant.strip():
+                raise ValueError(f"HEED_API_KEYS entries look like key=tenant, got {pair!r}")
+            keys[key.strip()] = tenant.strip()
+        return keys
