@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from heed.runtime import Lane, Lanes
 from heed.runtime.offload import configure_thread_pool
 from heed.settings import Settings
+from heed.storage import Database
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
@@ -27,11 +28,24 @@ def build_lanes(settings: Settings) -> Lanes:
 
 @dataclass
 class Services:
-    """What a running server holds: settings and lanes (the engine joins later)."""
+    """What a running server holds, built from settings.
+
+    ``start()`` runs at server start-up (migrations, recovery); ``close()`` at
+    shutdown. Each domain adds its own piece here and to those two methods.
+    """
 
     settings: Settings
     lanes: Lanes = field(init=False)
+    database: Database = field(init=False)
 
     def __post_init__(self) -> None:
         configure_thread_pool(self.settings.offload_threads)
         self.lanes = build_lanes(self.settings)
+        self.database = Database(self.settings.database_path())
+
+    async def start(self) -> None:
+        """Prepare storage and domain services; called once before serving."""
+
+    async def close(self) -> None:
+        """Release what ``start`` and the domains opened."""
+        self.database.close()

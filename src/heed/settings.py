@@ -50,6 +50,10 @@ class Settings(BaseSettings):
         description="Mount /v1/_diag (a CPU burner for benchmarks). Never in production.",
     )
 
+    def database_path(self) -> Path:
+        """The embedded database file inside the data dir."""
+        return self.data_dir / "heed.db"
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _parse_keys(cls, value: object) -> object:

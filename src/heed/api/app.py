@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
@@ -21,7 +23,16 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     """Build the heed app. The lifecycle middleware is added last, so it is outermost."""
     settings = settings or (services.settings if services else Settings())
     services = services or Services(settings)
-    app = FastAPI(title="heed", version=__version__)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await services.start()
+        try:
+            yield
+        finally:
+            await services.close()
+
+    app = FastAPI(title="heed", version=__version__, lifespan=lifespan)
     app.state.services = services
     app.state.metrics = Metrics(services.lanes)
     app.state.burn_records = OrderedDict()
