@@ -12,21 +12,10 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
+from heed.errors import HeedError  # re-exported: the old import path keeps working
 from heed.runtime import LaneFull, OperationCancelled
 
 __all__ = ["HeedError", "install_error_handlers"]
-
-
-class HeedError(Exception):
-    """An error with an HTTP status that names the caller's problem (or upstream's)."""
-
-    status_code = 400
-
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if status_code is not None:
-            self.status_code = status_code
 
 
 async def _cancelled(request: Request, exc: Exception) -> JSONResponse:
@@ -46,7 +35,9 @@ async def _lane_full(request: Request, exc: Exception) -> JSONResponse:
 
 async def _heed_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HeedError)
-    return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+    return JSONResponse(
+        {"detail": exc.message}, status_code=exc.status_code, headers=exc.headers or None
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
