@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["Settings", "default_data_dir"]
@@ -44,11 +44,55 @@ class Settings(BaseSettings):
     turn_concurrency: int = Field(default=8, ge=1)
     turn_queue: int = Field(default=64, ge=0)
     offload_threads: int = Field(default=32, ge=1)
+    switch_interval_ms: float = Field(
+        default=1.0,
+        gt=0,
+        description="Python's GIL switch interval for `heed serve`: how long a CPU-bound "
+        "thread may hold the GIL before the event loop gets it back (Python's default is 5).",
+    )
 
     enable_diagnostics: bool = Field(
         default=False,
         description="Mount /v1/_diag (a CPU burner for benchmarks). Never in production.",
     )
+
+    # LLM providers (heed.llm). The llm_* fields are the defaults; reflect_llm_* and
+    # turn_llm_* override them per operation (None: use the default).
+    llm_provider: str = Field(default="local", description="local, openai or scripted.")
+    llm_model: str = Field(
+        default="",
+        description="Model name; empty: the provider's default (local: smollm2-135m-instruct).",
+    )
+    llm_base_url: str = Field(
+        default="https://api.openai.com/v1",
+        description="Base URL of an OpenAI-compatible API (the part before /chat/completions).",
+    )
+    llm_api_key: SecretStr | None = Field(default=None, description="Bearer key for openai.")
+    llm_timeout: float = Field(
+        default=60.0, gt=0, description="Seconds to connect, and between streamed chunks."
+    )
+    llm_retries: int = Field(
+        default=2, ge=0, description="Retries of 429/5xx/unreachable before the first token."
+    )
+    llm_max_tokens: int = Field(default=512, ge=1, description="Default cap on reply tokens.")
+    llm_script: str | None = Field(
+        default=None, description="Scripted provider's script: JSON text or a .json file path."
+    )
+    llm_threads: int = Field(default=0, ge=0, description="Local model threads; 0: all cores.")
+    reflect_llm_provider: str | None = None
+    reflect_llm_model: str | None = None
+    reflect_llm_base_url: str | None = None
+    reflect_llm_api_key: SecretStr | None = None
+    reflect_llm_timeout: float | None = Field(default=None, gt=0)
+    reflect_llm_max_tokens: int | None = Field(default=None, ge=1)
+    reflect_llm_script: str | None = None
+    turn_llm_provider: str | None = None
+    turn_llm_model: str | None = None
+    turn_llm_base_url: str | None = None
+    turn_llm_api_key: SecretStr | None = None
+    turn_llm_timeout: float | None = Field(default=None, gt=0)
+    turn_llm_max_tokens: int | None = Field(default=None, ge=1)
+    turn_llm_script: str | None = None
 
     def database_path(self) -> Path:
         """The embedded database file inside the data dir."""
