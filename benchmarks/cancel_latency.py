@@ -134,7 +134,11 @@ def main() -> None:
         "cancellations_counted": [
             line for line in metrics.splitlines() if line.startswith("heed_cancellations_total")
         ],
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "load_average_1m": os.getloadavg()[0],
+        },
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
