@@ -1,0 +1,167 @@
+"""The run journal: durable append, then fan-out; and gap-free replay-then-tail reads.
+
+Writers call :meth:`Journal.append` (or publish events a store transition
+returned with :meth:`Journal.publish`). An event is committed to the store
+*before* it is published to the :class:`~heed.runs.broker.Broker`, so anything a
+subscriber hears about can also be read back.
+
+Readers call :meth:`Journal.follow`, which yields what a resumable stream needs:
+
+1. it subscribes to the run's topic first (so nothing published during the
+   replay is missed),
+2. replays retained events with ``seq > after`` from the store (a cursor older
+   than the retained range yields a :class:`Gap` first -- never a silent clamp),
+3. then tails: a broker message with ``seq == cursor + 1`` is yielded, one at or
+   below the cursor is dropped (it was already replayed: no duplicate at the
+   seam), one beyond ``cursor + 1`` or a lag signal triggers a re-read from the
+   store (no gap). Every ``poll_interval`` without news it also checks the store,
+   which covers writers in other processes.
+4. It stops after yielding a terminal event. With no terminal event it yields
+   :data:`HEARTBEAT` every ``heartbeat`` seconds of silence and never ends on its
+   own (``after`` beyond the end waits for new events).
+
+Events are yielded in batches (lists) so a replay of a long run can be written
+to a socket in few sends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from heed.runs.broker import Broker
+from heed.runs.io import BlockingIO
+from heed.runs.model import RunEvent
+from heed.runs.store import RunStore
+
+__all__ = ["HEARTBEAT", "Gap", "Heartbeat", "Journal", "run_topic"]
+
+_BATCH: Final = 1000
+
+
+def run_topic(run_id: str) -> str:
+    """The broker topic of a run's journal."""
+    return f"run:{run_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Events ``after+1 .. first_retained-1`` are no longer retained; reload durable state."""
+
+    after: int
+    first_retained: int
+
+
+class Heartbeat:
+    """Nothing happened for a while (the HTTP layer sends an SSE comment)."""
+
+
+HEARTBEAT: Final = Heartbeat()
+
+FollowItem = list[RunEvent] | Gap | Heartbeat
+
+
+class Journal:
+    """Durable per-run event log with live fan-out (see the module docstring)."""
+
+    def __init__(
+        self, store: RunStore, broker: Broker, io: BlockingIO, *, poll_interval: float = 1.0
+    ) -> None:
+        self.store = store
+        self.broker = broker
+        self.io = io
+        self.poll_interval = poll_interval
+
+    async def append(self, run_id: str, type_: str, data: Mapping[str, Any]) -> RunEvent | None:
+        """Append one event durably, then publish it; ``None`` if the journal is closed."""
+        events = await self.append_many(run_id, [(type_, data)])
+        return events[0] if events else None
+
+    async def append_many(
+        self, run_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[RunEvent]:
+        """Append events durably in one transaction, then publish them."""
+        written = await self.io.call(self.store.append_events, run_id, events)
+        self.publish(written)
+        return written
+
+    def publish(self, events: Sequence[RunEvent | None]) -> None:
+        """Fan out already-committed events to live subscribers."""
+        for event in events:
+            if event is not None:
+                self.broker.publish(run_topic(event.run_id), event)
+
+    async def _read(self, run_id: str, cursor: int) -> tuple[Gap | None, list[RunEvent], bool]:
+        """(gap before the retained range, events after cursor, more may follow)."""
+        run = await self.io.call(self.store.get, run_id)
+        gap = None
+        if run is not None and cursor < run.first_seq - 1:
+            gap = Gap(cursor, run.first_seq)
+            cursor = run.first_seq - 1
+        events = await self.io.call(self.store.events_after, run_id, cursor, _BATCH)
+        return gap, events, len(events) == _BATCH
+
+    async def follow(
+        self, run_id: str, after: int = 0, *, heartbeat: float = 10.0
+    ) -> AsyncIterator[FollowItem]:
+        """Replay after *after*, then tail live; see the module docstring."""
+        sub = self.broker.subscribe(run_topic(run_id))
+        cursor = max(0, after)
+        try:
+            more = True
+            while more:
+                gap, events, more = await self._read(run_id, cursor)
+                if gap is not None:
+                    yield gap
+                    cursor = gap.first_retained - 1
+                if events:
+                    events, done = _until_terminal(events)
+                    cursor = events[-1].seq
+                    yield events
+                    if done:
+                        return
+            last_output = time.monotonic()
+            while True:
+                wait = min(self.poll_interval, max(0.0, last_output + heartbeat - time.monotonic()))
+                message = await sub.get(wait)
+                if isinstance(message, RunEvent):
+                    if message.seq <= cursor:
+                        continue
+                    if message.seq == cursor + 1:
+                        cursor = message.seq
+                        last_output = time.monotonic()
+                        yield [message]
+                        if message.is_terminal:
+                            return
+                        continue
+                # A hole, a lag, or a quiet spell: the store is the truth.
+                more = True
+                caught_up = False
+                while more:
+                    gap, events, more = await self._read(run_id, cursor)
+                    if gap is not None:
+                        yield gap
+                        cursor = gap.first_retained - 1
+                    if events:
+                        events, done = _until_terminal(events)
+                        cursor = events[-1].seq
+                        caught_up = True
+                        yield events
+                        if done:
+                            return
+                if caught_up:
+                    last_output = time.monotonic()
+                elif time.monotonic() - last_output >= heartbeat:
+                    last_output = time.monotonic()
+                    yield HEARTBEAT
+        finally:
+            sub.close()
+
+
+def _until_terminal(events: list[RunEvent]) -> tuple[list[RunEvent], bool]:
+    for i, event in enumerate(events):
+        if event.is_terminal:
+            return events[: i + 1], True
+    return events, False

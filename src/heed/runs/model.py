@@ -1,0 +1,185 @@
+"""The run model: what a run is, its phases, and which phase changes are allowed.
+
+A *run* is one long piece of work: a chat turn, a background task, an async
+retain, a streamed reflect. Every run has a row in the run registry
+(:class:`~heed.runs.store.RunStore`) and a journal of events
+(:class:`RunEvent`, gap-free ``seq`` from 1).
+
+Phases::
+
+    queued -> running -> completed | failed
+    queued -> cancelled                     (cancelled before it started; never starts)
+    running -> cancelling -> cancelled      (token cancelled; the worker unwinds)
+    queued | running | cancelling -> interrupted   (the worker died: restart, lost lease)
+
+Terminal phases (``cancelled``, ``completed``, ``failed``, ``interrupted``) are
+absorbing: the store only writes a phase with a guarded update
+``WHERE phase IN (<allowed sources>)``, and no terminal phase is an allowed
+source of anything. ``phase`` is kept as the raw stored string on
+:class:`Run` so that readers meet unknown or blank values (a newer writer, a
+hand-edited row) through the predicates in :mod:`heed.runs.state`, which handle
+them, instead of crashing on parse.
+
+Times are wall-clock epoch seconds (``time.time()``): they are compared across
+processes that share one database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+__all__ = [
+    "TERMINAL_EVENT_TYPES",
+    "TERMINAL_PHASES",
+    "TRANSITIONS",
+    "Phase",
+    "Run",
+    "RunEvent",
+    "Source",
+    "allowed_sources",
+    "new_run_id",
+    "parse_phase",
+]
+
+
+class Phase(StrEnum):
+    """The phases of a run (see the module docstring for the graph)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class Source(StrEnum):
+    """Who asked for a run: a user, a wakeup after a background task, or an API client."""
+
+    USER = "user"
+    WAKEUP = "wakeup"
+    API = "api"
+
+
+TERMINAL_PHASES: Final = frozenset(
+    {Phase.CANCELLED, Phase.COMPLETED, Phase.FAILED, Phase.INTERRUPTED}
+)
+
+#: For each phase, the phases it may move to. Terminal phases move nowhere.
+TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
+    Phase.QUEUED: frozenset({Phase.RUNNING, Phase.CANCELLED, Phase.FAILED, Phase.INTERRUPTED}),
+    Phase.RUNNING: frozenset({Phase.CANCELLING, Phase.COMPLETED, Phase.FAILED, Phase.INTERRUPTED}),
+    Phase.CANCELLING: frozenset({Phase.CANCELLED, Phase.INTERRUPTED}),
+    Phase.CANCELLED: frozenset(),
+    Phase.COMPLETED: frozenset(),
+    Phase.FAILED: frozenset(),
+    Phase.INTERRUPTED: frozenset(),
+}
+
+#: Journal event types that end a run's journal: nothing is appended after one.
+TERMINAL_EVENT_TYPES: Final = frozenset({"completed", "failed", "cancelled", "interrupted"})
+
+
+def allowed_sources(target: Phase) -> frozenset[Phase]:
+    """The phases from which a run may move to *target* (empty for ``queued``)."""
+    return frozenset(p for p, targets in TRANSITIONS.items() if target in targets)
+
+
+def parse_phase(value: object) -> Phase | None:
+    """The :class:`Phase` named by *value* (trimmed, case-insensitive), or ``None``.
+
+    ``None`` means unknown or blank; callers must treat that explicitly (the
+    predicates in :mod:`heed.runs.state` do).
+    """
+    if isinstance(value, Phase):
+        return value
+    if not isinstance(value, str):
+        return None
+    text = value.strip().lower()
+    try:
+        return Phase(text)
+    except ValueError:
+        return None
+
+
+def new_run_id() -> str:
+    """A fresh run id (``run_`` + 24 hex digits)."""
+    return "run_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One row of the run registry (immutable snapshot; the store holds the truth).
+
+    ``payload`` is the run's input (a turn's message, a task's arguments) and
+    ``result`` its output once finished; both are JSON objects owned by the
+    run's kind. ``last_seq`` is the journal's highest seq (0 when empty) and
+    ``first_seq`` the lowest still retained (1 unless trimmed);
+    ``journal_closed`` is true once a terminal event was appended.
+    """
+
+    id: str
+    kind: str
+    tenant: str
+    phase: str
+    created_at: float
+    session_id: str | None = None
+    source: str = Source.API
+    started_at: float | None = None
+    cancelled_at: float | None = None
+    finished_at: float | None = None
+    cancel_reason: str | None = None
+    error: str | None = None
+    worker_id: str | None = None
+    lease_expires_at: float | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] | None = None
+    last_seq: int = 0
+    first_seq: int = 1
+    journal_closed: bool = False
+
+    @property
+    def phase_enum(self) -> Phase | None:
+        """The parsed phase, or ``None`` when unknown or blank."""
+        return parse_phase(self.phase)
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for an absorbing phase (unknown phases are not terminal)."""
+        return self.phase_enum in TERMINAL_PHASES
+
+    def to_public(self) -> dict[str, Any]:
+        """The JSON shape the HTTP API returns."""
+        data = asdict(self)
+        data["object"] = "run"
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One journal event: ``seq`` is gap-free from 1 within its run."""
+
+    run_id: str
+    seq: int
+    type: str
+    data: dict[str, Any]
+    ts: float
+
+    @property
+    def is_terminal(self) -> bool:
+        """True when this event ends the journal."""
+        return self.type in TERMINAL_EVENT_TYPES
+
+    def to_public(self) -> dict[str, Any]:
+        """The JSON shape of an event on the wire."""
+        return {
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "type": self.type,
+            "ts": self.ts,
+            "data": self.data,
+        }

@@ -1,0 +1,144 @@
+"""The run registry and journal storage interface (:class:`RunStore`).
+
+Stable interface for every kind of run (turns, background tasks, async retain,
+streamed reflect). The SQLite implementation is
+:class:`heed.storage.run_store.SqliteRunStore`; a PostgreSQL one can be added
+beside it. All methods are blocking and short (indexed reads, one small write
+transaction); async code reaches them through the run manager's I/O executor.
+
+Promises every implementation keeps:
+
+- **Guarded phase writes.** :meth:`RunStore.transition` updates a row only
+  ``WHERE phase IN (allowed sources of the target)`` (see
+  :data:`heed.runs.model.TRANSITIONS`), so terminal phases are absorbing and two
+  racing writers cannot both win. It returns ``None`` when the guard refused.
+- **Journal.** :meth:`RunStore.append_events` assigns gap-free integer ``seq``
+  starting at 1, in the same transaction that bumps the run's ``last_seq``;
+  nothing is appended after a terminal event (the journal is *closed*), in
+  which case it returns ``[]``. A terminal event passed to ``transition`` is
+  appended in the same transaction as the phase change, or not at all.
+- **Atomic admission.** :meth:`RunStore.admit` and :meth:`RunStore.claim` run
+  their check-and-write in one write transaction that excludes other writers
+  (also in other processes sharing the database), so two concurrent starts
+  never both pass the check.
+- :meth:`RunStore.transaction` is a unit of work: store calls made inside it
+  (in the same thread) join it and commit or roll back together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from heed.runs.model import Phase, Run, RunEvent
+
+__all__ = ["BlockingCheck", "ClaimCheck", "RunStore", "Transition"]
+
+#: ``blocking(siblings) -> run that blocks admission, or None``.
+BlockingCheck = Callable[[Sequence[Run]], Run | None]
+#: ``may_start(run, siblings) -> bool`` for :meth:`RunStore.claim`.
+ClaimCheck = Callable[[Run, Sequence[Run]], bool]
+
+
+class Transition(Protocol):
+    """The outcome of a successful guarded transition."""
+
+    run: Run
+    event: RunEvent | None
+
+
+class RunStore(Protocol):
+    """Durable run registry plus per-run append-only journal. See the module docstring."""
+
+    def transaction(self) -> AbstractContextManager[object]:
+        """A write unit of work; store calls inside it (same thread) join it."""
+        ...
+
+    # -- registry ------------------------------------------------------------------
+
+    def create(self, run: Run) -> Run:
+        """Insert a new run (its id must be new); returns it as stored."""
+        ...
+
+    def get(self, run_id: str) -> Run | None:
+        """The run, or ``None`` when unknown."""
+        ...
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+        kind: str | None = None,
+        phases: Iterable[str] | None = None,
+        non_terminal: bool = False,
+        limit: int = 1000,
+    ) -> list[Run]:
+        """Runs matching every given filter, oldest first.
+
+        ``non_terminal=True`` returns rows whose phase is not terminal,
+        including unknown or blank phases.
+        """
+        ...
+
+    def transition(
+        self,
+        run_id: str,
+        to: Phase,
+        *,
+        fields: Mapping[str, Any] | None = None,
+        event: tuple[str, Mapping[str, Any]] | None = None,
+        only_from: Iterable[Phase] | None = None,
+        worker_id: str | None = None,
+    ) -> Transition | None:
+        """Move *run_id* to *to* if its phase is an allowed source (narrowed by *only_from*,
+        and by ``worker_id`` ownership when given); set *fields*; append *event* in the
+        same transaction. ``None`` when the guard refused (nothing written)."""
+        ...
+
+    def admit(
+        self, run: Run, blocking: BlockingCheck, *, scope_kinds: Iterable[str]
+    ) -> tuple[Run | None, Run | None]:
+        """Atomically: load the non-terminal runs of ``run.session_id`` whose kind is in
+        *scope_kinds*; if ``blocking(siblings)`` names one, insert nothing and return
+        ``(None, blocker)``; else insert *run* and return ``(run, None)``."""
+        ...
+
+    def claim(
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        lease_expires_at: float,
+        now: float,
+        may_start: ClaimCheck,
+        scope_kinds: Iterable[str],
+    ) -> tuple[Run, RunEvent] | None:
+        """Atomically move a ``queued`` run to ``running`` (with worker and lease, and a
+        ``started`` journal event) if ``may_start(run, siblings)``; else ``None``."""
+        ...
+
+    def renew_leases(self, worker_id: str, run_ids: Sequence[str], until: float) -> list[Run]:
+        """Extend the lease of the non-terminal runs in *run_ids* owned by *worker_id*;
+        returns those rows (callers notice phases changed by other processes)."""
+        ...
+
+    # -- journal -------------------------------------------------------------------
+
+    def append_events(
+        self, run_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[RunEvent]:
+        """Append events in order with the next seqs; ``[]`` if the journal is closed
+        or the run is unknown. A terminal event closes the journal (later ones in the
+        same call are dropped)."""
+        ...
+
+    def events_after(self, run_id: str, after: int, limit: int = 1000) -> list[RunEvent]:
+        """Retained events with ``seq > after``, in order, at most *limit*."""
+        ...
+
+    def trim_journal(self, run_id: str, keep_from_seq: int) -> int:
+        """Retention: delete events with ``seq < keep_from_seq``; returns how many.
+        Readers whose cursor falls before the retained range get an explicit gap."""
+        ...

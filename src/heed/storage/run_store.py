@@ -1,0 +1,411 @@
+"""SQLite implementation of :class:`heed.runs.store.RunStore` (component ``runs``).
+
+Tables: ``runs`` (the registry, one row per run) and ``run_events`` (the
+journal, primary key ``(run_id, seq)``). Every phase write is a guarded
+``UPDATE ... WHERE id = ? AND phase IN (...)``; journal appends bump
+``runs.last_seq`` and insert the events in one transaction, so seqs are
+gap-free and an event is durable before anyone is told about it. Admission and
+claim run inside ``BEGIN IMMEDIATE`` (:meth:`heed.storage.Database.write`),
+which excludes every other writer, including other processes on the same file.
+The SQL is portable apart from ``RETURNING`` (PostgreSQL has it too).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+from heed.runs.model import (
+    TERMINAL_EVENT_TYPES,
+    TERMINAL_PHASES,
+    Phase,
+    Run,
+    RunEvent,
+    allowed_sources,
+)
+from heed.runs.store import BlockingCheck, ClaimCheck
+from heed.storage.database import Database, Migration
+
+__all__ = ["MIGRATIONS", "SqliteRunStore", "StoredTransition"]
+
+MIGRATIONS: Final = [
+    Migration(
+        "runs",
+        1,
+        """
+        CREATE TABLE runs (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            session_id TEXT,
+            phase TEXT NOT NULL,
+            source TEXT NOT NULL DEFAULT 'api',
+            created_at REAL NOT NULL,
+            started_at REAL,
+            cancelled_at REAL,
+            finished_at REAL,
+            cancel_reason TEXT,
+            error TEXT,
+            worker_id TEXT,
+            lease_expires_at REAL,
+            payload TEXT NOT NULL DEFAULT '{}',
+            result TEXT,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            first_seq INTEGER NOT NULL DEFAULT 1,
+            journal_closed INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX runs_session ON runs (session_id, created_at);
+        CREATE INDEX runs_phase ON runs (phase);
+        CREATE INDEX runs_tenant ON runs (tenant, created_at);
+        CREATE TABLE run_events (
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            ts REAL NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        );
+        """,
+    )
+]
+
+_TERMINAL_SQL: Final = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))
+_COLUMNS: Final = (
+    "id, kind, tenant, session_id, phase, source, created_at, started_at, cancelled_at,"
+    " finished_at, cancel_reason, error, worker_id, lease_expires_at, payload, result,"
+    " last_seq, first_seq, journal_closed"
+)
+_SETTABLE: Final = frozenset(
+    {
+        "started_at",
+        "cancelled_at",
+        "finished_at",
+        "cancel_reason",
+        "error",
+        "worker_id",
+        "lease_expires_at",
+        "result",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTransition:
+    """A transition that was written: the new row and the event appended with it."""
+
+    run: Run
+    event: RunEvent | None
+
+
+def _row_to_run(row: sqlite3.Row) -> Run:
+    return Run(
+        id=row["id"],
+        kind=row["kind"],
+        tenant=row["tenant"],
+        session_id=row["session_id"],
+        phase=row["phase"],
+        source=row["source"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        cancelled_at=row["cancelled_at"],
+        finished_at=row["finished_at"],
+        cancel_reason=row["cancel_reason"],
+        error=row["error"],
+        worker_id=row["worker_id"],
+        lease_expires_at=row["lease_expires_at"],
+        payload=json.loads(row["payload"] or "{}"),
+        result=None if row["result"] is None else json.loads(row["result"]),
+        last_seq=row["last_seq"],
+        first_seq=row["first_seq"],
+        journal_closed=bool(row["journal_closed"]),
+    )
+
+
+def _row_to_event(row: sqlite3.Row) -> RunEvent:
+    return RunEvent(row["run_id"], row["seq"], row["type"], json.loads(row["data"]), row["ts"])
+
+
+class SqliteRunStore:
+    """The run registry and journal on a :class:`~heed.storage.Database`."""
+
+    def __init__(self, database: Database) -> None:
+        self.db = database
+
+    def migrate(self) -> None:
+        """Apply the ``runs`` component's migrations."""
+        self.db.migrate(MIGRATIONS)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self.db.write() as conn:
+            yield conn
+
+    # -- registry ------------------------------------------------------------------
+
+    def create(self, run: Run) -> Run:
+        with self.db.write() as conn:
+            self._insert(conn, run)
+        return run
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, run: Run) -> None:
+        conn.execute(
+            f"INSERT INTO runs ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
+            (
+                run.id,
+                run.kind,
+                run.tenant,
+                run.session_id,
+                run.phase,
+                str(run.source),
+                run.created_at,
+                run.started_at,
+                run.cancelled_at,
+                run.finished_at,
+                run.cancel_reason,
+                run.error,
+                run.worker_id,
+                run.lease_expires_at,
+                json.dumps(run.payload),
+                None if run.result is None else json.dumps(run.result),
+                run.last_seq,
+                run.first_seq,
+                int(run.journal_closed),
+            ),
+        )
+
+    def get(self, run_id: str) -> Run | None:
+        with self.db.read() as conn:
+            return self._get(conn, run_id)
+
+    @staticmethod
+    def _get(conn: sqlite3.Connection, run_id: str) -> Run | None:
+        row = conn.execute(f"SELECT {_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else _row_to_run(row)
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+        kind: str | None = None,
+        phases: Iterable[str] | None = None,
+        non_terminal: bool = False,
+        limit: int = 1000,
+    ) -> list[Run]:
+        with self.db.read() as conn:
+            return self._list(
+                conn,
+                tenant=tenant,
+                session_id=session_id,
+                kinds=None if kind is None else [kind],
+                phases=phases,
+                non_terminal=non_terminal,
+                limit=limit,
+            )
+
+    @staticmethod
+    def _list(
+        conn: sqlite3.Connection,
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        phases: Iterable[str] | None = None,
+        non_terminal: bool = False,
+        limit: int = 1000,
+    ) -> list[Run]:
+        where: list[str] = []
+        args: list[Any] = []
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if session_id is not None:
+            where.append("session_id = ?")
+            args.append(session_id)
+        if kinds is not None:
+            kind_list = list(kinds)
+            where.append(f"kind IN ({', '.join('?' * len(kind_list))})")
+            args.extend(kind_list)
+        if phases is not None:
+            phase_list = [str(p) for p in phases]
+            where.append(f"phase IN ({', '.join('?' * len(phase_list))})")
+            args.extend(phase_list)
+        if non_terminal:
+            where.append(f"phase NOT IN ({_TERMINAL_SQL})")
+        sql = f"SELECT {_COLUMNS} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at, id LIMIT ?"
+        args.append(limit)
+        return [_row_to_run(row) for row in conn.execute(sql, args)]
+
+    def transition(
+        self,
+        run_id: str,
+        to: Phase,
+        *,
+        fields: Mapping[str, Any] | None = None,
+        event: tuple[str, Mapping[str, Any]] | None = None,
+        only_from: Iterable[Phase] | None = None,
+        worker_id: str | None = None,
+    ) -> StoredTransition | None:
+        sources = allowed_sources(to)
+        if only_from is not None:
+            sources = sources & frozenset(only_from)
+        if not sources:
+            return None
+        fields = dict(fields or {})
+        unknown = set(fields) - _SETTABLE
+        if unknown:
+            raise ValueError(f"transition cannot set {sorted(unknown)}")
+        if "result" in fields and fields["result"] is not None:
+            fields["result"] = json.dumps(fields["result"])
+        assignments = ["phase = ?", *(f"{name} = ?" for name in fields)]
+        args: list[Any] = [str(to), *fields.values(), run_id, *(str(p) for p in sorted(sources))]
+        sql = (
+            f"UPDATE runs SET {', '.join(assignments)} WHERE id = ?"
+            f" AND phase IN ({', '.join('?' * len(sources))})"
+        )
+        if worker_id is not None:
+            sql += " AND worker_id = ?"
+            args.append(worker_id)
+        with self.db.write() as conn:
+            if conn.execute(sql, args).rowcount != 1:
+                return None
+            appended = self._append(conn, run_id, [event]) if event is not None else []
+            run = self._get(conn, run_id)
+        assert run is not None
+        return StoredTransition(run, appended[0] if appended else None)
+
+    def admit(
+        self, run: Run, blocking: BlockingCheck, *, scope_kinds: Iterable[str]
+    ) -> tuple[Run | None, Run | None]:
+        with self.db.write() as conn:
+            siblings = (
+                self._list(conn, session_id=run.session_id, kinds=scope_kinds, non_terminal=True)
+                if run.session_id is not None
+                else []
+            )
+            blocker = blocking(siblings)
+            if blocker is not None:
+                return None, blocker
+            self._insert(conn, run)
+        return run, None
+
+    def claim(
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        lease_expires_at: float,
+        now: float,
+        may_start: ClaimCheck,
+        scope_kinds: Iterable[str],
+    ) -> tuple[Run, RunEvent] | None:
+        with self.db.write() as conn:
+            run = self._get(conn, run_id)
+            if run is None or run.phase != Phase.QUEUED:
+                return None
+            siblings = (
+                [
+                    r
+                    for r in self._list(
+                        conn, session_id=run.session_id, kinds=scope_kinds, non_terminal=True
+                    )
+                    if r.id != run.id
+                ]
+                if run.session_id is not None
+                else []
+            )
+            if not may_start(run, siblings):
+                return None
+            updated = conn.execute(
+                "UPDATE runs SET phase = ?, started_at = ?, worker_id = ?, lease_expires_at = ?"
+                " WHERE id = ? AND phase = ?",
+                (str(Phase.RUNNING), now, worker_id, lease_expires_at, run_id, str(Phase.QUEUED)),
+            ).rowcount
+            if updated != 1:
+                return None
+            events = self._append(conn, run_id, [("started", {"worker_id": worker_id})])
+            claimed = self._get(conn, run_id)
+        assert claimed is not None and events
+        return claimed, events[0]
+
+    def renew_leases(self, worker_id: str, run_ids: Sequence[str], until: float) -> list[Run]:
+        if not run_ids:
+            return []
+        marks = ", ".join("?" * len(run_ids))
+        with self.db.write() as conn:
+            conn.execute(
+                f"UPDATE runs SET lease_expires_at = ? WHERE worker_id = ? AND id IN ({marks})"
+                f" AND phase NOT IN ({_TERMINAL_SQL})",
+                (until, worker_id, *run_ids),
+            )
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM runs WHERE id IN ({marks})", tuple(run_ids)
+            ).fetchall()
+        return [_row_to_run(row) for row in rows]
+
+    # -- journal -------------------------------------------------------------------
+
+    def append_events(
+        self, run_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[RunEvent]:
+        if not events:
+            return []
+        with self.db.write() as conn:
+            return self._append(conn, run_id, events)
+
+    @staticmethod
+    def _append(
+        conn: sqlite3.Connection, run_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[RunEvent]:
+        row = conn.execute(
+            "SELECT last_seq, journal_closed FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if row is None or row["journal_closed"]:
+            return []
+        seq = int(row["last_seq"])
+        now = time.time()
+        written: list[RunEvent] = []
+        for type_, data in events:
+            seq += 1
+            written.append(RunEvent(run_id, seq, type_, dict(data), now))
+            if type_ in TERMINAL_EVENT_TYPES:
+                break
+        conn.executemany(
+            "INSERT INTO run_events (run_id, seq, type, data, ts) VALUES (?, ?, ?, ?, ?)",
+            [(e.run_id, e.seq, e.type, json.dumps(e.data), e.ts) for e in written],
+        )
+        closed = int(written[-1].type in TERMINAL_EVENT_TYPES)
+        conn.execute(
+            "UPDATE runs SET last_seq = ?, journal_closed = ? WHERE id = ?",
+            (seq, closed, run_id),
+        )
+        return written
+
+    def events_after(self, run_id: str, after: int, limit: int = 1000) -> list[RunEvent]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT run_id, seq, type, data, ts FROM run_events"
+                " WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (run_id, after, limit),
+            ).fetchall()
+        return [_row_to_event(row) for row in rows]
+
+    def trim_journal(self, run_id: str, keep_from_seq: int) -> int:
+        with self.db.write() as conn:
+            deleted = conn.execute(
+                "DELETE FROM run_events WHERE run_id = ? AND seq < ?", (run_id, keep_from_seq)
+            ).rowcount
+            conn.execute(
+                "UPDATE runs SET first_seq = MAX(first_seq, ?) WHERE id = ?",
+                (keep_from_seq, run_id),
+            )
+        return int(deleted)

@@ -1,0 +1,135 @@
+"""The shared run-state predicates: both directions of every rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from heed.runs.model import TERMINAL_PHASES, TRANSITIONS, Phase, Run, allowed_sources
+from heed.runs.state import (
+    cancel_is_stale,
+    is_attachable,
+    is_lifecycle_busy,
+    is_wedged,
+    worker_is_live,
+)
+
+NOW = 1_000_000.0
+WINDOW = 180.0
+
+
+def make_run(phase: str, **fields: object) -> Run:
+    base = Run(id="run_x", kind="turn", tenant="default", phase=phase, created_at=NOW - 1000)
+    return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+
+
+def live(**fields: object) -> dict[str, object]:
+    return {"worker_id": "w1", "lease_expires_at": NOW + 30, **fields}
+
+
+def dead(**fields: object) -> dict[str, object]:
+    return {"worker_id": "w1", "lease_expires_at": NOW - 1, **fields}
+
+
+def test_running_run_is_attachable_and_busy() -> None:
+    run = make_run("running", started_at=NOW - 5, **live())
+    assert is_attachable(run)
+    assert is_lifecycle_busy(run, NOW, WINDOW)
+
+
+def test_queued_run_is_attachable_and_busy() -> None:
+    run = make_run("queued")
+    assert is_attachable(run)
+    assert is_lifecycle_busy(run, NOW, WINDOW)
+
+
+def test_fresh_cancelling_run_is_busy_but_not_attachable() -> None:
+    run = make_run("cancelling", started_at=NOW - 5, cancelled_at=NOW - 1, **live())
+    assert not is_attachable(run)
+    assert is_lifecycle_busy(run, NOW, WINDOW)
+    assert not cancel_is_stale(run, NOW, WINDOW)
+
+
+def test_fresh_cancelling_run_without_live_worker_is_still_busy() -> None:
+    run = make_run("cancelling", started_at=NOW - 500, cancelled_at=NOW - 1, **dead())
+    assert is_lifecycle_busy(run, NOW, WINDOW)
+    assert not cancel_is_stale(run, NOW, WINDOW)
+
+
+def test_stale_cancelling_run_without_live_worker_is_reclaimable() -> None:
+    run = make_run("cancelling", started_at=NOW - 500, cancelled_at=NOW - 200, **dead())
+    assert cancel_is_stale(run, NOW, WINDOW)
+    assert not is_lifecycle_busy(run, NOW, WINDOW)
+    assert not is_attachable(run)
+    assert not is_wedged(run, NOW, WINDOW)
+
+
+def test_old_cancelling_run_with_live_worker_is_never_stale_but_wedged() -> None:
+    run = make_run("cancelling", started_at=NOW - 5000, cancelled_at=NOW - 4000, **live())
+    assert not cancel_is_stale(run, NOW, WINDOW)
+    assert is_lifecycle_busy(run, NOW, WINDOW)
+    assert is_wedged(run, NOW, WINDOW)
+
+
+def test_age_comes_from_cancelled_at_not_started_at() -> None:
+    # A long turn cancelled a moment ago is not an orphan.
+    run = make_run("cancelling", started_at=NOW - 10_000, cancelled_at=NOW - 2, **dead())
+    assert not cancel_is_stale(run, NOW, WINDOW)
+    # ... and the same turn cancelled long ago is.
+    old = dataclasses.replace(run, cancelled_at=NOW - 181)
+    assert cancel_is_stale(old, NOW, WINDOW)
+
+
+def test_age_falls_back_to_started_at_when_no_cancelled_at() -> None:
+    young = make_run("cancelling", started_at=NOW - 10, created_at=NOW - 9999, **dead())
+    assert not cancel_is_stale(young, NOW, WINDOW)
+    old = make_run("cancelling", started_at=NOW - 200, **dead())
+    assert cancel_is_stale(old, NOW, WINDOW)
+
+
+def test_window_is_configurable() -> None:
+    run = make_run("cancelling", cancelled_at=NOW - 2, **dead())
+    assert cancel_is_stale(run, NOW, 1.0)
+    assert not cancel_is_stale(run, NOW, 3.0)
+
+
+@pytest.mark.parametrize("phase", ["cancelled", "completed", "failed", "interrupted"])
+def test_terminal_runs_are_neither_attachable_nor_busy(phase: str) -> None:
+    run = make_run(phase, cancelled_at=NOW - 1, **live())
+    assert not is_attachable(run)
+    assert not is_lifecycle_busy(run, NOW, WINDOW)
+    assert not cancel_is_stale(run, NOW, WINDOW)
+
+
+@pytest.mark.parametrize("phase", ["", "   ", "starting", "finalizing", "RUNNING!"])
+def test_unknown_or_blank_phase_is_never_attachable(phase: str) -> None:
+    with_live = make_run(phase, **live())
+    with_dead = make_run(phase, **dead())
+    assert not is_attachable(with_live)
+    assert not is_attachable(with_dead)
+    # busy only while a live worker holds it; never stale, never blocks forever
+    assert is_lifecycle_busy(with_live, NOW, WINDOW)
+    assert not is_lifecycle_busy(with_dead, NOW, WINDOW)
+    assert not cancel_is_stale(with_dead, NOW, WINDOW)
+
+
+def test_phase_parsing_tolerates_case_and_whitespace() -> None:
+    assert is_attachable(make_run(" Running "))
+    assert not is_attachable(make_run(" Cancelling"))
+    assert is_lifecycle_busy(make_run("CANCELLING", cancelled_at=NOW - 1), NOW, WINDOW)
+
+
+def test_lease_liveness() -> None:
+    assert worker_is_live(make_run("running", **live()), NOW)
+    assert not worker_is_live(make_run("running", **dead()), NOW)
+    assert not worker_is_live(make_run("running", lease_expires_at=NOW + 10), NOW)
+
+
+def test_terminal_phases_are_absorbing_in_the_transition_table() -> None:
+    for phase in TERMINAL_PHASES:
+        assert TRANSITIONS[phase] == frozenset()
+        assert phase not in allowed_sources(Phase.COMPLETED)
+        assert phase not in allowed_sources(Phase.CANCELLED)
+    assert allowed_sources(Phase.CANCELLING) == {Phase.RUNNING}
+    assert allowed_sources(Phase.QUEUED) == frozenset()
