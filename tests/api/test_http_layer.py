@@ -205,3 +205,37 @@ async def test_metrics_expose_lanes(settings: Settings) -> None:
     for lane in ("recall", "reflect", "retain", "turn"):
         assert metric_value(text, "heed_lane_capacity", lane=lane) >= 1
         assert metric_value(text, "heed_lane_in_use", lane=lane) == 0
+
+
+def test_continue_policy_keeps_working_after_disconnect(settings: Settings) -> None:
+    from fastapi import Depends
+
+    from heed.api.policies import continue_on_disconnect
+    from heed.runtime import raise_if_cancelled, run_in_thread
+
+    app = create_app(settings)
+    outcome: dict[str, str] = {}
+
+    def work() -> None:
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            time.sleep(0.005)
+            raise_if_cancelled()
+
+    @app.post("/finish-anyway", dependencies=[Depends(continue_on_disconnect)])
+    async def finish_anyway() -> dict[str, str]:
+        try:
+            await run_in_thread(work)
+        except BaseException as exc:
+            outcome["result"] = type(exc).__name__
+            raise
+        outcome["result"] = "completed"
+        return outcome
+
+    with live_server(app) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"POST /finish-anyway HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        time.sleep(0.1)
+        sock.close()
+        _wait_for(lambda: outcome.get("result"), timeout=5)
+    assert outcome["result"] == "completed"
