@@ -33,7 +33,8 @@ lint: $(STAMP)  ## ruff lint and format check
 typecheck: $(STAMP)  ## mypy (strict for heed.runtime)
 	$(BIN)/mypy
 
-pytest: $(STAMP)  ## the test suite alone
+pytest: $(STAMP)  ## the test suite alone (installs Debian's chromium for browser tests if missing)
+	bash scripts/ensure_browser.sh
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest  ## everything CI runs

@@ -15,6 +15,7 @@ from heed.api.routes import diagnostics, system
 from heed.services import Services
 from heed.settings import Settings
 from heed.version import __version__
+from heed.web import mount_web
 
 __all__ = ["create_app"]
 
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(system.router)
     if settings.enable_diagnostics:
         app.include_router(diagnostics.router)
+    mount_web(app)
     app.add_middleware(
         RequestLifecycleMiddleware,
         metrics=app.state.metrics,
