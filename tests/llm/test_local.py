@@ -1,0 +1,121 @@
+"""The local provider: SmolLM2-135M-Instruct through llama-cpp-python.
+
+Skipped, loudly, only when llama-cpp-python cannot be imported (``make test``
+builds it through scripts/install.sh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from heed.llm import ChatMessage, ChatProvider, TextDelta, ToolSpec, complete
+from heed.llm.local import LocalProvider, llama_available
+from heed.runtime import OperationCancelled, RequestContext, use_context
+
+pytestmark = pytest.mark.skipif(
+    not llama_available(),
+    reason="llama-cpp-python is not installed: run scripts/install.sh (make test does) to "
+    "build it with CMAKE_ARGS=-DGGML_NATIVE=OFF",
+)
+
+LONG = [ChatMessage.user("Write a long story about a dragon and a knight who become friends.")]
+
+
+@pytest.fixture(scope="module")
+def provider() -> LocalProvider:
+    return LocalProvider(threads=2)
+
+
+async def test_answers_a_short_prompt(provider: LocalProvider) -> None:
+    assert isinstance(provider, ChatProvider)
+    result = await complete(
+        provider,
+        [ChatMessage.user("What is the capital of France? Answer in one sentence.")],
+        max_tokens=40,
+    )
+    assert "Paris" in result.text
+    assert result.usage.prompt_tokens > 10
+    assert 0 < result.usage.completion_tokens <= 40
+    assert result.finish_reason in {"stop", "length"}
+
+
+async def test_replies_are_reproducible(provider: LocalProvider) -> None:
+    question = [ChatMessage.user("Name a colour.")]
+    first = await complete(provider, question, max_tokens=12)
+    second = await complete(provider, question, max_tokens=12)
+    assert first.text == second.text
+
+
+async def test_max_tokens_is_respected(provider: LocalProvider) -> None:
+    result = await complete(provider, LONG, max_tokens=5)
+    assert result.usage.completion_tokens <= 5
+    assert result.finish_reason == "length"
+
+
+async def test_cancel_stops_between_tokens(provider: LocalProvider) -> None:
+    await provider.load()
+    ctx = RequestContext()
+    received: list[float] = []
+
+    async def consume() -> None:
+        with use_context(ctx):
+            async for event in provider.stream(LONG, max_tokens=400):
+                if isinstance(event, TextDelta):
+                    received.append(time.monotonic())
+
+    task = asyncio.create_task(consume())
+    deadline = time.monotonic() + 30
+    while len(received) < 5:
+        assert time.monotonic() < deadline, "no tokens within 30 s"
+        assert not task.done(), "generation ended early"
+        await asyncio.sleep(0.005)
+    ctx.token.cancel("client disconnected")
+    with pytest.raises(OperationCancelled):
+        await task
+    cancelled_at = ctx.token.cancelled_at
+    assert cancelled_at is not None
+    assert provider.last_stop_at is not None
+    # the generation thread had stopped by the time the stream raised, and soon after the cancel
+    assert provider.last_stop_at <= time.monotonic()
+    assert provider.last_stop_at - cancelled_at < 0.25
+    assert all(t <= cancelled_at for t in received), "tokens were handed out after the cancel"
+    assert len(received) < 100
+
+
+async def test_cancel_before_start_never_generates(provider: LocalProvider) -> None:
+    ctx = RequestContext()
+    ctx.token.cancel("gone")
+    before = provider.last_token_at
+    with use_context(ctx), pytest.raises(OperationCancelled):
+        await complete(provider, LONG)
+    assert provider.last_token_at == before
+
+
+async def test_concurrent_streams_take_turns(provider: LocalProvider) -> None:
+    question = [ChatMessage.user("Say hi.")]
+    results = await asyncio.gather(*(complete(provider, question, max_tokens=8) for _ in range(3)))
+    assert len({r.text for r in results}) == 1
+
+
+async def test_tool_calls_or_text_with_tools(provider: LocalProvider) -> None:
+    """A model this small may or may not call the tool; either way the output is well-formed."""
+    tools = [
+        ToolSpec(
+            name="recall",
+            description="search the memory bank",
+            parameters={"type": "object", "properties": {"query": {"type": "string"}}},
+        )
+    ]
+    result = await complete(
+        provider,
+        [ChatMessage.system("Use recall to look facts up."), ChatMessage.user("Alice's pets?")],
+        tools=tools,
+        max_tokens=60,
+    )
+    assert result.text or result.tool_calls
+    for call in result.tool_calls:
+        assert call.name == "recall"
+        assert isinstance(call.arguments, dict)
