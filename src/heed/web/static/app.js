@@ -1,17 +1,128 @@
-// heed's browser UI entry point (plain ES module, no build step).
+// app.js: the entry point: routes (#/chat/<id>, #/memory/<bank>), server health, tab visibility,
+// and the narrow-screen sidebar toggle. Each page lives in its own module.
 
-const status = document.getElementById("server-status");
+import { sessions as sessionsApi, system } from "./api.js";
+import { ChatView, config } from "./chat.js";
+import { MemoryPage } from "./memory.js";
+import { SessionsPanel } from "./sessions.js";
+import { hideNotice, showNotice } from "./ui.js";
+
+const $ = (id) => document.getElementById(id);
+const statusEl = $("server-status");
+
+function navigate(hash) {
+  if (location.hash === hash) route();
+  else location.hash = hash;
+}
+
+const sessionsPanel = new SessionsPanel($("session-sidebar"), { navigate });
+const chat = new ChatView($("chat"), {
+  onStatus: (id, { busy }) => sessionsPanel.setBusy(id, busy),
+  onTitle: (id, title) => sessionsPanel.setTitle(id, title),
+});
+const memoryPage = new MemoryPage($("memory-view"), { navigate });
+
+let sessionsLoaded = false;
+
+function parseRoute() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  const [page = "chat", id = ""] = parts;
+  return { page: page === "memory" ? "memory" : "chat", id };
+}
+
+async function route() {
+  const { page, id } = parseRoute();
+  $("chat-view").hidden = page !== "chat";
+  $("memory-view").hidden = page !== "memory";
+  for (const link of document.querySelectorAll("nav.pages a")) {
+    const current = link.dataset.page === page;
+    link.classList.toggle("current", current);
+    if (current) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  setDrawer(false);
+  if (page === "memory") {
+    chat.close();
+    document.title = id ? `${id} · memory · heed` : "memory · heed";
+    await memoryPage.show(id);
+    return;
+  }
+  if (!sessionsLoaded) {
+    sessionsLoaded = true;
+    await sessionsPanel.refresh();
+  } else {
+    sessionsPanel.loadBanks();
+  }
+  let sessionId = id;
+  if (!sessionId && sessionsPanel.items.length) {
+    sessionId = sessionsPanel.items[0].id;
+    history.replaceState(null, "", `#/chat/${encodeURIComponent(sessionId)}`);
+  }
+  sessionsPanel.setCurrent(sessionId || null);
+  if (sessionId !== chat.sessionId || !sessionId) await chat.open(sessionId || null);
+  document.title = sessionId ? `${chat.title.textContent} · heed` : "heed";
+}
+
+// --- narrow screens: the sidebar is a drawer ---
+
+function setDrawer(open) {
+  document.body.classList.toggle("drawer-open", open);
+  $("drawer-toggle").setAttribute("aria-expanded", String(open));
+}
+
+$("drawer-toggle").addEventListener("click", () => {
+  const open = !document.body.classList.contains("drawer-open");
+  setDrawer(open);
+  if (open) (document.querySelector("#session-sidebar a, #bank-sidebar a, #session-sidebar input") || document.body).focus();
+});
+
+document.querySelector(".scrim").addEventListener("click", () => setDrawer(false));
+
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && document.body.classList.contains("drawer-open")) setDrawer(false);
+  // Alt+N: new session; "/" focuses the composer (when not typing elsewhere).
+  if (event.altKey && event.key.toLowerCase() === "n") {
+    event.preventDefault();
+    navigate("#/chat");
+    $("new-session-title")?.focus();
+  } else if (event.key === "/" && !/INPUT|TEXTAREA|SELECT/.test(document.activeElement?.tagName ?? "")) {
+    event.preventDefault();
+    ($("chat-view").hidden ? $("recall-query") : $("message-input"))?.focus();
+  }
+});
+
+// --- tab visibility: a hidden tab closes its streams and polls the status ---
+
+document.addEventListener("visibilitychange", () => {
+  const visible = document.visibilityState !== "hidden";
+  chat.setVisible(visible);
+  if (visible) sessionsPanel.pollStatuses();
+});
+
+// --- server health and network state ---
 
 async function checkHealth() {
   try {
-    const response = await fetch("/health");
-    const body = await response.json();
-    status.textContent = body.status === "healthy" ? "server healthy" : "server unhealthy";
-    status.className = body.status === "healthy" ? "status ok" : "status error";
+    const body = await system.health();
+    const healthy = body?.status === "healthy";
+    statusEl.textContent = healthy ? "server healthy" : "server unhealthy";
+    statusEl.className = healthy ? "status ok" : "status error";
+    hideNotice("network");
   } catch (error) {
-    status.textContent = "network lost";
-    status.className = "status error";
+    statusEl.textContent = error.status === 0 ? "network lost" : "server unhealthy";
+    statusEl.className = "status error";
   }
 }
 
+window.addEventListener("offline", () => showNotice("network", "Network lost: you are offline.", "warn"));
+window.addEventListener("online", () => {
+  hideNotice("network");
+  checkHealth();
+});
+window.addEventListener("hashchange", route);
+
+// For tests and debugging: the tunables and the live objects (read-only use).
+window.heed = { config, chat, sessionsPanel, memoryPage, sessionsApi };
+
 checkHealth();
+route();

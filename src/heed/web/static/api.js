@@ -1,0 +1,109 @@
+// api.js: the HTTP client. Every URL and JSON shape the UI uses is spelled here, nowhere else.
+
+export class ApiError extends Error {
+  constructor(status, detail, { retryAfter = null, body = null } = {}) {
+    super(status ? `${status}: ${detail}` : detail);
+    this.status = status; // 0: the network, not the server
+    this.detail = detail;
+    this.retryAfter = retryAfter; // seconds, from Retry-After (409, 503)
+    this.body = body;
+  }
+}
+
+function detailOf(body, response) {
+  if (body && typeof body === "object") {
+    const d = body.detail;
+    if (typeof d === "string") return d;
+    if (Array.isArray(d)) return d.map((e) => e.msg || JSON.stringify(e)).join("; ");
+    if (d && typeof d === "object") return d.message || JSON.stringify(d);
+  }
+  return response.statusText || "request failed";
+}
+
+/** The ApiError a non-2xx response stands for (reads its JSON body when it has one). */
+export async function errorFrom(response) {
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  const header = response.headers.get("Retry-After");
+  const retryAfter = header !== null && header !== "" ? Number(header) : body?.retry_after ?? null;
+  return new ApiError(response.status, detailOf(body, response), { retryAfter, body });
+}
+
+export async function request(method, path, body = undefined, { signal } = {}) {
+  const init = { method, signal, headers: { Accept: "application/json" }, cache: "no-store" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    if (error?.name === "AbortError") throw error;
+    throw new ApiError(0, "network lost");
+  }
+  if (!response.ok) throw await errorFrom(response);
+  if (response.status === 204) return null;
+  const text = await response.text();
+  return text ? JSON.parse(text) : null;
+}
+
+const enc = encodeURIComponent;
+const bankPath = (bankId) => `/v1/default/banks/${enc(bankId)}`;
+
+// --- sessions and runs (issue 5) ---
+
+export const sessions = {
+  list: () => request("GET", "/v1/sessions"),
+  create: ({ title, bank_id }) => request("POST", "/v1/sessions", { title, bank_id }),
+  get: (id) => request("GET", `/v1/sessions/${enc(id)}`),
+  rename: (id, title) => request("PATCH", `/v1/sessions/${enc(id)}`, { title }),
+  remove: (id) => request("DELETE", `/v1/sessions/${enc(id)}`),
+  status: (id, { signal } = {}) => request("GET", `/v1/sessions/${enc(id)}/status`, undefined, { signal }),
+  startTurn: (id, content, multitask_strategy = "reject") =>
+    request("POST", `/v1/sessions/${enc(id)}/turns`, { content, multitask_strategy }),
+  eventsUrl: (id) => `/v1/sessions/${enc(id)}/events`,
+};
+
+export const runs = {
+  get: (id) => request("GET", `/v1/runs/${enc(id)}`),
+  cancel: (id) => request("POST", `/v1/runs/${enc(id)}/cancel`),
+  streamUrl: (id, after) => `/v1/runs/${enc(id)}/stream?after=${after || 0}`,
+};
+
+// --- memory banks (issue 3, the hindsight wire format) ---
+
+export const memory = {
+  listBanks: () => request("GET", "/v1/default/banks"),
+  getBank: (bankId) => request("GET", bankPath(bankId)),
+  createBank: (bankId, body = {}) => request("PUT", bankPath(bankId), body),
+  deleteBank: (bankId) => request("DELETE", bankPath(bankId)),
+  retain: (bankId, content, extra = {}) =>
+    request("POST", `${bankPath(bankId)}/memories`, { items: [{ content, ...extra }] }),
+  list: (bankId, { limit = 50, offset = 0, q = "" } = {}) => {
+    const params = new URLSearchParams({ limit: String(limit), offset: String(offset) });
+    if (q) params.set("q", q);
+    return request("GET", `${bankPath(bankId)}/memories/list?${params}`);
+  },
+  recall: (bankId, query, { budget = "mid", max_tokens = 4096 } = {}) =>
+    request("POST", `${bankPath(bankId)}/memories/recall`, {
+      query,
+      budget,
+      max_tokens,
+      trace: true,
+    }),
+  reflect: (bankId, query, { budget = "low" } = {}) =>
+    request("POST", `${bankPath(bankId)}/reflect`, {
+      query,
+      budget,
+      include: { facts: {} },
+    }),
+};
+
+export const system = {
+  health: () => request("GET", "/health"),
+};

@@ -1,0 +1,361 @@
+// memory.js: the memory page of a bank: banks, retain, list, recall with its stage timings, reflect.
+
+import { memory } from "./api.js";
+import { clear, describeError, formatTime, h, shorten } from "./ui.js";
+
+const PAGE = 50;
+
+/** Per-stage timings from a recall trace, as [{name, ms}] in pipeline order. */
+export function stageTimings(trace) {
+  if (!trace || typeof trace !== "object") return [];
+  const ms = (entry) => {
+    for (const key of ["ms", "duration_ms", "elapsed_ms", "time_ms"]) {
+      if (typeof entry[key] === "number") return entry[key];
+    }
+    for (const key of ["seconds", "duration_s", "elapsed_s", "duration"]) {
+      if (typeof entry[key] === "number") return entry[key] * 1000;
+    }
+    return null;
+  };
+  const fromList = (list) =>
+    list
+      .filter((e) => e && typeof e === "object")
+      .map((e) => ({ name: String(e.name ?? e.stage ?? "?"), ms: ms(e), count: e.candidates ?? e.count }))
+      .filter((e) => e.ms !== null);
+  if (Array.isArray(trace.stages)) return fromList(trace.stages);
+  for (const key of ["stage_ms", "timings_ms", "timings", "durations_ms", "stages_ms"]) {
+    const table = trace[key];
+    if (table && typeof table === "object" && !Array.isArray(table)) {
+      return Object.entries(table)
+        .filter(([, v]) => typeof v === "number" || (v && typeof v === "object"))
+        .map(([name, v]) => ({ name, ms: typeof v === "number" ? v : ms(v) }))
+        .filter((e) => e.ms !== null);
+    }
+  }
+  if (trace.stages && typeof trace.stages === "object") {
+    return Object.entries(trace.stages)
+      .map(([name, v]) => ({ name, ms: typeof v === "number" ? v : ms(v ?? {}), count: v?.candidates }))
+      .filter((e) => e.ms !== null);
+  }
+  return Object.entries(trace)
+    .filter(([k, v]) => k.endsWith("_ms") && typeof v === "number" && !k.startsWith("total"))
+    .map(([k, v]) => ({ name: k.slice(0, -3), ms: v }));
+}
+
+function totalMs(trace, stages) {
+  for (const key of ["total_ms", "elapsed_ms", "duration_ms"]) {
+    if (typeof trace?.[key] === "number") return trace[key];
+  }
+  return stages.reduce((sum, s) => sum + s.ms, 0);
+}
+
+/** A small horizontal bar chart of stage times (plain HTML, readable without colour). */
+export function timingChart(trace) {
+  const stages = stageTimings(trace);
+  if (!stages.length) return h("p", { class: "muted" }, "No stage timings in the trace.");
+  const max = Math.max(...stages.map((s) => s.ms), 0.001);
+  const total = totalMs(trace, stages);
+  return h(
+    "figure",
+    { class: "chart", "aria-label": "recall stage timings" },
+    h("figcaption", {}, `Stage timings: ${total.toFixed(1)} ms in total`),
+    h(
+      "ul",
+      { class: "bars" },
+      stages.map((s) =>
+        h(
+          "li",
+          { class: "bar-row", dataset: { stage: s.name } },
+          h("span", { class: "bar-label" }, s.name.replaceAll("_", " ")),
+          h(
+            "span",
+            { class: "bar-track" },
+            h("span", { class: "bar", style: `width: ${Math.max(1, (100 * s.ms) / max).toFixed(1)}%` }),
+          ),
+          h("span", { class: "bar-value" }, `${s.ms < 10 ? s.ms.toFixed(2) : s.ms.toFixed(1)} ms`),
+        ),
+      ),
+    ),
+  );
+}
+
+function factView(fact) {
+  const when = fact.occurred_start || fact.mentioned_at || fact.date;
+  const entities = Array.isArray(fact.entities) ? fact.entities.join(", ") : fact.entities;
+  return h(
+    "li",
+    { class: "fact", dataset: { id: fact.id ?? "" } },
+    h("div", { class: "fact-text" }, fact.text ?? ""),
+    h(
+      "div",
+      { class: "fact-meta" },
+      fact.type || fact.fact_type ? h("span", { class: "tag" }, fact.type || fact.fact_type) : null,
+      when ? h("span", {}, formatTime(when)) : null,
+      entities ? h("span", {}, shorten(entities, 60)) : null,
+      fact.context ? h("span", {}, shorten(fact.context, 40)) : null,
+    ),
+  );
+}
+
+function card(title, ...body) {
+  const id = `card-${title.toLowerCase().replaceAll(" ", "-")}`;
+  return h("section", { class: "card", "aria-labelledby": id }, h("h3", { id }, title), ...body);
+}
+
+function status(el, text, kind = "") {
+  el.textContent = text;
+  el.className = `form-status ${kind}`;
+}
+
+/** The memory view: mount(root), show(bankId). */
+export class MemoryPage {
+  constructor(root, { navigate }) {
+    this.root = root;
+    this.navigate = navigate;
+    this.bankId = null;
+    this.offset = 0;
+    this.build();
+  }
+
+  build() {
+    const bankForm = h(
+      "form",
+      { class: "bank-form", onsubmit: (e) => this.createBank(e) },
+      h("label", { for: "bank-new" }, "New bank"),
+      h("input", {
+        id: "bank-new",
+        name: "bank",
+        placeholder: "bank id",
+        pattern: "[A-Za-z0-9_.:\\-]+",
+        required: true,
+        autocomplete: "off",
+      }),
+      h("button", { type: "submit" }, "Create"),
+    );
+    this.bankList = h("ul", { class: "bank-list", id: "bank-list" });
+    this.bankTitle = h("h2", { id: "bank-title" }, "Memory");
+    this.bankMeta = h("p", { class: "muted", id: "bank-meta" });
+
+    // retain
+    this.retainText = h("textarea", {
+      id: "retain-text",
+      rows: 4,
+      placeholder: "Text to remember, e.g. “Alice adopted a cat named Miso in March 2024.”",
+    });
+    this.retainContext = h("input", { id: "retain-context", placeholder: "context (optional)" });
+    this.retainStatus = h("p", { class: "form-status", role: "status" });
+    const retainForm = h(
+      "form",
+      { id: "retain-form", onsubmit: (e) => this.retain(e) },
+      h("label", { for: "retain-text", class: "sr-only" }, "Text to retain"),
+      this.retainText,
+      h("label", { for: "retain-context", class: "sr-only" }, "Context"),
+      h("div", { class: "row" }, this.retainContext, h("button", { type: "submit" }, "Retain")),
+      this.retainStatus,
+    );
+
+    // recall
+    this.recallQuery = h("input", { id: "recall-query", placeholder: "What do you want to find?" });
+    this.recallBudget = h(
+      "select",
+      { id: "recall-budget", "aria-label": "budget" },
+      ["low", "mid", "high"].map((b) => h("option", { value: b, selected: b === "mid" }, b)),
+    );
+    this.recallStatus = h("p", { class: "form-status", role: "status" });
+    this.recallChart = h("div", { id: "recall-trace" });
+    this.recallResults = h("ol", { class: "facts", id: "recall-results" });
+    const recallForm = h(
+      "form",
+      { id: "recall-form", onsubmit: (e) => this.recall(e) },
+      h("label", { for: "recall-query", class: "sr-only" }, "Recall query"),
+      h("div", { class: "row" }, this.recallQuery, this.recallBudget, h("button", { type: "submit" }, "Recall")),
+      this.recallStatus,
+    );
+
+    // reflect
+    this.reflectQuery = h("input", { id: "reflect-query", placeholder: "Ask a question about this bank" });
+    this.reflectStatus = h("p", { class: "form-status", role: "status" });
+    this.reflectAnswer = h("div", { id: "reflect-answer", class: "answer" });
+    this.reflectFacts = h("ol", { class: "facts", id: "reflect-facts" });
+    const reflectForm = h(
+      "form",
+      { id: "reflect-form", onsubmit: (e) => this.reflect(e) },
+      h("label", { for: "reflect-query", class: "sr-only" }, "Reflect question"),
+      h("div", { class: "row" }, this.reflectQuery, h("button", { type: "submit" }, "Reflect")),
+      this.reflectStatus,
+    );
+
+    // list
+    this.listStatus = h("p", { class: "form-status", role: "status" });
+    this.listItems = h("ol", { class: "facts", id: "memory-list" });
+    this.listMore = h("button", { type: "button", hidden: true, onclick: () => this.loadList(false) }, "Load more");
+    const listHeader = h(
+      "div",
+      { class: "row" },
+      h("span", { id: "memory-count", class: "muted" }),
+      h("button", { type: "button", class: "secondary", onclick: () => this.loadList(true) }, "Refresh"),
+    );
+    this.memoryCount = listHeader.querySelector("#memory-count");
+
+    this.emptyHint = h("p", { class: "muted", id: "bank-empty" }, "Choose a bank, or create one.");
+    this.panels = h(
+      "div",
+      { class: "memory-grid", hidden: true },
+      card("Retain", retainForm),
+      card("Recall", recallForm, this.recallChart, this.recallResults),
+      card("Reflect", reflectForm, this.reflectAnswer, this.reflectFacts),
+      card("Memories", listHeader, this.listStatus, this.listItems, this.listMore),
+    );
+
+    clear(this.root).append(
+      h("aside", { class: "sidebar", id: "bank-sidebar", "aria-label": "banks" }, bankForm, this.bankList),
+      h("section", { class: "content memory-content" }, this.bankTitle, this.bankMeta, this.emptyHint, this.panels),
+    );
+  }
+
+  async refreshBanks() {
+    try {
+      const body = await memory.listBanks();
+      const banks = body?.banks ?? [];
+      clear(this.bankList);
+      for (const bank of banks) {
+        const current = bank.bank_id === this.bankId;
+        this.bankList.append(
+          h(
+            "li",
+            {},
+            h(
+              "a",
+              {
+                href: `#/memory/${encodeURIComponent(bank.bank_id)}`,
+                class: current ? "current" : "",
+                "aria-current": current ? "page" : null,
+              },
+              h("span", {}, bank.name || bank.bank_id),
+              h("span", { class: "count" }, String(bank.fact_count ?? "")),
+            ),
+          ),
+        );
+      }
+      if (!banks.length) this.bankList.append(h("li", { class: "muted" }, "No banks yet."));
+      return banks;
+    } catch (error) {
+      clear(this.bankList).append(h("li", { class: "error" }, describeError(error)));
+      return [];
+    }
+  }
+
+  async show(bankId) {
+    this.bankId = bankId || null;
+    await this.refreshBanks();
+    this.panels.hidden = !this.bankId;
+    this.emptyHint.hidden = Boolean(this.bankId);
+    if (!this.bankId) {
+      this.bankTitle.textContent = "Memory";
+      this.bankMeta.textContent = "";
+      return;
+    }
+    this.bankTitle.textContent = `Bank: ${this.bankId}`;
+    try {
+      const bank = await memory.getBank(this.bankId);
+      this.bankMeta.textContent = bank?.mission || bank?.name || "";
+    } catch (error) {
+      this.bankMeta.textContent = error.status === 404 ? "This bank does not exist yet: retain creates it." : describeError(error);
+    }
+    clear(this.recallResults);
+    clear(this.recallChart);
+    clear(this.reflectAnswer);
+    clear(this.reflectFacts);
+    await this.loadList(true);
+  }
+
+  async createBank(event) {
+    event.preventDefault();
+    const input = event.target.elements.bank;
+    const bankId = input.value.trim();
+    if (!bankId) return;
+    try {
+      await memory.createBank(bankId, { name: bankId });
+      input.value = "";
+      this.navigate(`#/memory/${encodeURIComponent(bankId)}`);
+    } catch (error) {
+      input.setCustomValidity(describeError(error));
+      input.reportValidity();
+      input.setCustomValidity("");
+    }
+  }
+
+  async retain(event) {
+    event.preventDefault();
+    const content = this.retainText.value.trim();
+    if (!content) return status(this.retainStatus, "Write something to retain first.", "error");
+    const context = this.retainContext.value.trim();
+    status(this.retainStatus, "Retaining…", "pending");
+    try {
+      const body = await memory.retain(this.bankId, content, context ? { context } : {});
+      this.retainText.value = "";
+      status(this.retainStatus, `Retained ${body?.items_count ?? 1} item.`, "ok");
+      await Promise.all([this.loadList(true), this.refreshBanks()]);
+    } catch (error) {
+      status(this.retainStatus, describeError(error), "error");
+    }
+  }
+
+  async loadList(reset) {
+    if (!this.bankId) return;
+    if (reset) this.offset = 0;
+    try {
+      const body = await memory.list(this.bankId, { limit: PAGE, offset: this.offset });
+      const items = body?.items ?? [];
+      if (reset) clear(this.listItems);
+      for (const item of items) this.listItems.append(factView(item));
+      this.offset += items.length;
+      const total = body?.total ?? this.offset;
+      this.memoryCount.textContent = `${total} ${total === 1 ? "memory" : "memories"}`;
+      this.listMore.hidden = this.offset >= total;
+      status(this.listStatus, total ? "" : "No memories yet: retain some text.", "");
+    } catch (error) {
+      if (reset) clear(this.listItems);
+      this.memoryCount.textContent = "";
+      status(this.listStatus, error.status === 404 ? "No memories yet: retain some text." : describeError(error), error.status === 404 ? "" : "error");
+    }
+  }
+
+  async recall(event) {
+    event.preventDefault();
+    const query = this.recallQuery.value.trim();
+    if (!query) return status(this.recallStatus, "Type a query first.", "error");
+    status(this.recallStatus, "Recalling…", "pending");
+    const started = performance.now();
+    try {
+      const body = await memory.recall(this.bankId, query, { budget: this.recallBudget.value });
+      const results = body?.results ?? [];
+      const took = performance.now() - started;
+      status(this.recallStatus, `${results.length} result${results.length === 1 ? "" : "s"} in ${took.toFixed(0)} ms.`, "ok");
+      clear(this.recallChart).append(timingChart(body?.trace));
+      clear(this.recallResults);
+      for (const result of results) this.recallResults.append(factView(result));
+    } catch (error) {
+      status(this.recallStatus, describeError(error), "error");
+    }
+  }
+
+  async reflect(event) {
+    event.preventDefault();
+    const query = this.reflectQuery.value.trim();
+    if (!query) return status(this.reflectStatus, "Type a question first.", "error");
+    status(this.reflectStatus, "Reflecting…", "pending");
+    clear(this.reflectAnswer);
+    clear(this.reflectFacts);
+    try {
+      const body = await memory.reflect(this.bankId, query);
+      this.reflectAnswer.textContent = body?.text ?? "";
+      const used = body?.based_on?.memories ?? [];
+      status(this.reflectStatus, `Based on ${used.length} ${used.length === 1 ? "memory" : "memories"}.`, "ok");
+      for (const fact of used) this.reflectFacts.append(factView(fact));
+    } catch (error) {
+      const missing = error.status === 404 && /not found/i.test(error.detail) && !/bank/i.test(error.detail);
+      status(this.reflectStatus, missing ? "Reflect is not available on this server yet." : describeError(error), "error");
+    }
+  }
+}

@@ -1,0 +1,102 @@
+// ui.js: tiny DOM helpers and the page-wide notice banner. No state of its own beyond the banner.
+
+/** Build an element: h("button", {class: "x", onclick: fn}, "text", child). */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      el.addEventListener(key.slice(2), value);
+    } else if (key === "class") {
+      el.className = value;
+    } else if (key === "dataset") {
+      Object.assign(el.dataset, value);
+    } else if (value === true) {
+      el.setAttribute(key, "");
+    } else {
+      el.setAttribute(key, String(value));
+    }
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+export function clear(el) {
+  while (el.firstChild) el.removeChild(el.firstChild);
+  return el;
+}
+
+export function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal?.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
+export function formatTime(value) {
+  if (value === undefined || value === null || value === "") return "";
+  const date = typeof value === "number" ? new Date(value * 1000) : new Date(value);
+  if (Number.isNaN(date.getTime())) return String(value);
+  return date.toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" });
+}
+
+export function shorten(text, max = 80) {
+  const s = typeof text === "string" ? text : JSON.stringify(text);
+  if (s === undefined) return "";
+  return s.length > max ? s.slice(0, max - 1) + "…" : s;
+}
+
+// --- The banner: one notice at a time per key (network, busy, overloaded, error). ---
+
+const notices = new Map();
+
+function renderBanner() {
+  const banner = document.getElementById("banner");
+  if (!banner) return;
+  clear(banner);
+  for (const [key, { text, kind }] of notices) {
+    banner.append(
+      h(
+        "div",
+        { class: `notice ${kind}`, dataset: { key } },
+        h("span", {}, text),
+        h("button", {
+          type: "button",
+          class: "link",
+          "aria-label": "dismiss",
+          onclick: () => hideNotice(key),
+        }, "×"),
+      ),
+    );
+  }
+  banner.hidden = notices.size === 0;
+}
+
+/** Show (or replace) the notice *key*; kind is "error", "warn" or "info". */
+export function showNotice(key, text, kind = "error") {
+  notices.set(key, { text, kind });
+  renderBanner();
+}
+
+export function hideNotice(key) {
+  if (notices.delete(key)) renderBanner();
+}
+
+/** A human message for an ApiError (409 busy, 503 overloaded, network lost, ...). */
+export function describeError(error) {
+  if (!error) return "unknown error";
+  if (error.status === 0) return "Network lost: the server cannot be reached.";
+  if (error.status === 409) return `Busy: ${error.detail || "the session is running a turn"}.`;
+  if (error.status === 503) {
+    const wait = error.retryAfter ? ` Retrying in ${error.retryAfter} s.` : "";
+    return `Server overloaded (503).${wait}`;
+  }
+  if (error.status) return `${error.status}: ${error.detail || error.message}`;
+  return error.message || String(error);
+}
