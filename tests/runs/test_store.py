@@ -47,8 +47,7 @@ def test_transition_appends_terminal_event_atomically(store: SqliteRunStore) -> 
     claimed = store.claim(
         run.id,
         worker_id="w",
-        lease_expires_at=time.time() + 10,
-        now=time.time(),
+        lease_seconds=10,
         may_start=lambda r, s: True,
         scope_kinds=["turn"],
     )
@@ -70,8 +69,7 @@ def test_worker_guard_refuses_another_worker(store: SqliteRunStore) -> None:
     store.claim(
         run.id,
         worker_id="w1",
-        lease_expires_at=time.time() + 10,
-        now=time.time(),
+        lease_seconds=10,
         may_start=lambda r, s: True,
         scope_kinds=["turn"],
     )

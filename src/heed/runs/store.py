@@ -110,13 +110,14 @@ class RunStore(Protocol):
         run_id: str,
         *,
         worker_id: str,
-        lease_expires_at: float,
-        now: float,
+        lease_seconds: float,
         may_start: ClaimCheck,
         scope_kinds: Iterable[str],
     ) -> tuple[Run, RunEvent] | None:
         """Atomically move a ``queued`` run to ``running`` (with worker and lease, and a
-        ``started`` journal event) if ``may_start(run, siblings)``; else ``None``."""
+        ``started`` journal event) if ``may_start(run, siblings)``; else ``None``.
+        ``started_at`` is read from the clock once the write lock is held, and the
+        lease runs *lease_seconds* from then."""
         ...
 
     def renew_leases(self, worker_id: str, run_ids: Sequence[str], until: float) -> list[Run]:

@@ -303,8 +303,7 @@ class SqliteRunStore:
         run_id: str,
         *,
         worker_id: str,
-        lease_expires_at: float,
-        now: float,
+        lease_seconds: float,
         may_start: ClaimCheck,
         scope_kinds: Iterable[str],
     ) -> tuple[Run, RunEvent] | None:
@@ -325,10 +324,18 @@ class SqliteRunStore:
             )
             if not may_start(run, siblings):
                 return None
+            now = time.time()
             updated = conn.execute(
                 "UPDATE runs SET phase = ?, started_at = ?, worker_id = ?, lease_expires_at = ?"
                 " WHERE id = ? AND phase = ?",
-                (str(Phase.RUNNING), now, worker_id, lease_expires_at, run_id, str(Phase.QUEUED)),
+                (
+                    str(Phase.RUNNING),
+                    now,
+                    worker_id,
+                    now + lease_seconds,
+                    run_id,
+                    str(Phase.QUEUED),
+                ),
             ).rowcount
             if updated != 1:
                 return None

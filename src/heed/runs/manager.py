@@ -1,0 +1,591 @@
+"""The run manager: admission, start, cancel, worker lifecycle and leases.
+
+One :class:`RunManager` per server process. The database is the source of
+truth; the manager only holds the in-process workers (task + token) and the
+fan-out. Promises:
+
+- **submit** (:meth:`RunManager.submit`) creates a ``queued`` run. For an
+  *exclusive* kind (chat turns) admission is one write transaction that reads
+  the session's runs and applies :func:`~heed.runs.state.is_lifecycle_busy`, so
+  two concurrent starts -- in this process or another sharing the database --
+  never both pass: ``reject`` raises :class:`RunConflict` naming the busy run;
+  ``enqueue`` queues; ``interrupt`` queues and cancels the busy runs. A queued
+  run starts (``claim``, again one transaction) only when no older sibling is
+  lifecycle-busy.
+- **cancel** (:meth:`RunManager.cancel`) is idempotent and returns the run.
+  ``queued`` becomes ``cancelled`` (it never starts); ``running`` becomes
+  ``cancelling`` with a terminal ``cancelled`` journal event appended in the
+  same transaction, and the worker's token is cancelled at once; when the worker
+  exits the run becomes ``cancelled``. Terminal runs are returned unchanged.
+  ``wait=True`` waits (bounded) until the worker has stopped.
+- **workers** run each run's :class:`~heed.runs.kinds.KindSpec` executor under a
+  fresh token (never the HTTP request's). The worker's exit is written with
+  guarded transitions (``completed``/``failed`` only from ``running``;
+  ``cancelled`` from ``cancelling``), so a cancel that raced a completion wins
+  and terminal phases never change.
+- **leases**: the reaper (:mod:`heed.runs.reaper`) renews the lease of every run
+  whose worker task exists in this process, whatever the task is doing.
+
+Other components subscribe with :meth:`RunManager.add_listener` (told after
+every committed phase change) and :meth:`RunManager.add_idle_hook` (told when a
+session has nothing busy and nothing queued, e.g. to deliver wakeups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from heed.errors import HeedError
+from heed.runs.broker import Broker
+from heed.runs.io import BlockingIO
+from heed.runs.journal import Journal
+from heed.runs.kinds import KindSpec, RunContext
+from heed.runs.model import Phase, Run, RunEvent, Source, new_run_id
+from heed.runs.state import DEFAULT_UNWIND_WINDOW, is_lifecycle_busy
+from heed.runs.store import RunStore, Transition
+from heed.runtime import (
+    CancellationToken,
+    LaneFull,
+    Lanes,
+    OperationCancelled,
+    RequestContext,
+    reraise_cancellation,
+    use_context,
+)
+
+__all__ = [
+    "AdmissionAborted",
+    "RunConflict",
+    "RunManager",
+    "RunNotFound",
+    "Strategy",
+    "make_worker_id",
+]
+
+log = logging.getLogger("heed.runs")
+
+Strategy = Literal["reject", "enqueue", "interrupt", "idle"]
+Listener = Callable[[Run, str], Awaitable[None]]
+IdleHook = Callable[[str], Awaitable[None]]
+
+SHUTDOWN = "server shutting down"
+
+
+class RunNotFound(HeedError):
+    """No run with that id (for this tenant): 404."""
+
+    status_code = 404
+
+
+class RunConflict(HeedError):
+    """A session is busy and the strategy was ``reject``: 409 naming the busy run."""
+
+    status_code = 409
+
+    def __init__(self, busy: Run, retry_after: int = 1) -> None:
+        super().__init__(
+            f"session {busy.session_id} is busy with run {busy.id} ({busy.phase}); "
+            "retry later or use multitask_strategy enqueue or interrupt",
+            headers={"Retry-After": str(retry_after)},
+        )
+        self.busy = busy
+
+
+class AdmissionAborted(Exception):
+    """Raised by an ``on_admitted`` callback to roll the admission back."""
+
+
+def make_worker_id() -> str:
+    """``host:pid:nonce`` -- unique per process incarnation."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class _Worker:
+    run_id: str
+    token: CancellationToken
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class RunManager:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        broker: Broker,
+        *,
+        lanes: Lanes | None = None,
+        unwind_window: float = DEFAULT_UNWIND_WINDOW,
+        lease_seconds: float = 15.0,
+        reaper_interval: float = 2.0,
+        poll_interval: float = 1.0,
+        io: BlockingIO | None = None,
+    ) -> None:
+        self.store = store
+        self.broker = broker
+        self.lanes = lanes
+        self.unwind_window = unwind_window
+        self.lease_seconds = lease_seconds
+        self.reaper_interval = reaper_interval
+        self.io = io or BlockingIO()
+        self.journal = Journal(store, broker, self.io, poll_interval=poll_interval)
+        self.worker_id = make_worker_id()
+        self.kinds: dict[str, KindSpec] = {}
+        self.workers: dict[str, _Worker] = {}
+        self._listeners: list[Listener] = []
+        self._idle_hooks: list[IdleHook] = []
+        self._session_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        #: Counters and gauges read by the metrics collector.
+        self.reclaimed_total = 0
+        self.interrupted_total = 0
+        self.wedged = 0
+
+    # -- wiring ----------------------------------------------------------------------
+
+    def register(self, kind: str, spec: KindSpec) -> None:
+        """Declare how runs of *kind* execute (see :mod:`heed.runs.kinds`)."""
+        self.kinds[kind] = spec
+
+    def add_listener(self, listener: Listener) -> None:
+        """``listener(run, change)`` after each committed change: ``queued``, ``started``,
+        ``cancelling``, ``finished``. Exceptions are logged, never propagated."""
+        self._listeners.append(listener)
+
+    def add_idle_hook(self, hook: IdleHook) -> None:
+        """``hook(session_id)`` when a session has no busy and no queued exclusive run."""
+        self._idle_hooks.append(hook)
+
+    @property
+    def exclusive_kinds(self) -> list[str]:
+        return [kind for kind, spec in self.kinds.items() if spec.exclusive]
+
+    async def _notify(self, run: Run, change: str) -> None:
+        for listener in self._listeners:
+            try:
+                await listener(run, change)
+            except Exception as exc:
+                reraise_cancellation(exc)
+                log.exception("run listener failed for %s (%s)", run.id, change)
+
+    def _spawn(self, coro: Awaitable[Any], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def get(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """The run; :class:`RunNotFound` if unknown or another tenant's."""
+        run = await self.io.call(self.store.get, run_id)
+        if run is None or (tenant is not None and run.tenant != tenant):
+            raise RunNotFound(f"no run with id {run_id!r}")
+        return run
+
+    async def session_runs(self, session_id: str, *, non_terminal: bool = True) -> list[Run]:
+        """The session's exclusive-kind runs (non-terminal ones by default), oldest first."""
+        runs = await self.io.call(
+            self.store.list_runs, session_id=session_id, non_terminal=non_terminal
+        )
+        kinds = set(self.exclusive_kinds)
+        return [r for r in runs if r.kind in kinds]
+
+    def is_busy(self, runs: list[Run], now: float | None = None) -> Run | None:
+        """The first lifecycle-busy run of *runs*, or ``None``."""
+        now = time.time() if now is None else now
+        for run in runs:
+            if is_lifecycle_busy(run, now, self.unwind_window):
+                return run
+        return None
+
+    # -- submit and start ------------------------------------------------------------
+
+    async def submit(
+        self,
+        kind: str,
+        *,
+        tenant: str,
+        payload: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        source: Source | str = Source.API,
+        strategy: Strategy = "enqueue",
+        on_admitted: Callable[[Run], None] | None = None,
+        retry_after: int = 1,
+    ) -> Run | None:
+        """Create a run and start it when allowed; see the module docstring.
+
+        Raises :class:`RunConflict` (``reject`` on a busy session) and
+        :class:`HeedError` 400 for an unknown kind. ``strategy="idle"`` returns
+        ``None`` instead of raising when the session is busy, and so does an
+        ``on_admitted`` callback (run inside the admission transaction) that
+        raises :class:`AdmissionAborted`.
+        """
+        spec = self.kinds.get(kind)
+        if spec is None:
+            raise HeedError(f"unknown run kind {kind!r}")
+        if self._closing:
+            raise HeedError("the server is shutting down", status_code=503)
+        run = Run(
+            id=new_run_id(),
+            kind=kind,
+            tenant=tenant,
+            phase=Phase.QUEUED,
+            created_at=time.time(),
+            session_id=session_id,
+            source=str(source),
+            payload=dict(payload or {}),
+        )
+        exclusive = spec.exclusive and session_id is not None
+
+        def blocking(siblings: Any) -> Run | None:
+            if strategy in ("reject", "idle"):
+                return self.is_busy(list(siblings))
+            return None
+
+        def admit() -> tuple[Run | None, Run | None]:
+            with self.store.transaction():
+                admitted, blocker = self.store.admit(
+                    run, blocking, scope_kinds=self.exclusive_kinds if exclusive else [kind]
+                )
+                if admitted is not None and on_admitted is not None:
+                    on_admitted(admitted)
+            return admitted, blocker
+
+        try:
+            admitted, blocker = await self.io.call(admit)
+        except AdmissionAborted:
+            return None
+        if admitted is None:
+            assert blocker is not None
+            if strategy == "idle":
+                return None
+            raise RunConflict(blocker, retry_after)
+        await self._notify(admitted, "queued")
+        if exclusive and strategy == "interrupt":
+            assert session_id is not None
+            for sibling in await self.session_runs(session_id):
+                if sibling.id != admitted.id and sibling.phase in (Phase.QUEUED, Phase.RUNNING):
+                    await self.cancel(sibling.id, "interrupted by a new turn")
+        if exclusive:
+            assert session_id is not None
+            await self.dispatch(session_id)
+        else:
+            await self._claim_and_start(admitted)
+        return await self.io.call(self.store.get, admitted.id) or admitted
+
+    def _may_start(self, run: Run, siblings: Any) -> bool:
+        now = time.time()
+        for sibling in siblings:
+            if not is_lifecycle_busy(sibling, now, self.unwind_window):
+                continue
+            if sibling.phase == Phase.QUEUED and (sibling.created_at, sibling.id) > (
+                run.created_at,
+                run.id,
+            ):
+                continue  # a younger queued run waits behind this one
+            return False
+        return True
+
+    async def _claim_and_start(self, run: Run) -> bool:
+        spec = self.kinds.get(run.kind)
+        if spec is None or self._closing:
+            return False
+        exclusive = spec.exclusive and run.session_id is not None
+        claimed = await self.io.call(
+            lambda: self.store.claim(
+                run.id,
+                worker_id=self.worker_id,
+                lease_seconds=self.lease_seconds,
+                may_start=self._may_start if exclusive else (lambda r, s: True),
+                scope_kinds=self.exclusive_kinds if exclusive else [run.kind],
+            )
+        )
+        if claimed is None:
+            return False
+        started, event = claimed
+        self.journal.publish([event])
+        worker = _Worker(started.id, CancellationToken())
+        self.workers[started.id] = worker
+        worker.task = asyncio.create_task(self._work(started, spec, worker), name=started.id)
+        await self._notify(started, "started")
+        return True
+
+    async def dispatch(self, session_id: str) -> None:
+        """Start the session's oldest queued exclusive run if nothing busy is ahead of it;
+        when the session is idle (nothing busy, nothing queued), run the idle hooks."""
+        lock = self._session_locks.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            runs = await self.session_runs(session_id)
+            queued = [r for r in runs if r.phase == Phase.QUEUED]
+            if queued:
+                await self._claim_and_start(queued[0])
+                return
+            if self.is_busy(runs) is not None:
+                return
+        if not self._closing:
+            for hook in self._idle_hooks:
+                try:
+                    await hook(session_id)
+                except Exception as exc:
+                    reraise_cancellation(exc)
+                    log.exception("idle hook failed for session %s", session_id)
+
+    async def start_queued(self) -> None:
+        """Start every queued run that may start (after recovery, and from the reaper)."""
+        runs = await self.io.call(self.store.list_runs, phases=[Phase.QUEUED])
+        sessions: set[str] = set()
+        for run in runs:
+            spec = self.kinds.get(run.kind)
+            if spec is None:
+                continue
+            if spec.exclusive and run.session_id is not None:
+                sessions.add(run.session_id)
+            elif run.id not in self.workers:
+                await self._claim_and_start(run)
+        for session_id in sessions:
+            await self.dispatch(session_id)
+
+    # -- the worker ------------------------------------------------------------------
+
+    async def _work(self, run: Run, spec: KindSpec, worker: _Worker) -> None:
+        ctx = RequestContext(tenant=run.tenant, token=worker.token)
+        rc = RunContext(run=run, ctx=ctx, journal=self.journal)
+        outcome = "completed"
+        result: dict[str, Any] | None = None
+        error: str | None = None
+        reason: str | None = None
+        try:
+            with use_context(ctx):
+                if spec.lane is not None and self.lanes is not None:
+                    async with self.lanes[spec.lane].slot(worker.token):
+                        result = await spec.execute(rc)
+                else:
+                    result = await spec.execute(rc)
+        except OperationCancelled as exc:
+            outcome, reason = "cancelled", exc.reason
+        except asyncio.CancelledError:
+            outcome, reason = "cancelled", worker.token.reason or SHUTDOWN
+        except LaneFull as exc:
+            outcome, error = "failed", str(exc)
+        except Exception as exc:
+            reraise_cancellation(exc)
+            log.exception("run %s (%s) failed", run.id, run.kind)
+            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
+        finally:
+            try:
+                await asyncio.shield(self._finish(run, spec, outcome, result, error, reason))
+            finally:
+                self.workers.pop(run.id, None)
+                worker.done.set()
+            if run.session_id is not None and not self._closing:
+                self._spawn(self.dispatch(run.session_id), f"dispatch-{run.session_id}")
+
+    async def _finish(
+        self,
+        run: Run,
+        spec: KindSpec,
+        outcome: str,
+        result: dict[str, Any] | None,
+        error: str | None,
+        reason: str | None,
+    ) -> None:
+        def write() -> tuple[Run | None, list[RunEvent]]:
+            now = time.time()
+            done = {"finished_at": now, "lease_expires_at": None}
+            events: list[RunEvent] = []
+            with self.store.transaction():
+                t = None
+                if outcome == "completed":
+                    t = self.store.transition(
+                        run.id,
+                        Phase.COMPLETED,
+                        fields={**done, "result": result},
+                        event=("completed", {"result": result}),
+                        only_from=[Phase.RUNNING],
+                        worker_id=self.worker_id,
+                    )
+                elif outcome == "failed":
+                    t = self.store.transition(
+                        run.id,
+                        Phase.FAILED,
+                        fields={**done, "error": error},
+                        event=("failed", {"error": error}),
+                        only_from=[Phase.RUNNING],
+                        worker_id=self.worker_id,
+                    )
+                else:
+                    # Cancelled without the cancel API (deadline, shutdown): same two steps.
+                    first = self.store.transition(
+                        run.id,
+                        Phase.CANCELLING,
+                        fields={"cancelled_at": now, "cancel_reason": reason},
+                        event=("cancelled", {"reason": reason}),
+                        only_from=[Phase.RUNNING],
+                        worker_id=self.worker_id,
+                    )
+                    if first is not None and first.event is not None:
+                        events.append(first.event)
+                if t is None:
+                    t = self.store.transition(
+                        run.id,
+                        Phase.CANCELLED,
+                        fields=done,
+                        only_from=[Phase.CANCELLING],
+                        worker_id=self.worker_id,
+                    )
+                if t is None:
+                    return None, events  # already terminal (interrupted by recovery/shutdown)
+                if t.event is not None:
+                    events.append(t.event)
+                if spec.on_terminal is not None:
+                    spec.on_terminal(t.run)
+                return t.run, events
+
+        try:
+            final, events = await self.io.call(write)
+        except Exception as exc:
+            reraise_cancellation(exc)
+            log.exception("could not record the end of run %s; the reaper will", run.id)
+            return
+        self.journal.publish(events)
+        if final is not None:
+            await self._notify(final, "finished")
+
+    # -- cancel ----------------------------------------------------------------------
+
+    async def cancel(
+        self,
+        run_id: str,
+        reason: str = "cancelled by client",
+        *,
+        tenant: str | None = None,
+        wait: bool = False,
+        wait_timeout: float = 30.0,
+    ) -> Run:
+        """Cancel a run; idempotent. See the module docstring. Raises :class:`RunNotFound`."""
+        run = await self.get(run_id, tenant=tenant)
+        for _ in range(5):
+            if run.is_terminal:
+                return run
+            now = time.time()
+            if run.phase == Phase.QUEUED:
+                spec = self.kinds.get(run.kind)
+
+                def cancel_queued(
+                    spec: KindSpec | None = spec, now: float = now
+                ) -> Transition | None:
+                    with self.store.transaction():
+                        t = self.store.transition(
+                            run_id,
+                            Phase.CANCELLED,
+                            fields={
+                                "cancelled_at": now,
+                                "finished_at": now,
+                                "cancel_reason": reason,
+                            },
+                            event=("cancelled", {"reason": reason}),
+                            only_from=[Phase.QUEUED],
+                        )
+                        if t is not None and spec is not None and spec.on_terminal is not None:
+                            spec.on_terminal(t.run)
+                        return t
+
+                t = await self.io.call(cancel_queued)
+                if t is not None:
+                    self.journal.publish([t.event])
+                    await self._notify(t.run, "finished")
+                    if t.run.session_id is not None:
+                        await self.dispatch(t.run.session_id)
+                    return t.run
+            elif run.phase == Phase.RUNNING:
+                t = await self.io.call(
+                    self.store.transition,
+                    run_id,
+                    Phase.CANCELLING,
+                    fields={"cancelled_at": now, "cancel_reason": reason},
+                    event=("cancelled", {"reason": reason}),
+                    only_from=[Phase.RUNNING],
+                )
+                if t is not None:
+                    self.journal.publish([t.event])
+                    self._cancel_local(run_id, reason)
+                    await self._notify(t.run, "cancelling")
+                    run = t.run
+                    break
+            else:  # cancelling already, or an unknown phase: nothing to write
+                self._cancel_local(run_id, run.cancel_reason or reason)
+                break
+            run = await self.get(run_id)  # raced with a start or finish: look again
+        if wait:
+            return await self.wait_stopped(run_id, wait_timeout)
+        return run
+
+    def _cancel_local(self, run_id: str, reason: str) -> None:
+        worker = self.workers.get(run_id)
+        if worker is not None:
+            worker.token.cancel(reason)
+
+    async def wait_stopped(self, run_id: str, seconds: float) -> Run:
+        """Wait until the run is terminal (its worker stopped), at most *seconds*;
+        returns the run as it then is."""
+        deadline = time.monotonic() + seconds
+        worker = self.workers.get(run_id)
+        if worker is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.done.wait(), seconds)
+        while True:
+            run = await self.get(run_id)
+            if run.is_terminal or time.monotonic() >= deadline:
+                return run
+            await asyncio.sleep(0.05)
+
+    async def after_interrupted(self, run: Run) -> None:
+        """Run the kind's ``on_interrupted`` hook (errors logged), then tell listeners."""
+        spec = self.kinds.get(run.kind)
+        if spec is not None and spec.on_interrupted is not None:
+            try:
+                await spec.on_interrupted(run)
+            except Exception as exc:
+                reraise_cancellation(exc)
+                log.exception("on_interrupted failed for run %s", run.id)
+        await self._notify(run, "finished")
+
+    # -- shutdown --------------------------------------------------------------------
+
+    async def close(self, grace: float = 5.0) -> None:
+        """Stop accepting work; mark this process's running runs ``interrupted`` (with a
+        terminal journal event), cancel their tokens and wait up to *grace* seconds."""
+        self._closing = True
+        for task in list(self._background):
+            task.cancel()
+        for run_id, worker in list(self.workers.items()):
+            t = await self.io.call(
+                self.store.transition,
+                run_id,
+                Phase.INTERRUPTED,
+                fields={"finished_at": time.time(), "error": SHUTDOWN},
+                event=("interrupted", {"reason": SHUTDOWN}),
+                only_from=[Phase.RUNNING],
+                worker_id=self.worker_id,
+            )
+            if t is not None:
+                self.journal.publish([t.event])
+                await self.after_interrupted(t.run)
+            worker.token.cancel(SHUTDOWN)
+        tasks = [w.task for w in self.workers.values() if w.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        self.io.close()

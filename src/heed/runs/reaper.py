@@ -1,0 +1,160 @@
+"""The reaper: lease renewal and reclamation of runs whose worker is gone.
+
+One pass (:func:`reap_once`), run every ``reaper_interval`` seconds by
+:class:`Reaper`, and safe to run concurrently in several processes (every write
+is a guarded transition, so at most one reclaimer wins each row):
+
+1. **Renew** the lease of every run whose worker task exists in this process
+   (whatever that task is doing: a wedged worker keeps its lease, which is how
+   "never reclaim a live worker by age alone" holds), and notice runs another
+   process moved to ``cancelling`` so the local token is cancelled.
+2. **Reclaim**:
+   - a ``cancelling`` run for which :func:`~heed.runs.state.cancel_is_stale` is
+     true (past the unwind window, measured from ``cancelled_at``; no live
+     lease) becomes ``cancelled`` and its session is released (dispatched: the
+     next queued turn or pending wakeups go);
+   - a ``running`` run whose lease expired (its process died) becomes
+     ``interrupted`` with a terminal ``interrupted`` journal event -- at most
+     once: it is never re-run.
+3. **Count** wedged runs (:func:`~heed.runs.state.is_wedged`) for the
+   ``heed_runs_wedged`` gauge.
+4. **Dispatch** queued runs and idle sessions (covers other processes' exits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from heed.runs.manager import RunManager
+from heed.runs.model import Phase, Run
+from heed.runs.state import cancel_is_stale, is_wedged, worker_is_live
+from heed.runs.store import Transition
+from heed.runtime import reraise_cancellation
+
+__all__ = ["Reaper", "reap_once"]
+
+log = logging.getLogger("heed.runs.reaper")
+
+
+async def renew_leases(manager: RunManager) -> None:
+    """Renew this process's leases; cancel local tokens of runs cancelled elsewhere."""
+    ids = list(manager.workers)
+    if not ids:
+        return
+    rows = await manager.io.call(
+        manager.store.renew_leases, manager.worker_id, ids, time.time() + manager.lease_seconds
+    )
+    for row in rows:
+        if row.phase == Phase.CANCELLING or row.is_terminal:
+            manager._cancel_local(row.id, row.cancel_reason or "cancelled")
+
+
+async def _finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
+    spec = manager.kinds.get(run.kind)
+    now = time.time()
+
+    def write() -> Transition | None:
+        with manager.store.transaction():
+            if to is Phase.CANCELLED:
+                t = manager.store.transition(
+                    run.id,
+                    Phase.CANCELLED,
+                    fields={"finished_at": now, "lease_expires_at": None},
+                    event=("cancelled", {"reason": run.cancel_reason or "reclaimed"}),
+                    only_from=[Phase.CANCELLING],
+                )
+            else:
+                t = manager.store.transition(
+                    run.id,
+                    Phase.INTERRUPTED,
+                    fields={
+                        "finished_at": now,
+                        "lease_expires_at": None,
+                        "error": "worker lost (lease expired or process restarted)",
+                    },
+                    event=("interrupted", {"reason": "worker lost"}),
+                    only_from=[run.phase_enum] if run.phase_enum else [],
+                )
+            if t is not None and spec is not None and spec.on_terminal is not None:
+                spec.on_terminal(t.run)
+            return t
+
+    t = await manager.io.call(write)
+    if t is None:
+        return None
+    manager.journal.publish([t.event])
+    final = t.run
+    if to is Phase.INTERRUPTED:
+        manager.interrupted_total += 1
+        await manager.after_interrupted(final)
+    else:
+        manager.reclaimed_total += 1
+        await manager._notify(final, "finished")
+    return final
+
+
+async def reclaim(manager: RunManager, run: Run, now: float) -> Run | None:
+    """Finalize *run* if the rules above say so; returns the new row or ``None``."""
+    if run.id in manager.workers:
+        return None  # our own worker is alive
+    phase = run.phase_enum
+    if phase is Phase.CANCELLING and cancel_is_stale(run, now, manager.unwind_window):
+        return await _finalize(manager, run, Phase.CANCELLED)
+    if phase is Phase.RUNNING and not worker_is_live(run, now):
+        return await _finalize(manager, run, Phase.INTERRUPTED)
+    return None
+
+
+async def reap_once(manager: RunManager) -> list[Run]:
+    """One pass; returns the runs it finalized."""
+    await renew_leases(manager)
+    now = time.time()
+    runs = await manager.io.call(manager.store.list_runs, non_terminal=True, limit=100_000)
+    finalized: list[Run] = []
+    wedged = 0
+    sessions: set[str] = set()
+    for run in runs:
+        if is_wedged(run, now, manager.unwind_window):
+            wedged += 1
+        done = await reclaim(manager, run, now)
+        if done is not None:
+            finalized.append(done)
+        if run.session_id is not None:
+            sessions.add(run.session_id)
+    manager.wedged = wedged
+    await manager.start_queued()
+    for session_id in sessions:
+        await manager.dispatch(session_id)
+    return finalized
+
+
+class Reaper:
+    """Runs :func:`reap_once` every ``manager.reaper_interval`` seconds until stopped."""
+
+    def __init__(self, manager: RunManager) -> None:
+        self.manager = manager
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="heed-run-reaper")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.manager.reaper_interval)
+            try:
+                await reap_once(self.manager)
+            except Exception as exc:
+                reraise_cancellation(exc)
+                log.exception("reaper pass failed")
+            self.passes += 1
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,88 @@
+"""Restart recovery: what a process does with runs a previous process left behind.
+
+Called once from ``Services.start`` before serving. For every non-terminal run
+whose worker is not alive (its lease expired, or its worker id names this host
+and a process that no longer exists, or this very process id in an earlier
+incarnation -- containers restart as pid 1):
+
+- ``running`` becomes ``interrupted`` with a synthetic terminal ``interrupted``
+  journal event (at most once: the work is not re-run); the kind's
+  ``on_interrupted`` hook then runs (a turn stores its partial output in the
+  transcript, marked interrupted);
+- ``cancelling`` becomes ``cancelled`` (its journal already ends in the
+  terminal ``cancelled`` event; the user asked for a cancel, so that is the
+  honest final phase);
+- ``queued`` runs are kept and started (a queued message is not lost);
+- then every session is dispatched, which delivers pending wakeups, so no
+  session stays busy.
+
+Runs held by live workers of other processes sharing the database are left
+alone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from heed.runs.manager import RunManager
+from heed.runs.model import Phase, Run
+from heed.runs.reaper import _finalize
+from heed.runs.state import worker_is_live
+
+__all__ = ["recover", "worker_is_dead"]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_is_dead(run: Run, now: float, own_worker_id: str) -> bool:
+    """True when no live process can be running *run*'s worker."""
+    if run.worker_id is None or not worker_is_live(run, now):
+        return True
+    if run.worker_id == own_worker_id:
+        return False
+    host, _, rest = run.worker_id.partition(":")
+    pid_text, _, _nonce = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False  # another host: trust its lease
+    pid = int(pid_text)
+    return pid == os.getpid() or not _pid_alive(pid)
+
+
+async def recover(manager: RunManager, session_ids: list[str] | None = None) -> list[Run]:
+    """Finalize runs left by dead workers; start queued runs; dispatch sessions.
+
+    *session_ids* (e.g. sessions with pending wakeups) are dispatched too.
+    Returns the runs finalized.
+    """
+    now = time.time()
+    runs = await manager.io.call(manager.store.list_runs, non_terminal=True, limit=100_000)
+    finalized: list[Run] = []
+    sessions = set(session_ids or [])
+    for run in runs:
+        if run.session_id is not None:
+            sessions.add(run.session_id)
+        if run.id in manager.workers or not worker_is_dead(run, now, manager.worker_id):
+            continue
+        phase = run.phase_enum
+        target = {Phase.RUNNING: Phase.INTERRUPTED, Phase.CANCELLING: Phase.CANCELLED}.get(
+            phase  # type: ignore[arg-type]
+        )
+        if target is None:
+            continue
+        done = await _finalize(manager, run, target)
+        if done is not None:
+            finalized.append(done)
+    await manager.start_queued()
+    for session_id in sorted(sessions):
+        await manager.dispatch(session_id)
+    return finalized
