@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from heed.memory import MemoryEngine, build_memory_engine
 from heed.runtime import Lane, Lanes
 from heed.runtime.offload import configure_thread_pool
 from heed.settings import Settings
@@ -37,14 +38,17 @@ class Services:
     settings: Settings
     lanes: Lanes = field(init=False)
     database: Database = field(init=False)
+    memory: MemoryEngine = field(init=False)
 
     def __post_init__(self) -> None:
         configure_thread_pool(self.settings.offload_threads)
         self.lanes = build_lanes(self.settings)
         self.database = Database(self.settings.database_path())
+        self.memory = build_memory_engine(self.settings, self.database, self.lanes)
 
     async def start(self) -> None:
         """Prepare storage and domain services; called once before serving."""
+        await self.memory.start()
 
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""

@@ -94,6 +94,33 @@ class Settings(BaseSettings):
     turn_llm_max_tokens: int | None = Field(default=None, ge=1)
     turn_llm_script: str | None = None
 
+    # Memory engine (heed.memory).
+    embeddings_provider: str = Field(
+        default="onnx",
+        description="onnx (all-MiniLM-L6-v2 int8, shipped in PyPI packages) or openai "
+        "(an OpenAI-compatible /embeddings endpoint).",
+    )
+    embeddings_base_url: str = Field(
+        default="https://api.openai.com/v1", description="Base URL of the embeddings endpoint."
+    )
+    embeddings_model: str = Field(
+        default="text-embedding-3-small", description="Model name sent to the endpoint."
+    )
+    embeddings_api_key: SecretStr | None = Field(default=None, description="Its bearer key.")
+    embeddings_dim: int = Field(default=384, ge=1, description="Vector size of the endpoint.")
+    embeddings_batch_size: int = Field(default=16, ge=1, description="Texts per embedding batch.")
+    reranker: str = Field(
+        default="blend",
+        description="none, blend or overlap (chosen by LoCoMo measurement; see the README).",
+    )
+    reranker_model_dir: Path | None = Field(
+        default=None,
+        description="A local ONNX cross-encoder (model.onnx + tokenizer.json); replaces "
+        "the reranker when set.",
+    )
+    max_query_tokens: int = Field(default=500, ge=1, description="Longest recall query.")
+    max_item_chars: int = Field(default=200_000, ge=1, description="Longest retain item.")
+
     def database_path(self) -> Path:
         """The embedded database file inside the data dir."""
         return self.data_dir / "heed.db"

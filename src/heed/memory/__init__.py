@@ -1,0 +1,80 @@
+"""The memory engine: banks of memory units, retain, and a cancellable hybrid recall.
+
+:func:`build_memory_engine` wires the default pieces from settings: the SQLite
+store, the MiniLM embedder (shared by every engine of the process), the
+reranker and the token counter.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from heed.memory.embeddings import Embedder, OnnxMiniLM, OpenAIEmbedder, TokenCounter
+from heed.memory.engine import BANK_DELETED, MemoryEngine, RetainSummary
+from heed.memory.models import InvalidInput, NotFound
+from heed.memory.recall.rerank import build_reranker
+
+if TYPE_CHECKING:
+    from heed.runtime import Lanes
+    from heed.settings import Settings
+    from heed.storage import Database
+
+__all__ = [
+    "BANK_DELETED",
+    "InvalidInput",
+    "MemoryEngine",
+    "NotFound",
+    "RetainSummary",
+    "build_embedder",
+    "build_memory_engine",
+    "shared_minilm",
+    "shared_token_counter",
+]
+
+
+@functools.cache
+def shared_minilm(batch_size: int = 16) -> OnnxMiniLM:
+    """The process-wide MiniLM embedder (loading it costs about half a second)."""
+    return OnnxMiniLM(batch_size=batch_size)
+
+
+@functools.cache
+def shared_token_counter() -> TokenCounter:
+    """The process-wide token counter."""
+    return TokenCounter()
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    """The embedder the settings ask for."""
+    if settings.embeddings_provider == "openai":
+        key = settings.embeddings_api_key
+        return OpenAIEmbedder(
+            settings.embeddings_base_url,
+            settings.embeddings_model,
+            api_key=key.get_secret_value() if key else None,
+            dim=settings.embeddings_dim,
+        )
+    if settings.embeddings_provider != "onnx":
+        raise ValueError(
+            f"HEED_EMBEDDINGS_PROVIDER must be onnx or openai, got {settings.embeddings_provider!r}"
+        )
+    return shared_minilm(settings.embeddings_batch_size)
+
+
+def build_memory_engine(
+    settings: Settings, database: Database, lanes: Lanes, embedder: Embedder | None = None
+) -> MemoryEngine:
+    """A memory engine on *database* with the configured embedder and reranker."""
+    from heed.storage.memory_store import SqliteMemoryStore
+
+    return MemoryEngine(
+        SqliteMemoryStore(database),
+        embedder or build_embedder(settings),
+        build_reranker(settings.reranker, settings.reranker_model_dir),
+        shared_token_counter(),
+        lanes["recall"],
+        lanes["retain"],
+        max_query_tokens=settings.max_query_tokens,
+        max_item_chars=settings.max_item_chars,
+    )

@@ -1,0 +1,388 @@
+"""The memory engine facade: banks, retain, recall, memories and documents.
+
+Every public coroutine is tenant-scoped (the bank is looked up by
+``(tenant, bank_id)``; another tenant's bank does not exist) and runs its
+blocking work through the offload.
+
+Bank deletion and in-flight work: each piece of work on a bank (a recall, a
+sync retain, an async retain operation) registers a child token of its
+context's token in the bank's registry while it runs. ``delete_bank`` first
+marks the bank as closing (new work answers 404), cancels every registered
+token with reason ``"bank deleted"``, waits until that work has stopped, and
+only then deletes the rows and the vector index. So nothing writes into a
+deleted bank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+from heed.memory.embeddings import Embedder, TokenCounter
+from heed.memory.models import (
+    Bank,
+    BankStats,
+    DocumentInfo,
+    InvalidInput,
+    NotFound,
+    PreparedDocument,
+    RecallOutcome,
+    RecallQuery,
+    RetainItem,
+    StoredUnit,
+)
+from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
+from heed.memory.recall.rerank import Reranker
+from heed.memory.retain import plan_documents, prepare_documents
+from heed.memory.store import MemoryStore, UnitFilter, WriteResult
+from heed.memory.vectors import VectorIndex
+from heed.runtime import (
+    CancellationToken,
+    Lane,
+    OperationCancelled,
+    current_context,
+    raise_if_cancelled,
+    run_in_thread,
+    use_context,
+)
+
+__all__ = ["BANK_DELETED", "BANK_ID_RE", "MemoryEngine", "RetainSummary"]
+
+BANK_DELETED: Final = "bank deleted"
+BANK_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RetainSummary:
+    """What a retain wrote: items, documents and units."""
+
+    items: int
+    documents: int
+    units: int
+    document_ids: list[str]
+
+
+@dataclass(eq=False)
+class _Work:
+    token: CancellationToken
+    done: asyncio.Event
+
+
+class _BankIndexes:
+    """Lazily loaded vector indexes, one per bank, with a per-bank load lock."""
+
+    def __init__(self, store: MemoryStore, dim: int) -> None:
+        self._store = store
+        self._dim = dim
+        self._indexes: dict[str, VectorIndex] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, bank_ref: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(bank_ref, threading.Lock())
+
+    def get(self, bank_ref: str) -> VectorIndex:
+        """The bank's index, loading it from storage on first use (blocking)."""
+        index = self._indexes.get(bank_ref)
+        if index is not None:
+            return index
+        with self._lock(bank_ref):
+            index = self._indexes.get(bank_ref)
+            if index is None:
+                rows = self._store.load_vectors(bank_ref)
+                index = VectorIndex(self._dim, capacity=max(1024, len(rows.seqs)))
+                index.add([int(s) for s in rows.seqs], rows.matrix, rows.types)
+                self._indexes[bank_ref] = index
+        return index
+
+    def apply(self, bank_ref: str, result: WriteResult, document: PreparedDocument | None) -> None:
+        """Apply a committed write to a loaded index (an unloaded one reads it at load)."""
+        with self._lock(bank_ref):
+            index = self._indexes.get(bank_ref)
+            if index is None:
+                return
+            if result.removed:
+                index.remove(result.removed)
+            if document is not None and result.added:
+                fresh = [(seq, u) for (seq, _), u in zip(result.added, document.units, strict=True)]
+                known = index.vectors_for([seq for seq, _ in fresh])
+                fresh = [(seq, u) for seq, u in fresh if seq not in known]
+                if fresh:
+                    import numpy as np
+
+                    index.add(
+                        [seq for seq, _ in fresh],
+                        np.stack([u.embedding for _, u in fresh]),
+                        [u.fact_type for _, u in fresh],
+                    )
+
+    def drop(self, bank_ref: str) -> None:
+        with self._lock(bank_ref):
+            self._indexes.pop(bank_ref, None)
+
+
+class MemoryEngine:
+    """See the module docstring. Build once per server; ``start()`` migrates storage."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        embedder: Embedder,
+        reranker: Reranker,
+        tokens: TokenCounter,
+        recall_lane: Lane,
+        retain_lane: Lane,
+        *,
+        max_query_tokens: int = 500,
+        max_item_chars: int = 200_000,
+        recall_hooks: StageHook | None = None,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.tokens = tokens
+        self.retain_lane = retain_lane
+        self.max_query_tokens = max_query_tokens
+        self.max_item_chars = max_item_chars
+        self.indexes = _BankIndexes(store, embedder.dim)
+        self._work: dict[str, set[_Work]] = {}
+        self._closing: set[str] = set()
+        self._bank_lock = asyncio.Lock()
+        self.recall_deps = RecallDeps(
+            store=store,
+            embedder=embedder,
+            reranker=reranker,
+            tokens=tokens,
+            lane=recall_lane,
+            index_for=self._index_for,
+            hooks=recall_hooks,
+        )
+
+    async def _index_for(self, bank: Bank) -> VectorIndex:
+        return await run_in_thread(self.indexes.get, bank.ref)
+
+    # -- in-flight work --------------------------------------------------------------
+
+    @asynccontextmanager
+    async def track(self, bank: Bank) -> AsyncIterator[CancellationToken]:
+        """Run a block as work on *bank*: a child token registered until the block ends.
+
+        Inside, the active context carries the child token, which ``delete_bank``
+        cancels with reason ``"bank deleted"``; such a cancellation surfaces as
+        :class:`NotFound` unless the caller's own token was cancelled too.
+        """
+        if bank.ref in self._closing:
+            raise NotFound(f"bank {bank.bank_id!r} not found")
+        ctx = current_context()
+        token = ctx.token.child()
+        work = _Work(token, asyncio.Event())
+        self._work.setdefault(bank.ref, set()).add(work)
+        try:
+            with use_context(ctx.with_token(token)):
+                yield token
+        except OperationCancelled as exc:
+            if exc.reason == BANK_DELETED and not ctx.token.cancelled:
+                raise NotFound(f"bank {bank.bank_id!r} was deleted while this request ran") from exc
+            raise
+        finally:
+            token.release_parent()
+            work.done.set()
+            self._work.get(bank.ref, set()).discard(work)
+
+    def in_flight(self, bank: Bank) -> int:
+        """How many pieces of work are running on *bank*."""
+        return len(self._work.get(bank.ref, ()))
+
+    # -- banks -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Apply storage migrations."""
+        migrate = getattr(self.store, "migrate", None)
+        if migrate is not None:
+            await run_in_thread(migrate)
+
+    async def get_bank(self, bank_id: str, *, tenant: str | None = None) -> Bank:
+        """The bank of the current tenant; raises :class:`NotFound`."""
+        tenant = tenant or current_context().tenant
+        bank = await run_in_thread(self.store.get_bank, tenant, bank_id)
+        if bank is None or bank.ref in self._closing:
+            raise NotFound(f"bank {bank_id!r} not found")
+        return bank
+
+    async def find_bank(self, bank_id: str) -> Bank | None:
+        """The bank of the current tenant, or ``None``."""
+        try:
+            return await self.get_bank(bank_id)
+        except NotFound:
+            return None
+
+    async def put_bank(self, bank_id: str, fields: dict[str, Any], *, create: bool = True) -> Bank:
+        """Create the bank (when *create*) or update the given fields. Returns the bank."""
+        if not BANK_ID_RE.match(bank_id):
+            raise InvalidInput(
+                f"invalid bank_id {bank_id!r}: use 1-128 letters, digits, '.', '_', ':', '@' or '-'"
+            )
+        tenant = current_context().tenant
+        async with self._bank_lock:
+            bank = await run_in_thread(self.store.get_bank, tenant, bank_id)
+            if bank is None or bank.ref in self._closing:
+                if not create:
+                    raise NotFound(f"bank {bank_id!r} not found")
+                bank = Bank(tenant=tenant, bank_id=bank_id, ref=str(uuid.uuid4()), name=bank_id)
+            for key in ("name", "mission", "background"):
+                if fields.get(key) is not None:
+                    setattr(bank, key, fields[key])
+            if fields.get("disposition"):
+                bank.disposition.update(fields["disposition"])
+            config = fields.get("config") or {}
+            bank.config.update({k: v for k, v in config.items() if v is not None})
+            return await run_in_thread(self.store.save_bank, bank)
+
+    async def list_banks(self, limit: int, offset: int) -> tuple[list[tuple[Bank, int]], int]:
+        """The current tenant's banks with their unit counts, and the total."""
+        tenant = current_context().tenant
+        return await run_in_thread(self.store.list_banks, tenant, limit, offset)
+
+    async def delete_bank(self, bank_id: str) -> int:
+        """Cancel the bank's in-flight work, wait until it stopped, then delete it.
+
+        Returns the number of units deleted.
+        """
+        bank = await self.get_bank(bank_id)
+        self._closing.add(bank.ref)
+        try:
+            works = list(self._work.get(bank.ref, ()))
+            for work in works:
+                work.token.cancel(BANK_DELETED)
+            for work in works:
+                await work.done.wait()
+            deleted = await run_in_thread(self.store.delete_bank, bank.ref)
+            self.indexes.drop(bank.ref)
+            return deleted
+        finally:
+            self._closing.discard(bank.ref)
+            self._work.pop(bank.ref, None)
+
+    async def bank_stats(self, bank_id: str) -> tuple[Bank, BankStats]:
+        bank = await self.get_bank(bank_id)
+        return bank, await run_in_thread(self.store.bank_stats, bank.ref)
+
+    # -- retain ------------------------------------------------------------------------
+
+    def validate_items(self, items: list[RetainItem]) -> None:
+        """Refuse empty or oversized items with a message naming the item."""
+        if not items:
+            raise InvalidInput("items is empty: send at least one item")
+        for i, item in enumerate(items):
+            if not item.content.strip():
+                raise InvalidInput(f"items[{i}].content is empty")
+            if len(item.content) > self.max_item_chars:
+                raise InvalidInput(
+                    f"items[{i}].content has {len(item.content)} characters; "
+                    f"the limit is {self.max_item_chars}"
+                )
+
+    async def retain(
+        self,
+        bank: Bank,
+        items: list[RetainItem],
+        document_tags: list[str] | None = None,
+        *,
+        progress: ProgressCallback | None = None,
+    ) -> RetainSummary:
+        """Retain *items* into *bank*: one transaction per document.
+
+        Cancellable while queued for a retain slot, while embedding (between
+        batches), and between documents; a document is written whole or not at
+        all. Raises ``OperationCancelled`` (or :class:`NotFound` if the bank was
+        deleted meanwhile).
+        """
+        self.validate_items(items)
+        plans = plan_documents(items, document_tags or [])
+        async with self.track(bank), self.retain_lane.slot():
+            documents = await run_in_thread(prepare_documents, plans, self.embedder)
+            units = 0
+            for done, document in enumerate(documents, start=1):
+                raise_if_cancelled()
+                await run_in_thread(self._write_one, bank.ref, document)
+                units += len(document.units)
+                if progress is not None:
+                    progress(done, len(documents))
+        return RetainSummary(
+            items=len(items),
+            documents=len(documents),
+            units=units,
+            document_ids=[d.document_id for d in documents],
+        )
+
+    def _write_one(self, bank_ref: str, document: PreparedDocument) -> WriteResult:
+        raise_if_cancelled()
+        result = self.store.write_document(bank_ref, document)
+        self.indexes.apply(bank_ref, result, document)  # committed: the index must follow
+        return result
+
+    # -- recall ------------------------------------------------------------------------
+
+    def validate_query(self, query: RecallQuery) -> None:
+        """Refuse empty, wordless and over-long queries."""
+        text = query.query.strip()
+        if not text:
+            raise InvalidInput("query is empty")
+        if not any(ch.isalnum() for ch in text):
+            raise InvalidInput("query has no words (only punctuation or symbols)")
+        n = self.tokens.count(text)
+        if n > self.max_query_tokens:
+            raise InvalidInput(f"query has {n} tokens; the limit is {self.max_query_tokens}")
+
+    async def recall(self, bank: Bank, query: RecallQuery) -> RecallOutcome:
+        """Run the recall pipeline (see :mod:`heed.memory.recall.pipeline`)."""
+        self.validate_query(query)
+        async with self.track(bank):
+            return await run_recall(self.recall_deps, bank, query)
+
+    # -- memories and documents --------------------------------------------------------
+
+    async def list_units(
+        self, bank: Bank, flt: UnitFilter, limit: int, offset: int
+    ) -> tuple[list[StoredUnit], int]:
+        return await run_in_thread(self.store.list_units, bank.ref, flt, limit, offset)
+
+    async def get_unit(self, bank: Bank, unit_id: str) -> StoredUnit:
+        unit = await run_in_thread(self.store.get_unit, bank.ref, unit_id)
+        if unit is None:
+            raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
+        return unit
+
+    async def delete_unit(self, bank: Bank, unit_id: str) -> None:
+        async with self.track(bank):
+            seq = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
+            if seq is None:
+                raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
+            await run_in_thread(self.indexes.apply, bank.ref, WriteResult([seq], []), None)
+
+    async def list_documents(
+        self, bank: Bank, search: str | None, limit: int, offset: int
+    ) -> tuple[list[DocumentInfo], int]:
+        return await run_in_thread(self.store.list_documents, bank.ref, search, limit, offset)
+
+    async def get_document(self, bank: Bank, document_id: str) -> DocumentInfo:
+        info = await run_in_thread(self.store.get_document, bank.ref, document_id)
+        if info is None:
+            raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
+        return info
+
+    async def delete_document(self, bank: Bank, document_id: str) -> int:
+        async with self.track(bank):
+            seqs = await run_in_thread(self.store.delete_document, bank.ref, document_id)
+            if seqs is None:
+                raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
+            await run_in_thread(self.indexes.apply, bank.ref, WriteResult(seqs, []), None)
+            return len(seqs)

@@ -1,0 +1,111 @@
+"""Entity extraction without an LLM: capitalized phrases and given entities.
+
+Heuristics, in order:
+
+- entities the caller gave (``item.entities``) are kept as written;
+- runs of capitalized words ("Caroline", "New York", "LGBTQ support group" is
+  not one) that are not sentence-initial common words, pronouns, weekdays,
+  months or interjections;
+- a speaker label at the start of a dialogue turn ("Melanie: ...").
+
+Names are canonicalized by case-folding and collapsing whitespace, which is
+what entity links and the entity arm of recall match on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from heed.memory.models import EntityRef
+
+__all__ = ["canonical", "extract_entities", "query_entity_names"]
+
+_WORD = re.compile(r"[A-Z][\w'\u2019&.-]*[\w]|[A-Z]")
+_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+_TOKEN = re.compile(r"\S+")
+
+_STOP_TEXT = """
+    I I'm I've I'd I'll Me My Mine We We're We've Our Us You You're You've Your Yours He She It They
+    Them Their His Her Hers Its This That These Those There Here What When Where Why How Who Whom
+    Which Whose The A An And But Or So If Then Than Yes No Not Oh Ah Hey Hi Hello Wow Thanks Thank
+    Ok Okay Well Sure Yeah Yep Nope Also Just Really Very Great Good Nice Cool Awesome Love Congrats
+    Congratulations Sounds Glad Sorry Haha Lol Omg Wow Aw Aww Absolutely Definitely Totally Monday
+    Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July
+    August September October November December Today Tomorrow Yesterday Tonight Last Next In On At
+    For With From By To Of As Is Are Was Were Be Been Being Do Does Did Have Has Had Can Could Will
+    Would Should Shall Must Might Let Lets Let's Please Maybe Perhaps Anyway Btw Plus After Before
+    During Since Until While Because Although Though Even Still Yet Every Each All Some Any Both
+    Either Neither One Two Three First Second Mr Mrs Ms Dr It's That's There's What's Here's Don't
+    Didn't Can't Won't Isn't Wasn't Aren't Haven't Hasn't Doesn't
+"""
+_STOP = {word.lower() for word in _STOP_TEXT.split()}
+
+
+def canonical(name: str) -> str:
+    """The matching key of an entity name: case-folded, single-spaced, trimmed."""
+    return " ".join(name.casefold().split()).strip(" .,'\u2019\"")
+
+
+def _sentence_phrases(sentence: str) -> Iterable[str]:
+    tokens = _TOKEN.findall(sentence)
+    run: list[str] = []
+    for index, raw in enumerate(tokens):
+        word = raw.strip("\"'\u201c\u201d\u2018\u2019()[]{},;:!?.")
+        is_cap = bool(word) and word[0].isupper() and _WORD.fullmatch(word) is not None
+        stop = word.lower() in _STOP or word.lower().rstrip("'s\u2019") in _STOP
+        if is_cap and not (stop and (index == 0 or not run)):
+            if index == 0 and len(word) <= 2 and not word.isupper():
+                continue
+            run.append(word)
+        else:
+            if run:
+                yield " ".join(run)
+            run = []
+        if raw[-1:] in ",;:!?." and run:
+            yield " ".join(run)
+            run = []
+    if run:
+        yield " ".join(run)
+
+
+def _clean(phrase: str) -> str:
+    phrase = re.sub(r"(?:'s|\u2019s)$", "", phrase)
+    return phrase.strip(" -.'\u2019")
+
+
+def extract_entities(
+    text: str, given: Iterable[EntityRef] = (), speaker: str | None = None
+) -> list[EntityRef]:
+    """Entities of *text*: the given ones, the speaker, then capitalized phrases (deduplicated)."""
+    seen: set[str] = set()
+    out: list[EntityRef] = []
+
+    def add(name: str, type_: str | None) -> None:
+        key = canonical(name)
+        if len(key) < 2 or key in seen or key in _STOP:
+            return
+        seen.add(key)
+        out.append(EntityRef(name=name.strip(), type=type_))
+
+    for entity in given:
+        add(entity.name, entity.type)
+    if speaker:
+        add(speaker, "person")
+    for sentence in _SPLIT.split(text):
+        for phrase in _sentence_phrases(sentence):
+            cleaned = _clean(phrase)
+            if cleaned:
+                add(cleaned, None)
+    return out
+
+
+def query_entity_names(query: str) -> list[str]:
+    """Canonical entity names mentioned in a query (capitalized phrases, any position)."""
+    names: list[str] = []
+    for sentence in _SPLIT.split(query):
+        for phrase in _sentence_phrases(sentence):
+            key = canonical(_clean(phrase))
+            if key and key not in _STOP and key not in names:
+                names.append(key)
+    return names

@@ -1,0 +1,480 @@
+"""The recall pipeline: one function per stage, a checkpoint before each.
+
+    admission -> query embedding -> arms (semantic | keyword | graph | temporal)
+    -> fusion (RRF) -> rerank -> boosts -> enrichment -> token budget
+
+Cancellation, stage by stage:
+
+- admission: ``lane.slot()``; a request cancelled while queued leaves the
+  queue and never starts (not even its embedding).
+- every later stage starts with ``raise_if_cancelled()``; CPU-bound stages run
+  in the offload (:func:`heed.runtime.run_in_thread`) and check the token
+  inside their loops (per embedding batch, per vector block, per rerank
+  batch, per enrichment fetch), so a cancel stops work within one step.
+- the lane slot is held across all stages and released only when the
+  ``async with`` exits, which cannot happen while an offloaded thread runs.
+
+``hooks`` (tests only) is called in the worker thread with the stage name at
+the start of each offloaded stage and between batches; a hook can block to
+hold a stage open while a test cancels the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import numpy as np
+
+from heed.memory.embeddings import Embedder, TokenCounter
+from heed.memory.models import Bank, RecallHit, RecallOutcome, RecallQuery, StoredUnit
+from heed.memory.recall.fusion import reciprocal_rank_fusion
+from heed.memory.recall.query import QueryAnalysis, analyze_query
+from heed.memory.recall.rerank import Candidate, Reranker
+from heed.memory.store import MemoryStore
+from heed.memory.vectors import VectorIndex
+from heed.runtime import Lane, raise_if_cancelled, run_in_thread
+
+__all__ = ["BUDGET_SIZES", "RecallDeps", "StageHook", "Tracer", "run_recall"]
+
+T = TypeVar("T")
+StageHook = Callable[[str], None]
+
+#: (candidates per arm, candidates reranked) per budget.
+BUDGET_SIZES = {"low": (40, 30), "mid": (100, 60), "high": (300, 150)}
+
+
+@dataclass
+class RecallDeps:
+    """What the pipeline needs; the engine builds one per server."""
+
+    store: MemoryStore
+    embedder: Embedder
+    reranker: Reranker
+    tokens: TokenCounter
+    lane: Lane
+    index_for: Callable[[Bank], Awaitable[VectorIndex]]
+    arm_weights: dict[str, float] = field(
+        default_factory=lambda: {"semantic": 1.0, "keyword": 1.0, "graph": 0.5, "temporal": 0.5}
+    )
+    recency_weight: float = 0.0
+    temporal_boost: float = 0.1
+    neighbor_weight: float = 0.3
+    neighbor_expand: int = 20
+    hooks: StageHook | None = None
+
+
+class Tracer:
+    """Per-stage wall times (ms) and candidate counts, returned with ``trace: true``."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.stages: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
+
+    async def stage(
+        self, name: str, work: Awaitable[T], count: Callable[[T], int] | None = None
+    ) -> T:
+        """Checkpoint, run *work*, record its duration and (optionally) its output count."""
+        raise_if_cancelled()
+        start = time.perf_counter()
+        result = await work
+        entry: dict[str, Any] = {
+            "stage": name,
+            "ms": round((time.perf_counter() - start) * 1000, 3),
+        }
+        if count is not None:
+            entry["candidates"] = count(result)
+        self.stages.append(entry)
+        return result
+
+    def record(self, name: str, start: float, **extra: Any) -> None:
+        self.stages.append(
+            {"stage": name, "ms": round((time.perf_counter() - start) * 1000, 3), **extra}
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "total_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "stages": self.stages,
+            **self.extra,
+        }
+
+
+def _hook(deps: RecallDeps, stage: str) -> None:
+    if deps.hooks is not None:
+        deps.hooks(stage)
+        raise_if_cancelled()
+
+
+async def _gather_all(*aws: Awaitable[T]) -> list[T]:
+    """Await all; only then raise the first failure (no thread is left running)."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)  # type: ignore[arg-type]
+
+
+# -- stages ----------------------------------------------------------------------------
+
+
+def _embed_query(deps: RecallDeps, query: str) -> np.ndarray:
+    _hook(deps, "embedding")
+    vector: np.ndarray = deps.embedder.embed([query])[0]
+    return vector
+
+
+def _semantic_arm(
+    deps: RecallDeps, index: VectorIndex, qvec: np.ndarray, k: int, q: RecallQuery
+) -> list[tuple[int, float]]:
+    _hook(deps, "retrieval")
+    hits = index.search(qvec, k, q.types)
+    if q.min_semantic is not None:
+        hits = [h for h in hits if h[1] >= q.min_semantic]
+    return hits
+
+
+def _keyword_arm(
+    deps: RecallDeps, bank: Bank, analysis: QueryAnalysis, k: int, q: RecallQuery
+) -> list[tuple[int, float]]:
+    _hook(deps, "retrieval")
+    hits = deps.store.keyword_search(bank.ref, analysis.terms, k)
+    if q.min_keyword is not None:
+        hits = [h for h in hits if h[1] >= q.min_keyword]
+    return hits
+
+
+def _graph_arm(
+    deps: RecallDeps, bank: Bank, analysis: QueryAnalysis, k: int
+) -> list[tuple[int, float]]:
+    """Units naming the query's entities, then one hop along entity/temporal links."""
+    _hook(deps, "retrieval")
+    seeds = deps.store.units_by_entities(bank.ref, analysis.entity_names, k)
+    raise_if_cancelled()
+    if not seeds:
+        return []
+    # The rarest combination first: units naming more of the query's entities.
+    best = seeds[0][1]
+    strong = [s for s in seeds if s[1] >= best][: max(5, k // 4)]
+    linked = deps.store.linked_units(bank.ref, [s for s, _ in strong], k)
+    merged: dict[int, float] = {s: w + 1.0 for s, w in strong}
+    for seq, weight in linked:
+        merged.setdefault(seq, weight / 10.0)
+    return sorted(merged.items(), key=lambda kv: -kv[1])[:k]
+
+
+def _temporal_arm(
+    deps: RecallDeps, bank: Bank, analysis: QueryAnalysis, k: int
+) -> list[tuple[int, float]]:
+    _hook(deps, "retrieval")
+    if analysis.window is None:
+        return []
+    start, end = analysis.window
+    rows = deps.store.units_in_window(bank.ref, start.isoformat(), end.isoformat(), k)
+    return [(seq, 1.0) for seq, _ in rows]
+
+
+def _tags_ok(unit: StoredUnit, q: RecallQuery) -> bool:
+    if not q.tags and q.tags_match not in ("exact",):
+        return True
+    wanted = set(q.tags or [])
+    have = set(unit.tags)
+    if q.tags_match == "exact":
+        return have == wanted
+    if not have:
+        return q.tags_match in ("any", "all")
+    if q.tags_match in ("any", "any_strict"):
+        return bool(have & wanted)
+    return wanted <= have
+
+
+def _candidates(
+    deps: RecallDeps,
+    bank: Bank,
+    index: VectorIndex,
+    fused: list[tuple[int, float]],
+    arms: dict[str, list[tuple[int, float]]],
+    q: RecallQuery,
+    limit: int,
+) -> tuple[list[Candidate], dict[int, StoredUnit]]:
+    """Fetch the fused top units, apply type/tag filters, attach vectors and arm scores."""
+    _hook(deps, "retrieval")
+    semantic = dict(arms.get("semantic", []))
+    keyword = dict(arms.get("keyword", []))
+    wanted: list[tuple[int, float]] = []
+    units: dict[int, StoredUnit] = {}
+    position = 0
+    while len(wanted) < limit and position < len(fused):
+        raise_if_cancelled()
+        window = fused[position : position + max(limit * 2, 50)]
+        position += len(window)
+        fetched = deps.store.fetch_units(bank.ref, [s for s, _ in window])
+        for seq, score in window:
+            unit = fetched.get(seq)
+            if unit is None:
+                continue
+            if q.types is not None and unit.fact_type not in q.types:
+                continue
+            if not _tags_ok(unit, q):
+                continue
+            units[seq] = unit
+            wanted.append((seq, score))
+            if len(wanted) >= limit:
+                break
+    if deps.neighbor_expand:
+        # Adjacent turns of the strongest candidates join the pool (same document only).
+        near = [
+            n
+            for seq, _ in wanted[: deps.neighbor_expand]
+            for n in (seq - 1, seq + 1)
+            if n not in units
+        ]
+        fetched = deps.store.fetch_units(bank.ref, list(dict.fromkeys(near)))
+        for seq, unit in fetched.items():
+            origin = units.get(seq - 1) or units.get(seq + 1)
+            if origin is None or origin.document_id != unit.document_id or seq in units:
+                continue
+            if q.types is not None and unit.fact_type not in q.types:
+                continue
+            if not _tags_ok(unit, q):
+                continue
+            units[seq] = unit
+            wanted.append((seq, 0.0))
+    vectors = index.vectors_for([s for s, _ in wanted])
+    candidates = [
+        Candidate(
+            seq=seq,
+            text=units[seq].text,
+            fused=score,
+            semantic=semantic.get(seq),
+            keyword=keyword.get(seq),
+            vector=vectors.get(seq),
+        )
+        for seq, score in wanted
+    ]
+    return candidates, units
+
+
+def _rerank(
+    deps: RecallDeps, query: str, qvec: np.ndarray, candidates: Sequence[Candidate]
+) -> list[float]:
+    _hook(deps, "rerank")
+    return deps.reranker.score(query, qvec, candidates)
+
+
+def _parse_iso(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _boost(
+    deps: RecallDeps,
+    hits: list[RecallHit],
+    analysis: QueryAnalysis,
+    anchor: datetime,
+) -> list[RecallHit]:
+    """Neighbor, recency (exponential decay, half-life one year) and query-window boosts.
+
+    The neighbor boost adds ``neighbor_weight`` times the best score of the
+    adjacent units of the same document among the candidates (a question
+    turn lifts the answer turn after it).
+    """
+    if deps.neighbor_weight:
+        base = {(h.unit.document_id, h.unit.seq): h.final for h in hits}
+        for hit in hits:
+            key = hit.unit.document_id
+            near = max(
+                base.get((key, hit.unit.seq - 1), 0.0), base.get((key, hit.unit.seq + 1), 0.0)
+            )
+            hit.final += deps.neighbor_weight * near
+    for hit in hits:
+        when = _parse_iso(hit.unit.occurred_start) or _parse_iso(hit.unit.mentioned_at)
+        if when is not None and deps.recency_weight:
+            age_days = max(0.0, (anchor - when).total_seconds() / 86400)
+            hit.final += deps.recency_weight * math.exp(-age_days * math.log(2) / 365)
+        if analysis.window is not None and when is not None:
+            start, end = analysis.window
+            end_when = _parse_iso(hit.unit.occurred_end) or when
+            if when <= end and end_when >= start:
+                hit.final += deps.temporal_boost
+    hits.sort(key=lambda h: -h.final)
+    return hits
+
+
+def _enrich(
+    deps: RecallDeps, bank: Bank, hits: list[RecallHit], q: RecallQuery
+) -> tuple[dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]] | None]:
+    """Chunks and entity states of the hits, within their own token limits."""
+    _hook(deps, "enrichment")
+    chunks: dict[str, dict[str, Any]] | None = None
+    entities: dict[str, dict[str, Any]] | None = None
+    if q.include_chunks:
+        raise_if_cancelled()
+        ids = list(dict.fromkeys(h.unit.chunk_id for h in hits if h.unit.chunk_id))
+        fetched = deps.store.fetch_chunks(bank.ref, ids)
+        chunks = {}
+        remaining = q.max_chunk_tokens
+        for chunk_id in ids:
+            raise_if_cancelled()
+            chunk = fetched.get(chunk_id)
+            if chunk is None or remaining <= 0:
+                continue
+            n = deps.tokens.count(chunk["text"])
+            if n > remaining:
+                chunk = {
+                    **chunk,
+                    "text": _truncate(deps, chunk["text"], remaining),
+                    "truncated": True,
+                }
+                n = remaining
+            chunks[chunk_id] = chunk
+            remaining -= n
+    if q.include_entities:
+        raise_if_cancelled()
+        _hook(deps, "enrichment")
+        from heed.memory.entities import canonical
+
+        names = list(dict.fromkeys(canonical(e) for h in hits for e in h.unit.entities))[:50]
+        states = deps.store.entity_states(bank.ref, names, per_entity=3)
+        entities = {}
+        remaining = q.max_entity_tokens
+        for name, state in states.items():
+            raise_if_cancelled()
+            kept = []
+            for obs in state["observations"]:
+                n = deps.tokens.count(obs["text"])
+                if n > remaining:
+                    break
+                remaining -= n
+                kept.append(obs)
+            if kept:
+                entities[name] = {**state, "observations": kept}
+            if remaining <= 0:
+                break
+    return chunks, entities
+
+
+def _truncate(deps: RecallDeps, text: str, max_tokens: int) -> str:
+    words = text.split()
+    lo, hi = 0, len(words)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if deps.tokens.count(" ".join(words[:mid])) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
+
+
+def _budget(deps: RecallDeps, hits: list[RecallHit], max_tokens: int) -> list[RecallHit]:
+    """Keep hits in order while their texts fit in *max_tokens* (counted locally)."""
+    counts = deps.tokens.count_many([h.unit.text for h in hits])
+    kept: list[RecallHit] = []
+    used = 0
+    for hit, n in zip(hits, counts, strict=True):
+        if used + n > max_tokens:
+            break
+        used += n
+        kept.append(hit)
+    return kept
+
+
+# -- the pipeline -------------------------------------------------------------------------
+
+
+async def run_recall(deps: RecallDeps, bank: Bank, q: RecallQuery) -> RecallOutcome:
+    """Run every stage for *q* on *bank*; raises ``OperationCancelled`` at any checkpoint."""
+    tracer = Tracer()
+    queued_at = time.perf_counter()
+    per_arm, rerank_n = BUDGET_SIZES[q.budget]
+    async with deps.lane.slot():
+        tracer.record("admission", queued_at)
+        anchor = q.query_timestamp or datetime.now(UTC)
+        analysis = analyze_query(q.query, anchor, q.temporal_window)
+        index_task = deps.index_for(bank)
+        index = await tracer.stage("index", index_task)
+        qvec = await tracer.stage("embedding", run_in_thread(_embed_query, deps, q.query))
+
+        raise_if_cancelled()
+        start = time.perf_counter()
+        config = bank.config
+        arm_calls: dict[str, Awaitable[list[tuple[int, float]]]] = {
+            "semantic": run_in_thread(_semantic_arm, deps, index, qvec, per_arm, q)
+        }
+        if config.get("enable_text_search", True) and analysis.terms:
+            arm_calls["keyword"] = run_in_thread(_keyword_arm, deps, bank, analysis, per_arm, q)
+        if config.get("enable_graph_retrieval", True) and analysis.entity_names:
+            arm_calls["graph"] = run_in_thread(_graph_arm, deps, bank, analysis, per_arm)
+        if config.get("enable_temporal_retrieval", True) and analysis.window is not None:
+            arm_calls["temporal"] = run_in_thread(_temporal_arm, deps, bank, analysis, per_arm)
+        results = await _gather_all(*arm_calls.values())
+        arms = dict(zip(arm_calls, results, strict=True))
+        tracer.record("retrieval", start, arms={name: len(hits) for name, hits in arms.items()})
+
+        raise_if_cancelled()
+        start = time.perf_counter()
+        fused = reciprocal_rank_fusion(arms, deps.arm_weights)
+        tracer.record("fusion", start, candidates=len(fused))
+
+        candidates, units = await tracer.stage(
+            "candidates",
+            run_in_thread(_candidates, deps, bank, index, fused, arms, q, rerank_n),
+            count=lambda r: len(r[0]),
+        )
+        if config.get("enable_reranking", True):
+            scores = await tracer.stage(
+                "rerank", run_in_thread(_rerank, deps, q.query, qvec, candidates), count=len
+            )
+        else:
+            top = max((c.fused for c in candidates), default=1.0) or 1.0
+            scores = [c.fused / top for c in candidates]
+        hits = [
+            RecallHit(
+                unit=units[c.seq],
+                final=score,
+                semantic=c.semantic,
+                keyword=c.keyword,
+                reranker=score,
+            )
+            for c, score in zip(candidates, scores, strict=True)
+        ]
+
+        raise_if_cancelled()
+        start = time.perf_counter()
+        hits = _boost(deps, hits, analysis, anchor)
+        if q.min_final is not None:
+            hits = [h for h in hits if h.final >= q.min_final]
+        tracer.record("boost", start, candidates=len(hits))
+
+        raise_if_cancelled()
+        start = time.perf_counter()
+        hits = _budget(deps, hits, q.max_tokens)
+        tracer.record("budget", start, candidates=len(hits))
+
+        chunks, entities = await tracer.stage(
+            "enrichment", run_in_thread(_enrich, deps, bank, hits, q)
+        )
+    tracer.extra["query"] = {
+        "terms": analysis.terms,
+        "entities": analysis.entity_names,
+        "window": [w.isoformat() for w in analysis.window] if analysis.window else None,
+        "budget": q.budget,
+        "reranker": deps.reranker.name,
+    }
+    return RecallOutcome(
+        hits=hits,
+        entities=entities,
+        chunks=chunks,
+        source_facts={} if q.include_source_facts else None,
+        trace=tracer.as_dict() if q.trace else None,
+    )

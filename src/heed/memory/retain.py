@@ -1,0 +1,125 @@
+"""Retain: items -> documents of memory units (split, entities, dates, embeddings).
+
+:func:`prepare_documents` is blocking and runs in the offload: it groups items
+into documents, splits them into units, extracts entities and dates, and
+embeds every unit (the embedder checks the token between batches). Writing is
+the engine's job, one transaction per document.
+
+Grouping: items sharing a ``document_id`` form one document (the first item's
+``update_mode`` decides replace or append; replace is the default, as in
+Hindsight); an item without one is its own document with a fresh id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from heed.memory.dates import find_dates
+from heed.memory.embeddings import Embedder
+from heed.memory.entities import extract_entities
+from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
+from heed.memory.units import index_text, split_units
+from heed.runtime import raise_if_cancelled
+
+__all__ = ["DocumentPlan", "plan_documents", "prepare_documents"]
+
+
+@dataclass(slots=True)
+class DocumentPlan:
+    """Items of one document, in request order."""
+
+    document_id: str
+    replace: bool
+    items: list[RetainItem]
+    tags: list[str]
+
+
+def plan_documents(items: list[RetainItem], document_tags: list[str]) -> list[DocumentPlan]:
+    """Group items into documents (see the module docstring)."""
+    plans: dict[str, DocumentPlan] = {}
+    order: list[DocumentPlan] = []
+    for item in items:
+        if item.document_id is None:
+            plan = DocumentPlan(str(uuid.uuid4()), True, [item], list(document_tags))
+            order.append(plan)
+            continue
+        plan_or_none = plans.get(item.document_id)
+        if plan_or_none is None:
+            plan_or_none = DocumentPlan(
+                item.document_id, item.update_mode == "replace", [], list(document_tags)
+            )
+            plans[item.document_id] = plan_or_none
+            order.append(plan_or_none)
+        plan_or_none.items.append(item)
+    for plan in order:
+        for item in plan.items:
+            for tag in item.tags:
+                if tag not in plan.tags:
+                    plan.tags.append(tag)
+    return order
+
+
+def _units_of(
+    item: RetainItem, chunk_index: int, document_tags: list[str], now: datetime
+) -> list[PreparedUnit]:
+    when: datetime | None = None if item.timestamp_unset else (item.timestamp or now)
+    units: list[PreparedUnit] = []
+    tags = list(dict.fromkeys([*document_tags, *item.tags]))
+    for piece in split_units(item.content):
+        dates = find_dates(piece.text, when)
+        start: datetime | None
+        end: datetime | None
+        if dates:
+            start = min(d.start for d in dates)
+            end = max(d.end for d in dates)
+        else:
+            start = end = when
+        units.append(
+            PreparedUnit(
+                id=str(uuid.uuid4()),
+                text=piece.text,
+                index_text=index_text(piece.text, item.context, when),
+                fact_type=item.fact_type,
+                context=item.context,
+                chunk_index=chunk_index,
+                occurred_start=start,
+                occurred_end=end,
+                mentioned_at=when,
+                metadata=dict(item.metadata),
+                tags=tags,
+                entities=extract_entities(piece.text, item.entities, piece.speaker),
+            )
+        )
+    return units
+
+
+def prepare_documents(plans: list[DocumentPlan], embedder: Embedder) -> list[PreparedDocument]:
+    """Split, extract and embed every document of *plans*. Blocking; checks the token."""
+    now = datetime.now(UTC)
+    documents: list[PreparedDocument] = []
+    for plan in plans:
+        raise_if_cancelled()
+        chunks: list[Chunk] = []
+        units: list[PreparedUnit] = []
+        for index, item in enumerate(plan.items):
+            chunks.append(Chunk(id=str(uuid.uuid4()), index=index, text=item.content))
+            units.extend(_units_of(item, index, plan.tags, now))
+        first = plan.items[0]
+        documents.append(
+            PreparedDocument(
+                document_id=plan.document_id,
+                replace=plan.replace,
+                original_text="\n".join(item.content for item in plan.items),
+                metadata=dict(first.metadata),
+                tags=plan.tags,
+                chunks=chunks,
+                units=units,
+            )
+        )
+    all_units = [u for d in documents for u in d.units]
+    vectors = embedder.embed([u.text for u in all_units])
+    for unit, vector in zip(all_units, vectors, strict=True):
+        unit.embedding = vector
+    return documents

@@ -1,0 +1,102 @@
+"""The narrow storage interface the memory engine depends on.
+
+:class:`heed.storage.memory_store.SqliteMemoryStore` implements it on the
+embedded database; a PostgreSQL + pgvector implementation can implement the
+same protocol. All methods block (call them through the offload) and each
+write method is one transaction: it commits entirely or not at all.
+
+Units carry two keys: ``seq`` (an integer, the key of the keyword index and
+of the in-process vector matrix) and ``id`` (a UUID string, the public id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from heed.memory.models import Bank, BankStats, DocumentInfo, PreparedDocument, StoredUnit
+
+__all__ = ["MemoryStore", "UnitFilter", "VectorRows", "WriteResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one document write changed: seqs removed (replace) and (seq, id) added."""
+
+    removed: list[int]
+    added: list[tuple[int, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class VectorRows:
+    """A bank's vectors: ``seqs[i]`` is the unit of ``matrix[i]``; ``types[i]`` its fact type."""
+
+    seqs: np.ndarray
+    matrix: np.ndarray
+    types: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitFilter:
+    """Filters of ``list_units``; ``None`` means no filter."""
+
+    fact_type: str | None = None
+    document_id: str | None = None
+    search: str | None = None
+    entity_id: str | None = None
+    time_field: str | None = None
+    start: str | None = None
+    end: str | None = None
+
+
+class MemoryStore(Protocol):
+    """Banks, documents, units, entities, links and the keyword index of all tenants."""
+
+    # banks
+    def get_bank(self, tenant: str, bank_id: str) -> Bank | None: ...
+    def list_banks(
+        self, tenant: str, limit: int, offset: int
+    ) -> tuple[list[tuple[Bank, int]], int]: ...
+    def save_bank(self, bank: Bank) -> Bank: ...
+    def delete_bank(self, bank_ref: str) -> int: ...
+    def bank_stats(self, bank_ref: str) -> BankStats: ...
+
+    # retain
+    def write_document(self, bank_ref: str, document: PreparedDocument) -> WriteResult: ...
+
+    # recall
+    def load_vectors(self, bank_ref: str) -> VectorRows: ...
+    def keyword_search(
+        self, bank_ref: str, terms: Sequence[str], limit: int
+    ) -> list[tuple[int, float]]: ...
+    def units_by_entities(
+        self, bank_ref: str, canonical_names: Sequence[str], limit: int
+    ) -> list[tuple[int, float]]: ...
+    def linked_units(
+        self, bank_ref: str, seqs: Sequence[int], limit: int
+    ) -> list[tuple[int, float]]: ...
+    def units_in_window(
+        self, bank_ref: str, start: str, end: str, limit: int
+    ) -> list[tuple[int, str]]: ...
+    def fetch_units(self, bank_ref: str, seqs: Sequence[int]) -> dict[int, StoredUnit]: ...
+    def fetch_chunks(
+        self, bank_ref: str, chunk_ids: Sequence[str]
+    ) -> dict[str, dict[str, Any]]: ...
+    def entity_states(
+        self, bank_ref: str, canonical_names: Sequence[str], per_entity: int
+    ) -> dict[str, dict[str, Any]]: ...
+
+    # memories and documents
+    def list_units(
+        self, bank_ref: str, flt: UnitFilter, limit: int, offset: int
+    ) -> tuple[list[StoredUnit], int]: ...
+    def get_unit(self, bank_ref: str, unit_id: str) -> StoredUnit | None: ...
+    def delete_unit(self, bank_ref: str, unit_id: str) -> int | None: ...
+    def list_documents(
+        self, bank_ref: str, search: str | None, limit: int, offset: int
+    ) -> tuple[list[DocumentInfo], int]: ...
+    def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None: ...
+    def delete_document(self, bank_ref: str, document_id: str) -> list[int] | None: ...

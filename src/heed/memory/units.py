@@ -1,0 +1,89 @@
+"""Splitting an item into memory units and building the text each unit is indexed by.
+
+- A dialogue turn ("Name: text", one line) is one unit whose speaker is Name.
+- A transcript (several "Name: text" lines) gives one unit per turn.
+- Other text gives one unit per group of sentences of at most ``max_chars``.
+
+One unit per turn keeps evidence exact: a recalled unit points at the turn it
+came from. The BM25 index text adds the speaker, the context and the date
+(month names, year) so that "What did Caroline say in May?" can match.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+__all__ = ["UnitText", "index_text", "split_units"]
+
+_SPEAKER = re.compile(r"^\s*(?P<speaker>[A-Z][\w .'-]{0,40}?)\s*:\s+(?P<text>\S.*)$")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'“])")
+
+
+@dataclass(frozen=True, slots=True)
+class UnitText:
+    """The text of one unit and the speaker it is attributed to, if any."""
+
+    text: str
+    speaker: str | None
+
+
+def _turns(content: str) -> list[UnitText] | None:
+    lines = [line for line in content.splitlines() if line.strip()]
+    if not lines:
+        return None
+    matches = [_SPEAKER.match(line) for line in lines]
+    if not all(matches):
+        return None
+    return [
+        UnitText(
+            f"{m.group('speaker').strip()}: {m.group('text').strip()}", m.group("speaker").strip()
+        )
+        for m in matches
+        if m is not None
+    ]
+
+
+def _sentence_groups(content: str, max_chars: int) -> list[str]:
+    groups: list[str] = []
+    current = ""
+    for paragraph in re.split(r"\n\s*\n", content):
+        for sentence in _SENTENCE.split(" ".join(paragraph.split())):
+            if not sentence:
+                continue
+            while len(sentence) > max_chars:  # one huge sentence: hard-wrap on spaces
+                cut = sentence.rfind(" ", 0, max_chars)
+                cut = cut if cut > max_chars // 2 else max_chars
+                if current:
+                    groups.append(current)
+                    current = ""
+                groups.append(sentence[:cut].strip())
+                sentence = sentence[cut:].strip()
+            if current and len(current) + 1 + len(sentence) > max_chars:
+                groups.append(current)
+                current = sentence
+            else:
+                current = f"{current} {sentence}".strip()
+        if current:
+            groups.append(current)
+            current = ""
+    return [g for g in groups if g]
+
+
+def split_units(content: str, max_chars: int = 800) -> list[UnitText]:
+    """The units of one item's content (never empty for non-blank content)."""
+    turns = _turns(content)
+    if turns is not None:
+        return turns
+    return [UnitText(text, None) for text in _sentence_groups(content, max_chars)]
+
+
+def index_text(text: str, context: str | None, when: datetime | None) -> str:
+    """What BM25 indexes for a unit: its text, its context and its date in words."""
+    parts = [text]
+    if context:
+        parts.append(context)
+    if when is not None:
+        parts.append(when.strftime("%d %B %Y %A"))
+    return "\n".join(parts)

@@ -1,0 +1,162 @@
+"""The in-process vector index: one float32 matrix of unit rows per bank, exact search.
+
+Exact search is a matrix-vector product over the bank's rows, done in blocks
+with a token check between blocks (a cancelled recall stops within one
+block). Measured on 2 cores: about 1 ms per 10K rows, so exact search stays
+within the latency targets to roughly 100K-200K units per bank; past that an
+IVF or HNSW index (or pgvector's) would replace :meth:`VectorIndex.search`.
+
+Concurrency: appends write rows past the published count and then publish
+the new count under a lock, so a reader's snapshot never sees a partial row.
+Growth reallocates (amortized doubling); removals clear an ``alive`` flag
+and compaction builds new arrays, leaving old snapshots intact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from heed.runtime import raise_if_cancelled
+
+__all__ = ["BLOCK_ROWS", "VectorIndex"]
+
+BLOCK_ROWS = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    matrix: np.ndarray
+    seqs: np.ndarray
+    alive: np.ndarray
+    types: np.ndarray
+    count: int
+
+
+class VectorIndex:
+    """Unit vectors of one bank, searchable by cosine similarity (rows are unit length)."""
+
+    TYPE_CODES: ClassVar[dict[str, int]] = {"world": 0, "experience": 1, "observation": 2}
+
+    def __init__(self, dim: int, capacity: int = 1024) -> None:
+        self.dim = dim
+        self._lock = threading.Lock()
+        self._matrix = np.zeros((capacity, dim), dtype=np.float32)
+        self._seqs = np.zeros(capacity, dtype=np.int64)
+        self._alive = np.zeros(capacity, dtype=bool)
+        self._types = np.zeros(capacity, dtype=np.int8)
+        self._count = 0
+        self._dead = 0
+        self._row_of: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return self._count - self._dead
+
+    def _snapshot(self) -> _Snapshot:
+        with self._lock:
+            return _Snapshot(self._matrix, self._seqs, self._alive, self._types, self._count)
+
+    def add(self, seqs: Sequence[int], vectors: np.ndarray, types: Sequence[str]) -> None:
+        """Append rows (unit-length float32 vectors)."""
+        n = len(seqs)
+        if n == 0:
+            return
+        with self._lock:
+            needed = self._count + n
+            if needed > len(self._seqs):
+                capacity = max(needed, 2 * len(self._seqs))
+                self._grow(capacity)
+            start = self._count
+            self._matrix[start:needed] = vectors
+            self._seqs[start:needed] = seqs
+            self._types[start:needed] = [self.TYPE_CODES.get(t, 0) for t in types]
+            self._alive[start:needed] = True
+            for i, seq in enumerate(seqs):
+                self._row_of[int(seq)] = start + i
+            self._count = needed
+
+    def _grow(self, capacity: int) -> None:
+        matrix = np.zeros((capacity, self.dim), dtype=np.float32)
+        seqs = np.zeros(capacity, dtype=np.int64)
+        alive = np.zeros(capacity, dtype=bool)
+        types = np.zeros(capacity, dtype=np.int8)
+        n = self._count
+        matrix[:n] = self._matrix[:n]
+        seqs[:n] = self._seqs[:n]
+        alive[:n] = self._alive[:n]
+        types[:n] = self._types[:n]
+        self._matrix, self._seqs, self._alive, self._types = matrix, seqs, alive, types
+
+    def remove(self, seqs: Sequence[int]) -> None:
+        """Forget rows; compacts when more than a quarter of the rows are dead."""
+        with self._lock:
+            for seq in seqs:
+                row = self._row_of.pop(int(seq), None)
+                if row is not None and self._alive[row]:
+                    self._alive[row] = False
+                    self._dead += 1
+            if self._dead and self._dead * 4 > self._count:
+                self._compact()
+
+    def _compact(self) -> None:
+        n = self._count
+        keep = np.flatnonzero(self._alive[:n])
+        capacity = max(1024, 2 * len(keep))
+        matrix = np.zeros((capacity, self.dim), dtype=np.float32)
+        seqs = np.zeros(capacity, dtype=np.int64)
+        alive = np.zeros(capacity, dtype=bool)
+        types = np.zeros(capacity, dtype=np.int8)
+        matrix[: len(keep)] = self._matrix[keep]
+        seqs[: len(keep)] = self._seqs[keep]
+        alive[: len(keep)] = True
+        types[: len(keep)] = self._types[keep]
+        self._matrix, self._seqs, self._alive, self._types = matrix, seqs, alive, types
+        self._count = len(keep)
+        self._dead = 0
+        self._row_of = {int(s): i for i, s in enumerate(seqs[: len(keep)])}
+
+    def vectors_for(self, seqs: Sequence[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of *seqs* (those still present), as copies."""
+        with self._lock:
+            rows = {int(s): self._row_of.get(int(s)) for s in seqs}
+            matrix = self._matrix
+        return {s: matrix[r].copy() for s, r in rows.items() if r is not None}
+
+    def search(
+        self, query: np.ndarray, k: int, types: Sequence[str] | None = None
+    ) -> list[tuple[int, float]]:
+        """The *k* most similar live rows as (seq, cosine), best first.
+
+        Checks the active token before each block of :data:`BLOCK_ROWS` rows.
+        """
+        snap = self._snapshot()
+        if snap.count == 0 or k <= 0:
+            return []
+        allowed = None
+        if types is not None:
+            allowed = np.array([self.TYPE_CODES.get(t, -1) for t in types], dtype=np.int8)
+        best_scores: list[np.ndarray] = []
+        best_rows: list[np.ndarray] = []
+        q = query.astype(np.float32, copy=False)
+        for start in range(0, snap.count, BLOCK_ROWS):
+            raise_if_cancelled()
+            end = min(snap.count, start + BLOCK_ROWS)
+            scores = snap.matrix[start:end] @ q
+            mask = snap.alive[start:end]
+            if allowed is not None:
+                mask = mask & np.isin(snap.types[start:end], allowed)
+            scores = np.where(mask, scores, -np.inf)
+            take = min(k, end - start)
+            idx = np.argpartition(-scores, take - 1)[:take]
+            best_scores.append(scores[idx])
+            best_rows.append(idx + start)
+        scores = np.concatenate(best_scores)
+        rows = np.concatenate(best_rows)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [
+            (int(snap.seqs[rows[i]]), float(scores[i])) for i in order if np.isfinite(scores[i])
+        ]

@@ -1,0 +1,781 @@
+"""The memory engine's storage on the embedded SQLite database.
+
+Implements :class:`heed.memory.store.MemoryStore`. The SQL is portable except
+the keyword index, an FTS5 table (``porter unicode61`` tokenizer) whose
+``bank`` column holds one token per bank so a query only reads its own bank's
+postings. Migrations run under component ``"memory"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from heed.memory.entities import canonical
+from heed.memory.models import (
+    Bank,
+    BankStats,
+    DocumentInfo,
+    PreparedDocument,
+    PreparedUnit,
+    StoredUnit,
+)
+from heed.memory.store import UnitFilter, VectorRows, WriteResult
+from heed.storage.database import Database, Migration
+
+__all__ = ["MEMORY_MIGRATIONS", "SqliteMemoryStore"]
+
+#: Links to at most this many earlier units per shared entity, per new unit.
+ENTITY_LINKS_PER_ENTITY = 3
+
+MEMORY_MIGRATIONS = [
+    Migration(
+        "memory",
+        1,
+        """
+        CREATE TABLE memory_banks (
+            ref TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            bank_id TEXT NOT NULL,
+            name TEXT NOT NULL DEFAULT '',
+            mission TEXT NOT NULL DEFAULT '',
+            background TEXT,
+            disposition TEXT NOT NULL,
+            config TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            last_write_at TEXT,
+            UNIQUE (tenant, bank_id)
+        );
+        CREATE TABLE memory_documents (
+            bank_ref TEXT NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+            document_id TEXT NOT NULL,
+            original_text TEXT NOT NULL,
+            content_hash TEXT,
+            metadata TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (bank_ref, document_id)
+        );
+        CREATE TABLE memory_chunks (
+            id TEXT PRIMARY KEY,
+            bank_ref TEXT NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+            document_id TEXT NOT NULL,
+            chunk_index INTEGER NOT NULL,
+            text TEXT NOT NULL
+        );
+        CREATE INDEX memory_chunks_doc ON memory_chunks (bank_ref, document_id);
+        CREATE TABLE memory_units (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            bank_ref TEXT NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+            document_id TEXT,
+            chunk_id TEXT,
+            text TEXT NOT NULL,
+            fact_type TEXT NOT NULL,
+            context TEXT,
+            occurred_start TEXT,
+            occurred_end TEXT,
+            mentioned_at TEXT,
+            metadata TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            embedding BLOB,
+            created_at TEXT NOT NULL,
+            updated_at TEXT
+        );
+        CREATE INDEX memory_units_bank ON memory_units (bank_ref, seq);
+        CREATE INDEX memory_units_doc ON memory_units (bank_ref, document_id);
+        CREATE INDEX memory_units_occurred ON memory_units (bank_ref, occurred_start);
+        CREATE TABLE memory_entities (
+            id TEXT PRIMARY KEY,
+            bank_ref TEXT NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+            canonical TEXT NOT NULL,
+            name TEXT NOT NULL,
+            type TEXT,
+            UNIQUE (bank_ref, canonical)
+        );
+        CREATE TABLE memory_unit_entities (
+            unit_seq INTEGER NOT NULL REFERENCES memory_units (seq) ON DELETE CASCADE,
+            entity_id TEXT NOT NULL REFERENCES memory_entities (id) ON DELETE CASCADE,
+            PRIMARY KEY (unit_seq, entity_id)
+        );
+        CREATE INDEX memory_unit_entities_entity ON memory_unit_entities (entity_id, unit_seq);
+        CREATE TABLE memory_links (
+            from_seq INTEGER NOT NULL REFERENCES memory_units (seq) ON DELETE CASCADE,
+            to_seq INTEGER NOT NULL REFERENCES memory_units (seq) ON DELETE CASCADE,
+            link_type TEXT NOT NULL,
+            weight REAL NOT NULL,
+            PRIMARY KEY (from_seq, to_seq, link_type)
+        );
+        CREATE INDEX memory_links_to ON memory_links (to_seq);
+        CREATE VIRTUAL TABLE memory_fts USING fts5 (bank, body, tokenize = 'porter unicode61');
+        """,
+    ),
+]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat() if value is not None else None
+
+
+def bank_token(bank_ref: str) -> str:
+    """The FTS token that marks a bank's rows (letters and digits only)."""
+    return "bank" + bank_ref.replace("-", "")
+
+
+def _placeholders(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _fts_quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+class SqliteMemoryStore:
+    """See :class:`heed.memory.store.MemoryStore`."""
+
+    def __init__(self, database: Database) -> None:
+        self.db = database
+
+    def migrate(self) -> None:
+        """Apply the memory component's migrations."""
+        self.db.migrate(MEMORY_MIGRATIONS)
+
+    # -- banks -------------------------------------------------------------------
+
+    @staticmethod
+    def _bank(row: sqlite3.Row) -> Bank:
+        return Bank(
+            tenant=row["tenant"],
+            bank_id=row["bank_id"],
+            ref=row["ref"],
+            name=row["name"],
+            mission=row["mission"],
+            background=row["background"],
+            disposition=json.loads(row["disposition"]),
+            config=json.loads(row["config"]),
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+    def get_bank(self, tenant: str, bank_id: str) -> Bank | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT * FROM memory_banks WHERE tenant = ? AND bank_id = ?", (tenant, bank_id)
+            ).fetchone()
+        return self._bank(row) if row else None
+
+    def list_banks(
+        self, tenant: str, limit: int, offset: int
+    ) -> tuple[list[tuple[Bank, int]], int]:
+        with self.db.read() as conn:
+            total = conn.execute(
+                "SELECT COUNT(*) FROM memory_banks WHERE tenant = ?", (tenant,)
+            ).fetchone()[0]
+            rows = conn.execute(
+                "SELECT b.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = b.ref) AS n"
+                " FROM memory_banks b WHERE tenant = ? ORDER BY bank_id LIMIT ? OFFSET ?",
+                (tenant, limit, offset),
+            ).fetchall()
+        return [(self._bank(r), int(r["n"])) for r in rows], int(total)
+
+    def save_bank(self, bank: Bank) -> Bank:
+        now = _now()
+        with self.db.write() as conn:
+            row = conn.execute(
+                "SELECT created_at FROM memory_banks WHERE ref = ?", (bank.ref,)
+            ).fetchone()
+            bank.updated_at = now
+            if row is None:
+                bank.created_at = now
+                conn.execute(
+                    "INSERT INTO memory_banks (ref, tenant, bank_id, name, mission, background,"
+                    " disposition, config, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        bank.ref,
+                        bank.tenant,
+                        bank.bank_id,
+                        bank.name,
+                        bank.mission,
+                        bank.background,
+                        json.dumps(bank.disposition),
+                        json.dumps(bank.config),
+                        now,
+                        now,
+                    ),
+                )
+            else:
+                bank.created_at = row["created_at"]
+                conn.execute(
+                    "UPDATE memory_banks SET name = ?, mission = ?, background = ?,"
+                    " disposition = ?,"
+                    " config = ?, updated_at = ? WHERE ref = ?",
+                    (
+                        bank.name,
+                        bank.mission,
+                        bank.background,
+                        json.dumps(bank.disposition),
+                        json.dumps(bank.config),
+                        now,
+                        bank.ref,
+                    ),
+                )
+        return bank
+
+    def delete_bank(self, bank_ref: str) -> int:
+        with self.db.write() as conn:
+            count = conn.execute(
+                "SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,)
+            ).fetchone()[0]
+            conn.execute(
+                "DELETE FROM memory_fts WHERE rowid IN"
+                " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
+                (bank_ref,),
+            )
+            conn.execute(
+                "DELETE FROM memory_links WHERE from_seq IN"
+                " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
+                (bank_ref,),
+            )
+            conn.execute(
+                "DELETE FROM memory_unit_entities WHERE unit_seq IN"
+                " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
+                (bank_ref,),
+            )
+            conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
+            conn.execute("DELETE FROM memory_banks WHERE ref = ?", (bank_ref,))
+        return int(count)
+
+    def bank_stats(self, bank_ref: str) -> BankStats:
+        with self.db.read() as conn:
+            by_type = dict(
+                conn.execute(
+                    "SELECT fact_type, COUNT(*) FROM memory_units WHERE bank_ref = ?"
+                    " GROUP BY fact_type",
+                    (bank_ref,),
+                ).fetchall()
+            )
+            links = dict(
+                conn.execute(
+                    "SELECT l.link_type, COUNT(*) FROM memory_links l JOIN memory_units u"
+                    " ON u.seq = l.from_seq WHERE u.bank_ref = ? GROUP BY l.link_type",
+                    (bank_ref,),
+                ).fetchall()
+            )
+            docs = conn.execute(
+                "SELECT COUNT(*) FROM memory_documents WHERE bank_ref = ?", (bank_ref,)
+            ).fetchone()[0]
+            last = conn.execute(
+                "SELECT last_write_at FROM memory_banks WHERE ref = ?", (bank_ref,)
+            ).fetchone()
+        return BankStats(
+            units_by_type={str(k): int(v) for k, v in by_type.items()},
+            links_by_type={str(k): int(v) for k, v in links.items()},
+            documents=int(docs),
+            last_write_at=last[0] if last else None,
+        )
+
+    # -- retain ------------------------------------------------------------------
+
+    def _remove_document(
+        self, conn: sqlite3.Connection, bank_ref: str, document_id: str
+    ) -> list[int]:
+        seqs = [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT seq FROM memory_units WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document_id),
+            )
+        ]
+        self._delete_seqs(conn, seqs)
+        conn.execute(
+            "DELETE FROM memory_chunks WHERE bank_ref = ? AND document_id = ?",
+            (bank_ref, document_id),
+        )
+        conn.execute(
+            "DELETE FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
+            (bank_ref, document_id),
+        )
+        return seqs
+
+    @staticmethod
+    def _delete_seqs(conn: sqlite3.Connection, seqs: Sequence[int]) -> None:
+        for start in range(0, len(seqs), 500):
+            part = list(seqs[start : start + 500])
+            marks = _placeholders(len(part))
+            conn.execute(f"DELETE FROM memory_fts WHERE rowid IN ({marks})", part)
+            conn.execute(f"DELETE FROM memory_links WHERE from_seq IN ({marks})", part)
+            conn.execute(f"DELETE FROM memory_links WHERE to_seq IN ({marks})", part)
+            conn.execute(f"DELETE FROM memory_unit_entities WHERE unit_seq IN ({marks})", part)
+            conn.execute(f"DELETE FROM memory_units WHERE seq IN ({marks})", part)
+
+    def write_document(self, bank_ref: str, document: PreparedDocument) -> WriteResult:
+        """Write one document's chunks, units, entities and links in one transaction."""
+        now = _now()
+        token = bank_token(bank_ref)
+        added: list[tuple[int, str]] = []
+        with self.db.write() as conn:
+            removed: list[int] = []
+            existing = conn.execute(
+                "SELECT original_text, created_at FROM memory_documents"
+                " WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document.document_id),
+            ).fetchone()
+            text = document.original_text
+            created_at = now
+            first_chunk = 0
+            if existing is not None and document.replace:
+                removed = self._remove_document(conn, bank_ref, document.document_id)
+            elif existing is not None:
+                text = existing["original_text"] + "\n" + text
+                created_at = existing["created_at"]
+                first_chunk = conn.execute(
+                    "SELECT COALESCE(MAX(chunk_index) + 1, 0) FROM memory_chunks"
+                    " WHERE bank_ref = ? AND document_id = ?",
+                    (bank_ref, document.document_id),
+                ).fetchone()[0]
+            conn.execute(
+                "INSERT INTO memory_documents (bank_ref, document_id, original_text, content_hash,"
+                " metadata, tags, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (bank_ref, document_id) DO UPDATE SET"
+                " original_text = excluded.original_text,"
+                " content_hash = excluded.content_hash, metadata = excluded.metadata,"
+                " tags = excluded.tags, updated_at = excluded.updated_at",
+                (
+                    bank_ref,
+                    document.document_id,
+                    text,
+                    hashlib.sha256(text.encode()).hexdigest(),
+                    json.dumps(document.metadata),
+                    json.dumps(document.tags),
+                    created_at,
+                    now,
+                ),
+            )
+            chunk_ids: dict[int, str] = {}
+            conn.executemany(
+                "INSERT INTO memory_chunks (id, bank_ref, document_id, chunk_index, text)"
+                " VALUES (?,?,?,?,?)",
+                [
+                    (c.id, bank_ref, document.document_id, first_chunk + c.index, c.text)
+                    for c in document.chunks
+                ],
+            )
+            for c in document.chunks:
+                chunk_ids[c.index] = c.id
+            previous_seq: int | None = None
+            entity_cache: dict[str, str] = {}
+            for unit in document.units:
+                seq = self._insert_unit(conn, bank_ref, document.document_id, unit, chunk_ids, now)
+                added.append((seq, unit.id))
+                conn.execute(
+                    "INSERT INTO memory_fts (rowid, bank, body) VALUES (?,?,?)",
+                    (seq, token, unit.index_text),
+                )
+                self._link_entities(conn, bank_ref, seq, unit, entity_cache)
+                if previous_seq is not None:
+                    conn.executemany(
+                        "INSERT OR IGNORE INTO memory_links (from_seq, to_seq, link_type, weight)"
+                        " VALUES (?,?,?,?)",
+                        [
+                            (seq, previous_seq, "temporal", 1.0),
+                            (previous_seq, seq, "temporal", 1.0),
+                        ],
+                    )
+                previous_seq = seq
+            conn.execute("UPDATE memory_banks SET last_write_at = ? WHERE ref = ?", (now, bank_ref))
+        return WriteResult(removed=removed, added=added)
+
+    @staticmethod
+    def _insert_unit(
+        conn: sqlite3.Connection,
+        bank_ref: str,
+        document_id: str,
+        unit: PreparedUnit,
+        chunk_ids: dict[int, str],
+        now: str,
+    ) -> int:
+        embedding = (
+            np.asarray(unit.embedding, dtype=np.float32).tobytes()
+            if unit.embedding is not None
+            else None
+        )
+        cursor = conn.execute(
+            "INSERT INTO memory_units (id, bank_ref, document_id, chunk_id, text, fact_type,"
+            " context,"
+            " occurred_start, occurred_end, mentioned_at, metadata, tags, embedding, created_at)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                unit.id,
+                bank_ref,
+                document_id,
+                chunk_ids.get(unit.chunk_index),
+                unit.text,
+                unit.fact_type,
+                unit.context,
+                _iso(unit.occurred_start),
+                _iso(unit.occurred_end),
+                _iso(unit.mentioned_at),
+                json.dumps(unit.metadata),
+                json.dumps(unit.tags),
+                embedding,
+                now,
+            ),
+        )
+        seq = cursor.lastrowid
+        assert seq is not None
+        return int(seq)
+
+    @staticmethod
+    def _link_entities(
+        conn: sqlite3.Connection,
+        bank_ref: str,
+        seq: int,
+        unit: PreparedUnit,
+        cache: dict[str, str],
+    ) -> None:
+        links: dict[int, float] = {}
+        for entity in unit.entities:
+            key = canonical(entity.name)
+            if not key:
+                continue
+            entity_id = cache.get(key)
+            if entity_id is None:
+                row = conn.execute(
+                    "SELECT id FROM memory_entities WHERE bank_ref = ? AND canonical = ?",
+                    (bank_ref, key),
+                ).fetchone()
+                if row is None:
+                    entity_id = str(uuid.uuid4())
+                    conn.execute(
+                        "INSERT INTO memory_entities (id, bank_ref, canonical, name, type)"
+                        " VALUES (?,?,?,?,?)",
+                        (entity_id, bank_ref, key, entity.name, entity.type),
+                    )
+                else:
+                    entity_id = str(row[0])
+                cache[key] = entity_id
+            for (other,) in conn.execute(
+                "SELECT unit_seq FROM memory_unit_entities WHERE entity_id = ?"
+                " ORDER BY unit_seq DESC LIMIT ?",
+                (entity_id, ENTITY_LINKS_PER_ENTITY),
+            ):
+                links[int(other)] = links.get(int(other), 0.0) + 1.0
+            conn.execute(
+                "INSERT OR IGNORE INTO memory_unit_entities (unit_seq, entity_id) VALUES (?,?)",
+                (seq, entity_id),
+            )
+        rows: list[tuple[int, int, str, float]] = []
+        for other, weight in links.items():
+            rows.append((seq, other, "entity", weight))
+            rows.append((other, seq, "entity", weight))
+        if rows:
+            conn.executemany(
+                "INSERT OR IGNORE INTO memory_links (from_seq, to_seq, link_type, weight)"
+                " VALUES (?,?,?,?)",
+                rows,
+            )
+
+    # -- recall ------------------------------------------------------------------
+
+    def load_vectors(self, bank_ref: str) -> VectorRows:
+        seqs: list[int] = []
+        blobs: list[bytes] = []
+        types: list[str] = []
+        with self.db.read() as conn:
+            for seq, blob, fact_type in conn.execute(
+                "SELECT seq, embedding, fact_type FROM memory_units"
+                " WHERE bank_ref = ? AND embedding IS NOT NULL ORDER BY seq",
+                (bank_ref,),
+            ):
+                seqs.append(int(seq))
+                blobs.append(blob)
+                types.append(str(fact_type))
+        if not blobs:
+            return VectorRows(np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.float32), [])
+        matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+        return VectorRows(np.asarray(seqs, dtype=np.int64), matrix.copy(), types)
+
+    def keyword_search(
+        self, bank_ref: str, terms: Sequence[str], limit: int
+    ) -> list[tuple[int, float]]:
+        if not terms:
+            return []
+        match = f"bank : {bank_token(bank_ref)} AND ({' OR '.join(_fts_quote(t) for t in terms)})"
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT rowid, bm25(memory_fts, 0.0, 1.0) AS score FROM memory_fts"
+                " WHERE memory_fts MATCH ? ORDER BY score LIMIT ?",
+                (match, limit),
+            ).fetchall()
+        return [(int(r[0]), -float(r[1])) for r in rows]
+
+    def units_by_entities(
+        self, bank_ref: str, canonical_names: Sequence[str], limit: int
+    ) -> list[tuple[int, float]]:
+        if not canonical_names:
+            return []
+        marks = _placeholders(len(canonical_names))
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT ue.unit_seq, COUNT(*) AS hits FROM memory_entities e"
+                f" JOIN memory_unit_entities ue ON ue.entity_id = e.id"
+                f" WHERE e.bank_ref = ? AND e.canonical IN ({marks})"
+                f" GROUP BY ue.unit_seq ORDER BY hits DESC, ue.unit_seq DESC LIMIT ?",
+                (bank_ref, *canonical_names, limit),
+            ).fetchall()
+        return [(int(r[0]), float(r[1])) for r in rows]
+
+    def linked_units(
+        self, bank_ref: str, seqs: Sequence[int], limit: int
+    ) -> list[tuple[int, float]]:
+        if not seqs:
+            return []
+        marks = _placeholders(len(seqs))
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT to_seq, SUM(weight) AS w FROM memory_links WHERE from_seq IN ({marks})"
+                f" GROUP BY to_seq ORDER BY w DESC LIMIT ?",
+                (*seqs, limit),
+            ).fetchall()
+        return [(int(r[0]), float(r[1])) for r in rows]
+
+    def units_in_window(
+        self, bank_ref: str, start: str, end: str, limit: int
+    ) -> list[tuple[int, str]]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT seq, occurred_start FROM memory_units WHERE bank_ref = ?"
+                " AND occurred_start <= ? AND COALESCE(occurred_end, occurred_start) >= ?"
+                " ORDER BY occurred_start DESC LIMIT ?",
+                (bank_ref, end, start, limit),
+            ).fetchall()
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def _units(
+        self, conn: sqlite3.Connection, where: str, params: Iterable[Any]
+    ) -> list[StoredUnit]:
+        rows = conn.execute(
+            "SELECT seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
+            " occurred_end, mentioned_at, metadata, tags, created_at, updated_at"
+            f" FROM memory_units WHERE {where}",
+            tuple(params),
+        ).fetchall()
+        units = [
+            StoredUnit(
+                id=r["id"],
+                seq=int(r["seq"]),
+                text=r["text"],
+                fact_type=r["fact_type"],
+                context=r["context"],
+                document_id=r["document_id"],
+                chunk_id=r["chunk_id"],
+                occurred_start=r["occurred_start"],
+                occurred_end=r["occurred_end"],
+                mentioned_at=r["mentioned_at"],
+                metadata=json.loads(r["metadata"]),
+                tags=json.loads(r["tags"]),
+                entities=[],
+                created_at=r["created_at"],
+                updated_at=r["updated_at"],
+            )
+            for r in rows
+        ]
+        if units:
+            by_seq = {u.seq: u for u in units}
+            marks = _placeholders(len(by_seq))
+            for seq, name in conn.execute(
+                f"SELECT ue.unit_seq, e.name FROM memory_unit_entities ue"
+                f" JOIN memory_entities e ON e.id = ue.entity_id WHERE ue.unit_seq IN ({marks})",
+                tuple(by_seq),
+            ):
+                by_seq[int(seq)].entities.append(str(name))
+        return units
+
+    def fetch_units(self, bank_ref: str, seqs: Sequence[int]) -> dict[int, StoredUnit]:
+        if not seqs:
+            return {}
+        out: dict[int, StoredUnit] = {}
+        with self.db.read() as conn:
+            for start in range(0, len(seqs), 500):
+                part = list(seqs[start : start + 500])
+                for unit in self._units(
+                    conn, f"bank_ref = ? AND seq IN ({_placeholders(len(part))})", (bank_ref, *part)
+                ):
+                    out[unit.seq] = unit
+        return out
+
+    def fetch_chunks(self, bank_ref: str, chunk_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not chunk_ids:
+            return {}
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT id, chunk_index, text FROM memory_chunks WHERE bank_ref = ?"
+                f" AND id IN ({_placeholders(len(chunk_ids))})",
+                (bank_ref, *chunk_ids),
+            ).fetchall()
+        return {
+            r["id"]: {"id": r["id"], "chunk_index": r["chunk_index"], "text": r["text"]}
+            for r in rows
+        }
+
+    def entity_states(
+        self, bank_ref: str, canonical_names: Sequence[str], per_entity: int
+    ) -> dict[str, dict[str, Any]]:
+        if not canonical_names:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        with self.db.read() as conn:
+            entities = conn.execute(
+                f"SELECT id, name, canonical FROM memory_entities WHERE bank_ref = ?"
+                f" AND canonical IN ({_placeholders(len(canonical_names))})",
+                (bank_ref, *canonical_names),
+            ).fetchall()
+            for entity in entities:
+                facts = conn.execute(
+                    "SELECT u.text, u.mentioned_at FROM memory_unit_entities ue"
+                    " JOIN memory_units u ON u.seq = ue.unit_seq WHERE ue.entity_id = ?"
+                    " ORDER BY ue.unit_seq DESC LIMIT ?",
+                    (entity["id"], per_entity),
+                ).fetchall()
+                out[entity["name"]] = {
+                    "entity_id": entity["id"],
+                    "canonical_name": entity["name"],
+                    "observations": [{"text": f[0], "mentioned_at": f[1]} for f in facts],
+                }
+        return out
+
+    # -- memories and documents --------------------------------------------------
+
+    def list_units(
+        self, bank_ref: str, flt: UnitFilter, limit: int, offset: int
+    ) -> tuple[list[StoredUnit], int]:
+        where = ["bank_ref = ?"]
+        params: list[Any] = [bank_ref]
+        if flt.fact_type:
+            where.append("fact_type = ?")
+            params.append(flt.fact_type)
+        if flt.document_id:
+            where.append("document_id = ?")
+            params.append(flt.document_id)
+        if flt.search:
+            where.append("LOWER(text) LIKE ?")
+            params.append(f"%{flt.search.lower()}%")
+        if flt.entity_id:
+            where.append("seq IN (SELECT unit_seq FROM memory_unit_entities WHERE entity_id = ?)")
+            params.append(flt.entity_id)
+        order = "seq DESC"
+        if flt.time_field:
+            column = {"mentioned_at": "mentioned_at", "occurred_start": "occurred_start",
+                      "occurred_end": "occurred_end", "created_at": "created_at",
+                      "updated_at": "updated_at"}[flt.time_field]  # fmt: skip
+            where.append(f"{column} IS NOT NULL")
+            if flt.start:
+                where.append(f"{column} >= ?")
+                params.append(flt.start)
+            if flt.end:
+                where.append(f"{column} < ?")
+                params.append(flt.end)
+            order = f"{column} DESC"
+        clause = " AND ".join(where)
+        with self.db.read() as conn:
+            total = conn.execute(
+                f"SELECT COUNT(*) FROM memory_units WHERE {clause}", params
+            ).fetchone()[0]
+            units = self._units(
+                conn, f"{clause} ORDER BY {order} LIMIT ? OFFSET ?", (*params, limit, offset)
+            )
+        return units, int(total)
+
+    def get_unit(self, bank_ref: str, unit_id: str) -> StoredUnit | None:
+        with self.db.read() as conn:
+            units = self._units(conn, "bank_ref = ? AND id = ?", (bank_ref, unit_id))
+        return units[0] if units else None
+
+    def delete_unit(self, bank_ref: str, unit_id: str) -> int | None:
+        with self.db.write() as conn:
+            row = conn.execute(
+                "SELECT seq FROM memory_units WHERE bank_ref = ? AND id = ?", (bank_ref, unit_id)
+            ).fetchone()
+            if row is None:
+                return None
+            self._delete_seqs(conn, [int(row[0])])
+        return int(row[0])
+
+    @staticmethod
+    def _document(row: sqlite3.Row, with_text: bool) -> DocumentInfo:
+        return DocumentInfo(
+            document_id=row["document_id"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            unit_count=int(row["n"]),
+            text_length=len(row["original_text"]),
+            content_hash=row["content_hash"],
+            metadata=json.loads(row["metadata"]),
+            tags=json.loads(row["tags"]),
+            original_text=row["original_text"] if with_text else None,
+        )
+
+    def list_documents(
+        self, bank_ref: str, search: str | None, limit: int, offset: int
+    ) -> tuple[list[DocumentInfo], int]:
+        where = "d.bank_ref = ?"
+        params: list[Any] = [bank_ref]
+        if search:
+            where += " AND (LOWER(d.document_id) LIKE ? OR LOWER(d.original_text) LIKE ?)"
+            params += [f"%{search.lower()}%"] * 2
+        with self.db.read() as conn:
+            total = conn.execute(
+                f"SELECT COUNT(*) FROM memory_documents d WHERE {where}", params
+            ).fetchone()[0]
+            rows = conn.execute(
+                "SELECT d.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = d.bank_ref"
+                f" AND u.document_id = d.document_id) AS n FROM memory_documents d WHERE {where}"
+                " ORDER BY d.updated_at DESC, d.document_id LIMIT ? OFFSET ?",
+                (*params, limit, offset),
+            ).fetchall()
+        return [self._document(r, False) for r in rows], int(total)
+
+    def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT d.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = d.bank_ref"
+                " AND u.document_id = d.document_id) AS n FROM memory_documents d"
+                " WHERE d.bank_ref = ? AND d.document_id = ?",
+                (bank_ref, document_id),
+            ).fetchone()
+            if row is None:
+                return None
+            info = self._document(row, True)
+            info.units_by_type = {
+                str(k): int(v)
+                for k, v in conn.execute(
+                    "SELECT fact_type, COUNT(*) FROM memory_units"
+                    " WHERE bank_ref = ? AND document_id = ?"
+                    " GROUP BY fact_type",
+                    (bank_ref, document_id),
+                )
+            }
+        return info
+
+    def delete_document(self, bank_ref: str, document_id: str) -> list[int] | None:
+        with self.db.write() as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document_id),
+            ).fetchone()
+            if exists is None:
+                return None
+            return self._remove_document(conn, bank_ref, document_id)
