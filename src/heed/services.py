@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from heed.memory import MemoryEngine, build_memory_engine
 from heed.runtime import Lane, Lanes
 from heed.runtime.offload import configure_thread_pool
+from heed.sessions.wiring import RunServices
 from heed.settings import Settings
 from heed.storage import Database
 
@@ -38,18 +39,27 @@ class Services:
     settings: Settings
     lanes: Lanes = field(init=False)
     database: Database = field(init=False)
+    runs: RunServices = field(init=False)
     memory: MemoryEngine = field(init=False)
 
     def __post_init__(self) -> None:
         configure_thread_pool(self.settings.offload_threads)
         self.lanes = build_lanes(self.settings)
         self.database = Database(self.settings.database_path())
+        self.runs = RunServices(
+            self.settings,
+            self.database,
+            self.lanes,
+            memory=lambda: getattr(self, "memory", None),
+        )
         self.memory = build_memory_engine(self.settings, self.database, self.lanes)
 
     async def start(self) -> None:
         """Prepare storage and domain services; called once before serving."""
         await self.memory.start()
+        await self.runs.start()  # after other domains: recovery may start their runs
 
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
+        await self.runs.close()
         self.database.close()

@@ -44,6 +44,20 @@ class Settings(BaseSettings):
     turn_concurrency: int = Field(default=8, ge=1)
     turn_queue: int = Field(default=64, ge=0)
     offload_threads: int = Field(default=32, ge=1)
+
+    # Runs and streams (heed.runs, heed.sessions).
+    run_unwind_window: float = Field(
+        default=180.0, gt=0, description="Seconds a cancelling worker may unwind before reclaim."
+    )
+    run_lease_seconds: float = Field(default=15.0, gt=0, description="Worker lease length.")
+    run_reaper_interval: float = Field(
+        default=2.0, gt=0, description="Seconds between reaper passes (lease renewal, reclaim)."
+    )
+    stream_heartbeat_seconds: float = Field(default=10.0, gt=0)
+    stream_poll_seconds: float = Field(
+        default=1.0, gt=0, description="Tailing readers re-check the journal this often."
+    )
+    turn_max_steps: int = Field(default=6, ge=1, description="Model calls per turn (tool loops).")
     switch_interval_ms: float = Field(
         default=1.0,
         gt=0,

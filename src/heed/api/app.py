@@ -12,6 +12,9 @@ from heed.api.errors import install_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
 from heed.api.routes import diagnostics, system
+from heed.api.routes import runs as runs_routes
+from heed.api.routes import sessions as sessions_routes
+from heed.api.run_metrics import install_run_metrics
 from heed.services import Services
 from heed.settings import Settings
 from heed.version import __version__
@@ -39,6 +42,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.burn_records = OrderedDict()
     install_error_handlers(app)
     app.include_router(system.router)
+    app.include_router(runs_routes.router)
+    app.include_router(sessions_routes.router)
+    install_run_metrics(app.state.metrics.registry, services.runs.manager)
     if settings.enable_diagnostics:
         app.include_router(diagnostics.router)
     mount_web(app)

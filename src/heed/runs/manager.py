@@ -75,7 +75,7 @@ log = logging.getLogger("heed.runs")
 
 Strategy = Literal["reject", "enqueue", "interrupt", "idle"]
 Listener = Callable[[Run, str], Awaitable[None]]
-IdleHook = Callable[[str], Awaitable[None]]
+IdleHook = Callable[[str], Awaitable[object]]
 
 SHUTDOWN = "server shutting down"
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from heed.runs.model import Phase, Run, RunEvent
@@ -41,8 +42,10 @@ BlockingCheck = Callable[[Sequence[Run]], Run | None]
 ClaimCheck = Callable[[Run, Sequence[Run]], bool]
 
 
-class Transition(Protocol):
-    """The outcome of a successful guarded transition."""
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The outcome of a successful guarded transition: the new row and the event
+    appended with it (``None`` when none was asked for or the journal was closed)."""
 
     run: Run
     event: RunEvent | None

@@ -17,7 +17,6 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Final
 
 from heed.runs.model import (
@@ -28,7 +27,7 @@ from heed.runs.model import (
     RunEvent,
     allowed_sources,
 )
-from heed.runs.store import BlockingCheck, ClaimCheck
+from heed.runs.store import BlockingCheck, ClaimCheck, Transition
 from heed.storage.database import Database, Migration
 
 __all__ = ["MIGRATIONS", "SqliteRunStore", "StoredTransition"]
@@ -94,12 +93,8 @@ _SETTABLE: Final = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class StoredTransition:
-    """A transition that was written: the new row and the event appended with it."""
-
-    run: Run
-    event: RunEvent | None
+#: Kept for callers of the first version of this module.
+StoredTransition = Transition
 
 
 def _row_to_run(row: sqlite3.Row) -> Run:
@@ -254,7 +249,7 @@ class SqliteRunStore:
         event: tuple[str, Mapping[str, Any]] | None = None,
         only_from: Iterable[Phase] | None = None,
         worker_id: str | None = None,
-    ) -> StoredTransition | None:
+    ) -> Transition | None:
         sources = allowed_sources(to)
         if only_from is not None:
             sources = sources & frozenset(only_from)
@@ -281,7 +276,7 @@ class SqliteRunStore:
             appended = self._append(conn, run_id, [event]) if event is not None else []
             run = self._get(conn, run_id)
         assert run is not None
-        return StoredTransition(run, appended[0] if appended else None)
+        return Transition(run, appended[0] if appended else None)
 
     def admit(
         self, run: Run, blocking: BlockingCheck, *, scope_kinds: Iterable[str]

@@ -1,0 +1,83 @@
+"""Runs over HTTP: get, cancel, and the resumable journal stream.
+
+- ``GET /v1/runs/{run_id}``: the run (404 if unknown or another tenant's).
+- ``POST /v1/runs/{run_id}/cancel``: idempotent; returns the run. ``?wait=true``
+  waits (up to ``timeout`` seconds, default 30) until the worker has stopped.
+- ``GET /v1/runs/{run_id}/stream``: SSE. Each journal event is a frame with
+  ``id: <seq>``, ``event: <type>`` and the event JSON as data. The cursor is
+  ``?after=N`` or ``Last-Event-ID`` (malformed: 0). Replays retained events
+  after the cursor, then tails live with no gap and no duplicate at the seam;
+  a cursor older than the retained range gets an ``event: gap`` frame first;
+  the stream ends after the terminal event; ``: heartbeat`` comments keep idle
+  connections alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Header, Query, Request
+
+from heed.api.sse import HEARTBEAT_FRAME, event_frame, named_frame, parse_cursor, sse_response
+from heed.runs.journal import Gap, Heartbeat
+from heed.runtime import current_context
+from heed.sessions.wiring import RunServices
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+def _runs(request: Request) -> RunServices:
+    services: RunServices = request.app.state.services.runs
+    return services
+
+
+@router.get("/{run_id}")
+async def get_run(run_id: str, request: Request) -> dict[str, Any]:
+    """The run's registry row."""
+    run = await _runs(request).manager.get(run_id, tenant=current_context().tenant)
+    return run.to_public()
+
+
+@router.post("/{run_id}/cancel")
+async def cancel_run(
+    run_id: str,
+    request: Request,
+    wait: bool = False,
+    wait_seconds: float = Query(default=30.0, ge=0, le=600, alias="timeout"),
+    reason: str = "cancelled by client",
+) -> dict[str, Any]:
+    """Cancel the run (idempotent); a terminal run is returned unchanged."""
+    run = await _runs(request).manager.cancel(
+        run_id, reason, tenant=current_context().tenant, wait=wait, wait_timeout=wait_seconds
+    )
+    return run.to_public()
+
+
+@router.get("/{run_id}/stream")
+async def stream_run(
+    run_id: str,
+    request: Request,
+    after: str | None = None,
+    last_event_id: str | None = Header(default=None),
+) -> Any:
+    """The run's journal as SSE; see the module docstring."""
+    services = _runs(request)
+    await services.manager.get(run_id, tenant=current_context().tenant)  # 404 first
+    cursor = parse_cursor(after, last_event_id)
+    heartbeat = services.settings.stream_heartbeat_seconds
+    journal = services.manager.journal
+
+    async def frames() -> AsyncIterator[str]:
+        async for item in journal.follow(run_id, cursor, heartbeat=heartbeat):
+            if isinstance(item, Heartbeat):
+                yield HEARTBEAT_FRAME
+            elif isinstance(item, Gap):
+                yield named_frame(
+                    "gap",
+                    {"run_id": run_id, "after": item.after, "first_retained": item.first_retained},
+                )
+            else:
+                yield "".join(event_frame(e) for e in item)
+
+    return sse_response(frames())

@@ -1,0 +1,145 @@
+"""Sessions over HTTP.
+
+- ``POST /v1/sessions`` ``{title?, bank_id?}``: 201 with the session.
+- ``GET /v1/sessions``: ``{"sessions": [...]}`` for the caller's tenant.
+- ``GET /v1/sessions/{id}``: the session with its transcript (``messages``).
+- ``PATCH /v1/sessions/{id}`` ``{title}``; ``DELETE /v1/sessions/{id}`` (cancels its runs).
+- ``POST /v1/sessions/{id}/turns`` ``{content, multitask_strategy}``: 202 with
+  ``{run, run_id, stream_url, events_url}``. ``reject`` (default) answers 409 naming
+  the busy run with ``Retry-After``; ``enqueue`` queues; ``interrupt`` cancels the
+  busy run and starts once it has stopped. Unknown or deleted session: 404.
+- ``GET /v1/sessions/{id}/status``: ``busy`` (lifecycle) and ``active_run_id``
+  (attachable runs only), for hidden-tab polling.
+- ``GET /v1/sessions/{id}/events``: the session channel (SSE): ``turn_started``
+  (replayed on subscribe only for attachable runs), ``session_updated``,
+  ``task_complete``; heartbeat comments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
+from heed.errors import HeedError
+from heed.runs.journal import Heartbeat
+from heed.runs.manager import RunConflict
+from heed.runtime import current_context
+from heed.sessions.service import SessionService, stream_url
+from heed.sessions.wiring import RunServices
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+class SessionIn(BaseModel):
+    title: str = Field(default="", max_length=500)
+    bank_id: str | None = Field(default=None, max_length=200)
+
+
+class SessionPatch(BaseModel):
+    title: str = Field(max_length=500)
+
+
+class TurnIn(BaseModel):
+    content: str | None = Field(default=None, max_length=200_000)
+    message: str | None = Field(default=None, max_length=200_000)
+    multitask_strategy: Literal["reject", "enqueue", "interrupt"] = "reject"
+
+
+def _services(request: Request) -> RunServices:
+    services: RunServices = request.app.state.services.runs
+    return services
+
+
+def _sessions(request: Request) -> SessionService:
+    return _services(request).sessions
+
+
+def _tenant() -> str:
+    return current_context().tenant
+
+
+@router.post("", status_code=201)
+async def create_session(body: SessionIn, request: Request) -> dict[str, Any]:
+    session = await _sessions(request).create(_tenant(), title=body.title, bank_id=body.bank_id)
+    return session.to_public()
+
+
+@router.get("")
+async def list_sessions(request: Request, limit: int = 100) -> dict[str, Any]:
+    sessions = await _sessions(request).list_sessions(_tenant(), max(1, min(limit, 1000)))
+    return {"sessions": [s.to_public() for s in sessions]}
+
+
+@router.get("/{session_id}")
+async def get_session(session_id: str, request: Request) -> dict[str, Any]:
+    service = _sessions(request)
+    session = await service.get(session_id, _tenant())
+    messages = await service.transcript(session_id)
+    return {**session.to_public(), "messages": [m.to_public() for m in messages]}
+
+
+@router.patch("/{session_id}")
+async def rename_session(session_id: str, body: SessionPatch, request: Request) -> dict[str, Any]:
+    session = await _sessions(request).rename(session_id, _tenant(), body.title)
+    return session.to_public()
+
+
+@router.delete("/{session_id}")
+async def delete_session(session_id: str, request: Request) -> dict[str, Any]:
+    await _sessions(request).delete(session_id, _tenant())
+    return {"deleted": True, "id": session_id}
+
+
+@router.post("/{session_id}/turns", status_code=202)
+async def start_turn(session_id: str, body: TurnIn, request: Request) -> Any:
+    content = body.content if body.content is not None else body.message
+    if content is None:
+        raise HeedError("a turn needs `content`", status_code=422)
+    try:
+        run = await _sessions(request).start_turn(
+            session_id, _tenant(), content, strategy=body.multitask_strategy
+        )
+    except RunConflict as exc:
+        return JSONResponse(
+            {
+                "detail": exc.message,
+                "busy_run_id": exc.busy.id,
+                "busy_run": exc.busy.to_public(),
+            },
+            status_code=409,
+            headers=exc.headers,
+        )
+    return {
+        "run": run.to_public(),
+        "run_id": run.id,
+        "stream_url": stream_url(run.id),
+        "events_url": f"/v1/sessions/{session_id}/events",
+    }
+
+
+@router.get("/{session_id}/status")
+async def session_status(session_id: str, request: Request) -> dict[str, Any]:
+    service = _sessions(request)
+    await service.get(session_id, _tenant())
+    return await service.status(session_id)
+
+
+@router.get("/{session_id}/events")
+async def session_events(session_id: str, request: Request) -> Any:
+    service = _sessions(request)
+    await service.get(session_id, _tenant())
+    heartbeat = _services(request).settings.stream_heartbeat_seconds
+
+    async def frames() -> AsyncIterator[str]:
+        async for item in service.follow_channel(session_id, heartbeat=heartbeat):
+            if isinstance(item, Heartbeat):
+                yield HEARTBEAT_FRAME
+            else:
+                yield named_frame(str(item["type"]), item)
+
+    return sse_response(frames())

@@ -1,0 +1,290 @@
+"""Sessions: CRUD, turns with a multitask strategy, status, the session channel, wakeups.
+
+Layers and who is the truth (see docs/run-state-contract.md):
+
+- the **run registry** decides busy and attachable, always through
+  :mod:`heed.runs.state` (``busy`` = :func:`is_lifecycle_busy`, ``active_run_id`` and
+  the channel's replayed ``turn_started`` = :func:`is_attachable`);
+- the **transcript** (session store) holds what was said;
+- the **session channel** (broker topic ``session:<id>``) is live-only hints:
+  ``turn_started``, ``session_updated``, ``task_complete``. On subscribe it
+  replays ``turn_started`` only for attachable runs, never for a cancelling
+  one (that replay loop is the bug this design exists to prevent).
+
+Wakeups: when a ``task`` run owned by a session becomes terminal, a wakeup row is
+written *in the same transaction* (so it is never lost), ``task_complete`` is
+published, and the session is dispatched. A wakeup is delivered by admitting a
+turn of source ``wakeup`` with strategy ``idle`` -- only when nothing in the
+session is lifecycle-busy -- and marking the wakeup delivered inside that
+admission transaction (so it is never doubled). Busy sessions get it when they
+become idle: the manager's idle hook runs after every worker exit, cancel of a
+queued run, reaper reclaim (a stale cancelling run) and restart recovery.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from heed.errors import HeedError
+from heed.runs.broker import LAGGED
+from heed.runs.journal import HEARTBEAT, Heartbeat
+from heed.runs.manager import AdmissionAborted, RunManager, Strategy
+from heed.runs.model import Run, Source
+from heed.runs.state import is_attachable, is_lifecycle_busy
+from heed.sessions.store import Message, Session, SessionStore, Wakeup
+
+__all__ = ["TASK", "TURN", "SessionNotFound", "SessionService", "session_topic"]
+
+TURN: Final = "turn"
+TASK: Final = "task"
+
+
+def session_topic(session_id: str) -> str:
+    """The broker topic of a session's channel."""
+    return f"session:{session_id}"
+
+
+def stream_url(run_id: str) -> str:
+    return f"/v1/runs/{run_id}/stream"
+
+
+class SessionNotFound(HeedError):
+    """No session with that id (for this tenant): 404."""
+
+    status_code = 404
+
+
+class SessionService:
+    """See the module docstring."""
+
+    def __init__(self, store: SessionStore, manager: RunManager) -> None:
+        self.store = store
+        self.manager = manager
+        self.io = manager.io
+        manager.add_listener(self._on_run_change)
+        manager.add_idle_hook(self.deliver_wakeups)
+
+    # -- sessions --------------------------------------------------------------------
+
+    async def create(self, tenant: str, *, title: str = "", bank_id: str | None = None) -> Session:
+        now = time.time()
+        session = Session(
+            id="ses_" + uuid.uuid4().hex[:20],
+            tenant=tenant,
+            title=title,
+            bank_id=bank_id,
+            created_at=now,
+            updated_at=now,
+        )
+        return await self.io.call(self.store.create, session)
+
+    async def get(self, session_id: str, tenant: str | None = None) -> Session:
+        """The session; :class:`SessionNotFound` if unknown or another tenant's."""
+        session = await self.io.call(self.store.get, session_id)
+        if session is None or (tenant is not None and session.tenant != tenant):
+            raise SessionNotFound(f"no session with id {session_id!r}")
+        return session
+
+    async def list_sessions(self, tenant: str, limit: int = 100) -> list[Session]:
+        return await self.io.call(self.store.list_sessions, tenant, limit)
+
+    async def rename(self, session_id: str, tenant: str, title: str) -> Session:
+        await self.get(session_id, tenant)
+        session = await self.io.call(self.store.update, session_id, title=title)
+        if session is None:
+            raise SessionNotFound(f"no session with id {session_id!r}")
+        await self.publish(session_id, "session_updated", await self.status(session_id))
+        return session
+
+    async def delete(self, session_id: str, tenant: str) -> None:
+        """Cancel the session's runs (turns and tasks), then delete it and its transcript."""
+        await self.get(session_id, tenant)
+        runs = await self.io.call(
+            self.manager.store.list_runs, session_id=session_id, non_terminal=True
+        )
+        for run in runs:
+            await self.manager.cancel(run.id, "session deleted")
+        await self.io.call(self.store.delete, session_id)
+        await self.publish(session_id, "session_deleted", {"session_id": session_id})
+
+    async def transcript(self, session_id: str) -> list[Message]:
+        return await self.io.call(self.store.messages, session_id)
+
+    # -- turns and tasks -------------------------------------------------------------
+
+    async def start_turn(
+        self,
+        session_id: str,
+        tenant: str,
+        content: str,
+        *,
+        strategy: Strategy = "reject",
+        source: Source = Source.USER,
+    ) -> Run:
+        """Admit a turn (see :meth:`RunManager.submit`): 404 for an unknown session,
+        :class:`~heed.runs.manager.RunConflict` (409) for ``reject`` on a busy one."""
+        await self.get(session_id, tenant)
+        run = await self.manager.submit(
+            TURN,
+            tenant=tenant,
+            session_id=session_id,
+            payload={"content": content},
+            source=source,
+            strategy=strategy,
+        )
+        assert run is not None
+        return run
+
+    async def start_task(self, session_id: str, tenant: str, payload: dict[str, Any]) -> str:
+        """Start a background ``task`` run owned by the session; returns its id."""
+        run = await self.manager.submit(
+            TASK, tenant=tenant, session_id=session_id, payload=payload, source=Source.API
+        )
+        assert run is not None
+        return run.id
+
+    async def bank_of(self, session_id: str) -> str | None:
+        session = await self.io.call(self.store.get, session_id)
+        return None if session is None else session.bank_id
+
+    def record_task_wakeup(self, run: Run) -> None:
+        """In-transaction terminal hook of ``task`` runs: record the wakeup (idempotent)."""
+        if run.session_id is None or self.store.get(run.session_id) is None:
+            return
+        summary = {
+            "task_run_id": run.id,
+            "phase": run.phase,
+            "title": run.payload.get("title") or run.payload.get("action"),
+            "result": run.result,
+            "error": run.error,
+        }
+        self.store.add_wakeup(
+            Wakeup(
+                id="wk_" + uuid.uuid4().hex[:20],
+                session_id=run.session_id,
+                task_run_id=run.id,
+                summary=summary,
+                created_at=time.time(),
+            )
+        )
+
+    async def deliver_wakeups(self, session_id: str) -> Run | None:
+        """Deliver the session's pending wakeups as one ``wakeup`` turn, only when idle."""
+        pending = await self.io.call(self.store.pending_wakeups, session_id)
+        if not pending:
+            return None
+        session = await self.io.call(self.store.get, session_id)
+        if session is None:
+            return None
+        ids = [w.id for w in pending]
+        lines = []
+        for w in pending:
+            s = w.summary
+            outcome = (s.get("result") or {}).get("summary") if s.get("result") else s.get("error")
+            lines.append(f"- task {s.get('task_run_id')} ({s.get('title')}): {s.get('phase')}")
+            if outcome:
+                lines[-1] += f": {outcome}"
+        content = "[wakeup] Background work finished:\n" + "\n".join(lines)
+
+        def on_admitted(run: Run) -> None:
+            if self.store.mark_delivered(ids, run.id) != len(ids):
+                raise AdmissionAborted  # someone else delivered (some of) them first
+
+        return await self.manager.submit(
+            TURN,
+            tenant=session.tenant,
+            session_id=session_id,
+            payload={"content": content, "wakeups": [w.summary for w in pending]},
+            source=Source.WAKEUP,
+            strategy="idle",
+            on_admitted=on_admitted,
+        )
+
+    # -- status and channel ----------------------------------------------------------
+
+    async def status(self, session_id: str) -> dict[str, Any]:
+        """Busy (lifecycle predicate) and the attachable run, for polling clients."""
+        runs = await self.manager.session_runs(session_id)
+        now = time.time()
+        window = self.manager.unwind_window
+        busy = [r for r in runs if is_lifecycle_busy(r, now, window)]
+        attachable = [r for r in runs if is_attachable(r)]
+        running = [r for r in attachable if r.phase == "running"]
+        candidates = running or attachable
+        active = candidates[0] if candidates else None
+        pending = await self.io.call(self.store.pending_wakeups, session_id)
+        return {
+            "session_id": session_id,
+            "busy": bool(busy),
+            "busy_run_id": busy[0].id if busy else None,
+            "active_run_id": active.id if active else None,
+            "active_phase": active.phase if active else None,
+            "stream_url": stream_url(active.id) if active else None,
+            "queued": sum(1 for r in runs if r.phase == "queued"),
+            "pending_wakeups": len(pending),
+        }
+
+    async def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
+        self.manager.broker.publish(session_topic(session_id), {"type": type_, "data": data})
+
+    async def _on_run_change(self, run: Run, change: str) -> None:
+        if run.session_id is None:
+            return
+        if run.kind == TURN and change == "started":
+            await self.publish(run.session_id, "turn_started", self._turn_started(run))
+        if run.kind == TASK and change == "finished":
+            await self.publish(
+                run.session_id,
+                "task_complete",
+                {
+                    "task_run_id": run.id,
+                    "phase": run.phase,
+                    "result": run.result,
+                    "error": run.error,
+                },
+            )
+            await self.manager.dispatch(run.session_id)
+        if run.kind == TURN or change == "finished":
+            status = await self.status(run.session_id)
+            await self.publish(run.session_id, "session_updated", {**status, "run_id": run.id})
+
+    @staticmethod
+    def _turn_started(run: Run) -> dict[str, Any]:
+        return {
+            "run_id": run.id,
+            "source": run.source,
+            "phase": run.phase,
+            "stream_url": stream_url(run.id),
+            "replayed": False,
+        }
+
+    async def follow_channel(
+        self, session_id: str, *, heartbeat: float = 10.0
+    ) -> AsyncIterator[dict[str, Any] | Heartbeat]:
+        """The session channel: replay (``turn_started`` for attachable runs only, then a
+        ``session_updated`` snapshot), then live events; heartbeats when idle. Ends after
+        ``session_deleted``."""
+        sub = self.manager.broker.subscribe(session_topic(session_id))
+        try:
+            for run in await self.manager.session_runs(session_id):
+                if is_attachable(run):
+                    yield {
+                        "type": "turn_started",
+                        "data": {**self._turn_started(run), "replayed": True},
+                    }
+            yield {"type": "session_updated", "data": await self.status(session_id)}
+            while True:
+                message = await sub.get(heartbeat)
+                if message is None:
+                    yield HEARTBEAT
+                elif message is LAGGED:
+                    yield {"type": "session_updated", "data": await self.status(session_id)}
+                elif isinstance(message, dict):
+                    yield message
+                    if message.get("type") == "session_deleted":
+                        return
+        finally:
+            sub.close()

@@ -1,0 +1,204 @@
+"""The chat turn worker (runs of kind ``turn``).
+
+One turn: the session's transcript plus the new user message go to the chat
+provider with the tools of :mod:`heed.sessions.tools`; the provider's tokens,
+tool calls, tool results and the final message go to the run's journal as
+``token``, ``tool_call``, ``tool_result`` and ``message`` events, in order. The
+transcript receives the user message when the turn starts, each assistant
+message (with its tool calls) and tool result as it happens, and the final
+assistant message at the end.
+
+On cancel the partial assistant output is kept in the transcript with status
+``cancelled`` and :class:`~heed.runtime.OperationCancelled` propagates. A turn
+whose process died is finished by restart recovery, which rebuilds the partial
+output from the journal and stores it with status ``interrupted``
+(:meth:`TurnRunner.on_interrupted`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from heed.llm.base import ChatMessage, ChatProvider, TextDelta, ToolCall, ToolCallEvent
+from heed.runs.io import BlockingIO
+from heed.runs.kinds import RunContext
+from heed.runs.model import Run, Source
+from heed.runs.store import RunStore
+from heed.runtime import OperationCancelled
+from heed.sessions.store import Message, SessionStore
+from heed.sessions.tools import TOOL_SPECS, TurnTools
+
+__all__ = ["SYSTEM_PROMPT", "TurnRunner", "turn_text"]
+
+SYSTEM_PROMPT: Final = (
+    "You are heed's assistant. You can search the user's memory bank with `recall`, store "
+    "facts with `retain`, and start background work with `start_task`; you are woken when "
+    "it completes. Answer briefly."
+)
+
+
+def _message_id() -> str:
+    return "msg_" + uuid.uuid4().hex[:20]
+
+
+def turn_text(run: Run) -> str:
+    """The user-visible text a turn starts from (a user message, or a wakeup note)."""
+    payload = run.payload
+    text = payload.get("content") or payload.get("message")
+    if isinstance(text, str):
+        return text
+    return ""
+
+
+def to_chat(messages: Sequence[Message]) -> list[ChatMessage]:
+    """A transcript as provider messages (partial outputs included as said)."""
+    chat: list[ChatMessage] = []
+    for m in messages:
+        if m.role == "user":
+            chat.append(ChatMessage.user(m.content))
+        elif m.role == "assistant":
+            calls = [
+                ToolCall(id=c["id"], name=c["name"], arguments=c.get("arguments") or {})
+                for c in m.tool_calls
+            ]
+            chat.append(ChatMessage.assistant(m.content, calls))
+        elif m.role == "tool" and m.tool_call_id:
+            chat.append(ChatMessage.tool(m.tool_call_id, m.content, m.name))
+    return chat
+
+
+class TurnRunner:
+    """Executes ``turn`` runs; register :meth:`execute` and :meth:`on_interrupted`."""
+
+    def __init__(
+        self,
+        sessions: SessionStore,
+        runs: RunStore,
+        io: BlockingIO,
+        provider: Callable[[], ChatProvider],
+        tools: TurnTools,
+        *,
+        max_steps: int = 6,
+        max_tokens: int | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.runs = runs
+        self.io = io
+        self.provider = provider
+        self.tools = tools
+        self.max_steps = max_steps
+        self.max_tokens = max_tokens
+
+    async def _store(self, run: Run, role: str, content: str, **fields: Any) -> Message:
+        assert run.session_id is not None
+        message = Message(
+            id=_message_id(),
+            session_id=run.session_id,
+            idx=0,
+            role=role,
+            content=content,
+            created_at=time.time(),
+            run_id=run.id,
+            **fields,
+        )
+        return await self.io.call(self.sessions.append_message, message)
+
+    async def execute(self, rc: RunContext) -> dict[str, Any]:
+        """Run one turn; see the module docstring. Raises ``OperationCancelled`` on cancel."""
+        run = rc.run
+        assert run.session_id is not None
+        session = await self.io.call(self.sessions.get, run.session_id)
+        if session is None:
+            raise LookupError(f"session {run.session_id} was deleted")
+        history = await self.io.call(self.sessions.messages, run.session_id)
+        content = turn_text(run)
+        await self._store(run, "user", content, source=run.source)
+        await rc.emit("user_message", {"text": content, "source": run.source})
+        conversation = [ChatMessage.system(SYSTEM_PROMPT), *to_chat(history)]
+        conversation.append(ChatMessage.user(content))
+        provider = self.provider()
+        parts: list[str] = []
+        try:
+            for _step in range(self.max_steps):
+                parts = []
+                calls: list[ToolCallEvent] = []
+                stream = provider.stream(conversation, tools=TOOL_SPECS, max_tokens=self.max_tokens)
+                async with contextlib.aclosing(stream) as events:
+                    async for event in events:
+                        if isinstance(event, TextDelta):
+                            parts.append(event.text)
+                            await rc.emit("token", {"text": event.text})
+                        elif isinstance(event, ToolCallEvent):
+                            calls.append(event)
+                            await rc.emit(
+                                "tool_call",
+                                {"id": event.id, "name": event.name, "arguments": event.arguments},
+                            )
+                text = "".join(parts)
+                if not calls:
+                    final = await self._store(run, "assistant", text)
+                    await rc.emit("message", {"text": text, "message_id": final.id})
+                    return {"text": text, "message_id": final.id}
+                await self._store(
+                    run,
+                    "assistant",
+                    text,
+                    tool_calls=[
+                        {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+                    ],
+                )
+                parts = []
+                conversation.append(ChatMessage.assistant(text, [c.to_call() for c in calls]))
+                for call in calls:
+                    rc.token.raise_if_cancelled()
+                    result = await self.tools.call(
+                        call.name,
+                        call.arguments,
+                        session_id=run.session_id,
+                        tenant=run.tenant,
+                        bank_id=session.bank_id,
+                    )
+                    await rc.emit(
+                        "tool_result",
+                        {
+                            "id": call.id,
+                            "name": call.name,
+                            "ok": result.ok,
+                            "content": result.content,
+                        },
+                    )
+                    await self._store(
+                        run, "tool", result.content, tool_call_id=call.id, name=call.name
+                    )
+                    conversation.append(ChatMessage.tool(call.id, result.content, call.name))
+            note = f"(stopped after {self.max_steps} tool steps)"
+            final = await self._store(run, "assistant", note)
+            await rc.emit("message", {"text": note, "message_id": final.id})
+            return {"text": note, "message_id": final.id}
+        except OperationCancelled:
+            await self._store(run, "assistant", "".join(parts), status="cancelled")
+            raise
+
+    async def on_interrupted(self, run: Run) -> None:
+        """Store the partial output of a turn whose worker died, marked ``interrupted``."""
+        if run.session_id is None:
+            return
+        events = await self.io.call(self.runs.events_after, run.id, 0, 1_000_000)
+        if any(e.type == "message" for e in events):
+            return  # the final message was stored before the process died
+        parts: list[str] = []
+        for event in events:
+            if event.type == "tool_result":
+                parts = []
+            elif event.type == "token":
+                parts.append(str(event.data.get("text", "")))
+        stored = await self.io.call(self.sessions.messages, run.session_id)
+        if any(m.run_id == run.id and m.status == "interrupted" for m in stored):
+            return
+        if not any(m.run_id == run.id for m in stored) and run.source != Source.WAKEUP:
+            await self._store(run, "user", turn_text(run), source=run.source)
+        await self._store(run, "assistant", "".join(parts), status="interrupted")

@@ -1,0 +1,232 @@
+"""SQLite implementation of :class:`heed.sessions.store.SessionStore` (component ``sessions``)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Final
+
+from heed.sessions.store import Message, Session, Wakeup
+from heed.storage.database import Database, Migration
+
+__all__ = ["MIGRATIONS", "SqliteSessionStore"]
+
+MIGRATIONS: Final = [
+    Migration(
+        "sessions",
+        1,
+        """
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            title TEXT NOT NULL DEFAULT '',
+            bank_id TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX sessions_tenant ON sessions (tenant, updated_at);
+        CREATE TABLE session_messages (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            run_id TEXT,
+            status TEXT NOT NULL DEFAULT 'complete',
+            source TEXT,
+            tool_calls TEXT NOT NULL DEFAULT '[]',
+            tool_call_id TEXT,
+            name TEXT,
+            UNIQUE (session_id, idx)
+        );
+        CREATE TABLE session_wakeups (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            task_run_id TEXT NOT NULL UNIQUE,
+            summary TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            delivered_run_id TEXT
+        );
+        CREATE INDEX session_wakeups_pending ON session_wakeups (session_id, delivered_run_id);
+        """,
+    )
+]
+
+
+def _session(row: sqlite3.Row) -> Session:
+    return Session(
+        id=row["id"],
+        tenant=row["tenant"],
+        title=row["title"],
+        bank_id=row["bank_id"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _message(row: sqlite3.Row) -> Message:
+    return Message(
+        id=row["id"],
+        session_id=row["session_id"],
+        idx=row["idx"],
+        role=row["role"],
+        content=row["content"],
+        created_at=row["created_at"],
+        run_id=row["run_id"],
+        status=row["status"],
+        source=row["source"],
+        tool_calls=json.loads(row["tool_calls"]),
+        tool_call_id=row["tool_call_id"],
+        name=row["name"],
+    )
+
+
+def _wakeup(row: sqlite3.Row) -> Wakeup:
+    return Wakeup(
+        id=row["id"],
+        session_id=row["session_id"],
+        task_run_id=row["task_run_id"],
+        summary=json.loads(row["summary"]),
+        created_at=row["created_at"],
+        delivered_run_id=row["delivered_run_id"],
+    )
+
+
+class SqliteSessionStore:
+    """Sessions, transcripts and wakeups on a :class:`~heed.storage.Database`."""
+
+    def __init__(self, database: Database) -> None:
+        self.db = database
+
+    def migrate(self) -> None:
+        self.db.migrate(MIGRATIONS)
+
+    def create(self, session: Session) -> Session:
+        with self.db.write() as conn:
+            conn.execute(
+                "INSERT INTO sessions (id, tenant, title, bank_id, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    session.id,
+                    session.tenant,
+                    session.title,
+                    session.bank_id,
+                    session.created_at,
+                    session.updated_at,
+                ),
+            )
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        with self.db.read() as conn:
+            row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return None if row is None else _session(row)
+
+    def list_sessions(self, tenant: str, limit: int = 100) -> list[Session]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM sessions WHERE tenant = ? ORDER BY updated_at DESC LIMIT ?",
+                (tenant, limit),
+            ).fetchall()
+        return [_session(row) for row in rows]
+
+    def update(self, session_id: str, *, title: str | None = None) -> Session | None:
+        with self.db.write() as conn:
+            if title is not None:
+                conn.execute(
+                    "UPDATE sessions SET title = ?, updated_at = ? WHERE id = ?",
+                    (title, time.time(), session_id),
+                )
+            else:
+                conn.execute(
+                    "UPDATE sessions SET updated_at = ? WHERE id = ?", (time.time(), session_id)
+                )
+        return self.get(session_id)
+
+    def delete(self, session_id: str) -> bool:
+        with self.db.write() as conn:
+            gone = conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount
+            conn.execute("DELETE FROM session_messages WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM session_wakeups WHERE session_id = ?", (session_id,))
+        return bool(gone)
+
+    def append_message(self, message: Message) -> Message:
+        with self.db.write() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = ?",
+                (message.session_id,),
+            ).fetchone()
+            stored = replace(message, idx=int(row[0]))
+            conn.execute(
+                "INSERT INTO session_messages (id, session_id, idx, role, content, created_at,"
+                " run_id, status, source, tool_calls, tool_call_id, name)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    stored.id,
+                    stored.session_id,
+                    stored.idx,
+                    stored.role,
+                    stored.content,
+                    stored.created_at,
+                    stored.run_id,
+                    stored.status,
+                    stored.source,
+                    json.dumps(stored.tool_calls),
+                    stored.tool_call_id,
+                    stored.name,
+                ),
+            )
+            conn.execute(
+                "UPDATE sessions SET updated_at = ? WHERE id = ?",
+                (stored.created_at, stored.session_id),
+            )
+        return stored
+
+    def messages(self, session_id: str) -> list[Message]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM session_messages WHERE session_id = ? ORDER BY idx", (session_id,)
+            ).fetchall()
+        return [_message(row) for row in rows]
+
+    def add_wakeup(self, wakeup: Wakeup) -> bool:
+        with self.db.write() as conn:
+            added = conn.execute(
+                "INSERT INTO session_wakeups (id, session_id, task_run_id, summary, created_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_run_id) DO NOTHING",
+                (
+                    wakeup.id,
+                    wakeup.session_id,
+                    wakeup.task_run_id,
+                    json.dumps(wakeup.summary),
+                    wakeup.created_at,
+                ),
+            ).rowcount
+        return bool(added)
+
+    def pending_wakeups(self, session_id: str | None = None) -> list[Wakeup]:
+        sql = "SELECT * FROM session_wakeups WHERE delivered_run_id IS NULL"
+        args: tuple[str, ...] = ()
+        if session_id is not None:
+            sql += " AND session_id = ?"
+            args = (session_id,)
+        with self.db.read() as conn:
+            rows = conn.execute(sql + " ORDER BY created_at, id", args).fetchall()
+        return [_wakeup(row) for row in rows]
+
+    def mark_delivered(self, wakeup_ids: Sequence[str], run_id: str) -> int:
+        if not wakeup_ids:
+            return 0
+        marks = ", ".join("?" * len(wakeup_ids))
+        with self.db.write() as conn:
+            return int(
+                conn.execute(
+                    f"UPDATE session_wakeups SET delivered_run_id = ?"
+                    f" WHERE id IN ({marks}) AND delivered_run_id IS NULL",
+                    (run_id, *wakeup_ids),
+                ).rowcount
+            )
