@@ -9,12 +9,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from heed.api.errors import install_error_handlers
+from heed.api.memory_http import install_memory_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
-from heed.api.routes import diagnostics, system
+from heed.api.routes import banks, diagnostics, documents, memories, operations, system
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
 from heed.api.run_metrics import install_run_metrics
+from heed.memory.operations import RetainOperations
 from heed.services import Services
 from heed.settings import Settings
 from heed.version import __version__
@@ -41,6 +43,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.metrics = Metrics(services.lanes)
     app.state.burn_records = OrderedDict()
     install_error_handlers(app)
+    install_memory_error_handlers(app)
+    app.state.retain_operations = RetainOperations(services.runs.manager, services.memory)
+    for memory_router in (banks, memories, documents, operations):
+        app.include_router(memory_router.router)
     app.include_router(system.router)
     app.include_router(runs_routes.router)
     app.include_router(sessions_routes.router)

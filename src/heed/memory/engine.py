@@ -19,7 +19,7 @@ import asyncio
 import re
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -156,6 +156,9 @@ class MemoryEngine:
         self._work: dict[str, set[_Work]] = {}
         self._closing: set[str] = set()
         self._bank_lock = asyncio.Lock()
+        #: Called with the bank before its in-flight work is cancelled (e.g. to cancel
+        #: its queued async operations, which have not registered work yet).
+        self.before_delete: list[Callable[[Bank], Awaitable[None]]] = []
         self.recall_deps = RecallDeps(
             store=store,
             embedder=embedder,
@@ -259,6 +262,8 @@ class MemoryEngine:
         bank = await self.get_bank(bank_id)
         self._closing.add(bank.ref)
         try:
+            for hook in self.before_delete:
+                await hook(bank)
             works = list(self._work.get(bank.ref, ()))
             for work in works:
                 work.token.cancel(BANK_DELETED)

@@ -17,10 +17,31 @@ async def health() -> dict[str, str]:
     return {"status": "healthy"}
 
 
+_FEATURES = {
+    "observations": False,
+    "mcp": False,
+    "worker": True,
+    "bank_config_api": False,
+    "bank_llm_health": False,
+    "file_upload_api": False,
+    "document_export_api": False,
+    "document_import_api": False,
+    "audit_log": False,
+    "llm_trace": False,
+    "store_document_text": True,
+}
+
+
 @router.get("/version")
-async def get_version() -> dict[str, str]:
-    """The server's version and API version."""
-    return {"api_version": __version__, "version": __version__, "api": API_VERSION}
+async def get_version() -> dict[str, object]:
+    """The server's version and API version, and Hindsight's feature flags (its client
+    requires ``api_version`` and ``features``)."""
+    return {
+        "api_version": __version__,
+        "version": __version__,
+        "api": API_VERSION,
+        "features": _FEATURES,
+    }
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -1,0 +1,262 @@
+"""Glue between the memory routes and the engine: conversions and error mapping.
+
+- :class:`~heed.memory.InvalidInput` answers 400 with its message (the caller's
+  problem, named); :class:`~heed.memory.NotFound` answers 404. Another tenant's
+  bank is simply not found.
+- Wire requests become engine inputs here, so validation messages name the
+  offending field (``items[3].timestamp``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from heed.api.wire import memory as wire
+from heed.memory import InvalidInput, MemoryEngine, NotFound
+from heed.memory.dates import parse_timestamp
+from heed.memory.models import (
+    FACT_TYPES,
+    Bank,
+    EntityRef,
+    RecallHit,
+    RecallOutcome,
+    RecallQuery,
+    RetainItem,
+    StoredUnit,
+)
+
+__all__ = [
+    "engine_of",
+    "install_memory_error_handlers",
+    "profile_of",
+    "recall_query",
+    "recall_response",
+    "retain_items",
+    "unit_item",
+]
+
+
+def engine_of(request: Request) -> MemoryEngine:
+    """The server's memory engine."""
+    engine: MemoryEngine = request.app.state.services.memory
+    return engine
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=400)
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
+async def _bad_unicode(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": f"the request body is not valid UTF-8: {exc}"}, status_code=400)
+
+
+def install_memory_error_handlers(app: FastAPI) -> None:
+    """Map the engine's input and lookup errors to 400 and 404."""
+    app.add_exception_handler(InvalidInput, _invalid)
+    app.add_exception_handler(NotFound, _not_found)
+    app.add_exception_handler(UnicodeDecodeError, _bad_unicode)
+
+
+def profile_of(bank: Bank) -> wire.BankProfileResponse:
+    return wire.BankProfileResponse(
+        bank_id=bank.bank_id,
+        name=bank.name or bank.bank_id,
+        disposition=wire.Disposition(**bank.disposition),
+        mission=bank.mission,
+        background=bank.background,
+    )
+
+
+def bank_fields(body: wire.BankWrite) -> dict[str, Any]:
+    """Engine fields of a PUT/PATCH body (only what was sent)."""
+    disposition: dict[str, int] = {}
+    if body.disposition is not None:
+        disposition.update(body.disposition.model_dump())
+    for trait in ("skepticism", "literalism", "empathy"):
+        value = getattr(body, f"disposition_{trait}")
+        if value is not None:
+            disposition[trait] = value
+    return {
+        "name": body.name,
+        "mission": body.mission if body.mission is not None else body.reflect_mission,
+        "background": body.background,
+        "disposition": disposition,
+        "config": {
+            "enable_text_search": body.enable_text_search,
+            "enable_temporal_retrieval": body.enable_temporal_retrieval,
+            "enable_graph_retrieval": body.enable_graph_retrieval,
+            "enable_reranking": body.enable_reranking,
+        },
+    }
+
+
+def _content(index: int, content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, block in enumerate(content):
+        kind = block.get("type")
+        if kind != "text" or not isinstance(block.get("text"), str):
+            raise InvalidInput(
+                f"items[{index}].content[{j}] is a {kind!r} block; heed retains text only"
+            )
+        texts.append(block["text"])
+    return "\n".join(texts)
+
+
+def _timestamp(index: int, value: datetime | str | None) -> tuple[datetime | None, bool]:
+    if value is None:
+        return None, False
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return aware.astimezone(UTC), False
+    if value.strip().lower() == "unset":
+        return None, True
+    try:
+        return parse_timestamp(value), False
+    except (ValueError, OverflowError) as exc:
+        raise InvalidInput(f"items[{index}].timestamp: {exc}") from None
+
+
+def retain_items(body: wire.RetainRequest) -> list[RetainItem]:
+    """Validated engine items of a retain request (400 naming the bad field)."""
+    items: list[RetainItem] = []
+    for i, raw in enumerate(body.items):
+        timestamp, unset = _timestamp(i, raw.timestamp)
+        fact_type = raw.fact_type or "world"
+        if fact_type not in FACT_TYPES:
+            raise InvalidInput(
+                f"items[{i}].fact_type {fact_type!r} is unknown: use one of {', '.join(FACT_TYPES)}"
+            )
+        items.append(
+            RetainItem(
+                content=_content(i, raw.content),
+                timestamp=timestamp,
+                timestamp_unset=unset,
+                context=raw.context,
+                metadata=dict(raw.metadata or {}),
+                document_id=raw.document_id,
+                tags=list(raw.tags or []),
+                entities=[EntityRef(e.text, e.type) for e in raw.entities or [] if e.text.strip()],
+                update_mode=raw.update_mode or "replace",
+                fact_type=fact_type,
+            )
+        )
+    return items
+
+
+def recall_query(body: wire.RecallRequest) -> RecallQuery:
+    """A validated engine query (400 naming the bad field)."""
+    if body.types is not None:
+        unknown = [t for t in body.types if t not in FACT_TYPES]
+        if unknown:
+            raise InvalidInput(
+                f"unknown fact type(s) {', '.join(map(repr, unknown))}: use {', '.join(FACT_TYPES)}"
+            )
+    if body.tag_groups:
+        raise InvalidInput("tag_groups is not supported by heed; use tags and tags_match")
+    anchor = None
+    if body.query_timestamp:
+        try:
+            anchor = parse_timestamp(body.query_timestamp)
+        except (ValueError, OverflowError) as exc:
+            raise InvalidInput(f"query_timestamp: {exc}") from None
+    include = body.include or wire.IncludeOptions()
+    window = None
+    if body.temporal_window is not None:
+        start, end = body.temporal_window.start, body.temporal_window.end
+        start = start if start.tzinfo else start.replace(tzinfo=UTC)
+        end = end if end.tzinfo else end.replace(tzinfo=UTC)
+        if end < start:
+            raise InvalidInput("temporal_window.end is before temporal_window.start")
+        window = (start, end)
+    scores = body.min_scores or wire.MinScoresIn()
+    return RecallQuery(
+        query=body.query,
+        types=body.types or None,
+        budget=body.budget or "mid",
+        max_tokens=body.max_tokens or 4096,
+        trace=bool(body.trace),
+        query_timestamp=anchor,
+        include_entities=include.entities is not None,
+        max_entity_tokens=(include.entities.max_tokens if include.entities else None) or 500,
+        include_chunks=include.chunks is not None,
+        max_chunk_tokens=(include.chunks.max_tokens if include.chunks else None) or 8192,
+        include_source_facts=include.source_facts is not None,
+        tags=body.tags,
+        tags_match=body.tags_match or "any",
+        min_semantic=scores.semantic,
+        min_keyword=scores.keyword,
+        min_final=scores.final if scores.final is not None else scores.reranker,
+        temporal_window=window,
+    )
+
+
+def _result(hit: RecallHit) -> wire.RecallResultOut:
+    unit = hit.unit
+    return wire.RecallResultOut(
+        id=unit.id,
+        text=unit.text,
+        type=unit.fact_type,
+        entities=unit.entities or None,
+        context=unit.context,
+        occurred_start=unit.occurred_start,
+        occurred_end=unit.occurred_end,
+        mentioned_at=unit.mentioned_at,
+        document_id=unit.document_id,
+        metadata=unit.metadata or None,
+        chunk_id=unit.chunk_id,
+        tags=unit.tags or None,
+        scores=wire.RecallScores(
+            final=round(hit.final, 6),
+            reranker=hit.reranker,
+            semantic=hit.semantic,
+            keyword=hit.keyword,
+        ),
+    )
+
+
+def recall_response(outcome: RecallOutcome) -> wire.RecallResponse:
+    return wire.RecallResponse(
+        results=[_result(h) for h in outcome.hits],
+        trace=outcome.trace,
+        entities=(
+            {k: wire.EntityState(**v) for k, v in outcome.entities.items()}
+            if outcome.entities is not None
+            else None
+        ),
+        chunks=(
+            {k: wire.ChunkOut(**v) for k, v in outcome.chunks.items()}
+            if outcome.chunks is not None
+            else None
+        ),
+        source_facts={} if outcome.source_facts is not None else None,
+    )
+
+
+def unit_item(unit: StoredUnit) -> wire.MemoryUnitItem:
+    return wire.MemoryUnitItem(
+        id=unit.id,
+        text=unit.text,
+        context=unit.context or "",
+        date=unit.occurred_start or unit.mentioned_at or "",
+        fact_type=unit.fact_type,
+        document_id=unit.document_id,
+        mentioned_at=unit.mentioned_at,
+        occurred_start=unit.occurred_start,
+        occurred_end=unit.occurred_end,
+        entities=", ".join(unit.entities),
+        chunk_id=unit.chunk_id,
+        tags=unit.tags,
+        metadata=unit.metadata,
+        updated_at=unit.updated_at,
+    )

@@ -1,0 +1,107 @@
+"""Banks: ``/v1/default/banks[/{bank_id}[/stats|/profile]]`` (tenant-scoped)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+
+from heed.api.memory_http import bank_fields, engine_of, profile_of
+from heed.api.wire import memory as wire
+from heed.memory.operations import RetainOperations, status_of
+
+router = APIRouter(prefix="/v1/default/banks", tags=["banks"])
+
+
+@router.get("")
+async def list_banks(
+    request: Request,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+) -> wire.BankListResponse:
+    """The caller's banks with their unit counts."""
+    rows, total = await engine_of(request).list_banks(limit, offset)
+    return wire.BankListResponse(
+        banks=[
+            wire.BankListItem(
+                bank_id=bank.bank_id,
+                name=bank.name,
+                disposition=wire.Disposition(**bank.disposition),
+                mission=bank.mission,
+                created_at=bank.created_at,
+                updated_at=bank.updated_at,
+                fact_count=count,
+            )
+            for bank, count in rows
+        ],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.put("/{bank_id}")
+async def create_or_update_bank(
+    bank_id: str, request: Request, body: wire.BankWrite | None = None
+) -> wire.BankProfileResponse:
+    """Create the bank, or update the fields sent."""
+    bank = await engine_of(request).put_bank(bank_id, bank_fields(body or wire.BankWrite()))
+    return profile_of(bank)
+
+
+@router.patch("/{bank_id}")
+async def update_bank(
+    bank_id: str, request: Request, body: wire.BankWrite | None = None
+) -> wire.BankProfileResponse:
+    """Update an existing bank (404 when it does not exist)."""
+    bank = await engine_of(request).put_bank(
+        bank_id, bank_fields(body or wire.BankWrite()), create=False
+    )
+    return profile_of(bank)
+
+
+@router.get("/{bank_id}")
+async def get_bank(bank_id: str, request: Request) -> wire.BankProfileResponse:
+    """The bank's profile."""
+    return profile_of(await engine_of(request).get_bank(bank_id))
+
+
+@router.get("/{bank_id}/profile")
+async def get_bank_profile(bank_id: str, request: Request) -> wire.BankProfileResponse:
+    """The bank's profile (Hindsight's path)."""
+    return profile_of(await engine_of(request).get_bank(bank_id))
+
+
+@router.delete("/{bank_id}")
+async def delete_bank(bank_id: str, request: Request) -> wire.DeleteResponse:
+    """Cancel the bank's in-flight work, wait until it stopped, then delete everything."""
+    deleted = await engine_of(request).delete_bank(bank_id)
+    return wire.DeleteResponse(
+        success=True, message=f"bank {bank_id!r} deleted", deleted_count=deleted
+    )
+
+
+@router.get("/{bank_id}/stats")
+async def bank_stats(bank_id: str, request: Request) -> wire.BankStatsResponse:
+    """Counts of units, links, documents and operations."""
+    engine = engine_of(request)
+    bank, stats = await engine.bank_stats(bank_id)
+    by_status: dict[str, int] = {}
+    operations: RetainOperations | None = getattr(request.app.state, "retain_operations", None)
+    if operations is not None:
+        for run in await operations.list(bank):
+            status = status_of(run)
+            by_status[status] = by_status.get(status, 0) + 1
+    return wire.BankStatsResponse(
+        bank_id=bank.bank_id,
+        total_nodes=sum(stats.units_by_type.values()),
+        total_links=sum(stats.links_by_type.values()),
+        total_documents=stats.documents,
+        nodes_by_fact_type=stats.units_by_type,
+        links_by_link_type=stats.links_by_type,
+        links_by_fact_type={},
+        links_breakdown={},
+        pending_operations=by_status.get("pending", 0) + by_status.get("processing", 0),
+        failed_operations=by_status.get("failed", 0),
+        operations_by_status=by_status,
+        last_memory_write_at=stats.last_write_at,
+        in_flight=engine.in_flight(bank),
+    )

@@ -1,0 +1,132 @@
+"""Memories: retain, recall, list, get and delete (``/v1/default/banks/{bank_id}/memories``).
+
+Sync retain and recall run under the request's token: a client that leaves
+stops them (499). Async retain returns an operation id at once; the
+operation runs under its own token (see :mod:`heed.memory.operations`).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+
+from heed.api.errors import HeedError
+from heed.api.memory_http import (
+    engine_of,
+    recall_query,
+    recall_response,
+    retain_items,
+    unit_item,
+)
+from heed.api.wire import memory as wire
+from heed.memory.models import FACT_TYPES, InvalidInput
+from heed.memory.operations import RetainOperations
+from heed.memory.store import UnitFilter
+
+router = APIRouter(prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"])
+
+_TIME_FIELDS = ("created_at", "updated_at", "mentioned_at", "occurred_start", "occurred_end")
+
+
+@router.post("")
+async def retain(bank_id: str, body: wire.RetainRequest, request: Request) -> wire.RetainResponse:
+    """Retain items, synchronously (one transaction per document) or as an operation."""
+    engine = engine_of(request)
+    bank = await engine.get_bank(bank_id)
+    items = retain_items(body)
+    tags = list(body.document_tags or [])
+    if body.async_:
+        operations: RetainOperations | None = getattr(request.app.state, "retain_operations", None)
+        if operations is None:
+            raise HeedError(
+                "async retain needs the run manager, which is not running", status_code=503
+            )
+        run = await operations.submit(bank, items, tags)
+        return wire.RetainResponse.model_validate(
+            {
+                "success": True,
+                "bank_id": bank_id,
+                "items_count": len(items),
+                "async": True,
+                "operation_id": run.id,
+                "operation_ids": [run.id],
+            }
+        )
+    summary = await engine.retain(bank, items, tags)
+    return wire.RetainResponse.model_validate(
+        {
+            "success": True,
+            "bank_id": bank_id,
+            "items_count": summary.items,
+            "async": False,
+            "units_count": summary.units,
+            "document_ids": summary.document_ids,
+        }
+    )
+
+
+@router.post("/recall")
+async def recall(bank_id: str, body: wire.RecallRequest, request: Request) -> wire.RecallResponse:
+    """Hybrid recall; cancelled at the next checkpoint when the client leaves."""
+    engine = engine_of(request)
+    query = recall_query(body)
+    bank = await engine.get_bank(bank_id)
+    return recall_response(await engine.recall(bank, query))
+
+
+@router.get("/list")
+async def list_memories(
+    bank_id: str,
+    request: Request,
+    type: str | None = None,
+    q: str | None = None,
+    document_id: str | None = None,
+    entity_id: str | None = None,
+    time_field: str | None = None,
+    start_date: str | None = None,
+    end_date: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+) -> wire.ListMemoryUnitsResponse:
+    """Memory units, newest first (or by ``time_field``), with filters."""
+    if type is not None and type not in FACT_TYPES:
+        raise InvalidInput(f"unknown fact type {type!r}: use {', '.join(FACT_TYPES)}")
+    if time_field is not None and time_field not in _TIME_FIELDS:
+        raise InvalidInput(f"unknown time_field {time_field!r}: use {', '.join(_TIME_FIELDS)}")
+    engine = engine_of(request)
+    bank = await engine.get_bank(bank_id)
+    units, total = await engine.list_units(
+        bank,
+        UnitFilter(
+            fact_type=type,
+            document_id=document_id,
+            search=q,
+            entity_id=entity_id,
+            time_field=time_field or ("occurred_start" if start_date or end_date else None),
+            start=start_date,
+            end=end_date,
+        ),
+        limit,
+        offset,
+    )
+    return wire.ListMemoryUnitsResponse(
+        items=[unit_item(u) for u in units], total=total, limit=limit, offset=offset
+    )
+
+
+@router.get("/{memory_id}")
+async def get_memory(bank_id: str, memory_id: str, request: Request) -> wire.MemoryUnitItem:
+    """One memory unit."""
+    engine = engine_of(request)
+    bank = await engine.get_bank(bank_id)
+    return unit_item(await engine.get_unit(bank, memory_id))
+
+
+@router.delete("/{memory_id}")
+async def delete_memory(bank_id: str, memory_id: str, request: Request) -> wire.DeleteResponse:
+    """Delete one memory unit (and its keyword, vector and link entries)."""
+    engine = engine_of(request)
+    bank = await engine.get_bank(bank_id)
+    await engine.delete_unit(bank, memory_id)
+    return wire.DeleteResponse(
+        success=True, message=f"memory {memory_id!r} deleted", deleted_count=1
+    )

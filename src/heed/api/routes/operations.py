@@ -1,0 +1,130 @@
+"""Async operations: list, get, cancel (``/v1/default/banks/{bank_id}/operations``).
+
+Operations are runs of kind ``retain``; their phases map onto Hindsight's
+statuses (queued: pending; running and cancelling: processing; cancelled;
+completed; failed and interrupted: failed). ``phase`` carries heed's own.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Query, Request
+
+from heed.api.errors import HeedError
+from heed.api.memory_http import engine_of
+from heed.api.wire import memory as wire
+from heed.memory.models import InvalidInput
+from heed.memory.operations import RetainOperations, status_of
+from heed.runs.model import Run
+
+router = APIRouter(prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"])
+
+_STATUSES = ("pending", "processing", "completed", "failed", "cancelled")
+
+
+def _operations(request: Request) -> RetainOperations:
+    operations: RetainOperations | None = getattr(request.app.state, "retain_operations", None)
+    if operations is None:
+        raise HeedError("operations need the run manager, which is not running", status_code=503)
+    return operations
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
+
+
+def _progress(run: Run) -> wire.OperationProgressOut | None:
+    if run.result:
+        n = int(run.result.get("documents", 0))
+        return wire.OperationProgressOut(
+            stage="done", at=_iso(run.finished_at) or "", processed=n, total=n
+        )
+    return None
+
+
+def _updated(run: Run) -> str | None:
+    return _iso(run.finished_at or run.cancelled_at or run.started_at or run.created_at)
+
+
+def _error(run: Run) -> str | None:
+    if run.error:
+        return run.error
+    if run.cancel_reason and status_of(run) == "cancelled":
+        return f"cancelled: {run.cancel_reason}"
+    return None
+
+
+@router.get("")
+async def list_operations(
+    bank_id: str,
+    request: Request,
+    status: str | None = None,
+    limit: int = Query(20, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+) -> wire.OperationsListResponse:
+    """The bank's operations, newest first."""
+    if status is not None and status not in _STATUSES:
+        raise InvalidInput(f"unknown status {status!r}: use {', '.join(_STATUSES)}")
+    bank = await engine_of(request).get_bank(bank_id)
+    runs = await _operations(request).list(bank, status)
+    return wire.OperationsListResponse(
+        bank_id=bank_id,
+        total=len(runs),
+        limit=limit,
+        offset=offset,
+        operations=[
+            wire.OperationResponse(
+                id=run.id,
+                task_type="retain",
+                operation_id=run.id,
+                operation_type="retain",
+                items_count=int(run.payload.get("items_count", 0)),
+                created_at=_iso(run.created_at) or "",
+                updated_at=_updated(run),
+                status=status_of(run),
+                error_message=_error(run),
+                progress=_progress(run),
+            )
+            for run in runs[offset : offset + limit]
+        ],
+    )
+
+
+@router.get("/{operation_id}")
+async def get_operation(
+    bank_id: str, operation_id: str, request: Request
+) -> wire.OperationStatusResponse:
+    """One operation's status (``phase`` is heed's finer-grained run phase)."""
+    bank = await engine_of(request).get_bank(bank_id)
+    run = await _operations(request).get(bank, operation_id)
+    return wire.OperationStatusResponse(
+        operation_id=run.id,
+        id=run.id,
+        status=status_of(run),  # type: ignore[arg-type]
+        operation_type="retain",
+        task_type="retain",
+        created_at=_iso(run.created_at),
+        updated_at=_updated(run),
+        completed_at=_iso(run.finished_at),
+        error_message=_error(run),
+        progress=_progress(run),
+        result_metadata=run.result,
+        phase=run.phase,
+    )
+
+
+@router.delete("/{operation_id}")
+async def cancel_operation(
+    bank_id: str, operation_id: str, request: Request
+) -> wire.CancelOperationResponse:
+    """Cancel a pending or running operation; idempotent. A running one goes
+    through ``cancelling`` (status ``processing``) until its worker stopped."""
+    bank = await engine_of(request).get_bank(bank_id)
+    run = await _operations(request).cancel(bank, operation_id)
+    return wire.CancelOperationResponse(
+        success=True,
+        message=f"operation {operation_id!r} is {run.phase}",
+        operation_id=run.id,
+        status=status_of(run),
+    )

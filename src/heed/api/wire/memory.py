@@ -1,0 +1,377 @@
+"""The memory API's JSON, shaped like Hindsight's so ``hindsight-client`` works unchanged.
+
+Requests accept (and ignore) fields heed does not implement, unless ignoring
+them would silently change results (``tag_groups``, attachments): those get a
+400 naming the field. Responses carry every field the client's models require.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BankListItem",
+    "BankListResponse",
+    "BankProfileResponse",
+    "BankStatsResponse",
+    "BankWrite",
+    "CancelOperationResponse",
+    "ChunkOut",
+    "DeleteDocumentResponse",
+    "DeleteResponse",
+    "Disposition",
+    "DocumentListItem",
+    "DocumentResponse",
+    "EntityIn",
+    "EntityObservation",
+    "EntityState",
+    "IncludeOptions",
+    "ListDocumentsResponse",
+    "ListMemoryUnitsResponse",
+    "MemoryItemIn",
+    "MemoryUnitItem",
+    "OperationResponse",
+    "OperationStatusResponse",
+    "OperationsListResponse",
+    "RecallRequest",
+    "RecallResponse",
+    "RecallResultOut",
+    "RecallScores",
+    "RetainRequest",
+    "RetainResponse",
+]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# -- banks ------------------------------------------------------------------------------
+
+
+class Disposition(BaseModel):
+    skepticism: int = Field(default=3, ge=1, le=5)
+    literalism: int = Field(default=3, ge=1, le=5)
+    empathy: int = Field(default=3, ge=1, le=5)
+
+
+class BankWrite(_In):
+    """PUT/PATCH body: Hindsight's CreateBankRequest (LLM-only fields are stored or ignored)."""
+
+    name: str | None = None
+    mission: str | None = None
+    reflect_mission: str | None = None
+    background: str | None = None
+    disposition: Disposition | None = None
+    disposition_skepticism: int | None = Field(default=None, ge=1, le=5)
+    disposition_literalism: int | None = Field(default=None, ge=1, le=5)
+    disposition_empathy: int | None = Field(default=None, ge=1, le=5)
+    enable_text_search: bool | None = None
+    enable_temporal_retrieval: bool | None = None
+    enable_graph_retrieval: bool | None = None
+    enable_reranking: bool | None = None
+
+
+class BankProfileResponse(BaseModel):
+    bank_id: str
+    name: str
+    disposition: Disposition
+    mission: str
+    background: str | None = None
+
+
+class BankListItem(BaseModel):
+    bank_id: str
+    name: str | None = None
+    disposition: Disposition
+    mission: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    fact_count: int = 0
+
+
+class BankListResponse(BaseModel):
+    banks: list[BankListItem]
+    total: int
+    limit: int
+    offset: int
+
+
+class BankStatsResponse(BaseModel):
+    bank_id: str
+    total_nodes: int
+    total_links: int
+    total_documents: int
+    nodes_by_fact_type: dict[str, int]
+    links_by_link_type: dict[str, int]
+    links_by_fact_type: dict[str, int]
+    links_breakdown: dict[str, dict[str, int]]
+    pending_operations: int
+    failed_operations: int
+    operations_by_status: dict[str, int] | None = None
+    last_memory_write_at: str | None = None
+    in_flight: int = 0
+
+
+class DeleteResponse(BaseModel):
+    success: bool
+    message: str | None = None
+    deleted_count: int | None = None
+
+
+# -- retain -------------------------------------------------------------------------------
+
+
+class EntityIn(_In):
+    text: str
+    type: str | None = None
+
+
+class MemoryItemIn(_In):
+    content: str | list[dict[str, Any]]
+    timestamp: datetime | str | None = None
+    context: str | None = None
+    metadata: dict[str, str] | None = None
+    document_id: str | None = None
+    entities: list[EntityIn] | None = None
+    tags: list[str] | None = None
+    update_mode: Literal["replace", "append"] | None = None
+    fact_type: str | None = None
+
+
+class RetainRequest(_In):
+    items: list[MemoryItemIn]
+    async_: bool = Field(default=False, alias="async")
+    document_tags: list[str] | None = None
+    operation_id: str | None = None
+
+
+class RetainResponse(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    success: bool
+    bank_id: str
+    items_count: int
+    async_: bool = Field(alias="async")
+    operation_id: str | None = None
+    operation_ids: list[str] | None = None
+    units_count: int | None = None
+    document_ids: list[str] | None = None
+
+
+# -- recall --------------------------------------------------------------------------------
+
+
+class _MaxTokens(_In):
+    max_tokens: int | None = None
+
+
+class IncludeOptions(_In):
+    entities: _MaxTokens | None = None
+    chunks: _MaxTokens | None = None
+    source_facts: _MaxTokens | None = None
+
+
+class TemporalWindowIn(_In):
+    start: datetime
+    end: datetime
+
+
+class MinScoresIn(_In):
+    semantic: float | None = None
+    keyword: float | None = None
+    reranker: float | None = None
+    final: float | None = None
+
+
+class RecallRequest(_In):
+    query: str
+    types: list[str] | None = None
+    budget: Literal["low", "mid", "high"] | None = None
+    max_tokens: int | None = Field(default=4096, ge=1)
+    trace: bool | None = False
+    query_timestamp: str | None = None
+    include: IncludeOptions | None = None
+    tags: list[str] | None = None
+    tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] | None = "any"
+    tag_groups: list[Any] | None = None
+    min_scores: MinScoresIn | None = None
+    temporal_window: TemporalWindowIn | None = None
+    prefer_observations: bool | None = None
+
+
+class RecallScores(BaseModel):
+    final: float
+    reranker: float | None = None
+    semantic: float | None = None
+    keyword: float | None = None
+
+
+class RecallResultOut(BaseModel):
+    id: str
+    text: str
+    type: str | None = None
+    entities: list[str] | None = None
+    context: str | None = None
+    occurred_start: str | None = None
+    occurred_end: str | None = None
+    mentioned_at: str | None = None
+    document_id: str | None = None
+    metadata: dict[str, str] | None = None
+    chunk_id: str | None = None
+    tags: list[str] | None = None
+    scores: RecallScores | None = None
+
+
+class EntityObservation(BaseModel):
+    text: str
+    mentioned_at: str | None = None
+
+
+class EntityState(BaseModel):
+    entity_id: str
+    canonical_name: str
+    observations: list[EntityObservation]
+
+
+class ChunkOut(BaseModel):
+    id: str
+    text: str
+    chunk_index: int
+    truncated: bool = False
+
+
+class RecallResponse(BaseModel):
+    results: list[RecallResultOut]
+    trace: dict[str, Any] | None = None
+    entities: dict[str, EntityState] | None = None
+    chunks: dict[str, ChunkOut] | None = None
+    source_facts: dict[str, RecallResultOut] | None = None
+
+
+# -- memories and documents ----------------------------------------------------------------
+
+
+class MemoryUnitItem(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: str
+    text: str
+    context: str = ""
+    date: str = ""
+    fact_type: str | None = None
+    document_id: str | None = None
+    mentioned_at: str | None = None
+    occurred_start: str | None = None
+    occurred_end: str | None = None
+    entities: str = ""
+    chunk_id: str | None = None
+    proof_count: int = 1
+    tags: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    state: str = "valid"
+    updated_at: str | None = None
+
+
+class ListMemoryUnitsResponse(BaseModel):
+    items: list[MemoryUnitItem]
+    total: int
+    limit: int
+    offset: int
+
+
+class DocumentListItem(BaseModel):
+    id: str
+    bank_id: str
+    content_hash: str | None = None
+    created_at: str
+    updated_at: str
+    text_length: int
+    memory_unit_count: int
+    document_metadata: dict[str, Any] | None = None
+    tags: list[str] | None = None
+
+
+class ListDocumentsResponse(BaseModel):
+    items: list[DocumentListItem]
+    total: int
+    limit: int
+    offset: int
+
+
+class DocumentResponse(BaseModel):
+    id: str
+    bank_id: str
+    original_text: str | None
+    content_hash: str | None
+    created_at: str
+    updated_at: str
+    memory_unit_count: int
+    nodes_by_fact_type: dict[str, int] | None = None
+    tags: list[str] | None = None
+    document_metadata: dict[str, Any] | None = None
+
+
+class DeleteDocumentResponse(BaseModel):
+    success: bool
+    message: str
+    document_id: str
+    memory_units_deleted: int
+
+
+# -- operations ------------------------------------------------------------------------------
+
+
+class OperationProgressOut(BaseModel):
+    stage: str
+    at: str
+    processed: int | None = None
+    total: int | None = None
+
+
+class OperationResponse(BaseModel):
+    id: str
+    task_type: str
+    operation_id: str | None = None
+    operation_type: str | None = None
+    items_count: int
+    document_id: str | None = None
+    created_at: str
+    updated_at: str | None = None
+    status: str
+    error_message: str | None
+    progress: OperationProgressOut | None = None
+
+
+class OperationsListResponse(BaseModel):
+    bank_id: str
+    total: int
+    limit: int
+    offset: int
+    operations: list[OperationResponse]
+
+
+class OperationStatusResponse(BaseModel):
+    operation_id: str
+    status: Literal["pending", "processing", "completed", "failed", "cancelled", "not_found"]
+    operation_type: str | None = None
+    id: str | None = None
+    task_type: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    completed_at: str | None = None
+    error_message: str | None = None
+    progress: OperationProgressOut | None = None
+    result_metadata: dict[str, Any] | None = None
+    phase: str | None = None
+    """heed's own run phase (queued, running, cancelling, ...), finer than ``status``."""
+
+
+class CancelOperationResponse(BaseModel):
+    success: bool
+    message: str
+    operation_id: str
+    status: str | None = None

@@ -1,0 +1,183 @@
+"""Async retain operations, built as runs of kind ``"retain"`` on :mod:`heed.runs`.
+
+``POST .../memories`` with ``async: true`` submits a run whose payload holds
+the validated items; the run manager starts it (its token is the run's, never
+the HTTP request's), and the executor calls :meth:`MemoryEngine.retain` with a
+progress callback that records progress in the run's journal.
+
+Runs are grouped per bank with ``session_id = "bank:<ref>"`` (non-exclusive:
+operations of one bank run side by side, bounded by the retain lane). Phases
+map onto Hindsight's operation statuses in the API layer (see
+:func:`status_of`). Cancelling a running operation moves it to
+``cancelling`` and then ``cancelled`` once its worker stopped; a document is
+written whole or not at all, so a cancelled operation leaves no partial
+document. Deleting a bank cancels its queued and running operations first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any, Final
+
+from heed.memory.engine import BANK_DELETED, MemoryEngine
+from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
+from heed.runs.kinds import KindSpec, RunContext
+from heed.runs.manager import RunManager, RunNotFound
+from heed.runs.model import Phase, Run
+from heed.runtime import OperationCancelled
+
+__all__ = ["RETAIN_KIND", "RetainOperations", "status_of"]
+
+RETAIN_KIND: Final = "retain"
+
+_STATUS = {
+    Phase.QUEUED: "pending",
+    Phase.RUNNING: "processing",
+    Phase.CANCELLING: "processing",
+    Phase.CANCELLED: "cancelled",
+    Phase.COMPLETED: "completed",
+    Phase.FAILED: "failed",
+    Phase.INTERRUPTED: "failed",
+}
+
+
+def status_of(run: Run) -> str:
+    """Hindsight's status for a run phase (``cancelling`` is still ``processing``)."""
+    phase = run.phase_enum
+    return _STATUS.get(phase, "failed") if phase is not None else "failed"
+
+
+def _item_payload(item: RetainItem) -> dict[str, Any]:
+    return {
+        "content": item.content,
+        "timestamp": item.timestamp.isoformat() if item.timestamp else None,
+        "timestamp_unset": item.timestamp_unset,
+        "context": item.context,
+        "metadata": item.metadata,
+        "document_id": item.document_id,
+        "tags": item.tags,
+        "entities": [{"name": e.name, "type": e.type} for e in item.entities],
+        "update_mode": item.update_mode,
+        "fact_type": item.fact_type,
+    }
+
+
+def _item_of(data: dict[str, Any]) -> RetainItem:
+    return RetainItem(
+        content=data["content"],
+        timestamp=datetime.fromisoformat(data["timestamp"]) if data.get("timestamp") else None,
+        timestamp_unset=bool(data.get("timestamp_unset")),
+        context=data.get("context"),
+        metadata=dict(data.get("metadata") or {}),
+        document_id=data.get("document_id"),
+        tags=list(data.get("tags") or []),
+        entities=[EntityRef(e["name"], e.get("type")) for e in data.get("entities") or []],
+        update_mode=data.get("update_mode") or "replace",
+        fact_type=data.get("fact_type") or "world",
+    )
+
+
+def bank_session(bank: Bank) -> str:
+    """The run-group key of a bank's operations."""
+    return f"bank:{bank.ref}"
+
+
+class RetainOperations:
+    """Submit, list, read and cancel a bank's async retains (see the module docstring)."""
+
+    def __init__(self, manager: RunManager, engine: MemoryEngine) -> None:
+        self.manager = manager
+        self.engine = engine
+        manager.register(RETAIN_KIND, KindSpec(execute=self._execute))
+        engine.before_delete.append(self._cancel_bank_operations)
+
+    async def submit(self, bank: Bank, items: list[RetainItem], document_tags: list[str]) -> Run:
+        """Queue a retain of *items* into *bank*; returns the run (its id is the operation id)."""
+        self.engine.validate_items(items)
+        run = await self.manager.submit(
+            RETAIN_KIND,
+            tenant=bank.tenant,
+            session_id=bank_session(bank),
+            payload={
+                "bank_id": bank.bank_id,
+                "bank_ref": bank.ref,
+                "items": [_item_payload(i) for i in items],
+                "document_tags": document_tags,
+                "items_count": len(items),
+            },
+        )
+        assert run is not None
+        return run
+
+    async def _execute(self, rc: RunContext) -> dict[str, Any]:
+        payload = rc.run.payload
+        bank = await self.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
+        if bank.ref != payload["bank_ref"]:
+            raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
+        items = [_item_of(d) for d in payload["items"]]
+        loop = asyncio.get_running_loop()
+        pending: list[asyncio.Future[Any]] = []
+
+        def progress(done: int, total: int) -> None:
+            pending.append(
+                asyncio.ensure_future(
+                    rc.emit("progress", {"processed": done, "total": total}), loop=loop
+                )
+            )
+
+        try:
+            summary = await self.engine.retain(
+                bank, items, payload.get("document_tags") or [], progress=progress
+            )
+        except NotFound as exc:
+            raise OperationCancelled(BANK_DELETED) from exc
+        finally:
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        return {
+            "items_count": summary.items,
+            "documents": summary.documents,
+            "units": summary.units,
+            "document_ids": summary.document_ids,
+        }
+
+    async def list(self, bank: Bank, status: str | None = None) -> list[Run]:
+        """The bank's operations, newest first, optionally of one Hindsight status."""
+        runs = await self.manager.io.call(
+            self.manager.store.list_runs,
+            tenant=bank.tenant,
+            session_id=bank_session(bank),
+            kind=RETAIN_KIND,
+            limit=10_000,
+        )
+        runs = sorted(runs, key=lambda r: -r.created_at)
+        if status is not None:
+            runs = [r for r in runs if status_of(r) == status]
+        return runs
+
+    async def get(self, bank: Bank, operation_id: str) -> Run:
+        """The operation; :class:`NotFound` when it is not this bank's."""
+        try:
+            run = await self.manager.get(operation_id, tenant=bank.tenant)
+        except RunNotFound:
+            raise NotFound(f"operation {operation_id!r} not found") from None
+        if run.session_id != bank_session(bank) or run.kind != RETAIN_KIND:
+            raise NotFound(f"operation {operation_id!r} not found")
+        return run
+
+    async def cancel(self, bank: Bank, operation_id: str) -> Run:
+        """Cancel an operation (idempotent; terminal ones are returned unchanged)."""
+        await self.get(bank, operation_id)
+        return await self.manager.cancel(operation_id, "cancelled by client", tenant=bank.tenant)
+
+    async def _cancel_bank_operations(self, bank: Bank) -> None:
+        runs = await self.manager.io.call(
+            self.manager.store.list_runs,
+            tenant=bank.tenant,
+            session_id=bank_session(bank),
+            kind=RETAIN_KIND,
+            non_terminal=True,
+        )
+        for run in runs:
+            await self.manager.cancel(run.id, BANK_DELETED, tenant=bank.tenant, wait=True)
