@@ -56,33 +56,33 @@ async def _until_cancelled(
     source: AsyncIterator[str], token: CancellationToken | None
 ) -> AsyncIterator[str]:
     yield "retry: 1000\n\n"
+    step: asyncio.Future[str] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(source))
-            if token is None:
+            if token is not None:
+                stop = asyncio.ensure_future(token.wait())
                 try:
-                    yield await step
-                except StopAsyncIteration:
-                    return
-                continue
-            stop = asyncio.ensure_future(token.wait())
+                    await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+                if not step.done():
+                    return  # the client left: the finally block stops the source
             try:
-                await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-            if not step.done():
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await step
-                return
-            try:
-                yield step.result()
+                frame = await step
             except StopAsyncIteration:
                 return
+            step = None
+            yield frame
     finally:
+        if step is not None and not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await step
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
-            await aclose()
+            with contextlib.suppress(RuntimeError):
+                await aclose()
 
 
 def sse_response(source: AsyncIterator[str]) -> StreamingResponse:

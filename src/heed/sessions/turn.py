@@ -129,6 +129,7 @@ class TurnRunner:
                 stream = provider.stream(conversation, tools=TOOL_SPECS, max_tokens=self.max_tokens)
                 async with contextlib.aclosing(stream) as events:
                     async for event in events:
+                        rc.token.raise_if_cancelled()  # a provider that ignored the token
                         if isinstance(event, TextDelta):
                             parts.append(event.text)
                             await rc.emit("token", {"text": event.text})
@@ -138,6 +139,7 @@ class TurnRunner:
                                 "tool_call",
                                 {"id": event.id, "name": event.name, "arguments": event.arguments},
                             )
+                rc.token.raise_if_cancelled()
                 text = "".join(parts)
                 if not calls:
                     final = await self._store(run, "assistant", text)

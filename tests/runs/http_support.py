@@ -1,0 +1,90 @@
+"""Helpers for run/session tests over a real socket: servers, SSE parsing, waiting."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from heed.api.app import create_app
+from heed.settings import Settings
+from tests.support import LiveServer, live_server
+
+SLOW_SCRIPT = json.dumps({"token_delay": 0.05, "replies": []})  # echo, 50 ms per word
+
+
+def run_settings(make_settings: Callable[..., Settings], **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "llm_provider": "scripted",
+        "llm_script": json.dumps({"token_delay": 0.005, "replies": []}),
+        "run_reaper_interval": 0.2,
+        "stream_heartbeat_seconds": 0.5,
+        "stream_poll_seconds": 0.2,
+    }
+    values.update(overrides)
+    return make_settings(**values)
+
+
+@contextmanager
+def run_server(settings: Settings) -> Iterator[LiveServer]:
+    with live_server(create_app(settings)) as server:
+        yield server
+
+
+@dataclass
+class Frame:
+    event: str = "message"
+    id: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    comment: bool = False
+
+
+async def sse_frames(response: httpx.Response) -> AsyncIterator[Frame]:
+    """Parse an SSE response into frames (comments included, marked)."""
+    frame = Frame()
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if lines:
+                frame.data = json.loads("\n".join(lines))
+            if lines or frame.event != "message" or frame.id is not None:
+                yield frame
+            frame, lines = Frame(), []
+            continue
+        if line.startswith(":"):
+            yield Frame(event="comment", comment=True)
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            frame.event = value
+        elif name == "id":
+            frame.id = value
+        elif name == "data":
+            lines.append(value)
+
+
+def wait_for(predicate: Callable[[], Any], seconds: float = 10.0, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
+
+
+def new_session(client: httpx.Client, **body: Any) -> str:
+    r = client.post("/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def run_phase(client: httpx.Client, run_id: str) -> str:
+    return str(client.get(f"/v1/runs/{run_id}").json()["phase"])

@@ -1,0 +1,104 @@
+"""Restart recovery with a real server process killed with SIGKILL mid-turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from tests.support import free_port
+
+from .http_support import new_session, run_phase, wait_for
+
+
+@contextmanager
+def server_process(data_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    env = {
+        **os.environ,
+        "HEED_DATA_DIR": str(data_dir),
+        "HEED_LLM_PROVIDER": "scripted",
+        "HEED_LLM_SCRIPT": json.dumps({"token_delay": 0.05, "replies": []}),
+        "HEED_RUN_REAPER_INTERVAL": "0.2",
+        "HEED_STREAM_HEARTBEAT_SECONDS": "0.5",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heed.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+
+            def up() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(proc.stderr.read().decode() if proc.stderr else "died")
+                try:
+                    return client.get("/health").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_for(up, seconds=30, interval=0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_sigkill_mid_turn_then_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    port = free_port()
+    words = " ".join(f"word{i}" for i in range(200))
+    with (
+        server_process(data, port) as proc,
+        httpx.Client(base_url=f"http://127.0.0.1:{port}") as client,
+    ):
+        sid = new_session(client)
+        r = client.post(f"/v1/sessions/{sid}/turns", json={"content": words})
+        run_id = r.json()["run_id"]
+        queued = client.post(
+            f"/v1/sessions/{sid}/turns", json={"content": "after", "multitask_strategy": "enqueue"}
+        ).json()["run_id"]
+        wait_for(lambda: client.get(f"/v1/runs/{run_id}").json()["last_seq"] >= 10)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    with (
+        server_process(data, free_port()) as proc2,
+        httpx.Client(
+            base_url=f"http://127.0.0.1:{proc2.args[-3]}"  # type: ignore[index]
+        ) as client,
+    ):
+        run = client.get(f"/v1/runs/{run_id}").json()
+        assert run["phase"] == "interrupted"
+        assert run["finished_at"] is not None
+        # the journal ends in a synthetic terminal event, and the stream ends there
+        with client.stream("GET", f"/v1/runs/{run_id}/stream", timeout=10) as resp:
+            body = resp.read().decode()
+        assert body.rstrip().split("event: ")[-1].startswith("interrupted")
+        tokens = body.count("event: token")
+        assert 0 < tokens < 200
+        # the partial output is in the transcript, marked interrupted
+        messages = client.get(f"/v1/sessions/{sid}").json()["messages"]
+        partial = [m for m in messages if m["run_id"] == run_id and m["role"] == "assistant"]
+        assert partial and partial[0]["status"] == "interrupted"
+        assert words.startswith(partial[0]["content"].strip()) and partial[0]["content"]
+        # the queued turn was not lost: it runs now; then the session is not stuck busy
+        wait_for(lambda: run_phase(client, queued) == "completed", seconds=15)
+        wait_for(lambda: client.get(f"/v1/sessions/{sid}/status").json()["busy"] is False)
+        ok = client.post(f"/v1/sessions/{sid}/turns", json={"content": "hello again"})
+        assert ok.status_code == 202
+        time.sleep(0.1)
