@@ -28,6 +28,7 @@ from heed.memory.models import (
     StoredUnit,
 )
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
+from heed.runtime import raise_if_cancelled
 from heed.storage.database import Database, Migration
 
 __all__ = ["MEMORY_MIGRATIONS", "SqliteMemoryStore"]
@@ -377,7 +378,9 @@ class SqliteMemoryStore:
                 chunk_ids[c.index] = c.id
             previous_seq: int | None = None
             entity_cache: dict[str, str] = {}
-            for unit in document.units:
+            for position, unit in enumerate(document.units):
+                if position % 64 == 0:
+                    raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
                 seq = self._insert_unit(conn, bank_ref, document.document_id, unit, chunk_ids, now)
                 added.append((seq, unit.id))
                 conn.execute(
