@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8700
 
-.PHONY: serve test lint typecheck pytest install bench clean help
+.PHONY: serve test lint typecheck pytest mutation install bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -37,7 +37,10 @@ pytest: $(STAMP)  ## the test suite alone (installs Debian's chromium for browse
 	bash scripts/ensure_browser.sh
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest  ## everything CI runs
+mutation: $(STAMP)  ## run-state mutations (attachable always true; reaper never reclaims) must turn tests red
+	$(BIN)/python scripts/mutation_check.py --skip-baseline
+
+test: lint typecheck pytest mutation  ## everything CI runs
 
 bench: $(STAMP)  ## run the benchmarks (figures go to benchmarks/results/)
 	$(BIN)/python benchmarks/cancel_latency.py
