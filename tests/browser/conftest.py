@@ -71,3 +71,12 @@ def page(browser: Any) -> Iterator[Any]:
         yield page
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One scripted heed server per test module (tests set their own script)."""
+    from tests.browser.helpers import ui_server, ui_settings
+
+    with ui_server(ui_settings(tmp_path_factory.mktemp("ui") / "data")) as live:
+        yield live

@@ -18,7 +18,7 @@ function navigate(hash) {
 const sessionsPanel = new SessionsPanel($("session-sidebar"), { navigate });
 const chat = new ChatView($("chat"), {
   onStatus: (id, { busy }) => sessionsPanel.setBusy(id, busy),
-  onTitle: (id, title) => sessionsPanel.setTitle(id, title),
+  onDeleted: () => sessionsPanel.refresh().then(() => navigate("#/chat")),
 });
 const memoryPage = new MemoryPage($("memory-view"), { navigate });
 

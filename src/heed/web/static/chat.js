@@ -28,10 +28,10 @@ function signatureOf(messages) {
 }
 
 export class ChatView {
-  constructor(root, { onStatus, onTitle }) {
+  constructor(root, { onStatus, onDeleted }) {
     this.root = root;
     this.onStatus = onStatus || (() => {});
-    this.onTitle = onTitle || (() => {});
+    this.onDeleted = onDeleted || (() => {});
     this.sessionId = null;
     this.visible = document.visibilityState !== "hidden";
     this.turns = new Map(); // runId -> TurnView
@@ -179,14 +179,25 @@ export class ChatView {
   onChannelEvent(event) {
     const data = event.data ?? {};
     if (event.type === "turn_started") {
-      const runId = data.run_id ?? data.run?.id ?? data.id;
-      if (runId) this.attach(runId, { source: data.source ?? data.run?.source });
+      // Replayed on subscribe only for attachable runs (never a cancelling one).
+      const runId = data.run_id ?? data.run?.id;
+      if (runId) this.attach(runId, { source: data.source ?? null });
     } else if (event.type === "session_updated") {
-      if (typeof data.title === "string") this.setTitle(data.title);
-      this.onTitle(this.sessionId, data.title);
-      if (!this.followers.size) this.pollStatus();
+      // A status snapshot: the same fields as GET .../status.
+      if ("busy" in data) this.applyStatus(data);
+      const finished = data.run_id;
+      if (finished && !this.followers.has(finished) && !this.finished.has(finished) && !data.active_run_id) {
+        this.refreshTranscriptIfChanged(); // a turn we never saw live (e.g. very short)
+      }
     } else if (event.type === "task_complete") {
-      this.pollStatus();
+      const title = data.title ?? data.task_run_id ?? "task";
+      showNotice("task", `Background ${title} finished (${data.phase ?? "done"}).`, "info");
+      setTimeout(() => hideNotice("task"), 6000);
+    } else if (event.type === "session_deleted") {
+      showNotice("error", "This session was deleted.");
+      this.channel?.close();
+      this.channel = null;
+      this.onDeleted(this.sessionId);
     }
   }
 
@@ -223,6 +234,12 @@ export class ChatView {
       return;
     }
     if (generation !== this.generation) return;
+    this.applyStatus(status);
+    if (this.visible && !this.pollTimer) this.schedulePoll(config.visiblePollMs);
+  }
+
+  /** Apply a status snapshot (from the poll or the channel): busy, and the attachable run. */
+  applyStatus(status) {
     this.status = { busy: Boolean(status?.busy), active_run_id: status?.active_run_id ?? null, raw: status };
     const active = this.status.active_run_id;
     if (active && !this.finished.has(active) && !this.followers.has(active)) {
@@ -230,7 +247,6 @@ export class ChatView {
     }
     if (!this.status.busy) hideNotice("busy");
     this.updateControls();
-    if (this.visible && !this.pollTimer) this.schedulePoll(config.visiblePollMs);
     if (!this.status.busy) this.scheduleDrain(0);
   }
 
@@ -274,7 +290,6 @@ export class ChatView {
         turn = loose;
       }
       turn.applyMessage(message);
-      if (runId) this.finished.add(runId);
     }
     for (const turn of live) {
       this.turns.set(turn.runId, turn);
@@ -426,7 +441,8 @@ export class ChatView {
           this.status.busy = true;
           showNotice("busy", `Session busy: your message is queued and will be sent when it is free.`, "warn");
           this.updateControls();
-          this.scheduleDrain(wait * 1000);
+          // Ask the status endpoint again after Retry-After; an idle answer drains the queue.
+          setTimeout(() => generation === this.generation && this.pollStatus(), wait * 1000);
         } else if (error.status === 503) {
           showNotice("overloaded", `Server overloaded (503): retrying in ${wait} s.`, "warn");
           this.scheduleDrain(wait * 1000);

@@ -66,7 +66,12 @@ export function timingChart(trace) {
         h(
           "li",
           { class: "bar-row", dataset: { stage: s.name } },
-          h("span", { class: "bar-label" }, s.name.replaceAll("_", " ")),
+          h(
+            "span",
+            { class: "bar-label", title: s.count !== undefined ? `${s.count} candidates` : null },
+            s.name.replaceAll("_", " "),
+            s.count !== undefined ? h("span", { class: "muted" }, ` ${s.count}`) : null,
+          ),
           h(
             "span",
             { class: "bar-track" },
@@ -203,8 +208,8 @@ export class MemoryPage {
       { class: "memory-grid", hidden: true },
       card("Retain", retainForm),
       card("Recall", recallForm, this.recallChart, this.recallResults),
-      card("Reflect", reflectForm, this.reflectAnswer, this.reflectFacts),
       card("Memories", listHeader, this.listStatus, this.listItems, this.listMore),
+      card("Reflect", reflectForm, this.reflectAnswer, this.reflectFacts),
     );
 
     clear(this.root).append(
@@ -258,9 +263,11 @@ export class MemoryPage {
     this.bankTitle.textContent = `Bank: ${this.bankId}`;
     try {
       const bank = await memory.getBank(this.bankId);
-      this.bankMeta.textContent = bank?.mission || bank?.name || "";
+      const name = bank?.name && bank.name !== this.bankId ? bank.name : "";
+      this.bankMeta.textContent = [name, bank?.mission].filter(Boolean).join(" · ");
     } catch (error) {
-      this.bankMeta.textContent = error.status === 404 ? "This bank does not exist yet: retain creates it." : describeError(error);
+      this.bankMeta.textContent =
+        error.status === 404 ? "This bank does not exist: create it with “New bank”." : describeError(error);
     }
     clear(this.recallResults);
     clear(this.recallChart);

@@ -106,7 +106,8 @@ export class TurnView {
     this.user.textContent = "";
     if (source === "wakeup") {
       this.el.classList.add("wakeup");
-      this.user.append(h("span", { class: "msg-role" }, "wakeup"), text ? " " + text : " background task finished");
+      const note = (text || "").replace(/^\[wakeup\]\s*/, "") || "background work finished";
+      this.user.append(h("span", { class: "msg-role" }, "wakeup"), " ", note);
     } else {
       this.user.append(text);
     }
@@ -185,8 +186,8 @@ export class TurnView {
       this.addTool({ id: data.id ?? data.call_id ?? data.tool_call_id, name: data.name, arguments: data.arguments });
     } else if (type === "tool_result") {
       const id = data.id ?? data.call_id ?? data.tool_call_id;
-      const isError = Boolean(data.error) || data.is_error === true;
-      this.setToolResult(id, data.error ?? data.result ?? data.content ?? data.output, isError);
+      const isError = data.ok === false || Boolean(data.error) || data.is_error === true;
+      this.setToolResult(id, data.error ?? data.content ?? data.result ?? data.output, isError);
     } else if (type === "message" || type === "assistant_message") {
       // The final message repeats the streamed text; only use it when nothing streamed.
       if (!this.body.querySelector(".text")) this.appendText(textOf(data));
@@ -206,12 +207,14 @@ export class TurnView {
       return;
     }
     if (message.role === "assistant") {
+      // A model step streams its text first, then its tool calls.
+      if (message.content) this.appendText(message.content);
       for (const call of message.tool_calls ?? []) {
         this.addTool({ id: call.id, name: call.name ?? call.function?.name, arguments: call.arguments ?? call.function?.arguments });
       }
-      if (message.content) this.appendText(message.content);
-      const phase = message.status ?? message.phase ?? (message.cancelled ? "cancelled" : "completed");
-      this.setPhase(phase === "stopped" ? "cancelled" : phase);
+      const status = message.status ?? "complete";
+      const phase = { complete: "completed", stopped: "cancelled" }[status] ?? status;
+      this.setPhase(phase);
       if (!message.content && !(message.tool_calls ?? []).length) this.showAssistant();
     }
   }

@@ -5,6 +5,22 @@ import { memory, sessions } from "./api.js";
 import { queue } from "./queue.js";
 import { clear, describeError, h, showNotice } from "./ui.js";
 
+const PENCIL = "M3 17.3V21h3.7L17.8 9.9l-3.7-3.7L3 17.3zm17.7-10.2a1 1 0 0 0 0-1.4l-2.4-2.4a1 1 0 0 0-1.4 0l-1.8 1.8 3.7 3.7 1.9-1.7z";
+const TRASH = "M6 19a2 2 0 0 0 2 2h8a2 2 0 0 0 2-2V7H6v12zM19 4h-3.5l-1-1h-5l-1 1H5v2h14V4z";
+
+function icon(path) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", "0 0 24 24");
+  svg.setAttribute("width", "16");
+  svg.setAttribute("height", "16");
+  svg.setAttribute("aria-hidden", "true");
+  const p = document.createElementNS("http://www.w3.org/2000/svg", "path");
+  p.setAttribute("d", path);
+  p.setAttribute("fill", "currentColor");
+  svg.append(p);
+  return svg;
+}
+
 const STATUS_EVERY_MS = 10_000; // other sessions' busy dots, while the tab is visible
 const MAX_STATUS_POLLS = 25;
 
@@ -91,8 +107,8 @@ export class SessionsPanel {
       h("span", { class: "session-title" }, title),
       queued ? h("span", { class: "count", title: "queued messages" }, String(queued)) : null,
     );
-    const rename = h("button", { type: "button", class: "icon", title: "Rename", "aria-label": `rename ${title}`, onclick: () => this.startRename(li, session) }, "✎");
-    const remove = h("button", { type: "button", class: "icon", title: "Delete", "aria-label": `delete ${title}`, onclick: () => this.confirmDelete(li, session) }, "🗑");
+    const rename = h("button", { type: "button", class: "icon", title: "Rename", "aria-label": `rename ${title}`, onclick: () => this.startRename(li, session) }, icon(PENCIL));
+    const remove = h("button", { type: "button", class: "icon", title: "Delete", "aria-label": `delete ${title}`, onclick: () => this.confirmDelete(li, session) }, icon(TRASH));
     const li = h(
       "li",
       { class: `session ${current ? "current" : ""} ${busy ? "busy" : ""}`, dataset: { id } },

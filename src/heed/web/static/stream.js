@@ -82,6 +82,11 @@ export class SseClient {
     return this;
   }
 
+  /** Drop the current connection as a network failure would (it reconnects after a backoff). */
+  drop() {
+    this.controller?.abort();
+  }
+
   close() {
     if (this.closed) return;
     this.closed = true;
@@ -222,6 +227,7 @@ export function followRun(runs, runId, { after = 0, onEvent, onTerminal, onGap, 
   client.start();
   return {
     close: () => client.close(),
+    drop: () => client.drop(),
     get lastSeq() {
       return lastSeq;
     },
