@@ -1,17 +1,18 @@
 """Server-sent events: frame formatting and a response that stops when the client leaves.
 
 uvicorn silently drops writes after a client disconnects, so a stream cannot
-learn it is orphaned from ``send``. :func:`sse_response` races every step of
-its source against the request's token, which the lifecycle middleware
-cancels on ``http.disconnect``: the source generator is closed at once and no
-tail or heartbeat loop outlives its client.
+learn it is orphaned from ``send``. The lifecycle middleware cancels the
+request token on ``http.disconnect``; stream sources watch that token (the
+journal's :meth:`~heed.runs.journal.Journal.follow` and the session channel
+stop their broker subscription on cancel), so no tail or heartbeat loop
+outlives its client. A small cache keeps formatted frames, so an event fanned
+out to many subscribers is serialized once.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -30,9 +31,20 @@ def _json(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
+_FRAME_CACHE: OrderedDict[tuple[str, int], str] = OrderedDict()
+_FRAME_CACHE_SIZE: Final = 20_000
+
+
 def event_frame(event: RunEvent) -> str:
     """A journal event: ``id:`` is its seq, ``event:`` its type, ``data:`` the event JSON."""
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {_json(event.to_public())}\n\n"
+    key = (event.run_id, event.seq)
+    frame = _FRAME_CACHE.get(key)
+    if frame is None:
+        frame = f"id: {event.seq}\nevent: {event.type}\ndata: {_json(event.to_public())}\n\n"
+        _FRAME_CACHE[key] = frame
+        if len(_FRAME_CACHE) > _FRAME_CACHE_SIZE:
+            _FRAME_CACHE.popitem(last=False)
+    return frame
 
 
 def named_frame(name: str, data: Any) -> str:
@@ -52,43 +64,31 @@ def parse_cursor(after: str | None, last_event_id: str | None) -> int:
     return 0
 
 
-async def _until_cancelled(
+async def _frames(
     source: AsyncIterator[str], token: CancellationToken | None
 ) -> AsyncIterator[str]:
     yield "retry: 1000\n\n"
-    step: asyncio.Future[str] | None = None
     try:
-        while True:
-            step = asyncio.ensure_future(anext(source))
-            if token is not None:
-                stop = asyncio.ensure_future(token.wait())
-                try:
-                    await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stop.cancel()
-                if not step.done():
-                    return  # the client left: the finally block stops the source
-            try:
-                frame = await step
-            except StopAsyncIteration:
+        async for frame in source:
+            if token is not None and token.cancelled:
                 return
-            step = None
             yield frame
     finally:
-        if step is not None and not step.done():
-            step.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await step
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
-            with contextlib.suppress(RuntimeError):
-                await aclose()
+            await aclose()
 
 
 def sse_response(source: AsyncIterator[str]) -> StreamingResponse:
-    """Stream *source*'s frames as ``text/event-stream`` until it ends or the client leaves."""
+    """Stream *source*'s frames as ``text/event-stream`` until it ends or the client leaves.
+
+    Contract: *source* must end promptly once the request token is cancelled,
+    even while it waits (the journal and the session channel do: their broker
+    subscription is stopped by the token). Between frames the token is checked
+    here as well.
+    """
     return StreamingResponse(
-        _until_cancelled(source, current_token()),
+        _frames(source, current_token()),
         media_type="text/event-stream",
         headers=_HEADERS,
     )

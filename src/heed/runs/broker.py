@@ -15,7 +15,9 @@ Contract of a :class:`Broker`:
   published after it was created, in publish order. When its bounded buffer
   overflows, the overflowing messages are dropped and the next
   :meth:`Subscription.get` returns :data:`LAGGED` once, so the reader re-syncs
-  from the durable source.
+  from the durable source. :meth:`Subscription.stop` (any thread) makes the
+  reader's pending or next ``get`` return :data:`STOPPED` -- how a stream
+  whose client left ends at once.
 
 Topics used by heed: ``run:<run_id>`` (messages are
 :class:`~heed.runs.model.RunEvent`) and ``session:<session_id>`` (dicts with a
@@ -26,10 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Final, Protocol
 
-__all__ = ["LAGGED", "Broker", "InProcessBroker", "Subscription"]
+__all__ = ["LAGGED", "STOPPED", "Broker", "InProcessBroker", "Subscription"]
 
 
 class _Lagged:
@@ -41,11 +43,29 @@ class _Lagged:
 LAGGED: Final = _Lagged()
 
 
+class _Stopped:
+    def __repr__(self) -> str:
+        return "STOPPED"
+
+
+#: Returned by :meth:`Subscription.get` once :meth:`Subscription.stop` was called.
+STOPPED: Final = _Stopped()
+
+
 class Subscription(Protocol):
     """One subscriber's view of a topic."""
 
     async def get(self, wait_seconds: float | None = None) -> object | None:
-        """The next message, :data:`LAGGED`, or ``None`` after *wait_seconds*."""
+        """The next message, :data:`LAGGED`, :data:`STOPPED`, or ``None`` after
+        *wait_seconds*."""
+        ...
+
+    def get_nowait(self) -> object | None:
+        """Like :meth:`get` without waiting: ``None`` when nothing is ready."""
+        ...
+
+    def stop(self) -> None:
+        """Wake the reader with :data:`STOPPED` (callable from any thread)."""
         ...
 
     def close(self) -> None:
@@ -65,31 +85,60 @@ class _LocalSubscription:
     def __init__(self, broker: InProcessBroker, topic: str, maxsize: int) -> None:
         self._broker = broker
         self._topic = topic
-        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize)
+        self._maxsize = maxsize
+        self._items: deque[object] = deque()
+        self._ready = asyncio.Event()
         self._lagged = False
+        self._stopped = False
         self._closed = False
         self.loop = asyncio.get_running_loop()
 
     def deliver(self, message: object) -> None:
         if self._closed:
             return
-        try:
-            self._queue.put_nowait(message)
-        except asyncio.QueueFull:
+        if len(self._items) >= self._maxsize:
             self._lagged = True
+        else:
+            self._items.append(message)
+        self._ready.set()
 
-    async def get(self, wait_seconds: float | None = None) -> object | None:
+    def _stop(self) -> None:
+        self._stopped = True
+        self._ready.set()
+
+    def stop(self) -> None:
+        """Make the next (or a pending) ``get`` return :data:`STOPPED`; any thread."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self._stop()
+        else:
+            self.loop.call_soon_threadsafe(self._stop)
+
+    def get_nowait(self) -> object | None:
+        if self._stopped:
+            return STOPPED
         if self._lagged:
             self._lagged = False
-            while not self._queue.empty():
-                self._queue.get_nowait()
+            self._items.clear()
             return LAGGED
-        if not self._queue.empty():
-            return self._queue.get_nowait()
+        if self._items:
+            return self._items.popleft()
+        return None
+
+    async def get(self, wait_seconds: float | None = None) -> object | None:
+        message = self.get_nowait()
+        if message is not None:
+            return message
+        self._ready.clear()
         try:
-            return await asyncio.wait_for(self._queue.get(), wait_seconds)
+            async with asyncio.timeout(wait_seconds):
+                await self._ready.wait()
         except TimeoutError:
             return None
+        return self.get_nowait()
 
     def close(self) -> None:
         if not self._closed:

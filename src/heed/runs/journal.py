@@ -31,10 +31,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from heed.runs.broker import Broker
+from heed.runs.broker import STOPPED, Broker
 from heed.runs.io import BlockingIO
 from heed.runs.model import RunEvent
 from heed.runs.store import RunStore
+from heed.runtime import CancellationToken
 
 __all__ = ["HEARTBEAT", "Gap", "Heartbeat", "Journal", "run_topic"]
 
@@ -104,10 +105,20 @@ class Journal:
         return gap, events, len(events) == _BATCH
 
     async def follow(
-        self, run_id: str, after: int = 0, *, heartbeat: float = 10.0
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        heartbeat: float = 10.0,
+        token: CancellationToken | None = None,
     ) -> AsyncIterator[FollowItem]:
-        """Replay after *after*, then tail live; see the module docstring."""
+        """Replay after *after*, then tail live; see the module docstring.
+
+        Ends (without raising) as soon as *token* is cancelled: a stream whose
+        client left stops at once, even while idle.
+        """
         sub = self.broker.subscribe(run_topic(run_id))
+        handle = token.on_cancel(lambda _reason: sub.stop()) if token is not None else None
         cursor = max(0, after)
         try:
             more = True
@@ -126,16 +137,33 @@ class Journal:
             while True:
                 wait = min(self.poll_interval, max(0.0, last_output + heartbeat - time.monotonic()))
                 message = await sub.get(wait)
+                if message is STOPPED:
+                    return
                 if isinstance(message, RunEvent):
                     if message.seq <= cursor:
                         continue
                     if message.seq == cursor + 1:
-                        cursor = message.seq
+                        more_message: object | None = None
+                        # Take whatever else is already queued and in order: one write.
+                        batch = [message]
+                        while not batch[-1].is_terminal:
+                            more_message = sub.get_nowait()
+                            if not (
+                                isinstance(more_message, RunEvent)
+                                and more_message.seq == batch[-1].seq + 1
+                            ):
+                                break
+                            batch.append(more_message)
+                        cursor = batch[-1].seq
                         last_output = time.monotonic()
-                        yield [message]
-                        if message.is_terminal:
+                        yield batch
+                        if batch[-1].is_terminal:
                             return
-                        continue
+                        if more_message is None:
+                            continue
+                        if more_message is STOPPED:
+                            return
+                        # out of order or lagged: fall through to re-read the store
                 # A hole, a lag, or a quiet spell: the store is the truth.
                 more = True
                 caught_up = False
@@ -157,6 +185,8 @@ class Journal:
                     last_output = time.monotonic()
                     yield HEARTBEAT
         finally:
+            if handle is not None:
+                handle.remove()
             sub.close()
 
 

@@ -29,11 +29,12 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from heed.errors import HeedError
-from heed.runs.broker import LAGGED
+from heed.runs.broker import LAGGED, STOPPED
 from heed.runs.journal import HEARTBEAT, Heartbeat
 from heed.runs.manager import AdmissionAborted, RunManager, Strategy
 from heed.runs.model import Run, Source
 from heed.runs.state import is_attachable, is_lifecycle_busy
+from heed.runtime import CancellationToken
 from heed.sessions.store import Message, Session, SessionStore, Wakeup
 
 __all__ = ["TASK", "TURN", "SessionNotFound", "SessionService", "session_topic"]
@@ -262,12 +263,17 @@ class SessionService:
         }
 
     async def follow_channel(
-        self, session_id: str, *, heartbeat: float = 10.0
+        self,
+        session_id: str,
+        *,
+        heartbeat: float = 10.0,
+        token: CancellationToken | None = None,
     ) -> AsyncIterator[dict[str, Any] | Heartbeat]:
         """The session channel: replay (``turn_started`` for attachable runs only, then a
         ``session_updated`` snapshot), then live events; heartbeats when idle. Ends after
-        ``session_deleted``."""
+        ``session_deleted``, or at once when *token* is cancelled."""
         sub = self.manager.broker.subscribe(session_topic(session_id))
+        handle = token.on_cancel(lambda _reason: sub.stop()) if token is not None else None
         try:
             for run in await self.manager.session_runs(session_id):
                 if is_attachable(run):
@@ -278,6 +284,8 @@ class SessionService:
             yield {"type": "session_updated", "data": await self.status(session_id)}
             while True:
                 message = await sub.get(heartbeat)
+                if message is STOPPED:
+                    return
                 if message is None:
                     yield HEARTBEAT
                 elif message is LAGGED:
@@ -287,4 +295,6 @@ class SessionService:
                     if message.get("type") == "session_deleted":
                         return
         finally:
+            if handle is not None:
+                handle.remove()
             sub.close()

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Header, Query, Request
 
 from heed.api.sse import HEARTBEAT_FRAME, event_frame, named_frame, parse_cursor, sse_response
 from heed.runs.journal import Gap, Heartbeat
-from heed.runtime import current_context
+from heed.runtime import current_context, current_token
 from heed.sessions.wiring import RunServices
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -67,9 +67,10 @@ async def stream_run(
     cursor = parse_cursor(after, last_event_id)
     heartbeat = services.settings.stream_heartbeat_seconds
     journal = services.manager.journal
+    token = current_token()
 
     async def frames() -> AsyncIterator[str]:
-        async for item in journal.follow(run_id, cursor, heartbeat=heartbeat):
+        async for item in journal.follow(run_id, cursor, heartbeat=heartbeat, token=token):
             if isinstance(item, Heartbeat):
                 yield HEARTBEAT_FRAME
             elif isinstance(item, Gap):

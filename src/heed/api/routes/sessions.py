@@ -28,7 +28,7 @@ from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
 from heed.errors import HeedError
 from heed.runs.journal import Heartbeat
 from heed.runs.manager import RunConflict
-from heed.runtime import current_context
+from heed.runtime import current_context, current_token
 from heed.sessions.service import SessionService, stream_url
 from heed.sessions.wiring import RunServices
 
@@ -134,9 +134,10 @@ async def session_events(session_id: str, request: Request) -> Any:
     service = _sessions(request)
     await service.get(session_id, _tenant())
     heartbeat = _services(request).settings.stream_heartbeat_seconds
+    token = current_token()
 
     async def frames() -> AsyncIterator[str]:
-        async for item in service.follow_channel(session_id, heartbeat=heartbeat):
+        async for item in service.follow_channel(session_id, heartbeat=heartbeat, token=token):
             if isinstance(item, Heartbeat):
                 yield HEARTBEAT_FRAME
             else:

@@ -1,0 +1,139 @@
+"""Stream fan-out: many concurrent subscribers to live runs on one server.
+
+Starts ``heed serve`` (scripted echo provider, ``--token-delay`` s per token),
+creates ``--runs`` sessions each with a turn of ``--tokens`` words queued
+behind a gate turn, attaches ``--subscribers`` SSE clients spread evenly over
+the queued runs, then cancels the gates so every measured turn starts with all
+its subscribers listening. Every token event carries the server's wall-clock
+``ts`` taken when it was appended to the journal; delivery latency is the
+client's receive time minus that ``ts`` (same machine, same clock), so it
+includes the durable write, the fan-out and the socket.
+
+Prints p50 / p99 / max delivery latency of token events (target p99 <= 100 ms)
+and checks every subscriber received every event exactly once, in order.
+Writes ``benchmarks/results/stream_fanout.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from urllib.parse import urlparse
+
+import httpx
+
+from _heed_server import heed_server, percentile, raw_sse, scripted_env, write_result
+
+
+async def subscriber(
+    host: str, port: int, run_id: str, latencies: list[float], ready: asyncio.Event
+) -> list[int]:
+    seqs: list[int] = []
+    attached: float | None = None
+    async for event_id, event, data in raw_sse(host, port, f"/v1/runs/{run_id}/stream"):
+        received = time.time()
+        if attached is None:
+            attached = received  # the stream's first frame: from here on events are live
+            ready.set()
+        if event_id is None:
+            continue
+        seqs.append(int(event_id))
+        if event == "token":
+            ts = json.loads(data)["ts"]
+            if ts >= attached:  # replayed events (appended before we attached) do not count
+                latencies.append(received - ts)
+        if event in ("completed", "cancelled", "failed", "interrupted"):
+            break
+    return seqs
+
+
+async def main_async(args: argparse.Namespace, base: str) -> dict[str, object]:
+    url = urlparse(base)
+    host, port = url.hostname or "127.0.0.1", int(url.port or 80)
+    words = " ".join(f"t{i}" for i in range(args.tokens))
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        sessions = []
+        for i in range(args.runs):
+            r = await client.post("/v1/sessions", json={"title": f"fanout {i}"})
+            sessions.append(r.json()["id"])
+        # Each session first runs a long "gate" turn; the measured turn is enqueued behind it
+        # (queued runs are attachable), every subscriber attaches, then the gates are
+        # cancelled: the measured turns start with all 500 subscribers already listening.
+        latencies: list[float] = []
+        gates = [
+            (
+                await client.post(f"/v1/sessions/{sid}/turns", json={"content": "gate " * 5000})
+            ).json()["run_id"]
+            for sid in sessions
+        ]
+        run_ids = [
+            (
+                await client.post(
+                    f"/v1/sessions/{sid}/turns",
+                    json={"content": words, "multitask_strategy": "enqueue"},
+                )
+            ).json()["run_id"]
+            for sid in sessions
+        ]
+        attached = [asyncio.Event() for _ in range(args.subscribers)]
+        tasks = [
+            asyncio.create_task(
+                subscriber(host, port, run_ids[i % args.runs], latencies, attached[i])
+            )
+            for i in range(args.subscribers)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in attached)), 60)
+        subscribed_at = time.time()
+        await asyncio.gather(*(client.post(f"/v1/runs/{g}/cancel") for g in gates))
+        results = await asyncio.gather(*tasks)
+        elapsed = time.time() - subscribed_at
+        runs = [(await client.get(f"/v1/runs/{rid}")).json() for rid in run_ids]
+    complete = all(seqs == list(range(1, len(seqs) + 1)) for seqs in results)
+    expected = {r["id"]: r["last_seq"] for r in runs}
+    full = all(len(seqs) == expected[run_ids[i % args.runs]] for i, seqs in enumerate(results))
+    ms = [x * 1000 for x in latencies]
+    return {
+        "subscribers": args.subscribers,
+        "runs": args.runs,
+        "tokens_per_run": args.tokens,
+        "token_delay_s": args.token_delay,
+        "token_events_delivered": len(ms),
+        "deliveries_per_s": round(len(ms) / elapsed, 1),
+        "p50_ms": round(percentile(ms, 50), 2),
+        "p99_ms": round(percentile(ms, 99), 2),
+        "max_ms": round(max(ms), 2) if ms else None,
+        "every_subscriber_complete_in_order": complete and full,
+        "target_p99_ms": 100,
+        "target_met": bool(ms) and percentile(ms, 99) <= 100 and complete and full,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--subscribers", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--token-delay", type=float, default=0.05)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory() as data_dir,
+        heed_server(
+            data_dir, **scripted_env(args.token_delay), HEED_TURN_CONCURRENCY=str(args.runs)
+        ) as base,
+    ):
+        result = asyncio.run(main_async(args, base))
+    print(
+        f"{result['subscribers']} subscribers on {result['runs']} live runs: "
+        f"{result['token_events_delivered']} token deliveries "
+        f"({result['deliveries_per_s']}/s); latency p50 {result['p50_ms']} ms, "
+        f"p99 {result['p99_ms']} ms, max {result['max_ms']} ms (target p99 <= 100 ms); "
+        f"complete and in order: {result['every_subscriber_complete_in_order']}"
+    )
+    print("wrote", write_result("stream_fanout", result))
+
+
+if __name__ == "__main__":
+    main()
