@@ -51,7 +51,7 @@ from heed.llm.base import (
     parse_tool_arguments,
 )
 from heed.llm.watch import CancelWatch
-from heed.runtime import reraise_cancellation, retry_async
+from heed.runtime import retry_async
 
 __all__ = ["OpenAIProvider", "message_to_openai", "tool_to_openai"]
 
@@ -373,7 +373,9 @@ class OpenAIProvider:
                 await response.aclose()
             await channel.put(_END)
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            reraise_cancellation(exc)
+            # Cancellation included (retry_async raises it when the token fires during a
+            # backoff): the consumer re-raises whatever arrives, so nothing is buried and
+            # the consumer never waits on a pump that has already died.
             await channel.put(exc)
 
     async def _open(self, payload: dict[str, Any]) -> httpx.Response:
