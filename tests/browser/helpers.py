@@ -87,8 +87,17 @@ def session_status(server: LiveServer, session_id: str) -> dict[str, Any]:
         return body
 
 
-def wait_for(predicate: Callable[[], Any], seconds: float = 15.0, interval: float = 0.05) -> Any:
-    """Poll *predicate* until it returns something truthy; fail after *seconds*."""
+def wait_for(
+    predicate: Callable[[], Any],
+    seconds: float = 15.0,
+    interval: float = 0.05,
+    page: Any = None,
+) -> Any:
+    """Poll *predicate* until it returns something truthy; fail after *seconds*.
+
+    Pass *page* when the predicate reads what Playwright reports through page events
+    (network events): the sync API delivers them only while it runs, so the wait pumps it.
+    """
     deadline = time.monotonic() + seconds
     while True:
         value = predicate()
@@ -96,7 +105,10 @@ def wait_for(predicate: Callable[[], Any], seconds: float = 15.0, interval: floa
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {seconds} s")
-        time.sleep(interval)
+        if page is not None:
+            page.wait_for_timeout(int(interval * 1000))
+        else:
+            time.sleep(interval)
 
 
 def is_event_stream(url: str) -> bool:
@@ -176,8 +188,10 @@ def set_hidden(page: Any, hidden: bool) -> None:
     page.evaluate(
         """(hidden) => {
             const state = hidden ? 'hidden' : 'visible';
-            Object.defineProperty(document, 'visibilityState', { value: state, configurable: true });
-            Object.defineProperty(document, 'hidden', { value: hidden, configurable: true });
+            const define = (name, value) =>
+                Object.defineProperty(document, name, { value, configurable: true });
+            define('visibilityState', state);
+            define('hidden', hidden);
             document.dispatchEvent(new Event('visibilitychange'));
         }""",
         hidden,
