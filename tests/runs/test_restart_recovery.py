@@ -8,15 +8,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
+from heed.settings import Settings
 from tests.support import free_port
 
-from .http_support import new_session, run_phase, wait_for
+from .http_support import (
+    SLOW_SCRIPT,
+    new_session,
+    run_phase,
+    run_server,
+    run_settings,
+    wait_for,
+)
 
 
 @contextmanager
@@ -102,3 +110,22 @@ def test_sigkill_mid_turn_then_restart(tmp_path: Path) -> None:
         ok = client.post(f"/v1/sessions/{sid}/turns", json={"content": "hello again"})
         assert ok.status_code == 202
         time.sleep(0.1)
+
+
+def test_graceful_shutdown_mid_turn_interrupts_and_keeps_partial_output(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = run_settings(make_settings, llm_script=SLOW_SCRIPT)
+    words = " ".join(f"v{i}" for i in range(200))
+    with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
+        sid = new_session(client)
+        run_id = client.post(f"/v1/sessions/{sid}/turns", json={"content": words}).json()["run_id"]
+        wait_for(lambda: client.get(f"/v1/runs/{run_id}").json()["last_seq"] >= 6)
+    with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
+        run = client.get(f"/v1/runs/{run_id}").json()
+        assert run["phase"] == "interrupted"
+        messages = client.get(f"/v1/sessions/{sid}").json()["messages"]
+        partial = [m for m in messages if m["run_id"] == run_id and m["role"] == "assistant"]
+        assert len(partial) == 1 and partial[0]["status"] == "interrupted"
+        assert partial[0]["content"] and words.startswith(partial[0]["content"])
+        assert client.get(f"/v1/sessions/{sid}/status").json()["busy"] is False

@@ -583,7 +583,10 @@ class RunManager:
             )
             if t is not None:
                 self.journal.publish([t.event])
-                await self.after_interrupted(t.run)
+                await self._notify(t.run, "finished")
+            # The worker unwinds on its own (a turn keeps its partial output, marked
+            # interrupted: the token's reason is SHUTDOWN); on_interrupted is for workers
+            # that died without unwinding (restart recovery, lost leases).
             worker.token.cancel(SHUTDOWN)
         tasks = [w.task for w in self.workers.values() if w.task is not None]
         if tasks:

@@ -106,8 +106,8 @@ class SessionService:
         runs = await self.io.call(
             self.manager.store.list_runs, session_id=session_id, non_terminal=True
         )
-        for run in runs:
-            await self.manager.cancel(run.id, "session deleted")
+        for run in runs:  # let workers unwind (bounded) before their session disappears
+            await self.manager.cancel(run.id, "session deleted", wait=True, wait_timeout=5.0)
         await self.io.call(self.store.delete, session_id)
         await self.publish(session_id, "session_deleted", {"session_id": session_id})
 

@@ -9,10 +9,10 @@ message (with its tool calls) and tool result as it happens, and the final
 assistant message at the end.
 
 On cancel the partial assistant output is kept in the transcript with status
-``cancelled`` and :class:`~heed.runtime.OperationCancelled` propagates. A turn
-whose process died is finished by restart recovery, which rebuilds the partial
-output from the journal and stores it with status ``interrupted``
-(:meth:`TurnRunner.on_interrupted`).
+``cancelled`` (``interrupted`` when the server is shutting down) and
+:class:`~heed.runtime.OperationCancelled` propagates. A turn whose process died
+is finished by restart recovery, which rebuilds the partial output from the
+journal and stores it with status ``interrupted`` (:meth:`TurnRunner.on_interrupted`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any, Final
 from heed.llm.base import ChatMessage, ChatProvider, TextDelta, ToolCall, ToolCallEvent
 from heed.runs.io import BlockingIO
 from heed.runs.kinds import RunContext
+from heed.runs.manager import SHUTDOWN
 from heed.runs.model import Run, Source
 from heed.runs.store import RunStore
 from heed.runtime import OperationCancelled
@@ -182,7 +183,8 @@ class TurnRunner:
             await rc.emit("message", {"text": note, "message_id": final.id})
             return {"text": note, "message_id": final.id}
         except OperationCancelled:
-            await self._store(run, "assistant", "".join(parts), status="cancelled")
+            status = "interrupted" if rc.token.reason == SHUTDOWN else "cancelled"
+            await self._store(run, "assistant", "".join(parts), status=status)
             raise
 
     async def on_interrupted(self, run: Run) -> None:
