@@ -45,6 +45,9 @@ __all__ = ["BUDGET_SIZES", "RecallDeps", "StageHook", "Tracer", "run_recall"]
 T = TypeVar("T")
 StageHook = Callable[[str], None]
 
+#: How many of each arm's units ``trace: true`` lists.
+TRACE_ARM_TOP = 20
+
 #: (candidates per arm, candidates reranked) per budget.
 BUDGET_SIZES = {"low": (40, 30), "mid": (100, 60), "high": (300, 150)}
 
@@ -178,6 +181,18 @@ def _temporal_arm(
     start, end = analysis.window
     rows = deps.store.units_in_window(bank.ref, start.isoformat(), end.isoformat(), k)
     return [(seq, 1.0) for seq, _ in rows]
+
+
+def _arm_ids(
+    deps: RecallDeps, bank: Bank, arms: dict[str, list[tuple[int, float]]], top: int
+) -> dict[str, list[str]]:
+    """Public ids of each arm's top units, in arm order (for ``trace: true``)."""
+    _hook(deps, "retrieval")
+    seqs = list(dict.fromkeys(seq for hits in arms.values() for seq, _ in hits[:top]))
+    units = deps.store.fetch_units(bank.ref, seqs)
+    return {
+        arm: [units[seq].id for seq, _ in hits[:top] if seq in units] for arm, hits in arms.items()
+    }
 
 
 def _tags_ok(unit: StoredUnit, q: RecallQuery) -> bool:
@@ -420,6 +435,9 @@ async def run_recall(deps: RecallDeps, bank: Bank, q: RecallQuery) -> RecallOutc
         results = await _gather_all(*arm_calls.values())
         arms = dict(zip(arm_calls, results, strict=True))
         tracer.record("retrieval", start, arms={name: len(hits) for name, hits in arms.items()})
+
+        if q.trace:
+            tracer.extra["arms"] = await run_in_thread(_arm_ids, deps, bank, arms, TRACE_ARM_TOP)
 
         raise_if_cancelled()
         start = time.perf_counter()
