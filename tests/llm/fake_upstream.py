@@ -86,6 +86,15 @@ class Record:
     def chunks_sent(self) -> int:
         return len(self.sent_at)
 
+    def wait_disconnected(self, timeout: float) -> bool:
+        """Block until the client closed the connection; False after *timeout* s."""
+        deadline = time.monotonic() + timeout
+        while self.disconnected_at is None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
 
 class FakeUpstream:
     """The ASGI app plus its plan and records (thread-safe enough for tests)."""

@@ -83,6 +83,36 @@ async def test_cancel_stops_between_tokens(provider: LocalProvider) -> None:
     assert provider.last_stop_at - cancelled_at < 0.25
     assert all(t <= cancelled_at for t in received), "tokens were handed out after the cancel"
     assert len(received) < 100
+    await assert_still_answers(provider)
+
+
+async def assert_still_answers(provider: LocalProvider) -> None:
+    """An aborted decode drops llama.cpp's KV cache; the next request must not reuse it."""
+    result = await complete(
+        provider,
+        [ChatMessage.user("What is the capital of France? Answer in one sentence.")],
+        max_tokens=40,
+    )
+    assert "Paris" in result.text
+
+
+async def test_cancel_during_a_long_prompt(provider: LocalProvider) -> None:
+    await provider.load()
+    long_prompt = " ".join(f"Fact {i}: the sky was clear on day {i}." for i in range(60))
+    ctx = RequestContext()
+    asyncio.get_running_loop().call_later(0.15, ctx.token.cancel, "client disconnected")
+    with use_context(ctx), pytest.raises(OperationCancelled):
+        await complete(provider, [ChatMessage.user(long_prompt + " Summarise.")], max_tokens=50)
+    assert ctx.token.cancelled_at is not None
+    assert provider.last_stop_at is not None
+    assert provider.last_stop_at - ctx.token.cancelled_at < 0.25
+    await assert_still_answers(provider)
+
+
+def test_the_decode_abort_hook_is_installed(provider: LocalProvider) -> None:
+    from heed.llm.local import _load
+
+    assert _load(provider.model_path, provider.threads).abort is not None
 
 
 async def test_cancel_before_start_never_generates(provider: LocalProvider) -> None:
