@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -88,3 +92,47 @@ def new_session(client: httpx.Client, **body: Any) -> str:
 
 def run_phase(client: httpx.Client, run_id: str) -> str:
     return str(client.get(f"/v1/runs/{run_id}").json()["phase"])
+
+
+@contextmanager
+def server_process(
+    data_dir: Path, port: int, **extra_env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``heed serve`` as a real child process (scripted provider, 50 ms per word)."""
+    env = {
+        **os.environ,
+        "HEED_DATA_DIR": str(data_dir),
+        "HEED_LLM_PROVIDER": "scripted",
+        "HEED_LLM_SCRIPT": json.dumps({"token_delay": 0.05, "replies": []}),
+        "HEED_RUN_REAPER_INTERVAL": "0.2",
+        "HEED_STREAM_HEARTBEAT_SECONDS": "0.5",
+        "HEED_STREAM_POLL_SECONDS": "0.2",
+        **extra_env,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heed.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+
+            def up() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(proc.stderr.read().decode() if proc.stderr else "died")
+                try:
+                    return client.get("/health").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_for(up, seconds=30, interval=0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

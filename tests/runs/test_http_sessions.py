@@ -13,6 +13,7 @@ import httpx
 
 from heed.llm.base import ChatMessage, StreamEvent, TextDelta, ToolSpec
 from heed.settings import Settings
+from tests.support import metric_value
 
 from .http_support import (
     SLOW_SCRIPT,
@@ -78,11 +79,6 @@ async def test_idle_session_with_wedged_cancelling_run_never_loops(
         cancelled = client.post(f"/v1/runs/{run_id}/cancel").json()
         assert cancelled["phase"] == "cancelling"
 
-        status = client.get(f"/v1/sessions/{sid}/status").json()
-        assert status["busy"] is True and status["busy_run_id"] == run_id
-        assert status["active_run_id"] is None
-        assert turn(client, sid, "again").status_code == 409
-
         attaches = 0
         subscriptions = 0
         deadline = time.monotonic() + 5.0
@@ -108,6 +104,15 @@ async def test_idle_session_with_wedged_cancelling_run_never_loops(
                             break
         assert attaches <= 1, f"attached {attaches} times in {subscriptions} subscriptions"
         assert attaches == 0
+        # lifecycle-busy, yet nothing to attach to
+        status = client.get(f"/v1/sessions/{sid}/status").json()
+        assert status["busy"] is True and status["busy_run_id"] == run_id
+        assert status["active_run_id"] is None
+        r = turn(client, sid, "again")
+        assert r.status_code == 409 and r.json()["busy_run_id"] == run_id
+        # ?wait=true is bounded: a wedged worker is still unwinding
+        waited = client.post(f"/v1/runs/{run_id}/cancel?wait=true&timeout=0.3").json()
+        assert waited["phase"] == "cancelling"
         wedged.release.set()
         wait_for(lambda: run_phase(client, run_id) == "cancelled")
         status = client.get(f"/v1/sessions/{sid}/status").json()
@@ -115,6 +120,28 @@ async def test_idle_session_with_wedged_cancelling_run_never_loops(
         messages = client.get(f"/v1/sessions/{sid}").json()["messages"]
         assert messages[-1]["role"] == "assistant" and messages[-1]["status"] == "cancelled"
         assert messages[-1]["content"].startswith("partial")
+
+
+async def test_wedged_worker_is_never_reclaimed_by_age_and_shows_in_metrics(
+    make_settings: Callable[..., Settings],
+) -> None:
+    wedged = WedgedProvider()
+    settings = run_settings(make_settings, run_unwind_window=0.3)
+    with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
+        server.app.state.services.runs._provider = wedged
+        sid = new_session(client)
+        run_id = turn(client, sid, "hello").json()["run_id"]
+        wait_for(wedged.entered.is_set)
+        client.post(f"/v1/runs/{run_id}/cancel")
+        time.sleep(1.5)  # far past the unwind window, several reaper passes
+        assert run_phase(client, run_id) == "cancelling"
+        assert client.get(f"/v1/sessions/{sid}/status").json()["busy"] is True
+        metrics = client.get("/metrics").text
+        assert metric_value(metrics, "heed_runs_wedged") == 1.0
+        wedged.release.set()
+        wait_for(lambda: run_phase(client, run_id) == "cancelled")
+        wait_for(lambda: metric_value(client.get("/metrics").text, "heed_runs_wedged") == 0.0)
+        assert client.get(f"/v1/sessions/{sid}/status").json()["busy"] is False
 
 
 async def test_running_turn_is_replayed_on_subscribe_and_attachable(

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,47 +19,9 @@ from .http_support import (
     run_phase,
     run_server,
     run_settings,
+    server_process,
     wait_for,
 )
-
-
-@contextmanager
-def server_process(data_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    env = {
-        **os.environ,
-        "HEED_DATA_DIR": str(data_dir),
-        "HEED_LLM_PROVIDER": "scripted",
-        "HEED_LLM_SCRIPT": json.dumps({"token_delay": 0.05, "replies": []}),
-        "HEED_RUN_REAPER_INTERVAL": "0.2",
-        "HEED_STREAM_HEARTBEAT_SECONDS": "0.5",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "heed.cli", "serve", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
-
-            def up() -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(proc.stderr.read().decode() if proc.stderr else "died")
-                try:
-                    return client.get("/health").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_for(up, seconds=30, interval=0.05)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def test_sigkill_mid_turn_then_restart(tmp_path: Path) -> None:
@@ -84,12 +42,8 @@ def test_sigkill_mid_turn_then_restart(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
-    with (
-        server_process(data, free_port()) as proc2,
-        httpx.Client(
-            base_url=f"http://127.0.0.1:{proc2.args[-3]}"  # type: ignore[index]
-        ) as client,
-    ):
+    port2 = free_port()
+    with server_process(data, port2), httpx.Client(base_url=f"http://127.0.0.1:{port2}") as client:
         run = client.get(f"/v1/runs/{run_id}").json()
         assert run["phase"] == "interrupted"
         assert run["finished_at"] is not None
