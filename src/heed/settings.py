@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     llm_script: str | None = Field(
         default=None, description="Scripted provider's script: JSON text or a .json file path."
     )
-    llm_threads: int = Field(default=0, ge=0, description="Local model threads; 0: all cores.")
+    llm_threads: int = Field(default=0, ge=0, description="Local model threads; 0: half the cores.")
     reflect_llm_provider: str | None = None
     reflect_llm_model: str | None = None
     reflect_llm_base_url: str | None = None
