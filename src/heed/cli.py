@@ -71,5 +71,11 @@ def version() -> None:
     click.echo(__version__)
 
 
+from heed.cli_memory import import_locomo, recall, retain  # noqa: E402
+
+for _memory_command in (retain, recall, import_locomo):
+    main.add_command(_memory_command)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
