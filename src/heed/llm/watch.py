@@ -70,16 +70,16 @@ class CancelWatch:
         run before this raises. If the awaiting task itself is cancelled, *aw* is
         cancelled too.
         """
-        self.check()
-        task = asyncio.ensure_future(aw)
-        waiters: set[asyncio.Future[object]] = {task, self.cancelled}  # type: ignore[arg-type]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()
-            raise
-        if task.done():
-            return task.result()
+        task = asyncio.ensure_future(aw)  # wrapped first, so *aw* is never left un-awaited
+        if not self.is_cancelled:
+            waiters: set[asyncio.Future[object]] = {task, self.cancelled}  # type: ignore[arg-type]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                task.cancel()
+                raise
+            if task.done():
+                return task.result()
         task.cancel()
         await asyncio.wait({task})
         self._raise()
