@@ -10,7 +10,10 @@ from pathlib import Path
 
 import httpx
 
+from heed.sessions.store import Wakeup
 from heed.settings import Settings
+from heed.storage import Database
+from heed.storage.session_store import SqliteSessionStore
 from tests.support import free_port
 
 from .http_support import (
@@ -83,3 +86,23 @@ def test_graceful_shutdown_mid_turn_interrupts_and_keeps_partial_output(
         assert len(partial) == 1 and partial[0]["status"] == "interrupted"
         assert partial[0]["content"] and words.startswith(partial[0]["content"])
         assert client.get(f"/v1/sessions/{sid}/status").json()["busy"] is False
+
+
+def test_pending_wakeups_are_delivered_on_start(make_settings: Callable[..., Settings]) -> None:
+    settings = run_settings(make_settings)
+    with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
+        sid = new_session(client)
+    # A task finished just before the previous process died: its wakeup is pending.
+    store = SqliteSessionStore(Database(settings.database_path()))
+    store.add_wakeup(Wakeup("wk_restart", sid, "run_task_gone", {"phase": "completed"}, 0.0))
+    store.db.close()
+    with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
+        runs = server.app.state.services.runs.run_store
+
+        def wakeup_turns() -> list[object]:
+            return [r for r in runs.list_runs(session_id=sid) if r.source == "wakeup"]
+
+        wait_for(lambda: len(wakeup_turns()) == 1)
+        wait_for(lambda: client.get(f"/v1/sessions/{sid}/status").json()["busy"] is False)
+        assert client.get(f"/v1/sessions/{sid}/status").json()["pending_wakeups"] == 0
+        assert len(wakeup_turns()) == 1
