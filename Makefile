@@ -44,6 +44,9 @@ test: lint typecheck pytest mutation  ## everything CI runs
 
 bench: $(STAMP)  ## run the benchmarks (figures go to benchmarks/results/)
 	$(BIN)/python benchmarks/cancel_latency.py
+	$(BIN)/python benchmarks/stream_fanout.py
+	$(BIN)/python benchmarks/reconnect_chaos.py
+	$(BIN)/python benchmarks/replay_finished_run.py
 
 clean:  ## remove the virtualenv
 	rm -rf $(VENV)
