@@ -276,8 +276,11 @@ class RunManager:
         await self._notify(admitted, "queued")
         if exclusive and strategy == "interrupt":
             assert session_id is not None
+            mine = (admitted.created_at, admitted.id)
             for sibling in await self.session_runs(session_id):
-                if sibling.id != admitted.id and sibling.phase in (Phase.QUEUED, Phase.RUNNING):
+                # Only runs admitted before this one: of racing interrupts, the last one wins.
+                older = (sibling.created_at, sibling.id) < mine
+                if older and sibling.phase in (Phase.QUEUED, Phase.RUNNING):
                     await self.cancel(sibling.id, "interrupted by a new turn")
         if exclusive:
             assert session_id is not None
@@ -326,15 +329,21 @@ class RunManager:
     async def dispatch(self, session_id: str) -> None:
         """Start the session's oldest queued exclusive run if nothing busy is ahead of it;
         when the session is idle (nothing busy, nothing queued), run the idle hooks."""
+        # The lock only avoids redundant claims in this process; correctness comes from
+        # the claim transaction. It is dropped when free so the map does not grow.
         lock = self._session_locks.setdefault(session_id, asyncio.Lock())
-        async with lock:
-            runs = await self.session_runs(session_id)
-            queued = [r for r in runs if r.phase == Phase.QUEUED]
-            if queued:
-                await self._claim_and_start(queued[0])
-                return
-            if self.is_busy(runs) is not None:
-                return
+        try:
+            async with lock:
+                runs = await self.session_runs(session_id)
+                queued = [r for r in runs if r.phase == Phase.QUEUED]
+                if queued:
+                    await self._claim_and_start(queued[0])
+                    return
+                if self.is_busy(runs) is not None:
+                    return
+        finally:
+            if not lock.locked() and self._session_locks.get(session_id) is lock:
+                del self._session_locks[session_id]
         if not self._closing:
             for hook in self._idle_hooks:
                 try:
