@@ -112,7 +112,10 @@ class OnnxMiniLM:
         self._input_names = {i.name for i in self._session.get_inputs()}
 
     def _encode_batch(self, texts: Sequence[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(list(texts))
+        if len(texts) == 1:  # one query: skip the tokenizer's thread pool
+            encodings = [self._tokenizer.encode(texts[0])]
+        else:
+            encodings = self._tokenizer.encode_batch(list(texts))
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}

@@ -313,7 +313,7 @@ class MemoryEngine:
         self.validate_items(items)
         plans = plan_documents(items, document_tags or [])
         async with self.track(bank), self.retain_lane.slot():
-            documents = await run_in_thread(prepare_documents, plans, self.embedder)
+            documents = await run_in_thread(prepare_documents, plans, self.embedder, self.tokens)
             units = 0
             for done, document in enumerate(documents, start=1):
                 raise_if_cancelled()

@@ -119,6 +119,7 @@ class PreparedUnit:
     tags: list[str]
     entities: list[EntityRef]
     embedding: Any = None  # np.ndarray (dim,), float32, unit length
+    token_count: int | None = None
 
 
 @dataclass(slots=True)
@@ -162,6 +163,7 @@ class StoredUnit:
     entities: list[str]
     created_at: str
     updated_at: str | None = None
+    token_count: int | None = None
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from heed.memory.dates import find_dates
-from heed.memory.embeddings import Embedder
+from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import extract_entities
 from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
 from heed.memory.units import index_text, split_units
@@ -95,8 +95,10 @@ def _units_of(
     return units
 
 
-def prepare_documents(plans: list[DocumentPlan], embedder: Embedder) -> list[PreparedDocument]:
-    """Split, extract and embed every document of *plans*. Blocking; checks the token."""
+def prepare_documents(
+    plans: list[DocumentPlan], embedder: Embedder, tokens: TokenCounter | None = None
+) -> list[PreparedDocument]:
+    """Split, extract, count and embed every document of *plans*. Blocking; checks the token."""
     now = datetime.now(UTC)
     documents: list[PreparedDocument] = []
     for plan in plans:
@@ -122,4 +124,9 @@ def prepare_documents(plans: list[DocumentPlan], embedder: Embedder) -> list[Pre
     vectors = embedder.embed([u.text for u in all_units])
     for unit, vector in zip(all_units, vectors, strict=True):
         unit.embedding = vector
+    if tokens is not None:
+        raise_if_cancelled()
+        counts = tokens.count_many([u.text for u in all_units])
+        for unit, count in zip(all_units, counts, strict=True):
+            unit.token_count = count
     return documents

@@ -120,6 +120,13 @@ MEMORY_MIGRATIONS = [
         CREATE VIRTUAL TABLE memory_fts USING fts5 (bank, body, tokenize = 'porter unicode61');
         """,
     ),
+    Migration(
+        "memory",
+        2,
+        """
+        ALTER TABLE memory_units ADD COLUMN token_count INTEGER;
+        """,
+    ),
 ]
 
 
@@ -418,8 +425,8 @@ class SqliteMemoryStore:
         cursor = conn.execute(
             "INSERT INTO memory_units (id, bank_ref, document_id, chunk_id, text, fact_type,"
             " context,"
-            " occurred_start, occurred_end, mentioned_at, metadata, tags, embedding, created_at)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " occurred_start, occurred_end, mentioned_at, metadata, tags, embedding, created_at,"
+            " token_count) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 unit.id,
                 bank_ref,
@@ -435,6 +442,7 @@ class SqliteMemoryStore:
                 json.dumps(unit.tags),
                 embedding,
                 now,
+                unit.token_count,
             ),
         )
         seq = cursor.lastrowid
@@ -572,7 +580,7 @@ class SqliteMemoryStore:
     ) -> list[StoredUnit]:
         rows = conn.execute(
             "SELECT seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
-            " occurred_end, mentioned_at, metadata, tags, created_at, updated_at"
+            " occurred_end, mentioned_at, metadata, tags, created_at, updated_at, token_count"
             f" FROM memory_units WHERE {where}",
             tuple(params),
         ).fetchall()
@@ -593,6 +601,7 @@ class SqliteMemoryStore:
                 entities=[],
                 created_at=r["created_at"],
                 updated_at=r["updated_at"],
+                token_count=r["token_count"],
             )
             for r in rows
         ]

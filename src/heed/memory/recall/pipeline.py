@@ -392,8 +392,13 @@ def _truncate(deps: RecallDeps, text: str, max_tokens: int) -> str:
 
 
 def _budget(deps: RecallDeps, hits: list[RecallHit], max_tokens: int) -> list[RecallHit]:
-    """Keep hits in order while their texts fit in *max_tokens* (counted locally)."""
-    counts = deps.tokens.count_many([h.unit.text for h in hits])
+    """Keep hits in order while their texts fit in *max_tokens* (counted locally).
+
+    Counts stored at retain are used; a unit without one is counted now.
+    """
+    missing = [h.unit.text for h in hits if h.unit.token_count is None]
+    fresh = iter(deps.tokens.count_many(missing))
+    counts = [h.unit.token_count if h.unit.token_count is not None else next(fresh) for h in hits]
     kept: list[RecallHit] = []
     used = 0
     for hit, n in zip(hits, counts, strict=True):
