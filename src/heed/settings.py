@@ -58,6 +58,11 @@ class Settings(BaseSettings):
         default=1.0, gt=0, description="Tailing readers re-check the journal this often."
     )
     turn_max_steps: int = Field(default=6, ge=1, description="Model calls per turn (tool loops).")
+    run_journal_retention_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="Finished runs' journals keep only their terminal event after this; 0: keep.",
+    )
     switch_interval_ms: float = Field(
         default=1.0,
         gt=0,

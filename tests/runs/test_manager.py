@@ -246,3 +246,28 @@ async def test_racing_interrupts_leave_exactly_the_last_one_running(manager: Run
     await wait_phase(manager, last.id, "completed")
     assert (await manager.get(other.id)).phase == "cancelled"
     assert (await manager.get(busy.id)).phase == "cancelled"
+
+
+async def test_retention_keeps_only_the_terminal_event_and_readers_get_a_gap(
+    tmp_path: Path,
+) -> None:
+    from heed.runs.journal import Gap
+
+    manager = build_manager(tmp_path / "heed.db", journal_retention=0.3)
+    try:
+        run = await manager.submit("task", tenant="t", payload={"n": 5})
+        assert run is not None
+        await wait_phase(manager, run.id, "completed")
+        await asyncio.sleep(0.4)
+        fresh = await manager.submit("task", tenant="t", payload={"n": 2})
+        assert fresh is not None
+        await wait_phase(manager, fresh.id, "completed")
+        await reap_once(manager)
+        kept = manager.store.events_after(run.id, 0)
+        assert [e.type for e in kept] == ["completed"]
+        assert len(manager.store.events_after(fresh.id, 0)) == 4  # too young to trim
+        items = [item async for item in manager.journal.follow(run.id, 0)]
+        assert isinstance(items[0], Gap) and items[0].first_retained == kept[0].seq
+        assert [e.type for e in items[1]] == ["completed"]
+    finally:
+        await manager.close()

@@ -130,6 +130,7 @@ class RunManager:
         lease_seconds: float = 15.0,
         reaper_interval: float = 2.0,
         poll_interval: float = 1.0,
+        journal_retention: float = 0.0,
         io: BlockingIO | None = None,
     ) -> None:
         self.store = store
@@ -138,6 +139,8 @@ class RunManager:
         self.unwind_window = unwind_window
         self.lease_seconds = lease_seconds
         self.reaper_interval = reaper_interval
+        #: Seconds after which a finished run's journal keeps only its terminal event (0: keep).
+        self.journal_retention = journal_retention
         self.io = io or BlockingIO()
         self.journal = Journal(store, broker, self.io, poll_interval=poll_interval)
         self.worker_id = make_worker_id()

@@ -19,6 +19,9 @@ is a guarded transition, so at most one reclaimer wins each row):
 3. **Count** wedged runs (:func:`~heed.runs.state.is_wedged`) for the
    ``heed_runs_wedged`` gauge.
 4. **Dispatch** queued runs and idle sessions (covers other processes' exits).
+5. **Retention** (only with ``manager.journal_retention`` seconds > 0): journals of
+   runs finished longer ago than that keep only their terminal event; a reader
+   resuming before it gets an explicit ``gap`` and reloads the transcript.
 """
 
 from __future__ import annotations
@@ -108,6 +111,14 @@ async def reclaim(manager: RunManager, run: Run, now: float) -> Run | None:
     return None
 
 
+async def trim_finished(manager: RunManager, cutoff: float) -> int:
+    """Trim the journals of runs finished before *cutoff* to their terminal event."""
+    trimmed = 0
+    for run in await manager.io.call(manager.store.finished_before, cutoff):
+        trimmed += await manager.io.call(manager.store.trim_journal, run.id, run.last_seq)
+    return trimmed
+
+
 async def reap_once(manager: RunManager) -> list[Run]:
     """One pass; returns the runs it finalized."""
     await renew_leases(manager)
@@ -125,6 +136,8 @@ async def reap_once(manager: RunManager) -> list[Run]:
         if run.session_id is not None:
             sessions.add(run.session_id)
     manager.wedged = wedged
+    if manager.journal_retention > 0:
+        await trim_finished(manager, time.time() - manager.journal_retention)
     await manager.start_queued()
     for session_id in sessions:
         await manager.dispatch(session_id)

@@ -146,3 +146,8 @@ class RunStore(Protocol):
         """Retention: delete events with ``seq < keep_from_seq``; returns how many.
         Readers whose cursor falls before the retained range get an explicit gap."""
         ...
+
+    def finished_before(self, cutoff: float, limit: int = 1000) -> list[Run]:
+        """Terminal runs finished before *cutoff* that still retain more than their last
+        event (retention candidates), oldest first."""
+        ...

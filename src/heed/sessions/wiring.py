@@ -55,6 +55,7 @@ class RunServices:
             lease_seconds=settings.run_lease_seconds,
             reaper_interval=settings.run_reaper_interval,
             poll_interval=settings.stream_poll_seconds,
+            journal_retention=settings.run_journal_retention_seconds,
         )
         self.sessions = SessionService(self.session_store, self.manager)
         self.reaper = Reaper(self.manager)

@@ -401,6 +401,15 @@ class SqliteRunStore:
             ).fetchall()
         return [_row_to_event(row) for row in rows]
 
+    def finished_before(self, cutoff: float, limit: int = 1000) -> list[Run]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM runs WHERE phase IN ({_TERMINAL_SQL})"
+                " AND finished_at < ? AND first_seq < last_seq ORDER BY finished_at LIMIT ?",
+                (cutoff, limit),
+            ).fetchall()
+        return [_row_to_run(row) for row in rows]
+
     def trim_journal(self, run_id: str, keep_from_seq: int) -> int:
         with self.db.write() as conn:
             deleted = conn.execute(
