@@ -39,6 +39,7 @@ import ctypes
 import ctypes.util
 import importlib.util
 import json
+import logging
 import os
 import threading
 import time
@@ -216,6 +217,9 @@ def _load(path: Path, threads: int) -> _LoadedModel:
             raise UpstreamUnavailable(
                 f"{NAME}: cannot load model {path}: {exc}", provider=NAME
             ) from exc
+        # llama.cpp logs each aborted decode at ERROR; a cancel is not an error, and real
+        # failures surface as exceptions. (Llama() resets this level, so set it after.)
+        logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
         loaded = _LoadedModel(
             llm=llm, lock=threading.Lock(), abort=_AbortFlag.install(llama_cpp, llm)
         )
