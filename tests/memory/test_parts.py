@@ -1,0 +1,112 @@
+"""Unit tests of the engine's parts: dates, entities, units, query terms, fusion, vectors."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import numpy as np
+import pytest
+
+from heed.memory.dates import find_dates, parse_timestamp
+from heed.memory.entities import canonical, extract_entities, query_entity_names
+from heed.memory.recall.fusion import reciprocal_rank_fusion
+from heed.memory.recall.query import analyze_query, keyword_terms
+from heed.memory.units import split_units
+from heed.memory.vectors import VectorIndex
+from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
+
+ANCHOR = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # a Monday
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "end"),
+    [
+        ("I went there yesterday", date(2023, 5, 7), date(2023, 5, 7)),
+        ("We met on 7 May, 2023.", date(2023, 5, 7), date(2023, 5, 7)),
+        ("back in May 2022", date(2022, 5, 1), date(2022, 5, 31)),
+        ("last week I painted", date(2023, 5, 1), date(2023, 5, 7)),
+        ("two weeks ago", date(2023, 4, 24), date(2023, 4, 30)),
+        ("next month", date(2023, 6, 1), date(2023, 6, 30)),
+        ("last Saturday was fun", date(2023, 5, 6), date(2023, 5, 6)),
+        ("on 2023-01-02", date(2023, 1, 2), date(2023, 1, 2)),
+        ("in 2022 we moved", date(2022, 1, 1), date(2022, 12, 31)),
+    ],
+)
+def test_dates_resolve_against_the_anchor(text: str, start: date, end: date) -> None:
+    (found,) = find_dates(text, ANCHOR)
+    assert (found.start.date(), found.end.date()) == (start, end)
+
+
+def test_relative_dates_need_an_anchor_and_verbs_are_not_dates() -> None:
+    assert find_dates("yesterday", None) == []
+    assert find_dates("you may 5 go", ANCHOR) == []
+
+
+def test_parse_timestamp() -> None:
+    assert parse_timestamp("2024-01-15T10:30:00Z") == datetime(2024, 1, 15, 10, 30, tzinfo=UTC)
+    assert parse_timestamp("2024-01-15").tzinfo is not None
+    with pytest.raises(ValueError, match="invalid timestamp"):
+        parse_timestamp("the day after")
+
+
+def test_entities_without_an_llm() -> None:
+    names = [e.name for e in extract_entities(
+        "Hey Mel! Melanie and I visited New York City last week.", speaker="Caroline"
+    )]  # fmt: skip
+    assert names == ["Caroline", "Mel", "Melanie", "New York City"]
+    assert query_entity_names("When did Caroline go to the LGBTQ support group?") == [
+        "caroline",
+        "lgbtq",
+    ]
+    assert canonical("  New   York ") == "new york"
+
+
+def test_units_per_turn_and_sentence_groups() -> None:
+    turns = split_units("Ann: Hi!\nBen: Hello there.")
+    assert [(u.speaker, u.text) for u in turns] == [
+        ("Ann", "Ann: Hi!"),
+        ("Ben", "Ben: Hello there."),
+    ]
+    groups = split_units("One sentence here. " * 100, max_chars=200)
+    assert len(groups) > 5 and all(len(g.text) <= 200 for g in groups)
+
+
+def test_query_terms_and_window() -> None:
+    assert keyword_terms("What did Melanie paint in the summer?") == ["melanie", "paint", "summer"]
+    analysis = analyze_query("What happened last month?", ANCHOR)
+    assert analysis.window is not None and analysis.window[0].date() == date(2023, 4, 1)
+
+
+def test_rrf_weights_and_order() -> None:
+    fused = reciprocal_rank_fusion(
+        {"a": [(1, 0.9), (2, 0.5)], "b": [(2, 3.0), (3, 1.0)]}, {"a": 1.0, "b": 1.0}
+    )
+    assert [seq for seq, _ in fused] == [2, 1, 3]
+    only_a = reciprocal_rank_fusion({"a": [(1, 0.9)], "b": [(3, 1.0)]}, {"a": 1.0, "b": 0.0})
+    assert [seq for seq, _ in only_a] == [1]
+
+
+def _unit(v: list[float]) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float32)
+    return a / np.linalg.norm(a)
+
+
+def test_vector_index_search_remove_compact_and_types() -> None:
+    index = VectorIndex(dim=3, capacity=2)
+    index.add([10, 11, 12], np.stack([_unit([1, 0, 0]), _unit([0, 1, 0]), _unit([1, 1, 0])]),
+              ["world", "experience", "world"])  # fmt: skip
+    hits = index.search(_unit([1, 0.1, 0]), 2)
+    assert [seq for seq, _ in hits] == [10, 12]
+    assert [seq for seq, _ in index.search(_unit([1, 0, 0]), 3, ["experience"])] == [11]
+    index.remove([10, 12])  # more than a quarter dead: compacts
+    assert len(index) == 1 and [s for s, _ in index.search(_unit([1, 0, 0]), 3)] == [11]
+    assert set(index.vectors_for([11, 99])) == {11}
+
+
+def test_vector_search_checks_the_token_between_blocks() -> None:
+    index = VectorIndex(dim=3)
+    index.add([1], _unit([1, 0, 0])[None, :], ["world"])
+    token = CancellationToken()
+    token.cancel("client disconnected")
+    with use_context(RequestContext(token=token)), pytest.raises(OperationCancelled):
+        index.search(_unit([1, 0, 0]), 1)
