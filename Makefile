@@ -47,6 +47,7 @@ bench: $(STAMP)  ## run the benchmarks (figures go to benchmarks/results/)
 	$(BIN)/python benchmarks/stream_fanout.py
 	$(BIN)/python benchmarks/reconnect_chaos.py
 	$(BIN)/python benchmarks/replay_finished_run.py
+	$(BIN)/python benchmarks/llm_cancel_latency.py
 
 clean:  ## remove the virtualenv
 	rm -rf $(VENV)
