@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
-from heed.api.memory_http import bank_fields, engine_of, profile_of
+from heed.api.memory_http import MemoryRoute, bank_fields, engine_of, profile_of
 from heed.api.wire import memory as wire
 from heed.memory.operations import RetainOperations, status_of
 
-router = APIRouter(prefix="/v1/default/banks", tags=["banks"])
+router = APIRouter(prefix="/v1/default/banks", tags=["banks"], route_class=MemoryRoute)
 
 
 @router.get("")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
-from heed.api.memory_http import engine_of
+from heed.api.memory_http import MemoryRoute, engine_of
 from heed.api.wire import memory as wire
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"])
+router = APIRouter(
+    prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"], route_class=MemoryRoute
+)
 
 
 @router.get("")

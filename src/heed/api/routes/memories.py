@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request
 
 from heed.api.errors import HeedError
 from heed.api.memory_http import (
+    MemoryRoute,
     engine_of,
     recall_query,
     recall_response,
@@ -22,7 +23,9 @@ from heed.memory.models import FACT_TYPES, InvalidInput
 from heed.memory.operations import RetainOperations
 from heed.memory.store import UnitFilter
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"])
+router = APIRouter(
+    prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=MemoryRoute
+)
 
 _TIME_FIELDS = ("created_at", "updated_at", "mentioned_at", "occurred_start", "occurred_end")
 

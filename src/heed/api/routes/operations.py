@@ -12,13 +12,15 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Query, Request
 
 from heed.api.errors import HeedError
-from heed.api.memory_http import engine_of
+from heed.api.memory_http import MemoryRoute, engine_of
 from heed.api.wire import memory as wire
 from heed.memory.models import InvalidInput
 from heed.memory.operations import RetainOperations, status_of
 from heed.runs.model import Run
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"])
+router = APIRouter(
+    prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"], route_class=MemoryRoute
+)
 
 _STATUSES = ("pending", "processing", "completed", "failed", "cancelled")
 
