@@ -62,7 +62,15 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
     sys.setswitchinterval(settings.switch_interval_ms / 1000)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        # Open SSE streams (run streams, session channels) never end on their own: without
+        # a bound, uvicorn would wait for them forever before shutting down.
+        timeout_graceful_shutdown=settings.shutdown_grace_seconds,
+    )
 
 
 @main.command()

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
         default=1.0, gt=0, description="Tailing readers re-check the journal this often."
     )
     turn_max_steps: int = Field(default=6, ge=1, description="Model calls per turn (tool loops).")
+    shutdown_grace_seconds: int = Field(
+        default=5,
+        ge=1,
+        description="On shutdown, requests still open after this (SSE streams) are cancelled.",
+    )
     run_journal_retention_seconds: float = Field(
         default=0.0,
         ge=0,
