@@ -164,3 +164,23 @@ async def test_stream_stops_when_client_leaves(make_settings: Callable[..., Sett
         await asyncio.sleep(0.3)
         assert broker.subscriber_count(f"run:{run_id}") == 0
         client.post(f"/v1/runs/{run_id}/cancel")
+
+
+async def test_other_tenants_runs_and_sessions_are_404(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = run_settings(make_settings, api_keys="ka=alpha,kb=beta")
+    with run_server(settings) as server:
+        a = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer ka"})
+        b = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer kb"})
+        with a, b:
+            sid = new_session(a)
+            run_id = start_turn(a, sid, "secret words")
+            assert b.get(f"/v1/sessions/{sid}").status_code == 404
+            assert b.get(f"/v1/sessions/{sid}/status").status_code == 404
+            assert b.post(f"/v1/sessions/{sid}/turns", json={"content": "x"}).status_code == 404
+            assert b.get(f"/v1/runs/{run_id}").status_code == 404
+            assert b.get(f"/v1/runs/{run_id}/stream").status_code == 404
+            assert b.post(f"/v1/runs/{run_id}/cancel").status_code == 404
+            assert b.get("/v1/sessions").json()["sessions"] == []
+            assert a.get(f"/v1/runs/{run_id}").status_code == 200
