@@ -166,6 +166,16 @@ class RetainOperations:
             raise NotFound(f"operation {operation_id!r} not found")
         return run
 
+    async def progress(self, run: Run) -> tuple[int, int, float] | None:
+        """The last ``(processed, total, at)`` progress event of a run, if any."""
+        events = await self.manager.io.call(
+            self.manager.store.events_after, run.id, max(0, run.last_seq - 3), 3
+        )
+        for event in reversed(events):
+            if event.type == "progress":
+                return int(event.data["processed"]), int(event.data["total"]), event.ts
+        return None
+
     async def cancel(self, bank: Bank, operation_id: str) -> Run:
         """Cancel an operation (idempotent; terminal ones are returned unchanged)."""
         await self.get(bank, operation_id)

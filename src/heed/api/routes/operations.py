@@ -36,7 +36,15 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
 
 
-def _progress(run: Run) -> wire.OperationProgressOut | None:
+async def _progress(operations: RetainOperations, run: Run) -> wire.OperationProgressOut | None:
+    if not run.is_terminal:
+        latest = await operations.progress(run)
+        if latest is None:
+            return None
+        processed, total, at = latest
+        return wire.OperationProgressOut(
+            stage="writing_documents", at=_iso(at) or "", processed=processed, total=total
+        )
     if run.result:
         n = int(run.result.get("documents", 0))
         return wire.OperationProgressOut(
@@ -69,7 +77,8 @@ async def list_operations(
     if status is not None and status not in _STATUSES:
         raise InvalidInput(f"unknown status {status!r}: use {', '.join(_STATUSES)}")
     bank = await engine_of(request).get_bank(bank_id)
-    runs = await _operations(request).list(bank, status)
+    operations = _operations(request)
+    runs = await operations.list(bank, status)
     return wire.OperationsListResponse(
         bank_id=bank_id,
         total=len(runs),
@@ -86,7 +95,7 @@ async def list_operations(
                 updated_at=_updated(run),
                 status=status_of(run),
                 error_message=_error(run),
-                progress=_progress(run),
+                progress=await _progress(operations, run),
             )
             for run in runs[offset : offset + limit]
         ],
@@ -99,7 +108,8 @@ async def get_operation(
 ) -> wire.OperationStatusResponse:
     """One operation's status (``phase`` is heed's finer-grained run phase)."""
     bank = await engine_of(request).get_bank(bank_id)
-    run = await _operations(request).get(bank, operation_id)
+    operations = _operations(request)
+    run = await operations.get(bank, operation_id)
     return wire.OperationStatusResponse(
         operation_id=run.id,
         id=run.id,
@@ -110,7 +120,7 @@ async def get_operation(
         updated_at=_updated(run),
         completed_at=_iso(run.finished_at),
         error_message=_error(run),
-        progress=_progress(run),
+        progress=await _progress(operations, run),
         result_metadata=run.result,
         phase=run.phase,
     )
