@@ -143,6 +143,15 @@ def bank_token(bank_ref: str) -> str:
     return "bank" + bank_ref.replace("-", "")
 
 
+def _json(text: str | None) -> Any:
+    """``json.loads`` with a fast path for the empty objects most units carry."""
+    if text == "{}" or not text:
+        return {}
+    if text == "[]":
+        return []
+    return json.loads(text)
+
+
 def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
@@ -596,8 +605,8 @@ class SqliteMemoryStore:
                 occurred_start=r["occurred_start"],
                 occurred_end=r["occurred_end"],
                 mentioned_at=r["mentioned_at"],
-                metadata=json.loads(r["metadata"]),
-                tags=json.loads(r["tags"]),
+                metadata=_json(r["metadata"]),
+                tags=_json(r["tags"]),
                 entities=[],
                 created_at=r["created_at"],
                 updated_at=r["updated_at"],

@@ -227,7 +227,7 @@ def _candidates(
     position = 0
     while len(wanted) < limit and position < len(fused):
         raise_if_cancelled()
-        window = fused[position : position + max(limit * 2, 50)]
+        window = fused[position : position + limit + 20]
         position += len(window)
         fetched = deps.store.fetch_units(bank.ref, [s for s, _ in window])
         for seq, score in window:
