@@ -163,7 +163,25 @@ async def test_stream_stops_when_client_leaves(make_settings: Callable[..., Sett
         await read_stream(server.url, run_id, stop_after=2)
         await asyncio.sleep(0.3)
         assert broker.subscriber_count(f"run:{run_id}") == 0
-        client.post(f"/v1/runs/{run_id}/cancel")
+        client.post(f"/v1/runs/{run_id}/cancel?wait=true")
+        # a finished run's journal: a cursor at its end ends the stream at once
+        frames = await read_stream(server.url, run_id, after=999)
+        assert [f for f in frames if f.id] == []
+        # an idle stream (waiting beyond the end of a live run) and an idle session channel
+        # stop as soon as their client leaves
+        live = start_turn(client, sid, " ".join(["y"] * 200))
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as ac:
+            for path, topic in (
+                (f"/v1/runs/{live}/stream?after=999", f"run:{live}"),
+                (f"/v1/sessions/{sid}/events", f"session:{sid}"),
+            ):
+                async with ac.stream("GET", path) as resp:
+                    assert resp.status_code == 200
+                    await asyncio.sleep(0.2)
+                    assert broker.subscriber_count(topic) == 1
+                await asyncio.sleep(0.3)
+                assert broker.subscriber_count(topic) == 0
+        client.post(f"/v1/runs/{live}/cancel?wait=true")
 
 
 async def test_other_tenants_runs_and_sessions_are_404(

@@ -16,9 +16,11 @@ Readers call :meth:`Journal.follow`, which yields what a resumable stream needs:
    seam), one beyond ``cursor + 1`` or a lag signal triggers a re-read from the
    store (no gap). Every ``poll_interval`` without news it also checks the store,
    which covers writers in other processes.
-4. It stops after yielding a terminal event. With no terminal event it yields
-   :data:`HEARTBEAT` every ``heartbeat`` seconds of silence and never ends on its
-   own (``after`` beyond the end waits for new events).
+4. It stops after yielding a terminal event, and at once when the journal is
+   closed and the cursor is already at (or past) its end: nothing can follow.
+   Otherwise it yields :data:`HEARTBEAT` every ``heartbeat`` seconds of silence
+   and never ends on its own (``after`` beyond the end of a live run's journal
+   waits for new events).
 
 Events are yielded in batches (lists) so a replay of a long run can be written
 to a socket in few sends.
@@ -94,15 +96,20 @@ class Journal:
             if event is not None:
                 self.broker.publish(run_topic(event.run_id), event)
 
-    async def _read(self, run_id: str, cursor: int) -> tuple[Gap | None, list[RunEvent], bool]:
-        """(gap before the retained range, events after cursor, more may follow)."""
+    async def _read(
+        self, run_id: str, cursor: int
+    ) -> tuple[Gap | None, list[RunEvent], bool, bool]:
+        """(gap before the retained range, events after cursor, more may follow,
+        nothing can ever follow: the journal is closed and the cursor is at its end)."""
         run = await self.io.call(self.store.get, run_id)
         gap = None
         if run is not None and cursor < run.first_seq - 1:
             gap = Gap(cursor, run.first_seq)
             cursor = run.first_seq - 1
         events = await self.io.call(self.store.events_after, run_id, cursor, _BATCH)
-        return gap, events, len(events) == _BATCH
+        last = events[-1].seq if events else cursor
+        finished = run is None or (run.journal_closed and last >= run.last_seq)
+        return gap, events, len(events) == _BATCH, finished
 
     async def follow(
         self,
@@ -123,7 +130,7 @@ class Journal:
         try:
             more = True
             while more:
-                gap, events, more = await self._read(run_id, cursor)
+                gap, events, more, finished = await self._read(run_id, cursor)
                 if gap is not None:
                     yield gap
                     cursor = gap.first_retained - 1
@@ -133,6 +140,8 @@ class Journal:
                     yield events
                     if done:
                         return
+                if finished:
+                    return  # a closed journal and a cursor at (or past) its end
             last_output = time.monotonic()
             while True:
                 wait = min(self.poll_interval, max(0.0, last_output + heartbeat - time.monotonic()))
@@ -168,7 +177,7 @@ class Journal:
                 more = True
                 caught_up = False
                 while more:
-                    gap, events, more = await self._read(run_id, cursor)
+                    gap, events, more, finished = await self._read(run_id, cursor)
                     if gap is not None:
                         yield gap
                         cursor = gap.first_retained - 1
@@ -179,6 +188,8 @@ class Journal:
                         yield events
                         if done:
                             return
+                    if finished:
+                        return
                 if caught_up:
                     last_output = time.monotonic()
                 elif time.monotonic() - last_output >= heartbeat:
