@@ -104,3 +104,33 @@ async def test_async_retain_cancelled_while_running_ends_cancelled_without_a_doc
         assert memories.total == 0
     finally:
         await client.aclose()
+
+
+async def test_sync_retain_stops_when_the_client_leaves_and_writes_nothing(
+    own_server: LiveServer,
+) -> None:
+    engine = _engine(own_server)
+    async with httpx.AsyncClient(base_url=own_server.url) as http:
+        await http.put("/v1/default/banks/b", json={})
+        blocking = BlockingEmbedder(engine.embedder)
+        engine.embedder = blocking
+        request = asyncio.create_task(
+            http.post(
+                "/v1/default/banks/b/memories",
+                json={"items": [{"content": f"Cy: item {i}"} for i in range(50)]},
+            )
+        )
+        assert await asyncio.to_thread(blocking.entered.wait, 10.0)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        lane = engine.retain_lane
+        for _ in range(200):
+            if lane.stats().in_use == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert lane.stats().in_use == 0
+        listing = await http.get("/v1/default/banks/b/memories/list")
+        assert listing.json()["total"] == 0
+        docs = await http.get("/v1/default/banks/b/documents")
+        assert docs.json()["total"] == 0
