@@ -216,3 +216,15 @@ async def test_unknown_bank_unknown_fields_and_bad_utf8(server: LiveServer, bank
         assert bad.status_code == 400 and "not valid UTF-8" in bad.text, bad.text
         listing = await http.get(f"/v1/default/banks/{bank_id}/memories/list")
         assert listing.json()["total"] == 0
+
+
+async def test_async_retain_with_operation_id_is_idempotent(
+    client: Hindsight, bank_id: str
+) -> None:
+    await client._acreate_bank(bank_id)
+    op = "5f0c8d6e-2b7a-4c1e-9a51-0d2f1f6b7c11"
+    first = await client.aretain(bank_id, "Once only.", retain_async=True, operation_id=op)
+    second = await client.aretain(bank_id, "Once only.", retain_async=True, operation_id=op)
+    assert first.operation_id == second.operation_id
+    listing = await client.operations.list_operations(bank_id)
+    assert len(listing.operations) == 1

@@ -92,9 +92,23 @@ class RetainOperations:
         manager.register(RETAIN_KIND, KindSpec(execute=self._execute))
         engine.before_delete.append(self._cancel_bank_operations)
 
-    async def submit(self, bank: Bank, items: list[RetainItem], document_tags: list[str]) -> Run:
-        """Queue a retain of *items* into *bank*; returns the run (its id is the operation id)."""
+    async def submit(
+        self,
+        bank: Bank,
+        items: list[RetainItem],
+        document_tags: list[str],
+        client_operation_id: str | None = None,
+    ) -> Run:
+        """Queue a retain of *items* into *bank*; returns the run (its id is the operation id).
+
+        A *client_operation_id* makes retries idempotent: a second submit with the
+        same id for the same bank returns the first run instead of queueing again.
+        """
         self.engine.validate_items(items)
+        if client_operation_id:
+            for existing in await self.list(bank):
+                if existing.payload.get("client_operation_id") == client_operation_id:
+                    return existing
         run = await self.manager.submit(
             RETAIN_KIND,
             tenant=bank.tenant,
@@ -105,6 +119,7 @@ class RetainOperations:
                 "items": [_item_payload(i) for i in items],
                 "document_tags": document_tags,
                 "items_count": len(items),
+                "client_operation_id": client_operation_id,
             },
         )
         assert run is not None

@@ -43,7 +43,7 @@ async def retain(bank_id: str, body: wire.RetainRequest, request: Request) -> wi
             raise HeedError(
                 "async retain needs the run manager, which is not running", status_code=503
             )
-        run = await operations.submit(bank, items, tags)
+        run = await operations.submit(bank, items, tags, body.operation_id)
         return wire.RetainResponse.model_validate(
             {
                 "success": True,
