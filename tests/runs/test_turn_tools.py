@@ -35,6 +35,7 @@ def test_retain_then_recall_on_the_session_bank(make_settings: Callable[..., Set
     settings = run_settings(make_settings, llm_script=json.dumps(script))
     with run_server(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.put("/v1/default/banks/pets", json={}).status_code in (200, 201)
+        assert client.post("/v1/sessions", json={"bank_id": "nope"}).status_code == 404
         sid = new_session(client, bank_id="pets")
         run_id = client.post(f"/v1/sessions/{sid}/turns", json={"content": "remember"}).json()[
             "run_id"

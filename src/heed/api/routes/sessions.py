@@ -1,6 +1,6 @@
 """Sessions over HTTP.
 
-- ``POST /v1/sessions`` ``{title?, bank_id?}``: 201 with the session.
+- ``POST /v1/sessions`` ``{title?, bank_id?}``: 201 with the session (an unknown bank: 404).
 - ``GET /v1/sessions``: ``{"sessions": [...]}`` for the caller's tenant.
 - ``GET /v1/sessions/{id}``: the session with its transcript (``messages``).
 - ``PATCH /v1/sessions/{id}`` ``{title}``; ``DELETE /v1/sessions/{id}`` (cancels its runs).
@@ -65,6 +65,13 @@ def _tenant() -> str:
 
 @router.post("", status_code=201)
 async def create_session(body: SessionIn, request: Request) -> dict[str, Any]:
+    """Create a session; a ``bank_id`` must name an existing bank of the tenant (else 404)."""
+    memory = getattr(request.app.state.services, "memory", None)
+    if body.bank_id and memory is not None:
+        try:
+            await memory.get_bank(body.bank_id, tenant=_tenant())
+        except LookupError:
+            raise HeedError(f"no memory bank {body.bank_id!r}", status_code=404) from None
     session = await _sessions(request).create(_tenant(), title=body.title, bank_id=body.bank_id)
     return session.to_public()
 
