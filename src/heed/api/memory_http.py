@@ -25,6 +25,7 @@ from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
     FACT_TYPES,
     Bank,
+    Conflict,
     EntityRef,
     RecallHit,
     RecallOutcome,
@@ -86,6 +87,10 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=404)
 
 
+async def _conflict(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=409, headers={"Retry-After": "1"})
+
+
 async def _bad_unicode(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"the request body is not valid UTF-8: {exc}"}, status_code=400)
 
@@ -94,6 +99,7 @@ def install_memory_error_handlers(app: FastAPI) -> None:
     """Map the engine's input and lookup errors to 400 and 404."""
     app.add_exception_handler(InvalidInput, _invalid)
     app.add_exception_handler(NotFound, _not_found)
+    app.add_exception_handler(Conflict, _conflict)
 
 
 def profile_of(bank: Bank) -> wire.BankProfileResponse:

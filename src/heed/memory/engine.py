@@ -28,6 +28,7 @@ from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.models import (
     Bank,
     BankStats,
+    Conflict,
     DocumentInfo,
     InvalidInput,
     NotFound,
@@ -236,7 +237,9 @@ class MemoryEngine:
         tenant = current_context().tenant
         async with self._bank_lock:
             bank = await run_in_thread(self.store.get_bank, tenant, bank_id)
-            if bank is None or bank.ref in self._closing:
+            if bank is not None and bank.ref in self._closing:
+                raise Conflict(f"bank {bank_id!r} is being deleted; retry when that finished")
+            if bank is None:
                 if not create:
                     raise NotFound(f"bank {bank_id!r} not found")
                 bank = Bank(tenant=tenant, bank_id=bank_id, ref=str(uuid.uuid4()), name=bank_id)

@@ -17,6 +17,7 @@ __all__ = [
     "Bank",
     "BankStats",
     "Chunk",
+    "Conflict",
     "DocumentInfo",
     "EntityRef",
     "InvalidInput",
@@ -46,6 +47,10 @@ class InvalidInput(ValueError):
 
 class NotFound(LookupError):
     """A bank, memory, document or operation does not exist for this tenant (HTTP 404)."""
+
+
+class Conflict(RuntimeError):
+    """The request conflicts with work in progress, e.g. a bank being deleted (HTTP 409)."""
 
 
 @dataclass(slots=True)
