@@ -41,7 +41,9 @@ export class ChatView {
     this.channel = null;
     this.pollTimer = null;
     this.drainTimer = null;
+    this.sending = null; // the queued message whose POST is in flight
     this.status = { busy: false, active_run_id: null };
+    this.statusEpoch = 0; // bumped by every applied status snapshot
     this.signature = null;
     this.generation = 0; // bumped on every open(): late answers for an old session are dropped
     this.build();
@@ -136,12 +138,13 @@ export class ChatView {
     clearTimeout(this.pollTimer);
     clearTimeout(this.drainTimer);
     this.pollTimer = null;
+    this.sending = null;
     this.turns.clear();
     this.finished.clear();
     this.logs.clear();
     this.signature = null;
     this.status = { busy: false, active_run_id: null };
-    hideNotice("busy");
+    hideNotice("send");
   }
 
   closeStreams() {
@@ -165,6 +168,7 @@ export class ChatView {
     }
     this.openChannel();
     this.pollStatus().then(() => this.refreshTranscriptIfChanged());
+    this.schedulePoll(config.visiblePollMs);
   }
 
   openChannel() {
@@ -209,12 +213,17 @@ export class ChatView {
     }
   }
 
+  /** The status polling loop: every few seconds, faster while hidden (no streams then). */
   schedulePoll(ms) {
     clearTimeout(this.pollTimer);
+    const generation = this.generation;
     this.pollTimer = setTimeout(async () => {
+      this.pollTimer = null;
       await this.pollStatus();
       if (!this.visible) await this.refreshTranscriptIfChanged();
-      this.schedulePoll(this.visible ? config.visiblePollMs : config.hiddenPollMs);
+      if (generation === this.generation && !this.pollTimer) {
+        this.schedulePoll(this.visible ? config.visiblePollMs : config.hiddenPollMs);
+      }
     }, ms);
   }
 
@@ -223,6 +232,7 @@ export class ChatView {
     const sessionId = this.sessionId;
     if (!sessionId) return;
     const generation = this.generation;
+    const epoch = this.statusEpoch;
     let status;
     try {
       status = await sessions.status(sessionId);
@@ -230,22 +240,22 @@ export class ChatView {
     } catch (error) {
       if (generation !== this.generation) return;
       if (error.status === 0) showNotice("network", "Network lost: the server cannot be reached.", "warn");
-      if (this.visible) this.schedulePoll(config.visiblePollMs);
       return;
     }
     if (generation !== this.generation) return;
+    // A snapshot from the channel that arrived while this request was in flight is newer.
+    if (epoch !== this.statusEpoch) return;
     this.applyStatus(status);
-    if (this.visible && !this.pollTimer) this.schedulePoll(config.visiblePollMs);
   }
 
   /** Apply a status snapshot (from the poll or the channel): busy, and the attachable run. */
   applyStatus(status) {
+    this.statusEpoch += 1;
     this.status = { busy: Boolean(status?.busy), active_run_id: status?.active_run_id ?? null, raw: status };
     const active = this.status.active_run_id;
     if (active && !this.finished.has(active) && !this.followers.has(active)) {
       this.attach(active, {});
     }
-    if (!this.status.busy) hideNotice("busy");
     this.updateControls();
     if (!this.status.busy) this.scheduleDrain(0);
   }
@@ -424,30 +434,33 @@ export class ChatView {
       if (generation !== this.generation || this.busy()) return;
       const item = queue.take(sessionId);
       if (!item) return;
+      this.sending = item; // shown as "sending" until the server answers
       this.renderQueue();
       try {
         const body = await sessions.startTurn(sessionId, item.text, "reject");
-        hideNotice("busy");
-        hideNotice("overloaded");
+        this.sending = null;
+        this.renderQueue();
+        hideNotice("send");
         hideNotice("network");
         const runId = runIdOf(body);
         if (generation === this.generation && runId) this.attach(runId, { userText: item.text, source: "user" });
       } catch (error) {
+        this.sending = null;
         queue.unshift(sessionId, item);
         if (generation !== this.generation) return;
         this.renderQueue();
         const wait = Math.max(1, Number(error.retryAfter) || 2);
         if (error.status === 409) {
           this.status.busy = true;
-          showNotice("busy", `Session busy: your message is queued and will be sent when it is free.`, "warn");
+          showNotice("send", "Session busy (409): your message is queued and will be sent when it is free.", "warn");
           this.updateControls();
           // Ask the status endpoint again after Retry-After; an idle answer drains the queue.
           setTimeout(() => generation === this.generation && this.pollStatus(), wait * 1000);
         } else if (error.status === 503) {
-          showNotice("overloaded", `Server overloaded (503): retrying in ${wait} s.`, "warn");
+          showNotice("send", `Server overloaded (503): your message is queued; retrying in ${wait} s.`, "warn");
           this.scheduleDrain(wait * 1000);
         } else if (error.status === 0) {
-          showNotice("network", "Network lost: your message is queued and will be sent when it is back.", "warn");
+          showNotice("send", "Network lost: your message is queued and will be sent when it is back.", "warn");
           this.scheduleDrain(3000);
         } else if (error.status === 404) {
           showNotice("error", "This session no longer exists.");
@@ -464,6 +477,16 @@ export class ChatView {
   renderQueue() {
     clear(this.queueList);
     const items = this.sessionId ? queue.items(this.sessionId) : [];
+    if (this.sending) {
+      this.queueList.append(
+        h(
+          "li",
+          { class: "queued sending", dataset: { id: this.sending.id } },
+          h("span", { class: "badge" }, "sending"),
+          h("span", { class: "queued-text" }, this.sending.text),
+        ),
+      );
+    }
     for (const item of items) {
       this.queueList.append(
         h(
@@ -480,6 +503,7 @@ export class ChatView {
               onclick: () => {
                 queue.remove(this.sessionId, item.id);
                 this.renderQueue();
+                if (!queue.items(this.sessionId).length && !this.sending) hideNotice("send");
               },
             },
             "×",
@@ -487,7 +511,7 @@ export class ChatView {
         ),
       );
     }
-    this.queueList.hidden = items.length === 0;
+    this.queueList.hidden = items.length === 0 && !this.sending;
   }
 
   async stop() {
