@@ -271,3 +271,25 @@ async def test_retention_keeps_only_the_terminal_event_and_readers_get_a_gap(
         assert [e.type for e in items[1]] == ["completed"]
     finally:
         await manager.close()
+
+
+async def test_concurrent_reapers_finalize_a_row_once(tmp_path: Path) -> None:
+    one = build_manager(tmp_path / "heed.db")
+    two = build_manager(tmp_path / "heed.db")  # another process on the same database
+    try:
+        run = await one.submit("turn", tenant="t", session_id="s", payload={"n": 1})
+        assert run is not None
+        await wait_phase(one, run.id, "completed")
+        with one.store.db.write() as conn:
+            conn.execute(
+                "UPDATE runs SET phase='running', lease_expires_at=?, worker_id='dead:1:x',"
+                " journal_closed=0 WHERE id=?",
+                (time.time() - 1, run.id),
+            )
+        results = await asyncio.gather(reap_once(one), reap_once(two), reap_once(one))
+        assert sum(len(r) for r in results) == 1
+        assert (await events(one, run.id)).count("interrupted") == 1
+        assert one.interrupted_total + two.interrupted_total == 1
+    finally:
+        await one.close()
+        await two.close()
