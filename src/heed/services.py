@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from heed.memory import MemoryEngine, build_memory_engine
+from heed.reflect.service import ReflectService
 from heed.runtime import Lane, Lanes
 from heed.runtime.offload import configure_thread_pool
 from heed.sessions.wiring import RunServices
@@ -41,6 +42,7 @@ class Services:
     database: Database = field(init=False)
     runs: RunServices = field(init=False)
     memory: MemoryEngine = field(init=False)
+    reflect: ReflectService = field(init=False)
 
     def __post_init__(self) -> None:
         configure_thread_pool(self.settings.offload_threads)
@@ -53,6 +55,7 @@ class Services:
             memory=lambda: getattr(self, "memory", None),
         )
         self.memory = build_memory_engine(self.settings, self.database, self.lanes)
+        self.reflect = ReflectService(self.settings, self.memory, self.lanes["reflect"])
 
     async def start(self) -> None:
         """Prepare storage and domain services; called once before serving."""
@@ -62,4 +65,5 @@ class Services:
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
         await self.runs.close()
+        await self.reflect.close()
         self.database.close()

@@ -12,7 +12,7 @@ from heed.api.errors import install_error_handlers
 from heed.api.memory_http import install_memory_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
-from heed.api.routes import banks, diagnostics, documents, memories, operations, system
+from heed.api.routes import banks, diagnostics, documents, memories, operations, reflect, system
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
 from heed.api.run_metrics import install_run_metrics
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_error_handlers(app)
     install_memory_error_handlers(app)
     app.state.retain_operations = RetainOperations(services.runs.manager, services.memory)
-    for memory_router in (banks, memories, documents, operations):
+    for memory_router in (banks, memories, documents, operations, reflect):
         app.include_router(memory_router.router)
     app.include_router(system.router)
     app.include_router(runs_routes.router)

@@ -1,0 +1,110 @@
+"""Wire models of ``POST /v1/default/banks/{bank_id}/reflect`` (hindsight-client compatible).
+
+Fields heed does not implement (mental models, directives, observation search
+options) are accepted and ignored, except ``tag_groups``, which is refused
+with a 400 like recall refuses it. ``stream: true`` is heed's extension: the
+answer comes as server-sent events (see :mod:`heed.api.routes.reflect`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ReflectBasedOn",
+    "ReflectFact",
+    "ReflectInclude",
+    "ReflectLLMCall",
+    "ReflectRequest",
+    "ReflectResponse",
+    "ReflectToolCall",
+    "ReflectTrace",
+    "TokenUsage",
+    "ToolCallsInclude",
+]
+
+
+class ToolCallsInclude(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    output: bool = True
+
+
+class ReflectInclude(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    facts: dict[str, Any] | None = None
+    tool_calls: ToolCallsInclude | None = None
+
+
+class ReflectRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    query: str
+    budget: Literal["low", "mid", "high"] | None = None
+    context: str | None = None
+    max_tokens: int | None = Field(default=4096, ge=1)
+    include: ReflectInclude | None = None
+    response_schema: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] | None = "any"
+    tag_groups: list[Any] | None = None
+    fact_types: list[str] | None = None
+    stream: bool = False
+
+
+class ReflectFact(BaseModel):
+    id: str | None = None
+    text: str
+    type: str | None = None
+    context: str | None = None
+    occurred_start: str | None = None
+    occurred_end: str | None = None
+    mentioned_at: str | None = None
+    document_id: str | None = None
+    chunk_id: str | None = None
+    tags: list[str] | None = None
+    metadata: dict[str, str] | None = None
+
+
+class ReflectBasedOn(BaseModel):
+    memories: list[ReflectFact] = Field(default_factory=list)
+    mental_models: list[dict[str, Any]] = Field(default_factory=list)
+    directives: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ReflectToolCall(BaseModel):
+    tool: str
+    input: dict[str, Any]
+    output: dict[str, Any] | None = None
+    duration_ms: int
+    iteration: int = 0
+
+
+class ReflectLLMCall(BaseModel):
+    scope: str
+    duration_ms: int
+
+
+class ReflectTrace(BaseModel):
+    tool_calls: list[ReflectToolCall] = Field(default_factory=list)
+    llm_calls: list[ReflectLLMCall] = Field(default_factory=list)
+
+
+class TokenUsage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+    thoughts_tokens: int = 0
+
+
+class ReflectResponse(BaseModel):
+    text: str
+    based_on: ReflectBasedOn | None = None
+    structured_output: dict[str, Any] | None = None
+    structured_output_error: str | None = None
+    usage: TokenUsage | None = None
+    trace: ReflectTrace | None = None

@@ -1,0 +1,400 @@
+"""The reflect agent loop: recall first, then let the model use tools, then answer.
+
+One reflect is:
+
+1. **recall** with the question itself, always, before the model is asked anything
+   (shown to the model as its own first tool call, so it sees what it has);
+2. up to ``ITERATIONS[budget]`` model calls with the tools ``recall`` (search
+   again), ``expand`` (read the chunk or document a memory came from) and
+   ``done`` (the answer and the ids of the memories it used); a reply with no
+   tool call is the answer too;
+3. the last iteration offers no tools and asks for the answer, so a reflect
+   always ends with one;
+4. with a ``response_schema``, one more call turns the answer into JSON, which
+   is validated against the schema (a failure is reported in
+   ``structured_output_error``, not raised).
+
+Cancellation: the loop checks the token before each iteration and each tool; the
+nested recall runs under the same request context, so its own checkpoints see
+the same token; every model call is a provider stream, which stops within
+milliseconds of a cancel (see :mod:`heed.llm`). The reflect lane slot is held
+for the whole loop.
+
+Prompts are short and structured (numbered memories, one line each, capped), so
+the tiny local model stays useful; a stronger ``openai`` model does better.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from heed.llm.base import (
+    ChatMessage,
+    ChatProvider,
+    Completion,
+    Finish,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolSpec,
+    Usage,
+)
+from heed.memory import InvalidInput, MemoryEngine, NotFound
+from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
+from heed.reflect.schema import structured_output
+from heed.runtime import Lane, raise_if_cancelled, run_in_thread
+
+__all__ = [
+    "ITERATIONS",
+    "TOOLS",
+    "LLMTrace",
+    "ReflectAgent",
+    "ReflectListener",
+    "ReflectOutcome",
+    "ReflectRequest",
+    "ToolTrace",
+]
+
+Budget = Literal["low", "mid", "high"]
+
+#: Model calls after the first recall, per budget (the last one must answer).
+ITERATIONS: Final[dict[str, int]] = {"low": 3, "mid": 5, "high": 8}
+#: Token budget of each recall the agent makes, per budget.
+RECALL_TOKENS: Final[dict[str, int]] = {"low": 1024, "mid": 2048, "high": 4096}
+#: Memories shown to the model per recall, and characters per memory / expansion.
+MEMORIES_PER_RECALL: Final = 8
+MEMORY_CHARS: Final = 400
+EXPAND_CHARS: Final = 2000
+NO_ANSWER: Final = "I could not find an answer in the memories."
+
+TOOLS: Final = (
+    ToolSpec(
+        name="recall",
+        description="Search the memory bank. Returns memories, each with its id.",
+        parameters={
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "what to look for"}},
+            "required": ["query"],
+        },
+    ),
+    ToolSpec(
+        name="expand",
+        description="Read the text a memory came from: its chunk, or its whole document.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "memory_id": {"type": "string"},
+                "depth": {"type": "string", "enum": ["chunk", "document"]},
+            },
+            "required": ["memory_id"],
+        },
+    ),
+    ToolSpec(
+        name="done",
+        description="Finish: the answer, and the ids of the memories it is based on.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "answer": {"type": "string"},
+                "memory_ids": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["answer"],
+        },
+    ),
+)
+
+
+@dataclass(slots=True)
+class ReflectRequest:
+    """A validated reflect request (the HTTP layer builds it from the wire body)."""
+
+    query: str
+    budget: Budget = "low"
+    context: str | None = None
+    max_tokens: int | None = None
+    response_schema: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    tags_match: TagsMatch = "any"
+    include_tool_output: bool = True
+
+
+@dataclass(slots=True)
+class ToolTrace:
+    """One tool call of the loop (``iteration`` 0 is the first, forced recall)."""
+
+    tool: str
+    input: dict[str, Any]
+    output: dict[str, Any] | None
+    duration_ms: int
+    iteration: int
+
+
+@dataclass(slots=True)
+class LLMTrace:
+    """One model call: ``agent_<n>``, ``final`` or ``structured_output``."""
+
+    scope: str
+    duration_ms: int
+
+
+@dataclass(slots=True)
+class ReflectOutcome:
+    """What a reflect produced."""
+
+    text: str
+    based_on: list[StoredUnit]
+    usage: Usage
+    tool_calls: list[ToolTrace] = field(default_factory=list)
+    llm_calls: list[LLMTrace] = field(default_factory=list)
+    structured_output: dict[str, Any] | None = None
+    structured_output_error: str | None = None
+
+
+#: Streaming callback: ``(event, data)`` for ``tool_call``, ``tool_result``,
+#: ``text_delta`` (model text as it arrives, with its ``iteration``) and ``answer``.
+ReflectListener = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+def _system_prompt(bank: Bank) -> str:
+    lines = [
+        "You answer questions using the memories of a memory bank.",
+        "Use the tools: recall to search, expand to read more, done to give the answer "
+        "with the ids of the memories you used. Base the answer only on the memories. "
+        "Be brief.",
+    ]
+    if bank.mission:
+        lines.append(f"Bank mission: {bank.mission}")
+    if bank.background:
+        lines.append(f"Background: {bank.background}")
+    return "\n".join(lines)
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _memory_line(unit: StoredUnit) -> str:
+    when = unit.occurred_start or unit.mentioned_at
+    suffix = f" ({when[:10]})" if when else ""
+    return f"[{unit.id}] {_clip(unit.text, MEMORY_CHARS)}{suffix}"
+
+
+class ReflectAgent:
+    """Runs reflects on one engine with one provider, inside the reflect lane."""
+
+    def __init__(self, engine: MemoryEngine, provider: ChatProvider, lane: Lane) -> None:
+        self.engine = engine
+        self.provider = provider
+        self.lane = lane
+
+    async def run(
+        self, bank: Bank, request: ReflectRequest, listener: ReflectListener | None = None
+    ) -> ReflectOutcome:
+        """Run one reflect; see the module docstring. Raises ``OperationCancelled``."""
+        async with self.lane.slot():
+            return await _Loop(self, bank, request, listener).run()
+
+
+class _Loop:
+    """The state of one reflect."""
+
+    def __init__(
+        self,
+        agent: ReflectAgent,
+        bank: Bank,
+        request: ReflectRequest,
+        listener: ReflectListener | None,
+    ) -> None:
+        self.engine = agent.engine
+        self.provider = agent.provider
+        self.bank = bank
+        self.request = request
+        self.listener = listener
+        self.seen: dict[str, StoredUnit] = {}
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.tool_calls: list[ToolTrace] = []
+        self.llm_calls: list[LLMTrace] = []
+
+    async def _emit(self, event: str, data: dict[str, Any]) -> None:
+        if self.listener is not None:
+            await self.listener(event, data)
+
+    async def run(self) -> ReflectOutcome:
+        request = self.request
+        question = request.query
+        if request.context:
+            question = f"{question}\n\nContext: {request.context}"
+        messages = [ChatMessage.system(_system_prompt(self.bank)), ChatMessage.user(question)]
+
+        raise_if_cancelled()
+        first = ToolCall(id="call_0_recall", name="recall", arguments={"query": request.query})
+        messages.append(ChatMessage.assistant("", [first]))
+        messages.append(ChatMessage.tool(first.id, await self._tool(first, 0), name="recall"))
+
+        answer: str | None = None
+        used: list[str] | None = None
+        iterations = ITERATIONS[request.budget]
+        for iteration in range(1, iterations + 1):
+            raise_if_cancelled()
+            final = iteration == iterations
+            if final:
+                messages.append(
+                    ChatMessage.user("Answer the question now, in plain text, from the memories.")
+                )
+            scope = "final" if final else f"agent_{iteration}"
+            completion = await self._call(messages, None if final else TOOLS, scope, iteration)
+            if final or not completion.tool_calls:
+                # The last call offers no tools: whatever it says is the answer.
+                answer = completion.text.strip()
+                break
+            messages.append(completion.as_message())
+            done = next((c for c in completion.tool_calls if c.name == "done"), None)
+            if done is not None:
+                answer = str(done.arguments.get("answer") or completion.text).strip()
+                ids = done.arguments.get("memory_ids")
+                used = [str(i) for i in ids] if isinstance(ids, list) else None
+                self._trace_tool(done, iteration, 0.0, None)
+                break
+            for call in completion.tool_calls:
+                raise_if_cancelled()
+                messages.append(
+                    ChatMessage.tool(call.id, await self._tool(call, iteration), name=call.name)
+                )
+
+        text = answer or NO_ANSWER
+        await self._emit("answer", {"text": text})
+        if used is not None and any(i in self.seen for i in used):
+            based_on = [self.seen[i] for i in dict.fromkeys(used) if i in self.seen]
+        else:
+            based_on = list(self.seen.values())
+        outcome = ReflectOutcome(
+            text=text,
+            based_on=based_on,
+            usage=Usage(self.prompt_tokens, self.completion_tokens),
+            tool_calls=self.tool_calls,
+            llm_calls=self.llm_calls,
+        )
+        if request.response_schema is not None:
+            raise_if_cancelled()
+            outcome.structured_output, outcome.structured_output_error = await structured_output(
+                self._call, text, request.response_schema
+            )
+            outcome.usage = Usage(self.prompt_tokens, self.completion_tokens)
+        return outcome
+
+    # -- model calls -------------------------------------------------------------------
+
+    async def _call(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None,
+        scope: str,
+        iteration: int,
+    ) -> Completion:
+        """One streamed model call, forwarding text deltas to the listener."""
+        started = time.perf_counter()
+        result = Completion()
+        parts: list[str] = []
+        max_tokens = self.request.max_tokens if tools is None else None
+        stream = self.provider.stream(messages, tools=tools, max_tokens=max_tokens)
+        async with contextlib.aclosing(stream) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    parts.append(event.text)
+                    await self._emit("text_delta", {"text": event.text, "iteration": iteration})
+                elif isinstance(event, ToolCallEvent):
+                    result.tool_calls.append(event.to_call())
+                elif isinstance(event, Usage):
+                    result.usage = event
+                elif isinstance(event, Finish):
+                    result.finish_reason = event.reason
+        result.text = "".join(parts)
+        self.prompt_tokens += result.usage.prompt_tokens
+        self.completion_tokens += result.usage.completion_tokens
+        self.llm_calls.append(LLMTrace(scope, int((time.perf_counter() - started) * 1000)))
+        return result
+
+    # -- tools -------------------------------------------------------------------------
+
+    def _trace_tool(
+        self, call: ToolCall, iteration: int, seconds: float, output: dict[str, Any] | None
+    ) -> None:
+        self.tool_calls.append(
+            ToolTrace(
+                tool=call.name,
+                input=dict(call.arguments),
+                output=output if self.request.include_tool_output else None,
+                duration_ms=int(seconds * 1000),
+                iteration=iteration,
+            )
+        )
+
+    async def _tool(self, call: ToolCall, iteration: int) -> str:
+        """Run one tool call; returns the text the model sees (errors included)."""
+        await self._emit(
+            "tool_call", {"tool": call.name, "input": call.arguments, "iteration": iteration}
+        )
+        started = time.perf_counter()
+        try:
+            if call.name == "recall":
+                text, output = await self._recall(call.arguments)
+            elif call.name == "expand":
+                text, output = await self._expand(call.arguments)
+            else:
+                text = f"error: unknown tool {call.name!r}; use recall, expand or done"
+                output = {"error": text}
+        except (InvalidInput, NotFound) as exc:
+            text = f"error: {exc}"
+            output = {"error": str(exc)}
+        self._trace_tool(call, iteration, time.perf_counter() - started, output)
+        await self._emit("tool_result", {"tool": call.name, "iteration": iteration, **output})
+        return text
+
+    async def _recall(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        query = str(arguments.get("query") or "").strip() or self.request.query
+        budget = self.request.budget
+        outcome = await self.engine.recall(
+            self.bank,
+            RecallQuery(
+                query=query,
+                budget=budget,
+                max_tokens=RECALL_TOKENS[budget],
+                tags=self.request.tags,
+                tags_match=self.request.tags_match,
+            ),
+        )
+        units = [hit.unit for hit in outcome.hits[:MEMORIES_PER_RECALL]]
+        for unit in units:
+            self.seen.setdefault(unit.id, unit)
+        if not units:
+            return "No memories found.", {"memories": []}
+        text = "\n".join(_memory_line(u) for u in units)
+        return text, {"memories": [{"id": u.id, "text": u.text} for u in units]}
+
+    async def _expand(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        memory_id = str(arguments.get("memory_id") or "").strip()
+        if not memory_id:
+            raise InvalidInput("expand needs a memory_id")
+        depth = "document" if arguments.get("depth") == "document" else "chunk"
+        unit = self.seen.get(memory_id) or await self.engine.get_unit(self.bank, memory_id)
+        self.seen.setdefault(unit.id, unit)
+        body: str | None = None
+        if depth == "chunk" and unit.chunk_id:
+            chunks = await run_in_thread(
+                self.engine.store.fetch_chunks, self.bank.ref, [unit.chunk_id]
+            )
+            chunk = chunks.get(unit.chunk_id)
+            body = str(chunk["text"]) if chunk else None
+        if body is None and unit.document_id:
+            depth = "document"
+            document = await self.engine.get_document(self.bank, unit.document_id)
+            body = document.original_text
+        body = body or unit.text
+        text = f"[{unit.id}] {depth}:\n{_clip(body, EXPAND_CHARS)}"
+        return text, {"memory_id": unit.id, "depth": depth, "text": body}
