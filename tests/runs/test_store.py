@@ -144,3 +144,16 @@ def test_non_terminal_listing_includes_unknown_phases(store: SqliteRunStore) -> 
     )
     ids = [r.id for r in store.list_runs(session_id="s1", non_terminal=True)]
     assert ids == [odd.id]
+
+
+def test_event_json_round_trips_without_reencoding(store: SqliteRunStore) -> None:
+    import json
+
+    run = store.create(new_run())
+    payloads = [{"text": 'quote " and \\ and \n newline'}, {"text": "héllo ✓"}, {}]
+    written = store.append_events(run.id, [("token", p) for p in payloads])
+    read = store.events_after(run.id, 0)
+    for fresh, stored, payload in zip(written, read, payloads, strict=True):
+        assert stored.data == payload
+        assert json.loads(stored.to_json()) == stored.to_public() == fresh.to_public()
+        assert "\n" not in stored.to_json()  # one SSE data line

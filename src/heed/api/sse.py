@@ -21,7 +21,14 @@ from starlette.responses import StreamingResponse
 from heed.runs.model import RunEvent
 from heed.runtime import CancellationToken, current_token
 
-__all__ = ["HEARTBEAT_FRAME", "event_frame", "named_frame", "parse_cursor", "sse_response"]
+__all__ = [
+    "HEARTBEAT_FRAME",
+    "event_frame",
+    "event_frames",
+    "named_frame",
+    "parse_cursor",
+    "sse_response",
+]
 
 HEARTBEAT_FRAME: Final = ": heartbeat\n\n"
 _HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -32,15 +39,24 @@ def _json(data: Any) -> str:
 
 
 _FRAME_CACHE: OrderedDict[tuple[str, int], str] = OrderedDict()
-_FRAME_CACHE_SIZE: Final = 20_000
+_FRAME_CACHE_SIZE: Final = 4096
 
 
 def event_frame(event: RunEvent) -> str:
     """A journal event: ``id:`` is its seq, ``event:`` its type, ``data:`` the event JSON."""
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {event.to_json()}\n\n"
+
+
+def event_frames(events: list[RunEvent]) -> str:
+    """Frames for a batch. A live event (a batch of one, fanned out to every
+    subscriber) is formatted once and cached; a replay batch is formatted directly."""
+    if len(events) != 1:
+        return "".join(event_frame(e) for e in events)
+    event = events[0]
     key = (event.run_id, event.seq)
     frame = _FRAME_CACHE.get(key)
     if frame is None:
-        frame = f"id: {event.seq}\nevent: {event.type}\ndata: {_json(event.to_public())}\n\n"
+        frame = event_frame(event)
         _FRAME_CACHE[key] = frame
         if len(_FRAME_CACHE) > _FRAME_CACHE_SIZE:
             _FRAME_CACHE.popitem(last=False)

@@ -26,6 +26,8 @@ processes that share one database.
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -159,15 +161,52 @@ class Run:
         return data
 
 
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """One journal event: ``seq`` is gap-free from 1 within its run."""
+@functools.lru_cache(maxsize=4096)
+def _json_string(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
-    run_id: str
-    seq: int
-    type: str
-    data: dict[str, Any]
-    ts: float
+
+class RunEvent:
+    """One journal event: ``seq`` is gap-free from 1 within its run.
+
+    Treated as immutable. ``data`` is a JSON object; an event read back from the
+    store keeps the stored JSON text (:attr:`data_json`) and parses it only when
+    ``data`` is first read, so replaying a long journal to a stream never
+    decodes and re-encodes every payload.
+    """
+
+    __slots__ = ("_data", "_data_json", "run_id", "seq", "ts", "type")
+
+    def __init__(
+        self,
+        run_id: str,
+        seq: int,
+        type: str,
+        data: dict[str, Any] | None = None,
+        ts: float = 0.0,
+        *,
+        data_json: str | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        self.type = type
+        self.ts = ts
+        self._data = data if data is not None or data_json is not None else {}
+        self._data_json = data_json
+
+    @property
+    def data(self) -> dict[str, Any]:
+        if self._data is None:
+            value = json.loads(self._data_json or "{}")
+            self._data = value if isinstance(value, dict) else {"value": value}
+        return self._data
+
+    @property
+    def data_json(self) -> str:
+        """``data`` as compact JSON text."""
+        if self._data_json is None:
+            self._data_json = json.dumps(self._data, separators=(",", ":"), ensure_ascii=False)
+        return self._data_json
 
     @property
     def is_terminal(self) -> bool:
@@ -183,3 +222,27 @@ class RunEvent:
             "ts": self.ts,
             "data": self.data,
         }
+
+    def to_json(self) -> str:
+        """:meth:`to_public` as compact JSON, without re-encoding a stored payload."""
+        run_id = _json_string(self.run_id)
+        type_ = _json_string(self.type)
+        ts = repr(float(self.ts))  # what json.dumps writes for a finite float
+        head = f'{{"run_id":{run_id},"seq":{self.seq},"type":{type_},"ts":{ts}'
+        return f'{head},"data":{self.data_json}}}'
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunEvent):
+            return NotImplemented
+        return (self.run_id, self.seq, self.type, self.ts, self.data) == (
+            other.run_id,
+            other.seq,
+            other.type,
+            other.ts,
+            other.data,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RunEvent({self.run_id!r}, {self.seq}, {self.type!r}, {self.data!r}, {self.ts})"

@@ -122,7 +122,8 @@ def _row_to_run(row: sqlite3.Row) -> Run:
 
 
 def _row_to_event(row: sqlite3.Row) -> RunEvent:
-    return RunEvent(row["run_id"], row["seq"], row["type"], json.loads(row["data"]), row["ts"])
+    run_id, seq, type_, data, ts = row
+    return RunEvent(run_id, seq, type_, ts=ts, data_json=data)
 
 
 class SqliteRunStore:
@@ -383,7 +384,7 @@ class SqliteRunStore:
                 break
         conn.executemany(
             "INSERT INTO run_events (run_id, seq, type, data, ts) VALUES (?, ?, ?, ?, ?)",
-            [(e.run_id, e.seq, e.type, json.dumps(e.data), e.ts) for e in written],
+            [(e.run_id, e.seq, e.type, e.data_json, e.ts) for e in written],
         )
         closed = int(written[-1].type in TERMINAL_EVENT_TYPES)
         conn.execute(

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request
 
-from heed.api.sse import HEARTBEAT_FRAME, event_frame, named_frame, parse_cursor, sse_response
+from heed.api.sse import HEARTBEAT_FRAME, event_frames, named_frame, parse_cursor, sse_response
 from heed.runs.journal import Gap, Heartbeat
 from heed.runtime import current_context, current_token
 from heed.sessions.wiring import RunServices
@@ -79,6 +79,6 @@ async def stream_run(
                     {"run_id": run_id, "after": item.after, "first_retained": item.first_retained},
                 )
             else:
-                yield "".join(event_frame(e) for e in item)
+                yield event_frames(item)
 
     return sse_response(frames())
