@@ -65,7 +65,10 @@ export class ChatView {
     this.input = h("textarea", {
       id: "message-input",
       rows: 2,
-      placeholder: "Message the agent (Enter to send, Shift+Enter for a new line, Esc to stop)",
+      placeholder: matchMedia("(max-width: 760px)").matches
+        ? "Message the agent"
+        : "Message the agent (Enter to send, Shift+Enter for a new line, Esc to stop)",
+      title: "Enter to send, Shift+Enter for a new line, Esc to stop",
       "aria-label": "message",
       disabled: true,
     });
@@ -475,6 +478,8 @@ export class ChatView {
   }
 
   renderQueue() {
+    const s = this.scroller;
+    const atEnd = s ? s.scrollHeight - s.scrollTop - s.clientHeight < 120 : false;
     clear(this.queueList);
     const items = this.sessionId ? queue.items(this.sessionId) : [];
     if (this.sending) {
@@ -512,6 +517,7 @@ export class ChatView {
       );
     }
     this.queueList.hidden = items.length === 0 && !this.sending;
+    if (atEnd) this.scrollToEnd(true); // the queue took room from the transcript: keep the end in view
   }
 
   async stop() {

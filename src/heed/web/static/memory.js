@@ -145,7 +145,13 @@ export class MemoryPage {
     this.retainText = h("textarea", {
       id: "retain-text",
       rows: 4,
-      placeholder: "Text to remember, e.g. “Alice adopted a cat named Miso in March 2024.”",
+      placeholder: "Text to remember, e.g. “Alice adopted a cat named Miso in March 2024.” (Ctrl+Enter)",
+    });
+    this.retainText.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+        event.preventDefault();
+        event.target.form.requestSubmit();
+      }
     });
     this.retainContext = h("input", { id: "retain-context", placeholder: "context (optional)" });
     this.retainStatus = h("p", { class: "form-status", role: "status" });
@@ -182,6 +188,7 @@ export class MemoryPage {
     this.reflectStatus = h("p", { class: "form-status", role: "status" });
     this.reflectAnswer = h("div", { id: "reflect-answer", class: "answer" });
     this.reflectFacts = h("ol", { class: "facts", id: "reflect-facts" });
+    this.reflectUsed = h("h4", { class: "used", hidden: true }, "Memories used");
     const reflectForm = h(
       "form",
       { id: "reflect-form", onsubmit: (e) => this.reflect(e) },
@@ -206,10 +213,18 @@ export class MemoryPage {
     this.panels = h(
       "div",
       { class: "memory-grid", hidden: true },
-      card("Retain", retainForm),
-      card("Recall", recallForm, this.recallChart, this.recallResults),
-      card("Memories", listHeader, this.listStatus, this.listItems, this.listMore),
-      card("Reflect", reflectForm, this.reflectAnswer, this.reflectFacts),
+      h(
+        "div",
+        { class: "memory-column" },
+        card("Retain", retainForm),
+        card("Memories", listHeader, this.listStatus, this.listItems, this.listMore),
+      ),
+      h(
+        "div",
+        { class: "memory-column" },
+        card("Recall", recallForm, this.recallChart, this.recallResults),
+        card("Reflect", reflectForm, this.reflectAnswer, this.reflectUsed, this.reflectFacts),
+      ),
     );
 
     clear(this.root).append(
@@ -273,6 +288,7 @@ export class MemoryPage {
     clear(this.recallChart);
     clear(this.reflectAnswer);
     clear(this.reflectFacts);
+    this.reflectUsed.hidden = true;
     await this.loadList(true);
   }
 
@@ -352,13 +368,19 @@ export class MemoryPage {
     const query = this.reflectQuery.value.trim();
     if (!query) return status(this.reflectStatus, "Type a question first.", "error");
     status(this.reflectStatus, "Reflecting…", "pending");
+    const started = performance.now();
     clear(this.reflectAnswer);
     clear(this.reflectFacts);
+    this.reflectUsed.hidden = true;
     try {
       const body = await memory.reflect(this.bankId, query);
       this.reflectAnswer.textContent = body?.text ?? "";
       const used = body?.based_on?.memories ?? [];
-      status(this.reflectStatus, `Based on ${used.length} ${used.length === 1 ? "memory" : "memories"}.`, "ok");
+      const ms = performance.now() - started;
+      const took = ms < 1000 ? `${ms.toFixed(0)} ms` : `${(ms / 1000).toFixed(1)} s`;
+      status(this.reflectStatus, `Answered in ${took}, based on ${used.length} ${used.length === 1 ? "memory" : "memories"}.`, "ok");
+      this.reflectUsed.hidden = used.length === 0;
+      this.reflectUsed.textContent = `Memories used (${used.length})`;
       for (const fact of used) this.reflectFacts.append(factView(fact));
     } catch (error) {
       const missing = error.status === 404 && /not found/i.test(error.detail) && !/bank/i.test(error.detail);

@@ -163,6 +163,9 @@ export class TurnView {
     this.el.classList.toggle("streaming", phase === "running" || phase === "queued");
     if (phase === "failed" || phase === "interrupted" || phase === "cancelled") {
       this.showAssistant();
+      if (!this.body.firstChild) {
+        this.body.append(h("div", { class: "muted turn-empty" }, "(no output)"));
+      }
       if (detail && phase !== "cancelled") {
         this.body.append(h("div", { class: "turn-error" }, detail));
       }

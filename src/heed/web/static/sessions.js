@@ -186,7 +186,10 @@ export class SessionsPanel {
       value: session.title || "",
       "aria-label": "new title",
     });
+    let done = false;
     const finish = async (save) => {
+      if (done) return;
+      done = true;
       const title = input.value.trim();
       if (save && title && title !== session.title) {
         try {
