@@ -103,8 +103,10 @@ async def raw_sse(
                 if not chunk:
                     return
                 buffer += chunk
-            while b"\n\n" in buffer:
-                raw, buffer = buffer.split(b"\n\n", 1)
+            if b"\n\n" not in buffer:
+                continue
+            *complete, buffer = buffer.split(b"\n\n")  # one pass, no quadratic copying
+            for raw in complete:
                 event_id, event, data = None, "message", ""
                 for line in raw.decode().split("\n"):
                     if line.startswith("id: "):
@@ -121,6 +123,11 @@ async def raw_sse(
 
 
 def write_result(name: str, result: dict[str, Any]) -> Path:
+    """Write *result* (plus the machine's cores and load) to ``results/<name>.json``."""
+    result = {
+        **result,
+        "machine": {"cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)},
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
