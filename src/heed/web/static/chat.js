@@ -59,7 +59,9 @@ export class ChatView {
     this.title = h("h2", { id: "session-title" }, "No session");
     this.badge = h("span", { id: "session-state", class: "badge", role: "status" });
     this.bankLabel = h("span", { id: "session-bank", class: "muted" });
-    this.transcript = h("ol", { id: "transcript", class: "transcript", "aria-label": "transcript", "aria-live": "polite" });
+    // No aria-live on the transcript (a screen reader would read every token); each turn's
+    // state ("streaming…", "stopped") is a polite live region instead.
+    this.transcript = h("ol", { id: "transcript", class: "transcript", "aria-label": "transcript" });
     this.empty = h("p", { id: "transcript-empty", class: "muted" }, "Send a message to start.");
     this.queueList = h("ol", { id: "queue", class: "queue", "aria-label": "queued messages", hidden: true });
     this.input = h("textarea", {

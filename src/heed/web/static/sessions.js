@@ -80,7 +80,7 @@ export class SessionsPanel {
       return this.items;
     }
     this.render();
-    this.pollStatuses();
+    this.pollStatuses({ list: false });
     return this.items;
   }
 
@@ -149,10 +149,27 @@ export class SessionsPanel {
     }
   }
 
-  /** Refresh the busy dots of the other sessions (the current one is kept fresh by the chat). */
-  pollStatuses() {
+  /** Refresh the list (sessions made or renamed in other tabs) and the other sessions' busy
+   * dots (the current one is kept fresh by the chat); only while the tab is visible. */
+  async pollStatuses({ list = true } = {}) {
     clearTimeout(this.timer);
     if (document.visibilityState === "hidden") return;
+    if (list) {
+      try {
+        const fresh = listOf(await sessions.list());
+        const key = (items) => JSON.stringify(items.map((s) => [s.id, s.title]));
+        const editing = this.list.querySelector(".rename-input, .confirm");
+        if (!editing && key(fresh) !== key(this.items)) {
+          this.items = fresh;
+          this.render();
+          const current = fresh.find((s) => s.id === this.currentId);
+          const header = document.getElementById("session-title");
+          if (current && header) header.textContent = current.title || "Untitled session";
+        }
+      } catch {
+        // keep the list we have; the next round tries again
+      }
+    }
     const others = this.items.filter((s) => s.id !== this.currentId).slice(0, MAX_STATUS_POLLS);
     Promise.all(
       others.map((s) =>
