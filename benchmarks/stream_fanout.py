@@ -64,12 +64,16 @@ async def one_round(args: argparse.Namespace, base: str) -> dict[str, object]:
         # (queued runs are attachable), every subscriber attaches, then the gates are
         # cancelled: the measured turns start with all 500 subscribers already listening.
         latencies: list[float] = []
-        gates = [
-            (
-                await client.post(f"/v1/sessions/{sid}/turns", json={"content": "gate " * 5000})
-            ).json()["run_id"]
-            for sid in sessions
-        ]
+        gates = (
+            []
+            if args.storm
+            else [
+                (
+                    await client.post(f"/v1/sessions/{sid}/turns", json={"content": "gate " * 5000})
+                ).json()["run_id"]
+                for sid in sessions
+            ]
+        )
         run_ids = [
             (
                 await client.post(
@@ -86,7 +90,8 @@ async def one_round(args: argparse.Namespace, base: str) -> dict[str, object]:
             )
             for i in range(args.subscribers)
         ]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in attached)), 60)
+        if not args.storm:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in attached)), 60)
         subscribed_at = time.time()
         await asyncio.gather(*(client.post(f"/v1/runs/{g}/cancel") for g in gates))
         results = await asyncio.gather(*tasks)
@@ -113,6 +118,7 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, object]:
     full = True
     return {
         "rounds": args.rounds,
+        "storm": args.storm,
         "round_p99_ms": [r["p99_ms"] for r in rounds],
         "load_average_1m_before": round(load_before, 2),
         "load_average_1m_after": round(os.getloadavg()[0], 2),
@@ -139,6 +145,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--token-delay", type=float, default=0.05)
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds (fresh runs)")
+    parser.add_argument(
+        "--storm",
+        action="store_true",
+        help="no gate: subscribers connect (and replay) while the turns already stream",
+    )
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as data_dir,
@@ -155,7 +166,7 @@ def main() -> None:
         f"ms (target p99 <= 100 ms); load average {result['load_average_1m_before']}; "
         f"complete and in order: {result['every_subscriber_complete_in_order']}"
     )
-    print("wrote", write_result("stream_fanout", result))
+    print("wrote", write_result("stream_fanout_storm" if args.storm else "stream_fanout", result))
 
 
 if __name__ == "__main__":

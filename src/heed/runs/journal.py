@@ -70,11 +70,19 @@ class Journal:
     """Durable per-run event log with live fan-out (see the module docstring)."""
 
     def __init__(
-        self, store: RunStore, broker: Broker, io: BlockingIO, *, poll_interval: float = 1.0
+        self,
+        store: RunStore,
+        broker: Broker,
+        io: BlockingIO,
+        *,
+        poll_interval: float = 1.0,
+        read_io: BlockingIO | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
         self.io = io
+        #: Readers use their own threads, so a storm of replays never delays appends.
+        self.read_io = read_io or io
         self.poll_interval = poll_interval
 
     async def append(self, run_id: str, type_: str, data: Mapping[str, Any]) -> RunEvent | None:
@@ -101,12 +109,12 @@ class Journal:
     ) -> tuple[Gap | None, list[RunEvent], bool, bool]:
         """(gap before the retained range, events after cursor, more may follow,
         nothing can ever follow: the journal is closed and the cursor is at its end)."""
-        run = await self.io.call(self.store.get, run_id)
+        run = await self.read_io.call(self.store.get, run_id)
         gap = None
         if run is not None and cursor < run.first_seq - 1:
             gap = Gap(cursor, run.first_seq)
             cursor = run.first_seq - 1
-        events = await self.io.call(self.store.events_after, run_id, cursor, _BATCH)
+        events = await self.read_io.call(self.store.events_after, run_id, cursor, _BATCH)
         last = events[-1].seq if events else cursor
         finished = run is None or (run.journal_closed and last >= run.last_seq)
         return gap, events, len(events) == _BATCH, finished

@@ -142,7 +142,10 @@ class RunManager:
         #: Seconds after which a finished run's journal keeps only its terminal event (0: keep).
         self.journal_retention = journal_retention
         self.io = io or BlockingIO()
-        self.journal = Journal(store, broker, self.io, poll_interval=poll_interval)
+        self.read_io = BlockingIO(4, name="heed-runs-read")
+        self.journal = Journal(
+            store, broker, self.io, poll_interval=poll_interval, read_io=self.read_io
+        )
         self.worker_id = make_worker_id()
         self.kinds: dict[str, KindSpec] = {}
         self.workers: dict[str, _Worker] = {}
@@ -604,3 +607,4 @@ class RunManager:
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
         self.io.close()
+        self.read_io.close()
