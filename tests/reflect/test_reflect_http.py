@@ -377,3 +377,21 @@ async def test_disconnect_between_iterations_stops_before_the_next(tmp_path: Pat
         await asyncio.sleep(0.2)
         assert gate.reason == "client disconnected"
         assert len(provider.requests) == 1, "a model call started after the client left"
+
+
+async def test_a_broken_tool_call_is_not_taken_for_the_answer(
+    server: LiveServer, client: Hindsight, bank_id: str
+) -> None:
+    provider = use_script(
+        server,
+        {
+            "replies": [
+                {"text": "unused"},
+                {"text": '{"tool": "recall", "arguments": {"query": '},
+                {"text": "Alice has cats."},
+            ]
+        },
+    )
+    response = await client.areflect(bank_id, "Alice's pets?")
+    assert response.text == "Alice has cats."
+    assert "not a valid tool call" in provider.requests[1].messages[-1].content

@@ -70,6 +70,9 @@ MEMORIES_PER_RECALL: Final = 8
 MEMORY_CHARS: Final = 400
 EXPAND_CHARS: Final = 2000
 NO_ANSWER: Final = "I could not find an answer in the memories."
+NOT_A_TOOL_CALL: Final = (
+    "That was not a valid tool call. Call a tool with valid JSON, or answer in plain text."
+)
 
 TOOLS: Final = (
     ToolSpec(
@@ -173,6 +176,11 @@ def _system_prompt(bank: Bank) -> str:
     return "\n".join(lines)
 
 
+def _looks_like_a_tool_call(text: str) -> bool:
+    stripped = text.strip()
+    return stripped.startswith("{") and ('"tool"' in stripped or '"name"' in stripped)
+
+
 def _clip(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -249,6 +257,11 @@ class _Loop:
                 )
             scope = "final" if final else f"agent_{iteration}"
             completion = await self._call(messages, None if final else TOOLS, scope, iteration)
+            if not final and not completion.tool_calls and _looks_like_a_tool_call(completion.text):
+                # A small model's broken attempt at a tool call is not an answer: say so.
+                messages.append(ChatMessage.assistant(completion.text))
+                messages.append(ChatMessage.user(NOT_A_TOOL_CALL))
+                continue
             if final or not completion.tool_calls:
                 # The last call offers no tools: whatever it says is the answer.
                 answer = completion.text.strip()
