@@ -125,7 +125,7 @@ def test_hidden_tab_holds_no_stream_and_shows_a_wakeup_turn_within_one_poll(
     assert not streams.open_now(), "a hidden idle tab held an event stream"
     page.wait_for_selector(f'#transcript > li.turn.wakeup[data-run-id="{wakeup_run}"]')
     shown_after = time.monotonic() - started
-    assert shown_after <= HIDDEN_POLL_SECONDS + 1.5, f"wakeup shown after {shown_after:.1f} s"
+    assert shown_after <= HIDDEN_POLL_SECONDS + 2.0, f"wakeup shown after {shown_after:.1f} s"
 
     page.wait_for_selector(
         f'#transcript > li.turn[data-run-id="{wakeup_run}"][data-phase="completed"]',

@@ -73,6 +73,9 @@ def test_memory_page_retain_list_recall_with_stage_timings_and_reflect(
     )
     assert page.text_content("#reflect-answer")
     assert "based on" in page.text_content("#reflect-form .form-status")
+    steps = page.locator("#reflect-steps li").all_text_contents()
+    assert steps and steps[0].startswith("recall"), steps  # streamed: the agent recalls first
+    assert page.text_content("#reflect-submit") == "Reflect"
     used = page.locator("#reflect-facts li .fact-text").all_text_contents()
     assert used and all(text in facts for text in used), used
 
@@ -168,3 +171,38 @@ def test_narrow_screen_drawer_and_no_horizontal_scroll(browser: Any, server: Liv
         assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
     finally:
         context.close()
+
+
+def test_reflect_streams_and_stop_ends_the_server_work(page: Any, server: LiveServer) -> None:
+    from heed.llm.scripted import ScriptedProvider
+
+    slow = ScriptedProvider({"token_delay": 0.1, "replies": [{"text": words(200, "think")}]})
+    service = server.app.state.services.reflect
+    previous = service.provider
+    service.provider = slow
+    try:
+        with client(server) as c:
+            c.put("/v1/default/banks/slow", json={"name": "slow"}).raise_for_status()
+            items = [{"content": "Dana plays the cello every Sunday morning."}]
+            c.post("/v1/default/banks/slow/memories", json={"items": items}).raise_for_status()
+        page.goto(f"{server.url}/#/memory/slow")
+        page.wait_for_selector("#memory-list li")
+        page.fill("#reflect-query", "What does Dana do on Sundays?")
+        page.press("#reflect-query", "Enter")
+        page.wait_for_function(
+            "() => /think005/.test(document.getElementById('reflect-answer').textContent)"
+        )
+        assert page.text_content("#reflect-submit") == "Stop"
+        assert "think199" not in page.text_content("#reflect-answer")
+        page.click("#reflect-submit")
+        page.wait_for_function(
+            "() => /Stopped/.test(document.querySelector('#reflect-form .form-status').textContent)"
+        )
+        assert page.text_content("#reflect-submit") == "Reflect"
+        # The server stopped generating: no token is produced a while after the stop.
+        page.wait_for_timeout(400)
+        last = slow.last_token_at
+        page.wait_for_timeout(600)
+        assert slow.last_token_at == last, "the reflect kept generating after Stop"
+    finally:
+        service.provider = previous

@@ -102,6 +102,24 @@ export const memory = {
       budget,
       include: { facts: {} },
     }),
+  /** Streamed reflect: resolves to the SSE Response (read it with stream.js readSse). */
+  reflectStream: async (bankId, query, { budget = "low", signal } = {}) => {
+    let response;
+    try {
+      response = await fetch(`${bankPath(bankId)}/reflect`, {
+        method: "POST",
+        signal,
+        cache: "no-store",
+        headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        body: JSON.stringify({ query, budget, include: { facts: {} }, stream: true }),
+      });
+    } catch (error) {
+      if (error?.name === "AbortError") throw error;
+      throw new ApiError(0, "network lost");
+    }
+    if (!response.ok) throw await errorFrom(response);
+    return response;
+  },
 };
 
 export const system = {

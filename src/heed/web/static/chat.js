@@ -130,9 +130,11 @@ export class ChatView {
     }
     if (generation !== this.generation) return;
     this.renderSession(session);
-    await this.pollStatus();
+    this.visible = document.visibilityState !== "hidden";
+    await this.pollStatus(); // attaches to the attachable run, if any
     if (generation !== this.generation) return;
-    this.setVisible(document.visibilityState !== "hidden");
+    if (this.visible) this.openChannel();
+    this.schedulePoll(this.visible ? config.visiblePollMs : config.hiddenPollMs);
     this.input.focus();
     this.scheduleDrain(0);
   }

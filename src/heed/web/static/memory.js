@@ -1,6 +1,7 @@
 // memory.js: the memory page of a bank: banks, retain, list, recall with its stage timings, reflect.
 
 import { memory } from "./api.js";
+import { readSse } from "./stream.js";
 import { clear, describeError, formatTime, h, shorten } from "./ui.js";
 
 const PAGE = 50;
@@ -119,6 +120,7 @@ export class MemoryPage {
     this.navigate = navigate;
     this.bankId = null;
     this.offset = 0;
+    this.reflectAbort = null; // the AbortController of a streamed reflect in flight
     this.build();
   }
 
@@ -186,14 +188,16 @@ export class MemoryPage {
     // reflect
     this.reflectQuery = h("input", { id: "reflect-query", placeholder: "Ask a question about this bank" });
     this.reflectStatus = h("p", { class: "form-status", role: "status" });
-    this.reflectAnswer = h("div", { id: "reflect-answer", class: "answer" });
+    this.reflectAnswer = h("div", { id: "reflect-answer", class: "answer", "aria-live": "polite" });
+    this.reflectSteps = h("ol", { id: "reflect-steps", class: "steps" });
+    this.reflectButton = h("button", { type: "submit", id: "reflect-submit" }, "Reflect");
     this.reflectFacts = h("ol", { class: "facts", id: "reflect-facts" });
     this.reflectUsed = h("h4", { class: "used", hidden: true }, "Memories used");
     const reflectForm = h(
       "form",
       { id: "reflect-form", onsubmit: (e) => this.reflect(e) },
       h("label", { for: "reflect-query", class: "sr-only" }, "Reflect question"),
-      h("div", { class: "row" }, this.reflectQuery, h("button", { type: "submit" }, "Reflect")),
+      h("div", { class: "row" }, this.reflectQuery, this.reflectButton),
       this.reflectStatus,
     );
 
@@ -223,7 +227,7 @@ export class MemoryPage {
         "div",
         { class: "memory-column" },
         card("Recall", recallForm, this.recallChart, this.recallResults),
-        card("Reflect", reflectForm, this.reflectAnswer, this.reflectUsed, this.reflectFacts),
+        card("Reflect", reflectForm, this.reflectSteps, this.reflectAnswer, this.reflectUsed, this.reflectFacts),
       ),
     );
 
@@ -286,6 +290,8 @@ export class MemoryPage {
     }
     clear(this.recallResults);
     clear(this.recallChart);
+    this.reflectAbort?.abort();
+    clear(this.reflectSteps);
     clear(this.reflectAnswer);
     clear(this.reflectFacts);
     this.reflectUsed.hidden = true;
@@ -363,28 +369,87 @@ export class MemoryPage {
     }
   }
 
+  /** Streamed reflect: tool steps and text as they come, then the answer and the memories
+   * it used. The button turns into Stop, which aborts the request (the server stops). */
   async reflect(event) {
     event.preventDefault();
+    if (this.reflectAbort) {
+      this.reflectAbort.abort();
+      return;
+    }
     const query = this.reflectQuery.value.trim();
     if (!query) return status(this.reflectStatus, "Type a question first.", "error");
     status(this.reflectStatus, "Reflecting…", "pending");
     const started = performance.now();
+    clear(this.reflectSteps);
     clear(this.reflectAnswer);
     clear(this.reflectFacts);
     this.reflectUsed.hidden = true;
+    const abort = new AbortController();
+    this.reflectAbort = abort;
+    this.reflectButton.textContent = "Stop";
+    this.reflectButton.classList.add("danger");
+    let iteration = null;
+    let settled = false;
     try {
-      const body = await memory.reflect(this.bankId, query);
-      this.reflectAnswer.textContent = body?.text ?? "";
-      const used = body?.based_on?.memories ?? [];
-      const ms = performance.now() - started;
-      const took = ms < 1000 ? `${ms.toFixed(0)} ms` : `${(ms / 1000).toFixed(1)} s`;
-      status(this.reflectStatus, `Answered in ${took}, based on ${used.length} ${used.length === 1 ? "memory" : "memories"}.`, "ok");
-      this.reflectUsed.hidden = used.length === 0;
-      this.reflectUsed.textContent = `Memories used (${used.length})`;
-      for (const fact of used) this.reflectFacts.append(factView(fact));
+      const response = await memory.reflectStream(this.bankId, query, { signal: abort.signal });
+      await readSse(response, (message) => {
+        let data = {};
+        try {
+          data = JSON.parse(message.data);
+        } catch {
+          data = {};
+        }
+        if (message.event === "tool_call") {
+          const input = data.input?.query ?? data.input?.memory_id ?? "";
+          this.reflectSteps.append(
+            h("li", { class: "step" }, h("span", { class: "tool-name" }, data.tool ?? "tool"), input ? ` “${shorten(input, 60)}”` : ""),
+          );
+        } else if (message.event === "tool_result") {
+          const last = this.reflectSteps.lastElementChild;
+          const found = Array.isArray(data.memories) ? `${data.memories.length} memories` : data.error ? `error: ${data.error}` : "done";
+          if (last) last.append(h("span", { class: "muted" }, ` → ${found}`));
+        } else if (message.event === "text_delta") {
+          if (data.iteration !== iteration) {
+            iteration = data.iteration;
+            clear(this.reflectAnswer);
+          }
+          this.reflectAnswer.append(document.createTextNode(data.text ?? ""));
+        } else if (message.event === "answer") {
+          this.reflectAnswer.textContent = data.text ?? "";
+        } else if (message.event === "done") {
+          settled = true;
+          this.showReflectAnswer(data, started);
+        } else if (message.event === "error") {
+          settled = true;
+          status(this.reflectStatus, `${data.status ?? "error"}: ${data.detail ?? "reflect failed"}`, "error");
+        }
+      });
+      if (!settled) status(this.reflectStatus, "The answer was cut off: the connection closed early.", "error");
     } catch (error) {
-      const missing = error.status === 404 && /not found/i.test(error.detail) && !/bank/i.test(error.detail);
-      status(this.reflectStatus, missing ? "Reflect is not available on this server yet." : describeError(error), "error");
+      if (error?.name === "AbortError") {
+        status(this.reflectStatus, "Stopped: the server stopped reflecting.", "");
+      } else {
+        const missing = error.status === 404 && /not found/i.test(error.detail) && !/bank/i.test(error.detail);
+        status(this.reflectStatus, missing ? "Reflect is not available on this server yet." : describeError(error), "error");
+      }
+    } finally {
+      this.reflectAbort = null;
+      this.reflectButton.textContent = "Reflect";
+      this.reflectButton.classList.remove("danger");
     }
   }
+
+  showReflectAnswer(body, started) {
+    this.reflectAnswer.textContent = body?.text ?? "";
+    const used = body?.based_on?.memories ?? [];
+    const ms = performance.now() - started;
+    const took = ms < 1000 ? `${ms.toFixed(0)} ms` : `${(ms / 1000).toFixed(1)} s`;
+    status(this.reflectStatus, `Answered in ${took}, based on ${used.length} ${used.length === 1 ? "memory" : "memories"}.`, "ok");
+    this.reflectUsed.hidden = used.length === 0;
+    this.reflectUsed.textContent = `Memories used (${used.length})`;
+    clear(this.reflectFacts);
+    for (const fact of used) this.reflectFacts.append(factView(fact));
+  }
+
 }

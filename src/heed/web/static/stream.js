@@ -176,6 +176,18 @@ function defaultFatal(error) {
   return error.status >= 400 && error.status < 500 && error.status !== 408 && error.status !== 429;
 }
 
+/** Read a whole SSE response (one request, no reconnect): onMessage({event, id, data}). */
+export async function readSse(response, onMessage) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  const parser = new SseParser();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    for (const message of parser.feed(decoder.decode(value, { stream: true }))) onMessage(message);
+  }
+}
+
 export const TERMINAL_EVENTS = new Set(["completed", "failed", "cancelled", "interrupted"]);
 
 function parseData(text) {
