@@ -215,6 +215,9 @@ export class ChatView {
   onStreamState(state, error) {
     if (state === "retrying" && error?.network) {
       showNotice("network", "Network lost: reconnecting…", "warn");
+    } else if (state === "retrying" && error?.status === 503) {
+      const wait = error.retryAfter ? ` in ${error.retryAfter} s` : "";
+      showNotice("network", `Server overloaded (503): reconnecting${wait}.`, "warn");
     } else if (state === "open") {
       hideNotice("network");
     }

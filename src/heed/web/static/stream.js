@@ -11,6 +11,7 @@ import { sleep } from "./ui.js";
 const WATCHDOG_MS = 35_000; // the server sends a heartbeat comment every ~10 s
 const MIN_DELAY_MS = 500;
 const MAX_DELAY_MS = 10_000;
+const HEALTHY_MS = 5_000; // a connection that lived this long resets the backoff
 
 /** Incremental SSE parser: feed() text chunks, get complete events ({event, id, data}). */
 export class SseParser {
@@ -99,6 +100,7 @@ export class SseClient {
     let attempt = 0;
     while (!this.closed) {
       this.onState(attempt ? "retrying" : "connecting");
+      const opened = Date.now();
       let received = false;
       let failure = null;
       try {
@@ -112,7 +114,9 @@ export class SseClient {
         this.closed = true;
         return;
       }
-      attempt = received ? 1 : attempt + 1;
+      // Only a connection that delivered events *and* lived a while resets the backoff: a server
+      // that answers and hangs up at once must not turn into a reconnect loop.
+      attempt = received && Date.now() - opened >= HEALTHY_MS ? 1 : attempt + 1;
       const retryAfter = failure?.retryAfter ? failure.retryAfter * 1000 : 0;
       const backoff = Math.min(MAX_DELAY_MS, MIN_DELAY_MS * 2 ** (attempt - 1));
       this.onState("retrying", failure || new Error("stream ended"));
