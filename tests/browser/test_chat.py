@@ -127,7 +127,7 @@ def test_reload_mid_stream_shows_the_final_text_exactly_once(page: Any, server: 
     page.wait_for_selector("#transcript > li.turn", timeout=10_000)
     # Right after the reload the turn already shows what had been drawn (no blank restart).
     early = assistant_text(page)
-    assert len(early.split()) >= 10 and reply.startswith(early)
+    assert len(early.split()) >= 12 and reply.startswith(early)
 
     samples = _sample_until_done(page)
     final = samples[-1]

@@ -38,6 +38,7 @@ export class ChatView {
     this.followers = new Map(); // runId -> follower (open run streams)
     this.finished = new Set(); // runs this tab saw end: never attached again
     this.logs = new Map(); // runId -> the journal events drawn so far (deduped by seq)
+    this.savers = new Map(); // runId -> writes its events to the reload cache now
     this.channel = null;
     this.pollTimer = null;
     this.drainTimer = null;
@@ -47,6 +48,9 @@ export class ChatView {
     this.signature = null;
     this.generation = 0; // bumped on every open(): late answers for an old session are dropped
     this.build();
+    window.addEventListener("pagehide", () => {
+      for (const save of this.savers.values()) save();
+    });
     queue.watch((sessionId) => {
       if (sessionId === this.sessionId) {
         this.renderQueue();
@@ -149,6 +153,7 @@ export class ChatView {
     this.turns.clear();
     this.finished.clear();
     this.logs.clear();
+    this.savers.clear();
     this.signature = null;
     this.status = { busy: false, active_run_id: null };
     hideNotice("send");
@@ -364,9 +369,11 @@ export class ChatView {
     let saveTimer = null;
     let gapped = false;
     const save = () => {
+      clearTimeout(saveTimer);
       saveTimer = null;
       if (!this.finished.has(runId)) runCache.save(runId, events);
     };
+    this.savers.set(runId, save); // flushed on pagehide, so a reload resumes exactly here
     const follower = followRun(runs, runId, {
       after,
       onEvent: (event) => {
@@ -377,6 +384,7 @@ export class ChatView {
       },
       onTerminal: (event) => {
         clearTimeout(saveTimer);
+        this.savers.delete(runId);
         this.followers.delete(runId);
         this.finished.add(runId);
         this.logs.delete(runId);
