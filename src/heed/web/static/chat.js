@@ -280,7 +280,13 @@ export class ChatView {
   renderSession(session) {
     this.setTitle(session?.title || session?.name || "Untitled session");
     const bank = session?.bank_id;
-    this.bankLabel.textContent = bank ? `memory bank: ${bank}` : "";
+    clear(this.bankLabel);
+    if (bank) {
+      this.bankLabel.append(
+        "memory bank: ",
+        h("a", { href: `#/memory/${encodeURIComponent(bank)}`, title: "open the bank's memory page" }, bank),
+      );
+    }
     this.renderTranscript(session?.messages ?? session?.transcript ?? []);
   }
 
