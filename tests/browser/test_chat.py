@@ -7,6 +7,7 @@ long a reply takes and what its text is.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from tests.browser.helpers import (
@@ -217,25 +218,25 @@ def test_error_states_busy_overloaded_network_lost(page: Any, server: LiveServer
     set_script(server, {"token_delay": 0.01, "replies": [{"text": reply}]})
     sid = new_session(server, "errors")
     open_chat(page, server, sid)
-    answers = iter(
-        [
-            {"status": 409, "headers": {"Retry-After": "1"}, "detail": "session is busy"},
-            {"status": 503, "headers": {"Retry-After": "1"}, "detail": "turn lane full"},
-            None,  # network lost
-        ]
+    # What the first three POSTs of the turn get: 409, 503 (both with Retry-After), a network
+    # failure; later ones reach the server.
+    answers: Iterator[tuple[int, str] | None] = iter(
+        [(409, "session is busy"), (503, "turn lane full"), None]
     )
+    passed = (0, "")
 
     def fake(route: Any) -> None:
-        answer = next(answers, "pass")
-        if answer == "pass":
+        answer = next(answers, passed)
+        if answer is passed:
             route.continue_()
         elif answer is None:
             route.abort("internetdisconnected")
         else:
+            status, detail = answer
             route.fulfill(
-                status=answer["status"],
-                headers={**answer["headers"], "Content-Type": "application/json"},
-                body=json.dumps({"detail": answer["detail"]}),
+                status=status,
+                headers={"Retry-After": "1", "Content-Type": "application/json"},
+                body=json.dumps({"detail": detail}),
             )
 
     page.route(f"**/v1/sessions/{sid}/turns", fake)
