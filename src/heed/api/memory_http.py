@@ -237,46 +237,45 @@ def recall_query(body: wire.RecallRequest) -> RecallQuery:
     )
 
 
-def _result(hit: RecallHit) -> wire.RecallResultOut:
+def _result(hit: RecallHit) -> dict[str, Any]:
     unit = hit.unit
-    return wire.RecallResultOut(
-        id=unit.id,
-        text=unit.text,
-        type=unit.fact_type,
-        entities=unit.entities or None,
-        context=unit.context,
-        occurred_start=unit.occurred_start,
-        occurred_end=unit.occurred_end,
-        mentioned_at=unit.mentioned_at,
-        document_id=unit.document_id,
-        metadata=unit.metadata or None,
-        chunk_id=unit.chunk_id,
-        tags=unit.tags or None,
-        scores=wire.RecallScores(
-            final=round(hit.final, 6),
-            reranker=hit.reranker,
-            semantic=hit.semantic,
-            keyword=hit.keyword,
-        ),
-    )
+    return {
+        "id": unit.id,
+        "text": unit.text,
+        "type": unit.fact_type,
+        "entities": unit.entities or None,
+        "context": unit.context,
+        "occurred_start": unit.occurred_start,
+        "occurred_end": unit.occurred_end,
+        "mentioned_at": unit.mentioned_at,
+        "document_id": unit.document_id,
+        "metadata": unit.metadata or None,
+        "chunk_id": unit.chunk_id,
+        "tags": unit.tags or None,
+        "scores": {
+            "final": round(hit.final, 6),
+            "reranker": hit.reranker,
+            "semantic": hit.semantic,
+            "keyword": hit.keyword,
+        },
+    }
 
 
-def recall_response(outcome: RecallOutcome) -> wire.RecallResponse:
-    return wire.RecallResponse(
-        results=[_result(h) for h in outcome.hits],
-        trace=outcome.trace,
-        entities=(
-            {k: wire.EntityState(**v) for k, v in outcome.entities.items()}
-            if outcome.entities is not None
+def recall_response(outcome: RecallOutcome) -> dict[str, Any]:
+    """The JSON of :class:`wire.RecallResponse`, built directly (recall is the hot path:
+    validating dozens of result models cost more than the rest of the response)."""
+    chunks = outcome.chunks
+    return {
+        "results": [_result(h) for h in outcome.hits],
+        "trace": outcome.trace,
+        "entities": outcome.entities,
+        "chunks": (
+            {k: {"truncated": False, **v} for k, v in chunks.items()}
+            if chunks is not None
             else None
         ),
-        chunks=(
-            {k: wire.ChunkOut(**v) for k, v in outcome.chunks.items()}
-            if outcome.chunks is not None
-            else None
-        ),
-        source_facts={} if outcome.source_facts is not None else None,
-    )
+        "source_facts": {} if outcome.source_facts is not None else None,
+    }
 
 
 def unit_item(unit: StoredUnit) -> wire.MemoryUnitItem:

@@ -8,6 +8,7 @@ operation runs under its own token (see :mod:`heed.memory.operations`).
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
 
 from heed.api.errors import HeedError
 from heed.api.memory_http import (
@@ -67,13 +68,13 @@ async def retain(bank_id: str, body: wire.RetainRequest, request: Request) -> wi
     )
 
 
-@router.post("/recall")
-async def recall(bank_id: str, body: wire.RecallRequest, request: Request) -> wire.RecallResponse:
+@router.post("/recall", response_model=wire.RecallResponse)
+async def recall(bank_id: str, body: wire.RecallRequest, request: Request) -> JSONResponse:
     """Hybrid recall; cancelled at the next checkpoint when the client leaves."""
     engine = engine_of(request)
     query = recall_query(body)
     bank = await engine.get_bank(bank_id)
-    return recall_response(await engine.recall(bank, query))
+    return JSONResponse(recall_response(await engine.recall(bank, query)))
 
 
 @router.get("/list")
