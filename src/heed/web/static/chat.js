@@ -137,6 +137,7 @@ export class ChatView {
     this.visible = document.visibilityState !== "hidden";
     await this.pollStatus(); // attaches to the attachable run, if any
     if (generation !== this.generation) return;
+    runCache.prune(new Set(this.followers.keys()));
     if (this.visible) this.openChannel();
     this.schedulePoll(this.visible ? config.visiblePollMs : config.hiddenPollMs);
     this.input.focus();

@@ -98,4 +98,14 @@ export const runCache = {
   drop(runId) {
     sessionStorage.removeItem(runKey(runId));
   },
+
+  /** Forget cached runs other than *keep* (runs that ended while the page was away). */
+  prune(keep) {
+    for (let i = sessionStorage.length - 1; i >= 0; i--) {
+      const k = sessionStorage.key(i);
+      if (k?.startsWith("heed.run.") && !keep.has(k.slice("heed.run.".length))) {
+        sessionStorage.removeItem(k);
+      }
+    }
+  },
 };
