@@ -24,6 +24,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.models import (
     Bank,
@@ -118,8 +120,6 @@ class _BankIndexes:
                 known = index.vectors_for([seq for seq, _ in fresh])
                 fresh = [(seq, u) for seq, u in fresh if seq not in known]
                 if fresh:
-                    import numpy as np
-
                     index.add(
                         [seq for seq, _ in fresh],
                         np.stack([u.embedding for _, u in fresh]),
@@ -209,9 +209,7 @@ class MemoryEngine:
 
     async def start(self) -> None:
         """Apply storage migrations."""
-        migrate = getattr(self.store, "migrate", None)
-        if migrate is not None:
-            await run_in_thread(migrate)
+        await run_in_thread(self.store.migrate)
 
     async def get_bank(self, bank_id: str, *, tenant: str | None = None) -> Bank:
         """The bank of the current tenant; raises :class:`NotFound`."""

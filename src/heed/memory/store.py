@@ -55,6 +55,10 @@ class UnitFilter:
 class MemoryStore(Protocol):
     """Banks, documents, units, entities, links and the keyword index of all tenants."""
 
+    def migrate(self) -> None:
+        """Bring the schema to the current version (idempotent)."""
+        ...
+
     # banks
     def get_bank(self, tenant: str, bank_id: str) -> Bank | None: ...
     def list_banks(

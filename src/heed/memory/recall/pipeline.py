@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from heed.memory.embeddings import Embedder, TokenCounter
+from heed.memory.entities import canonical
 from heed.memory.models import Bank, RecallHit, RecallOutcome, RecallQuery, StoredUnit
 from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import QueryAnalysis, analyze_query
@@ -357,8 +358,6 @@ def _enrich(
     if q.include_entities:
         raise_if_cancelled()
         _hook(deps, "enrichment")
-        from heed.memory.entities import canonical
-
         names = list(dict.fromkeys(canonical(e) for h in hits for e in h.unit.entities))[:50]
         states = deps.store.entity_states(bank.ref, names, per_entity=3)
         entities = {}
