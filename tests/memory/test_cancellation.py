@@ -75,6 +75,7 @@ async def test_cancel_during_stage_stops_it(engine: MemoryEngine, stage: str) ->
     with pytest.raises(OperationCancelled):
         await task
     stopped = time.monotonic() - cancelled_at
+    print(f"{stage}: stopped {stopped * 1000:.2f} ms after the cancel")
     assert stopped < STOP_BOUND, f"{stage}: stopped after {stopped * 1000:.1f} ms"
     assert gate.reason == "client disconnected"
     assert engine.recall_deps.lane.stats().in_use == 0
@@ -98,7 +99,9 @@ async def test_cancel_while_queued_never_starts(engine: MemoryEngine) -> None:
     second_ctx.token.cancel("client disconnected")
     with pytest.raises(OperationCancelled):
         await second
-    assert time.monotonic() - started < STOP_BOUND
+    waited = time.monotonic() - started
+    print(f"queued: left the queue {waited * 1000:.2f} ms after the cancel")
+    assert waited < STOP_BOUND
     assert gate.calls["embedding"] == 1, "the queued request computed its embedding"
     assert lane.stats().cancelled_in_queue_total == 1
     first_ctx.token.cancel("done")
