@@ -18,43 +18,16 @@ import os
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(port: int, data_dir: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, HEED_ENABLE_DIAGNOSTICS="1", HEED_DATA_DIR=data_dir)
-    cmd = [sys.executable, "-m", "heed.cli", "serve", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server did not start")
+from _heed_server import RESULTS, heed_server, percentile
 
 
 def one_disconnect(client: httpx.Client, port: int, max_delay: float) -> dict[str, float]:
@@ -100,18 +73,17 @@ def main() -> None:
     args = parser.parse_args()
     random.seed(args.seed)
 
-    port = free_port()
-    with tempfile.TemporaryDirectory() as data_dir:
-        proc = start_server(port, data_dir)
-        try:
-            samples = []
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-                for _ in range(args.count):
-                    samples.append(one_disconnect(client, port, args.max_delay))
-                metrics = client.get("/metrics").text
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with (
+        tempfile.TemporaryDirectory() as data_dir,
+        heed_server(data_dir, HEED_ENABLE_DIAGNOSTICS="1") as base,
+    ):
+        port = urlparse(base).port
+        assert port is not None
+        samples = []
+        with httpx.Client(base_url=base, timeout=10) as client:
+            for _ in range(args.count):
+                samples.append(one_disconnect(client, port, args.max_delay))
+            metrics = client.get("/metrics").text
 
     started = [s for s in samples if s["started"]]
     stop = [s["close_to_stop_ms"] for s in started]

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))  # for tests.llm.fake_upstream
 
+from _heed_server import RESULTS, percentile  # noqa: E402
 from heed.llm import ChatMessage, ChatProvider, TextDelta  # noqa: E402
 from heed.runtime import OperationCancelled, RequestContext, use_context  # noqa: E402
 
@@ -47,12 +47,6 @@ STOP_KEYS = {
     "upstream": "cancel_to_upstream_connection_closed_ms",
     "local": "cancel_to_generation_thread_stopped_ms",
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def summary(values_s: list[float]) -> dict[str, float]:
