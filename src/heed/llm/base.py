@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -290,11 +290,14 @@ async def complete(
     tools: Sequence[ToolSpec] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    on_text: Callable[[str], Awaitable[None]] | None = None,
 ) -> Completion:
     """Run ``provider.stream`` to the end and collect it into a :class:`Completion`.
 
-    Cancellation and provider errors propagate unchanged; the stream is always
-    closed before this returns or raises.
+    *on_text*, when given, is awaited with each text piece as it arrives (to
+    forward the reply while it streams). Cancellation and provider errors
+    propagate unchanged; the stream is always closed before this returns or
+    raises.
     """
     result = Completion()
     parts: list[str] = []
@@ -303,6 +306,8 @@ async def complete(
         async for event in events:
             if isinstance(event, TextDelta):
                 parts.append(event.text)
+                if on_text is not None:
+                    await on_text(event.text)
             elif isinstance(event, ToolCallEvent):
                 result.tool_calls.append(event.to_call())
             elif isinstance(event, Usage):

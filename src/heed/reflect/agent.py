@@ -26,7 +26,6 @@ the tiny local model stays useful; a stronger ``openai`` model does better.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,12 +35,10 @@ from heed.llm.base import (
     ChatMessage,
     ChatProvider,
     Completion,
-    Finish,
-    TextDelta,
     ToolCall,
-    ToolCallEvent,
     ToolSpec,
     Usage,
+    complete,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
 from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
@@ -312,22 +309,14 @@ class _Loop:
     ) -> Completion:
         """One streamed model call, forwarding text deltas to the listener."""
         started = time.perf_counter()
-        result = Completion()
-        parts: list[str] = []
+
+        async def on_text(text: str) -> None:
+            await self._emit("text_delta", {"text": text, "iteration": iteration})
+
         max_tokens = self.request.max_tokens if tools is None else None
-        stream = self.provider.stream(messages, tools=tools, max_tokens=max_tokens)
-        async with contextlib.aclosing(stream) as events:
-            async for event in events:
-                if isinstance(event, TextDelta):
-                    parts.append(event.text)
-                    await self._emit("text_delta", {"text": event.text, "iteration": iteration})
-                elif isinstance(event, ToolCallEvent):
-                    result.tool_calls.append(event.to_call())
-                elif isinstance(event, Usage):
-                    result.usage = event
-                elif isinstance(event, Finish):
-                    result.finish_reason = event.reason
-        result.text = "".join(parts)
+        result = await complete(
+            self.provider, messages, tools=tools, max_tokens=max_tokens, on_text=on_text
+        )
         self.prompt_tokens += result.usage.prompt_tokens
         self.completion_tokens += result.usage.completion_tokens
         self.llm_calls.append(LLMTrace(scope, int((time.perf_counter() - started) * 1000)))
