@@ -28,8 +28,9 @@ to a socket in few sends.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -64,6 +65,14 @@ class Heartbeat:
 HEARTBEAT: Final = Heartbeat()
 
 FollowItem = list[RunEvent] | Gap | Heartbeat
+
+
+@dataclass(slots=True)
+class _Position:
+    """A reader's place in one journal: the last seq it has, and whether it has ended."""
+
+    cursor: int
+    ended: bool = False
 
 
 class Journal:
@@ -119,6 +128,32 @@ class Journal:
         finished = run is None or (run.journal_closed and last >= run.last_seq)
         return gap, events, len(events) == _BATCH, finished
 
+    async def _from_store(
+        self, run_id: str, position: _Position
+    ) -> AsyncGenerator[list[RunEvent] | Gap, None]:
+        """What the store retains after ``position.cursor``, batch by batch.
+
+        Advances the cursor past everything it yields, and sets ``position.ended``
+        when nothing can follow: the terminal event was yielded, or the journal is
+        closed and the cursor is at (or past) its end.
+        """
+        more = True
+        while more:
+            gap, events, more, finished = await self._read(run_id, position.cursor)
+            if gap is not None:
+                yield gap
+                position.cursor = gap.first_retained - 1
+            if events:
+                events, done = _until_terminal(events)
+                position.cursor = events[-1].seq
+                yield events
+                if done:
+                    position.ended = True
+                    return
+            if finished:
+                position.ended = True
+                return
+
     async def follow(
         self,
         run_id: str,
@@ -134,22 +169,13 @@ class Journal:
         """
         sub = self.broker.subscribe(run_topic(run_id))
         handle = token.on_cancel(lambda _reason: sub.stop()) if token is not None else None
-        cursor = max(0, after)
+        position = _Position(cursor=max(0, after))
         try:
-            more = True
-            while more:
-                gap, events, more, finished = await self._read(run_id, cursor)
-                if gap is not None:
-                    yield gap
-                    cursor = gap.first_retained - 1
-                if events:
-                    events, done = _until_terminal(events)
-                    cursor = events[-1].seq
-                    yield events
-                    if done:
-                        return
-                if finished:
-                    return  # a closed journal and a cursor at (or past) its end
+            async with contextlib.aclosing(self._from_store(run_id, position)) as stored:
+                async for item in stored:
+                    yield item
+            if position.ended:
+                return
             last_output = time.monotonic()
             while True:
                 wait = min(self.poll_interval, max(0.0, last_output + heartbeat - time.monotonic()))
@@ -157,9 +183,9 @@ class Journal:
                 if message is STOPPED:
                     return
                 if isinstance(message, RunEvent):
-                    if message.seq <= cursor:
+                    if message.seq <= position.cursor:
                         continue
-                    if message.seq == cursor + 1:
+                    if message.seq == position.cursor + 1:
                         more_message: object | None = None
                         # Take whatever else is already queued and in order: one write.
                         batch = [message]
@@ -171,7 +197,7 @@ class Journal:
                             ):
                                 break
                             batch.append(more_message)
-                        cursor = batch[-1].seq
+                        position.cursor = batch[-1].seq
                         last_output = time.monotonic()
                         yield batch
                         if batch[-1].is_terminal:
@@ -182,22 +208,13 @@ class Journal:
                             return
                         # out of order or lagged: fall through to re-read the store
                 # A hole, a lag, or a quiet spell: the store is the truth.
-                more = True
                 caught_up = False
-                while more:
-                    gap, events, more, finished = await self._read(run_id, cursor)
-                    if gap is not None:
-                        yield gap
-                        cursor = gap.first_retained - 1
-                    if events:
-                        events, done = _until_terminal(events)
-                        cursor = events[-1].seq
-                        caught_up = True
-                        yield events
-                        if done:
-                            return
-                    if finished:
-                        return
+                async with contextlib.aclosing(self._from_store(run_id, position)) as stored:
+                    async for item in stored:
+                        caught_up = caught_up or isinstance(item, list)
+                        yield item
+                if position.ended:
+                    return
                 if caught_up:
                     last_output = time.monotonic()
                 elif time.monotonic() - last_output >= heartbeat:
