@@ -100,7 +100,8 @@ class OnnxMiniLM:
         tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
         self._tokenizer = tokenizer
         options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # BASIC measured ~8% faster than ALL for this int8 graph on these CPUs.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
