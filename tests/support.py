@@ -8,9 +8,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import uvicorn
-from fastapi import FastAPI
+
+AppT = TypeVar("AppT")  # a FastAPI app, or any ASGI app
 
 
 def free_port() -> int:
@@ -20,10 +22,10 @@ def free_port() -> int:
 
 
 @dataclass
-class LiveServer:
+class LiveServer(Generic[AppT]):
     """A running server: its base URL and the app object (to inspect state)."""
 
-    app: FastAPI
+    app: AppT
     host: str
     port: int
 
@@ -33,7 +35,7 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(app: FastAPI, *, timeout: float = 20.0) -> Iterator[LiveServer]:
+def live_server(app: AppT, *, timeout: float = 20.0) -> Iterator[LiveServer[AppT]]:
     """Serve *app* with uvicorn on 127.0.0.1 in a background thread until the block exits."""
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

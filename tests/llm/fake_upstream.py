@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections import deque
@@ -23,7 +22,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
+from tests.support import live_server
 
 
 def text_chunks(words: list[str], *, finish: str | None = "stop") -> list[dict[str, Any]]:
@@ -231,12 +230,6 @@ class FakeUpstream:
         await send({"type": "http.response.body", "body": payload})
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class RunningUpstream:
     app: FakeUpstream
@@ -250,19 +243,5 @@ class RunningUpstream:
 @contextmanager
 def serve_fake_upstream(timeout: float = 20.0) -> Iterator[RunningUpstream]:
     """Run a :class:`FakeUpstream` with uvicorn on 127.0.0.1 in a thread."""
-    app = FakeUpstream()
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"fake-upstream-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("fake upstream did not start")
-        time.sleep(0.01)
-    try:
-        yield RunningUpstream(app=app, port=port)
-    finally:
-        server.should_exit = True
-        thread.join(timeout)
+    with live_server(FakeUpstream(), timeout=timeout) as server:
+        yield RunningUpstream(app=server.app, port=server.port)
