@@ -9,7 +9,15 @@ import httpx
 
 from heed.settings import Settings
 
-from .http_support import SLOW_SCRIPT, new_session, run_server, run_settings, sse_frames, wait_for
+from .http_support import (
+    SLOW_SCRIPT,
+    new_session,
+    run_phase,
+    run_server,
+    run_settings,
+    sse_frames,
+    wait_for,
+)
 
 
 async def read_stream(
@@ -54,7 +62,7 @@ async def test_finished_run_replays_in_full_and_ends(
     ):
         sid = new_session(client)
         run_id = start_turn(client, sid, "one two three four")
-        wait_for(lambda: client.get(f"/v1/runs/{run_id}").json()["phase"] == "completed")
+        wait_for(lambda: run_phase(client, run_id) == "completed")
         frames = [f for f in await read_stream(server.url, run_id) if f.id]
         seqs = [int(f.id) for f in frames]
         assert seqs == list(range(1, len(seqs) + 1))
@@ -129,7 +137,7 @@ async def test_old_cursor_gets_explicit_gap(make_settings: Callable[..., Setting
     ):
         sid = new_session(client)
         run_id = start_turn(client, sid, "a b c d e f")
-        wait_for(lambda: client.get(f"/v1/runs/{run_id}").json()["phase"] == "completed")
+        wait_for(lambda: run_phase(client, run_id) == "completed")
         server.app.state.services.runs.run_store.trim_journal(run_id, 5)
         frames = await read_stream(server.url, run_id, after=1)
         assert frames[0].event == "gap"

@@ -31,6 +31,21 @@ async def events(manager: RunManager, run_id: str) -> list[str]:
     return [e.type for e in manager.store.events_after(run_id, 0)]
 
 
+async def orphaned_running_run(manager: RunManager, *, worker_id: str) -> str:
+    """A one-token turn run to completion, then its row rewritten as ``running`` under
+    *worker_id*'s expired lease (a worker that died mid-run); returns the run id."""
+    run = await manager.submit("turn", tenant="t", session_id="s", payload={"n": 1})
+    assert run is not None
+    await wait_phase(manager, run.id, "completed")
+    with manager.store.db.write() as conn:
+        conn.execute(
+            "UPDATE runs SET phase='running', lease_expires_at=?, worker_id=?,"
+            " journal_closed=0 WHERE id=?",
+            (time.time() - 1, worker_id, run.id),
+        )
+    return run.id
+
+
 async def test_run_completes_with_terminal_event(manager: RunManager) -> None:
     run = await manager.submit("turn", tenant="t", session_id="s", payload={"n": 2})
     assert run is not None
@@ -159,18 +174,10 @@ async def test_reaper_reclaims_stale_cancelling_run_without_worker(tmp_path: Pat
 async def test_expired_lease_running_run_becomes_interrupted(tmp_path: Path) -> None:
     manager = build_manager(tmp_path / "heed.db")
     try:
-        run = await manager.submit("turn", tenant="t", session_id="s", payload={"n": 1})
-        assert run is not None
-        await wait_phase(manager, run.id, "completed")
-        with manager.store.db.write() as conn:
-            conn.execute(
-                "UPDATE runs SET phase='running', lease_expires_at=?, worker_id='other:1:x',"
-                " journal_closed=0 WHERE id=?",
-                (time.time() - 1, run.id),
-            )
+        run_id = await orphaned_running_run(manager, worker_id="other:1:x")
         finalized = await reap_once(manager)
         assert [r.phase for r in finalized] == ["interrupted"]
-        assert (await events(manager, run.id))[-1] == "interrupted"
+        assert (await events(manager, run_id))[-1] == "interrupted"
     finally:
         await manager.close()
 
@@ -277,18 +284,10 @@ async def test_concurrent_reapers_finalize_a_row_once(tmp_path: Path) -> None:
     one = build_manager(tmp_path / "heed.db")
     two = build_manager(tmp_path / "heed.db")  # another process on the same database
     try:
-        run = await one.submit("turn", tenant="t", session_id="s", payload={"n": 1})
-        assert run is not None
-        await wait_phase(one, run.id, "completed")
-        with one.store.db.write() as conn:
-            conn.execute(
-                "UPDATE runs SET phase='running', lease_expires_at=?, worker_id='dead:1:x',"
-                " journal_closed=0 WHERE id=?",
-                (time.time() - 1, run.id),
-            )
+        run_id = await orphaned_running_run(one, worker_id="dead:1:x")
         results = await asyncio.gather(reap_once(one), reap_once(two), reap_once(one))
         assert sum(len(r) for r in results) == 1
-        assert (await events(one, run.id)).count("interrupted") == 1
+        assert (await events(one, run_id)).count("interrupted") == 1
         assert one.interrupted_total + two.interrupted_total == 1
     finally:
         await one.close()
