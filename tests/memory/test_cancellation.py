@@ -55,8 +55,8 @@ async def _entered(gate: StageGate) -> None:
     assert await asyncio.to_thread(gate.entered.wait, 10.0), f"{gate.stage} never ran"
 
 
-LATER = {
-    "embedding": ["retrieval", "rerank", "enrichment"],
+LATER = {  # the lexical arms run beside the embedding, so "retrieval" may start with it
+    "embedding": ["rerank", "enrichment"],
     "retrieval": ["rerank", "enrichment"],
     "rerank": ["enrichment"],
     "enrichment": [],

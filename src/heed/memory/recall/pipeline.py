@@ -116,13 +116,13 @@ def _hook(deps: RecallDeps, stage: str) -> None:
         raise_if_cancelled()
 
 
-async def _gather_all(*aws: Awaitable[T]) -> list[T]:
+async def _gather_all(*aws: Awaitable[Any]) -> list[Any]:
     """Await all; only then raise the first failure (no thread is left running)."""
     results = await asyncio.gather(*aws, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return list(results)  # type: ignore[arg-type]
+    return list(results)
 
 
 # -- stages ----------------------------------------------------------------------------
@@ -182,6 +182,38 @@ def _temporal_arm(
     start, end = analysis.window
     rows = deps.store.units_in_window(bank.ref, start.isoformat(), end.isoformat(), k)
     return [(seq, 1.0) for seq, _ in rows]
+
+
+def _embed_and_search(
+    deps: RecallDeps, index: VectorIndex, q: RecallQuery, k: int
+) -> tuple[np.ndarray, list[tuple[int, float]], float]:
+    """The query embedding, then the semantic arm (one worker thread; a checkpoint between)."""
+    start = time.perf_counter()
+    qvec = _embed_query(deps, q.query)
+    embed_ms = (time.perf_counter() - start) * 1000
+    raise_if_cancelled()
+    return qvec, _semantic_arm(deps, index, qvec, k, q), embed_ms
+
+
+def _lexical_arms(
+    deps: RecallDeps,
+    bank: Bank,
+    analysis: QueryAnalysis,
+    q: RecallQuery,
+    k: int,
+    names: list[str],
+) -> dict[str, list[tuple[int, float]]]:
+    """The keyword, graph and temporal arms, one after the other, a checkpoint before each."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name in names:
+        raise_if_cancelled()
+        if name == "keyword":
+            out[name] = _keyword_arm(deps, bank, analysis, k, q)
+        elif name == "graph":
+            out[name] = _graph_arm(deps, bank, analysis, k)
+        else:
+            out[name] = _temporal_arm(deps, bank, analysis, k)
+    return out
 
 
 def _arm_ids(
@@ -420,24 +452,32 @@ async def run_recall(deps: RecallDeps, bank: Bank, q: RecallQuery) -> RecallOutc
         tracer.record("admission", queued_at)
         anchor = q.query_timestamp or datetime.now(UTC)
         analysis = analyze_query(q.query, anchor, q.temporal_window)
-        index_task = deps.index_for(bank)
-        index = await tracer.stage("index", index_task)
-        qvec = await tracer.stage("embedding", run_in_thread(_embed_query, deps, q.query))
+        index = await tracer.stage("index", deps.index_for(bank))
 
+        # Two offloaded branches run side by side: the query embedding followed by the
+        # semantic arm, and the lexical arms (keyword, graph, temporal), which do not need
+        # the embedding. Both are awaited until their threads stopped.
         raise_if_cancelled()
         start = time.perf_counter()
         config = bank.config
-        arm_calls: dict[str, Awaitable[list[tuple[int, float]]]] = {
-            "semantic": run_in_thread(_semantic_arm, deps, index, qvec, per_arm, q)
-        }
-        if config.get("enable_text_search", True) and analysis.terms:
-            arm_calls["keyword"] = run_in_thread(_keyword_arm, deps, bank, analysis, per_arm, q)
-        if config.get("enable_graph_retrieval", True) and analysis.entity_names:
-            arm_calls["graph"] = run_in_thread(_graph_arm, deps, bank, analysis, per_arm)
-        if config.get("enable_temporal_retrieval", True) and analysis.window is not None:
-            arm_calls["temporal"] = run_in_thread(_temporal_arm, deps, bank, analysis, per_arm)
-        results = await _gather_all(*arm_calls.values())
-        arms = dict(zip(arm_calls, results, strict=True))
+        lexical = [
+            name
+            for name, wanted in (
+                ("keyword", config.get("enable_text_search", True) and analysis.terms),
+                ("graph", config.get("enable_graph_retrieval", True) and analysis.entity_names),
+                (
+                    "temporal",
+                    config.get("enable_temporal_retrieval", True) and analysis.window is not None,
+                ),
+            )
+            if wanted
+        ]
+        (qvec, semantic, embed_ms), lexical_hits = await _gather_all(
+            run_in_thread(_embed_and_search, deps, index, q, per_arm),
+            run_in_thread(_lexical_arms, deps, bank, analysis, q, per_arm, lexical),
+        )
+        tracer.stages.append({"stage": "embedding", "ms": round(embed_ms, 3)})
+        arms = {"semantic": semantic, **lexical_hits}
         tracer.record("retrieval", start, arms={name: len(hits) for name, hits in arms.items()})
 
         if q.trace:
