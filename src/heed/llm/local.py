@@ -238,6 +238,18 @@ class _Done:
 _DONE: Final = _Done()
 
 
+@dataclass(frozen=True, slots=True)
+class _Generation:
+    """What one generation needs in its worker thread."""
+
+    turns: list[tuple[str, str]]  # (role, text) for the ChatML template
+    tools: tuple[ToolSpec, ...]
+    max_tokens: int | None
+    temperature: float
+    turn: int  # assistant messages so far: the tool-call id's number
+    emit: Callable[[StreamEvent], None]  # hands an event to the event loop
+
+
 def _tool_prompt(tools: Sequence[ToolSpec]) -> str:
     lines = [
         "If you need a tool, reply with only one line of JSON: "
@@ -362,19 +374,17 @@ class LocalProvider:
         def emit(event: StreamEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
-        turn = sum(1 for m in messages if m.role == "assistant")
+        job = _Generation(
+            turns=_render(messages, tools or ()),
+            tools=tuple(tools or ()),
+            max_tokens=max_tokens if max_tokens is not None else self.default_max_tokens,
+            temperature=temperature if temperature is not None else self.default_temperature,
+            turn=sum(1 for m in messages if m.role == "assistant"),
+            emit=emit,
+        )
         with use_context(ctx.with_token(stream_token)):
             worker = asyncio.create_task(
-                run_in_thread(
-                    self._generate,
-                    _render(messages, tools or ()),
-                    tuple(tools or ()),
-                    max_tokens if max_tokens is not None else self.default_max_tokens,
-                    temperature if temperature is not None else self.default_temperature,
-                    turn,
-                    emit,
-                ),
-                name="heed-local-generate",
+                run_in_thread(self._generate, job), name="heed-local-generate"
             )
         worker.add_done_callback(lambda _: queue.put_nowait(_DONE))
         try:
@@ -393,15 +403,7 @@ class LocalProvider:
             if not worker.cancelled():
                 worker.exception()  # retrieved: the consumer saw what mattered
 
-    def _generate(
-        self,
-        turns: list[tuple[str, str]],
-        tools: tuple[ToolSpec, ...],
-        max_tokens: int | None,
-        temperature: float,
-        turn: int,
-        emit: Callable[[StreamEvent], None],
-    ) -> None:
+    def _generate(self, job: _Generation) -> None:
         """The worker thread's whole job: load, wait for the model, prefill, generate."""
         try:
             loaded = _load(self._path, self.threads)
@@ -415,9 +417,7 @@ class LocalProvider:
                     handle = token.on_cancel(loaded.abort.set)
             try:
                 batch = PREFILL_BATCH if loaded.abort is not None else PREFILL_BATCH_NO_ABORT
-                self._generate_locked(
-                    loaded.llm, turns, tools, max_tokens, temperature, turn, emit, batch
-                )
+                self._generate_locked(loaded.llm, job, batch)
             except BaseException:
                 loaded.llm.reset()  # never reuse the cache of an aborted or failed decode
                 raise
@@ -466,17 +466,10 @@ class LocalProvider:
             llm.eval(tokens[start : min(start + batch, target)])
 
     def _generate_locked(
-        self,
-        llm: Any,
-        turns: list[tuple[str, str]],
-        tools: tuple[ToolSpec, ...],
-        max_tokens: int | None,
-        temperature: float,
-        turn: int,
-        emit: Callable[[StreamEvent], None],
-        batch: int = PREFILL_BATCH_NO_ABORT,
+        self, llm: Any, job: _Generation, batch: int = PREFILL_BATCH_NO_ABORT
     ) -> None:
-        tokens = self._tokenize(llm, turns)
+        emit = job.emit
+        tokens = self._tokenize(llm, job.turns)
         room = N_CTX - len(tokens)
         if room < 16:
             raise ProviderError(
@@ -485,18 +478,18 @@ class LocalProvider:
                 provider=NAME,
                 status_code=400,
             )
-        limit = room if max_tokens is None else min(max_tokens, room)
+        limit = room if job.max_tokens is None else min(job.max_tokens, room)
         raise_if_cancelled()
         self._prefill(llm, tokens, batch)
         raise_if_cancelled()
         produced = 0
         finish = "stop"
-        mode: str | None = None if tools else "text"  # None: undecided, "json": buffering
+        mode: str | None = None if job.tools else "text"  # None: undecided, "json": buffering
         pending: list[str] = []
         generator = llm.create_completion(
             tokens,
             max_tokens=limit,
-            temperature=temperature,
+            temperature=job.temperature,
             repeat_penalty=1.1,
             seed=_SEED,
             stop=["<|im_end|>", "<|im_start|>"],
@@ -527,7 +520,7 @@ class LocalProvider:
                             pending.clear()
         raise_if_cancelled()
         if pending:
-            call = _parse_tool_call("".join(pending), turn) if mode == "json" else None
+            call = _parse_tool_call("".join(pending), job.turn) if mode == "json" else None
             if call is not None:
                 emit(call)
                 finish = "tool_calls"
