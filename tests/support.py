@@ -1,14 +1,14 @@
-"""Test support: a real uvicorn server on a loopback port, running in a thread."""
+"""Test support: a real uvicorn server on a loopback port in a thread, polling, metrics."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import uvicorn
 
@@ -52,6 +52,18 @@ def live_server(app: AppT, *, timeout: float = 20.0) -> Iterator[LiveServer[AppT
     finally:
         server.should_exit = True
         thread.join(timeout)
+
+
+def wait_for(predicate: Callable[[], Any], seconds: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll *predicate* until it returns something truthy (returned); fail after *seconds*."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable
 
@@ -34,6 +33,7 @@ from tests.llm.fake_upstream import (
     tool_call_chunks,
     usage_chunk,
 )
+from tests.support import free_port
 
 MakeProvider = Callable[..., OpenAIProvider]
 HELLO = [ChatMessage.system("Be brief."), ChatMessage.user("Say hello")]
@@ -250,9 +250,7 @@ async def test_a_5xx_then_success_recovers(
 
 
 async def test_unreachable_endpoint_is_503_naming_the_url(make_openai: MakeProvider) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there
     base_url = f"http://127.0.0.1:{port}/v1"
     with pytest.raises(UpstreamUnavailable) as caught:
         await complete(make_openai(base_url=base_url, retries=1), HELLO)

@@ -53,11 +53,15 @@ async def client(server: LiveServer) -> AsyncIterator[Hindsight]:
         await c.aclose()
 
 
+async def create_bank_with_facts(client: Hindsight, bank: str) -> None:
+    await client._acreate_bank(bank)
+    await client.aretain_batch(bank, [{"content": fact} for fact in FACTS])
+
+
 @pytest.fixture
 async def bank_id(client: Hindsight) -> str:
     bank = "reflect-" + uuid.uuid4().hex[:8]
-    await client._acreate_bank(bank)
-    await client.aretain_batch(bank, [{"content": fact} for fact in FACTS])
+    await create_bank_with_facts(client, bank)
     return bank
 
 
@@ -275,8 +279,7 @@ async def test_stream_true_sends_tool_calls_text_and_the_answer(
 async def seed_bank(server: LiveServer, bank: str) -> None:
     hs = Hindsight(base_url=server.url, timeout=30)
     try:
-        await hs._acreate_bank(bank)
-        await hs.aretain_batch(bank, [{"content": fact} for fact in FACTS])
+        await create_bank_with_facts(hs, bank)
     finally:
         await hs.aclose()
 

@@ -1,4 +1,4 @@
-"""Helpers for run/session tests over a real socket: servers, SSE parsing, waiting."""
+"""Helpers for run/session tests over a real socket: servers, SSE parsing, sessions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ import httpx
 
 from heed.api.app import create_app
 from heed.settings import Settings
-from tests.support import LiveServer, live_server
+from tests.support import LiveServer, live_server, wait_for
 
 SLOW_SCRIPT = json.dumps({"token_delay": 0.05, "replies": []})  # echo, 50 ms per word
 
@@ -71,17 +70,6 @@ async def sse_frames(response: httpx.Response) -> AsyncIterator[Frame]:
             frame.id = value
         elif name == "data":
             lines.append(value)
-
-
-def wait_for(predicate: Callable[[], Any], seconds: float = 10.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
 
 
 def new_session(client: httpx.Client, **body: Any) -> str:

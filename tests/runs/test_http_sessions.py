@@ -13,17 +13,9 @@ import httpx
 
 from heed.llm.base import ChatMessage, StreamEvent, TextDelta, ToolSpec
 from heed.settings import Settings
-from tests.support import metric_value
+from tests.support import metric_value, wait_for
 
-from .http_support import (
-    SLOW_SCRIPT,
-    new_session,
-    run_phase,
-    run_server,
-    run_settings,
-    sse_frames,
-    wait_for,
-)
+from .http_support import SLOW_SCRIPT, new_session, run_phase, run_server, run_settings, sse_frames
 
 
 class WedgedProvider:

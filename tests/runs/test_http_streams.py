@@ -8,16 +8,9 @@ from collections.abc import Callable
 import httpx
 
 from heed.settings import Settings
+from tests.support import wait_for
 
-from .http_support import (
-    SLOW_SCRIPT,
-    new_session,
-    run_phase,
-    run_server,
-    run_settings,
-    sse_frames,
-    wait_for,
-)
+from .http_support import SLOW_SCRIPT, new_session, run_phase, run_server, run_settings, sse_frames
 
 
 async def read_stream(

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import free_port
+from tests.support import free_port, wait_for
 
-from .http_support import new_session, run_phase, server_process, sse_frames, wait_for
+from .http_support import new_session, run_phase, server_process, sse_frames
 
 
 async def test_two_processes_admit_one_turn_and_stream_each_others_runs(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from heed.sessions.store import Wakeup
 from heed.settings import Settings
 from heed.storage import Database
 from heed.storage.session_store import SqliteSessionStore
-from tests.support import free_port
+from tests.support import free_port, wait_for
 
 from .http_support import (
     SLOW_SCRIPT,
@@ -23,7 +23,6 @@ from .http_support import (
     run_server,
     run_settings,
     server_process,
-    wait_for,
 )
 
 

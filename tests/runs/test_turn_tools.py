@@ -9,8 +9,9 @@ import httpx
 
 from heed.sessions.tools import NO_MEMORY_ENGINE, TurnTools
 from heed.settings import Settings
+from tests.support import wait_for
 
-from .http_support import new_session, run_phase, run_server, run_settings, wait_for
+from .http_support import new_session, run_phase, run_server, run_settings
 
 
 def tool_results(client: httpx.Client, run_id: str) -> list[dict[str, object]]:
