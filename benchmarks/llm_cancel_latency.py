@@ -32,6 +32,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,31 @@ def summary(values_s: list[float]) -> dict[str, float]:
         "max": round(max(ms), 2),
         "mean": round(statistics.fmean(ms), 2),
     }
+
+
+@dataclass
+class Samples:
+    """What the cancelled trials of one target measured (seconds after each cancel)."""
+
+    last_token: list[float] = field(default_factory=list)
+    stopped: list[float] = field(default_factory=list)
+    released: list[float] = field(default_factory=list)
+    before_first: int = 0
+
+    def add(self, outcome: dict[str, Any], last_token_at: float, stopped_at: float) -> None:
+        cancelled_at = outcome["cancelled_at"]
+        self.last_token.append(max(0.0, last_token_at - cancelled_at))
+        self.stopped.append(max(0.0, stopped_at - cancelled_at))
+        self.released.append(outcome["released_s"])
+        self.before_first += outcome["tokens_before_cancel"] == 0
+
+    def report(self, target: str) -> dict[str, Any]:
+        return {
+            "cancelled_before_first_token": self.before_first,
+            "cancel_to_last_token_produced_ms": summary(self.last_token),
+            STOP_KEYS[target]: summary(self.stopped),
+            "cancel_to_consumer_released_ms": summary(self.released),
+        }
 
 
 async def one_trial(
@@ -96,10 +122,7 @@ async def bench_upstream(trials: int, max_delay: float, interval: float) -> dict
 
     from heed.llm.openai import OpenAIProvider
 
-    last_token: list[float] = []
-    stopped: list[float] = []
-    released: list[float] = []
-    before_first = 0
+    samples = Samples()
     with serve_fake_upstream() as upstream:
         provider = OpenAIProvider(model="fake", base_url=upstream.base_url, timeout=10, retries=0)
         words = [f"w{i} " for i in range(int(max_delay / interval) + 100)]
@@ -114,21 +137,14 @@ async def bench_upstream(trials: int, max_delay: float, interval: float) -> dict
                 record = upstream.app.records[0]
                 if not await asyncio.to_thread(record.wait_disconnected, 5.0):
                     raise SystemExit("the upstream connection was never closed")
-                cancelled_at = outcome["cancelled_at"]
                 last_sent = record.sent_at[-1] if record.sent_at else record.started_at
-                last_token.append(max(0.0, last_sent - cancelled_at))
-                stopped.append(max(0.0, record.disconnected_at - cancelled_at))
-                released.append(outcome["released_s"])
-                before_first += outcome["tokens_before_cancel"] == 0
+                samples.add(outcome, last_sent, record.disconnected_at)
         finally:
             await provider.aclose()
     return {
         "trials": trials,
         "token_interval_ms": interval * 1000,
-        "cancelled_before_first_token": before_first,
-        "cancel_to_last_token_produced_ms": summary(last_token),
-        "cancel_to_upstream_connection_closed_ms": summary(stopped),
-        "cancel_to_consumer_released_ms": summary(released),
+        **samples.report("upstream"),
     }
 
 
@@ -139,10 +155,7 @@ async def bench_local(trials: int, max_delay: float, threads: int) -> dict[str, 
         return {"skipped": "llama-cpp-python is not installed (run scripts/install.sh)"}
     provider = LocalProvider(threads=threads)
     await provider.load()
-    last_token: list[float] = []
-    stopped: list[float] = []
-    released: list[float] = []
-    before_first = 0
+    samples = Samples()
     completed = 0
     topics = ["a dragon", "a lighthouse", "two robots", "a lost cat", "the sea", "a comet"]
     for i in range(trials):
@@ -154,22 +167,17 @@ async def bench_local(trials: int, max_delay: float, threads: int) -> dict[str, 
         if outcome["finished_before_cancel"]:
             completed += 1
             continue
-        cancelled_at = outcome["cancelled_at"]
-        last = provider.last_token_at or 0.0
-        last_token.append(max(0.0, last - cancelled_at))
-        stop = provider.last_stop_at or cancelled_at
-        stopped.append(max(0.0, stop - cancelled_at))
-        released.append(outcome["released_s"])
-        before_first += outcome["tokens_before_cancel"] == 0
+        samples.add(
+            outcome,
+            provider.last_token_at or 0.0,
+            provider.last_stop_at or outcome["cancelled_at"],
+        )
     return {
         "trials": trials,
         "model": provider.model,
         "threads": threads or default_threads(),
         "finished_before_cancel_excluded": completed,
-        "cancelled_before_first_token": before_first,
-        "cancel_to_last_token_produced_ms": summary(last_token),
-        "cancel_to_generation_thread_stopped_ms": summary(stopped),
-        "cancel_to_consumer_released_ms": summary(released),
+        **samples.report("local"),
     }
 
 
