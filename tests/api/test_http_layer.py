@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from heed.api.app import create_app
 from heed.runtime import current_context
 from heed.settings import Settings
-from tests.support import live_server, metric_value
+from tests.support import live_server, metric_value, wait_for
 
 
 def _lanes_idle(app: FastAPI) -> bool:
@@ -31,17 +31,6 @@ def _burn_request(burn_id: str, seconds: float = 30.0) -> bytes:
     return head.encode() + body
 
 
-def _wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
-
-
 def _disconnect_mid_burn(base: str, port: int) -> tuple[dict[str, float], float]:
     """Start a burn over a raw socket, close the socket mid-work; return (record, closed_at)."""
     burn_id = uuid.uuid4().hex
@@ -53,7 +42,7 @@ def _disconnect_mid_burn(base: str, port: int) -> tuple[dict[str, float], float]
             r = client.get(f"/v1/_diag/burn/{burn_id}")
             return r.json() if r.status_code == 200 and r.json()["started_at"] else None
 
-        _wait_for(started)
+        wait_for(started)
         time.sleep(0.05)
         closed_at = time.monotonic()
         sock.close()
@@ -62,7 +51,7 @@ def _disconnect_mid_burn(base: str, port: int) -> tuple[dict[str, float], float]
             record = client.get(f"/v1/_diag/burn/{burn_id}").json()
             return record if record["slot_released_at"] else None
 
-        record = _wait_for(released)
+        record = wait_for(released)
     assert isinstance(record, dict)
     return record, closed_at
 
@@ -82,7 +71,7 @@ def test_disconnect_on_a_real_socket_stops_the_worker(diag_settings: Settings) -
         assert _lanes_idle(app)
         metrics = httpx.get(f"{server.url}/metrics").text
         labels = {"method": "POST", "route": "/v1/_diag/burn", "status": "499"}
-        _wait_for(
+        wait_for(
             lambda: (
                 metric_value(
                     httpx.get(f"{server.url}/metrics").text, "heed_http_requests_total", **labels
@@ -121,13 +110,13 @@ def test_full_lane_answers_503_with_retry_after(make_settings: Callable[..., Set
         sock = socket.create_connection(("127.0.0.1", server.port))
         sock.sendall(_burn_request(burn_id))
         with httpx.Client(base_url=server.url) as client:
-            _wait_for(lambda: client.get(f"/v1/_diag/burn/{burn_id}").status_code == 200)
+            wait_for(lambda: client.get(f"/v1/_diag/burn/{burn_id}").status_code == 200)
             response = client.post("/v1/_diag/burn", json={"seconds": 0.1})
             assert response.status_code == 503
             assert int(response.headers["retry-after"]) >= 1
             assert "recall" in response.json()["detail"]
             sock.close()
-            _wait_for(lambda: client.get(f"/v1/_diag/burn/{burn_id}").json()["slot_released_at"])
+            wait_for(lambda: client.get(f"/v1/_diag/burn/{burn_id}").json()["slot_released_at"])
         assert _lanes_idle(app)
 
 
@@ -237,5 +226,5 @@ def test_continue_policy_keeps_working_after_disconnect(settings: Settings) -> N
         sock.sendall(b"POST /finish-anyway HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         time.sleep(0.1)
         sock.close()
-        _wait_for(lambda: outcome.get("result"), timeout=5)
+        wait_for(lambda: outcome.get("result"), seconds=5)
     assert outcome["result"] == "completed"
