@@ -144,6 +144,11 @@ class Settings(BaseSettings):
     )
     max_query_tokens: int = Field(default=500, ge=1, description="Longest recall query.")
     max_item_chars: int = Field(default=200_000, ge=1, description="Longest retain item.")
+    vector_cache_mb: int = Field(
+        default=2048,
+        ge=1,
+        description="Memory for in-process vector indexes; least recently used banks unload.",
+    )
 
     def database_path(self) -> Path:
         """The embedded database file inside the data dir."""

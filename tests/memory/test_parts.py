@@ -110,3 +110,32 @@ def test_vector_search_checks_the_token_between_blocks() -> None:
     token.cancel("client disconnected")
     with use_context(RequestContext(token=token)), pytest.raises(OperationCancelled):
         index.search(_unit([1, 0, 0]), 1)
+
+
+class _FakeStore:
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.loads: list[str] = []
+
+    def load_vectors(self, bank_ref: str) -> object:
+        from heed.memory.store import VectorRows
+
+        self.loads.append(bank_ref)
+        matrix = np.tile(_unit([1, 0, 0]), (self.rows, 1))
+        return VectorRows(np.arange(self.rows, dtype=np.int64), matrix, ["world"] * self.rows)
+
+
+def test_bank_indexes_unload_the_least_recently_used() -> None:
+    from heed.memory.vectors import BankIndexes
+
+    store = _FakeStore(rows=2000)
+    one_index = VectorIndex(dim=3, capacity=2000).nbytes
+    indexes = BankIndexes(store, dim=3, max_bytes=2 * one_index)  # type: ignore[arg-type]
+    indexes.get("a")
+    indexes.get("b")
+    indexes.get("a")  # a is now the most recently used
+    indexes.get("c")  # over budget: b goes
+    assert indexes.loaded() == ["a", "c"]
+    indexes.get("b")  # reloads from the store
+    assert store.loads == ["a", "b", "c", "b"]
+    assert len(indexes.get("b")) == 2000

@@ -77,4 +77,5 @@ def build_memory_engine(
         lanes["retain"],
         max_query_tokens=settings.max_query_tokens,
         max_item_chars=settings.max_item_chars,
+        vector_cache_bytes=settings.vector_cache_mb * 1024 * 1024,
     )

@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
-
-import numpy as np
 
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.models import (
@@ -44,7 +41,7 @@ from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
 from heed.memory.recall.rerank import Reranker
 from heed.memory.retain import plan_documents, prepare_documents
 from heed.memory.store import MemoryStore, UnitFilter, WriteResult
-from heed.memory.vectors import VectorIndex
+from heed.memory.vectors import BankIndexes, VectorIndex
 from heed.runtime import (
     CancellationToken,
     Lane,
@@ -79,58 +76,6 @@ class _Work:
     done: asyncio.Event
 
 
-class _BankIndexes:
-    """Lazily loaded vector indexes, one per bank, with a per-bank load lock."""
-
-    def __init__(self, store: MemoryStore, dim: int) -> None:
-        self._store = store
-        self._dim = dim
-        self._indexes: dict[str, VectorIndex] = {}
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def _lock(self, bank_ref: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(bank_ref, threading.Lock())
-
-    def get(self, bank_ref: str) -> VectorIndex:
-        """The bank's index, loading it from storage on first use (blocking)."""
-        index = self._indexes.get(bank_ref)
-        if index is not None:
-            return index
-        with self._lock(bank_ref):
-            index = self._indexes.get(bank_ref)
-            if index is None:
-                rows = self._store.load_vectors(bank_ref)
-                index = VectorIndex(self._dim, capacity=max(1024, len(rows.seqs)))
-                index.add([int(s) for s in rows.seqs], rows.matrix, rows.types)
-                self._indexes[bank_ref] = index
-        return index
-
-    def apply(self, bank_ref: str, result: WriteResult, document: PreparedDocument | None) -> None:
-        """Apply a committed write to a loaded index (an unloaded one reads it at load)."""
-        with self._lock(bank_ref):
-            index = self._indexes.get(bank_ref)
-            if index is None:
-                return
-            if result.removed:
-                index.remove(result.removed)
-            if document is not None and result.added:
-                fresh = [(seq, u) for (seq, _), u in zip(result.added, document.units, strict=True)]
-                known = index.vectors_for([seq for seq, _ in fresh])
-                fresh = [(seq, u) for seq, u in fresh if seq not in known]
-                if fresh:
-                    index.add(
-                        [seq for seq, _ in fresh],
-                        np.stack([u.embedding for _, u in fresh]),
-                        [u.fact_type for _, u in fresh],
-                    )
-
-    def drop(self, bank_ref: str) -> None:
-        with self._lock(bank_ref):
-            self._indexes.pop(bank_ref, None)
-
-
 class MemoryEngine:
     """See the module docstring. Build once per server; ``start()`` migrates storage."""
 
@@ -145,6 +90,7 @@ class MemoryEngine:
         *,
         max_query_tokens: int = 500,
         max_item_chars: int = 200_000,
+        vector_cache_bytes: int = 2 << 30,
         recall_hooks: StageHook | None = None,
     ) -> None:
         self.store = store
@@ -153,7 +99,7 @@ class MemoryEngine:
         self.retain_lane = retain_lane
         self.max_query_tokens = max_query_tokens
         self.max_item_chars = max_item_chars
-        self.indexes = _BankIndexes(store, embedder.dim)
+        self.indexes = BankIndexes(store, embedder.dim, max_bytes=vector_cache_bytes)
         self._work: dict[str, set[_Work]] = {}
         self._closing: set[str] = set()
         self._bank_lock = asyncio.Lock()

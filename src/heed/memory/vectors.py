@@ -15,15 +15,20 @@ and compaction builds new arrays, leaving old snapshots intact.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from heed.runtime import raise_if_cancelled
 
-__all__ = ["BLOCK_ROWS", "VectorIndex"]
+if TYPE_CHECKING:
+    from heed.memory.models import PreparedDocument
+    from heed.memory.store import MemoryStore, WriteResult
+
+__all__ = ["BLOCK_ROWS", "BankIndexes", "VectorIndex"]
 
 BLOCK_ROWS = 16_384
 
@@ -55,6 +60,13 @@ class VectorIndex:
 
     def __len__(self) -> int:
         return self._count - self._dead
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the index's arrays."""
+        return int(
+            self._matrix.nbytes + self._seqs.nbytes + self._alive.nbytes + self._types.nbytes
+        )
 
     def _snapshot(self) -> _Snapshot:
         with self._lock:
@@ -160,3 +172,89 @@ class VectorIndex:
         return [
             (int(snap.seqs[rows[i]]), float(scores[i])) for i in order if np.isfinite(scores[i])
         ]
+
+
+class BankIndexes:
+    """The vector indexes of all banks: loaded lazily, kept within ``max_bytes`` (LRU).
+
+    ``get`` loads a bank's vectors from the store on first use (blocking; call it
+    in the offload) under a per-bank lock; ``apply`` keeps a loaded index in step
+    with a committed write (an index not loaded reads the write when it loads).
+    When the loaded indexes exceed ``max_bytes``, the least recently used ones
+    are dropped (never the one just used); a dropped bank reloads on next use.
+    """
+
+    def __init__(self, store: MemoryStore, dim: int, max_bytes: int = 2 << 30) -> None:
+        self._store = store
+        self._dim = dim
+        self.max_bytes = max_bytes
+        self._indexes: OrderedDict[str, VectorIndex] = OrderedDict()
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, bank_ref: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(bank_ref, threading.Lock())
+
+    def _touch(self, bank_ref: str) -> VectorIndex | None:
+        with self._guard:
+            index = self._indexes.get(bank_ref)
+            if index is not None:
+                self._indexes.move_to_end(bank_ref)
+            return index
+
+    def get(self, bank_ref: str) -> VectorIndex:
+        """The bank's index, loading it from storage on first use (blocking)."""
+        index = self._touch(bank_ref)
+        if index is not None:
+            return index
+        with self._lock(bank_ref):
+            index = self._touch(bank_ref)
+            if index is None:
+                rows = self._store.load_vectors(bank_ref)
+                index = VectorIndex(self._dim, capacity=max(1024, len(rows.seqs)))
+                index.add([int(s) for s in rows.seqs], rows.matrix, rows.types)
+                with self._guard:
+                    self._indexes[bank_ref] = index
+                self._evict(keep=bank_ref)
+        return index
+
+    def _evict(self, keep: str) -> None:
+        with self._guard:
+            total = sum(i.nbytes for i in self._indexes.values())
+            for ref in list(self._indexes):
+                if total <= self.max_bytes:
+                    break
+                if ref != keep:
+                    total -= self._indexes.pop(ref).nbytes
+
+    def loaded(self) -> list[str]:
+        """Banks whose index is in memory, least recently used first."""
+        with self._guard:
+            return list(self._indexes)
+
+    def apply(self, bank_ref: str, result: WriteResult, document: PreparedDocument | None) -> None:
+        """Apply a committed write to a loaded index (an unloaded one reads it at load)."""
+        with self._lock(bank_ref):
+            with self._guard:
+                index = self._indexes.get(bank_ref)
+            if index is None:
+                return
+            if result.removed:
+                index.remove(result.removed)
+            if document is not None and result.added:
+                fresh = [(seq, u) for (seq, _), u in zip(result.added, document.units, strict=True)]
+                known = index.vectors_for([seq for seq, _ in fresh])
+                fresh = [(seq, u) for seq, u in fresh if seq not in known]
+                if fresh:
+                    index.add(
+                        [seq for seq, _ in fresh],
+                        np.stack([u.embedding for _, u in fresh]),
+                        [u.fact_type for _, u in fresh],
+                    )
+            self._evict(keep=bank_ref)
+
+    def drop(self, bank_ref: str) -> None:
+        """Forget a bank's index (the bank was deleted)."""
+        with self._lock(bank_ref), self._guard:
+            self._indexes.pop(bank_ref, None)
