@@ -2,7 +2,7 @@
 
 On the 11.6K-unit bank built by recall_latency.py (built here if missing), a
 client sends a recall over a raw socket and closes the socket at a random
-point while the server works on it (2-30 ms after sending). After each
+point while the server works on it (2-15 ms after sending). After each
 disconnect the benchmark waits until the server is idle again and records the
 server process's CPU time (all threads, ns resolution from schedstat) spent
 between the disconnect and then, minus the idle baseline. Recalls are sent one
@@ -122,7 +122,7 @@ def main() -> None:
         "--requests", type=int, default=200, help="abandoned recalls (default: %(default)s)"
     )
     parser.add_argument(
-        "--max-delay", type=float, default=0.03, help="latest disconnect after sending, s"
+        "--max-delay", type=float, default=0.015, help="latest disconnect after sending, s"
     )
     parser.add_argument(
         "--data-dir", type=Path, default=DEFAULT_DIR, help="server data dir (bank reused)"

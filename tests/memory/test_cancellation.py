@@ -22,7 +22,13 @@ from heed.memory import MemoryEngine, NotFound
 from heed.memory.embeddings import Embedder
 from heed.memory.models import RecallQuery, RetainItem
 from heed.memory.store import UnitFilter
-from heed.runtime import OperationCancelled, RequestContext, current_context, use_context
+from heed.runtime import (
+    CancellationToken,
+    OperationCancelled,
+    RequestContext,
+    current_context,
+    use_context,
+)
 from heed.storage.memory_store import SqliteMemoryStore
 from tests.memory.conftest import StageGate
 
@@ -203,3 +209,46 @@ async def test_cancel_inside_the_document_transaction_rolls_it_back(
     assert total == 1  # only the unit written by _bank
     hits = engine.indexes.get(bank.ref)
     assert len(hits) == 1
+
+
+def test_recall_queries_stop_inside_sqlite_when_cancelled(tmp_path: Any) -> None:
+    import uuid
+
+    from heed.memory.entities import extract_entities
+    from heed.memory.models import Bank, Chunk, PreparedDocument, PreparedUnit
+    from heed.storage import Database
+
+    store = SqliteMemoryStore(Database(tmp_path / "big.db"))
+    store.migrate()
+    bank = store.save_bank(Bank(tenant="t", bank_id="big", ref=str(uuid.uuid4())))
+    units = [
+        PreparedUnit(
+            id=str(uuid.uuid4()),
+            text=f"Alice: note {i} about the garden",
+            index_text=f"Alice: note {i} about the garden",
+            fact_type="world",
+            context=None,
+            chunk_index=0,
+            occurred_start=None,
+            occurred_end=None,
+            mentioned_at=None,
+            metadata={},
+            tags=[],
+            entities=extract_entities("", speaker="Alice"),
+            embedding=np.zeros(384, dtype=np.float32),
+        )
+        for i in range(3000)
+    ]
+    store.write_document(
+        bank.ref, PreparedDocument("doc", True, "x", {}, [], [Chunk("c", 0, "x")], units)
+    )
+    assert len(store.keyword_search(bank.ref, ["garden", "note"], 100)) == 100
+    token = CancellationToken()
+    token.cancel("client disconnected")
+    with use_context(RequestContext(token=token)):
+        with pytest.raises(OperationCancelled):
+            store.keyword_search(bank.ref, ["garden", "note"], 100)
+        with pytest.raises(OperationCancelled):
+            store.units_by_entities(bank.ref, ["alice"], 100)
+    # The connection is usable again afterwards (the handler was removed).
+    assert len(store.units_by_entities(bank.ref, ["alice"], 100)) == 100

@@ -12,7 +12,8 @@ import hashlib
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,7 +29,7 @@ from heed.memory.models import (
     StoredUnit,
 )
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
-from heed.runtime import raise_if_cancelled
+from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
 
 __all__ = ["MEMORY_MIGRATIONS", "SqliteMemoryStore"]
@@ -141,6 +142,34 @@ def _iso(value: datetime | None) -> str | None:
 def bank_token(bank_ref: str) -> str:
     """The FTS token that marks a bank's rows (letters and digits only)."""
     return "bank" + bank_ref.replace("-", "")
+
+
+#: SQLite VM instructions between two token checks inside a recall query.
+PROGRESS_STEPS = 20_000
+
+
+@contextmanager
+def _interruptible(database: Database) -> Iterator[sqlite3.Connection]:
+    """A read connection whose queries stop when the active token is cancelled.
+
+    SQLite's progress handler runs every :data:`PROGRESS_STEPS` VM instructions;
+    once the token is cancelled it aborts the statement, which surfaces here as
+    :class:`OperationCancelled` instead of ``sqlite3.OperationalError``.
+    """
+    token = current_token()
+    with database.read() as conn:
+        if token is None:
+            yield conn
+            return
+        conn.set_progress_handler(lambda: 1 if token.cancelled else 0, PROGRESS_STEPS)
+        try:
+            yield conn
+        except sqlite3.OperationalError as exc:
+            if token.cancelled and "interrupt" in str(exc):
+                raise OperationCancelled(token.reason or "cancelled") from exc
+            raise
+        finally:
+            conn.set_progress_handler(None, 0)
 
 
 def _json(text: str | None) -> Any:
@@ -534,7 +563,7 @@ class SqliteMemoryStore:
         if not terms:
             return []
         match = f"bank : {bank_token(bank_ref)} AND ({' OR '.join(_fts_quote(t) for t in terms)})"
-        with self.db.read() as conn:
+        with _interruptible(self.db) as conn:
             rows = conn.execute(
                 "SELECT rowid, bm25(memory_fts, 0.0, 1.0) AS score FROM memory_fts"
                 " WHERE memory_fts MATCH ? ORDER BY score LIMIT ?",
@@ -548,7 +577,7 @@ class SqliteMemoryStore:
         if not canonical_names:
             return []
         marks = _placeholders(len(canonical_names))
-        with self.db.read() as conn:
+        with _interruptible(self.db) as conn:
             rows = conn.execute(
                 f"SELECT ue.unit_seq, COUNT(*) AS hits FROM memory_entities e"
                 f" JOIN memory_unit_entities ue ON ue.entity_id = e.id"
@@ -564,7 +593,7 @@ class SqliteMemoryStore:
         if not seqs:
             return []
         marks = _placeholders(len(seqs))
-        with self.db.read() as conn:
+        with _interruptible(self.db) as conn:
             rows = conn.execute(
                 f"SELECT to_seq, SUM(weight) AS w FROM memory_links WHERE from_seq IN ({marks})"
                 f" GROUP BY to_seq ORDER BY w DESC LIMIT ?",
@@ -575,7 +604,7 @@ class SqliteMemoryStore:
     def units_in_window(
         self, bank_ref: str, start: str, end: str, limit: int
     ) -> list[tuple[int, str]]:
-        with self.db.read() as conn:
+        with _interruptible(self.db) as conn:
             rows = conn.execute(
                 "SELECT seq, occurred_start FROM memory_units WHERE bank_ref = ?"
                 " AND occurred_start <= ? AND COALESCE(occurred_end, occurred_start) >= ?"
@@ -629,7 +658,7 @@ class SqliteMemoryStore:
         if not seqs:
             return {}
         out: dict[int, StoredUnit] = {}
-        with self.db.read() as conn:
+        with _interruptible(self.db) as conn:
             for start in range(0, len(seqs), 500):
                 part = list(seqs[start : start + 500])
                 for unit in self._units(
@@ -641,7 +670,7 @@ class SqliteMemoryStore:
     def fetch_chunks(self, bank_ref: str, chunk_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not chunk_ids:
             return {}
-        with self.db.read() as conn:
+        with _interruptible(self.db) as conn:
             rows = conn.execute(
                 f"SELECT id, chunk_index, text FROM memory_chunks WHERE bank_ref = ?"
                 f" AND id IN ({_placeholders(len(chunk_ids))})",
@@ -658,7 +687,7 @@ class SqliteMemoryStore:
         if not canonical_names:
             return {}
         out: dict[str, dict[str, Any]] = {}
-        with self.db.read() as conn:
+        with _interruptible(self.db) as conn:
             entities = conn.execute(
                 f"SELECT id, name, canonical FROM memory_entities WHERE bank_ref = ?"
                 f" AND canonical IN ({_placeholders(len(canonical_names))})",
