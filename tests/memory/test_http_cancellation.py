@@ -134,3 +134,25 @@ async def test_sync_retain_stops_when_the_client_leaves_and_writes_nothing(
         assert listing.json()["total"] == 0
         docs = await http.get("/v1/default/banks/b/documents")
         assert docs.json()["total"] == 0
+
+
+async def test_deleting_a_bank_cancels_its_running_operation_first(own_server: LiveServer) -> None:
+    engine = _engine(own_server)
+    client = Hindsight(base_url=own_server.url)
+    try:
+        await client._acreate_bank("b")
+        blocking = BlockingEmbedder(engine.embedder)
+        engine.embedder = blocking
+        response = await client.aretain_batch(
+            "b", [{"content": "Dee: late write"}], retain_async=True
+        )
+        assert await asyncio.to_thread(blocking.entered.wait, 10.0)
+        deleted = await client.adelete_bank("b")
+        assert deleted.success
+        manager = own_server.app.state.services.runs.manager
+        run = await manager.get(response.operation_id)
+        assert run.phase == "cancelled" and run.cancel_reason == "bank deleted"
+        await client._acreate_bank("b")  # a new bank of the same name starts empty
+        assert (await client.alist_memories("b")).total == 0
+    finally:
+        await client.aclose()
