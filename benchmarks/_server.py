@@ -19,7 +19,15 @@ import httpx
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-__all__ = ["RESULTS", "Server", "percentile", "serve", "write_result"]
+__all__ = [
+    "RESULTS",
+    "Server",
+    "free_port",
+    "percentile",
+    "scripted_env",
+    "serve",
+    "write_result",
+]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -31,7 +39,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -61,9 +70,9 @@ class Server:
 
 
 @contextmanager
-def serve(data_dir: Path, env: Mapping[str, str] | None = None) -> Iterator[Server]:
+def serve(data_dir: Path | str, env: Mapping[str, str] | None = None) -> Iterator[Server]:
     """Start ``heed serve`` on a free loopback port with *data_dir*; stop it on exit."""
-    port = _free_port()
+    port = free_port()
     full_env = dict(os.environ, HEED_DATA_DIR=str(data_dir), **(env or {}))
     cmd = [sys.executable, "-m", "heed.cli", "serve", "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env=full_env)
@@ -88,11 +97,23 @@ def serve(data_dir: Path, env: Mapping[str, str] | None = None) -> Iterator[Serv
             proc.wait()
 
 
+def scripted_env(token_delay: float) -> dict[str, str]:
+    """Settings for an echo scripted provider with *token_delay* seconds per word."""
+    return {
+        "HEED_LLM_PROVIDER": "scripted",
+        "HEED_LLM_SCRIPT": json.dumps({"token_delay": token_delay, "replies": []}),
+    }
+
+
 def write_result(name: str, data: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>.json`` with the machine's description added."""
+    """Write ``benchmarks/results/<name>.json`` with the machine's description and load added."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     data = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+        },
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **data,
     }

@@ -23,11 +23,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlparse
 
 import httpx
 
-from _heed_server import RESULTS, heed_server, percentile
+from _server import RESULTS, percentile, serve
 
 
 def one_disconnect(client: httpx.Client, port: int, max_delay: float) -> dict[str, float]:
@@ -75,12 +74,12 @@ def main() -> None:
 
     with (
         tempfile.TemporaryDirectory() as data_dir,
-        heed_server(data_dir, HEED_ENABLE_DIAGNOSTICS="1") as base,
+        serve(data_dir, {"HEED_ENABLE_DIAGNOSTICS": "1"}) as server,
     ):
-        port = urlparse(base).port
+        port = server.port
         assert port is not None
         samples = []
-        with httpx.Client(base_url=base, timeout=10) as client:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
             for _ in range(args.count):
                 samples.append(one_disconnect(client, port, args.max_delay))
             metrics = client.get("/metrics").text

@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.llm.fake_upstream
 
-from _heed_server import RESULTS, percentile  # noqa: E402
+from _server import RESULTS, percentile  # noqa: E402
 from heed.llm import ChatMessage, ChatProvider, TextDelta  # noqa: E402
 from heed.runtime import OperationCancelled, RequestContext, use_context  # noqa: E402
 

@@ -26,7 +26,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from _heed_server import heed_server, raw_sse, scripted_env, write_result
+from _server import scripted_env, serve, write_result
+from _sse import raw_sse
 
 TERMINAL = ("completed", "cancelled", "failed", "interrupted")
 
@@ -138,9 +139,9 @@ def main() -> None:
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as data_dir,
-        heed_server(data_dir, **scripted_env(args.token_delay)) as base,
+        serve(data_dir, scripted_env(args.token_delay)) as server,
     ):
-        result = asyncio.run(main_async(args, base))
+        result = asyncio.run(main_async(args, server.url))
     print(
         f"{result['disconnects']} disconnects over {result['connections']} connections by "
         f"{result['clients']} clients during a {result['tokens']}-token turn: "

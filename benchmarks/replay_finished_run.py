@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from _heed_server import heed_server, percentile, raw_sse, write_result
+from _server import percentile, serve, write_result
+from _sse import raw_sse
 from heed.runs.model import Phase, Run, new_run_id
 from heed.storage import Database
 from heed.storage.run_store import SqliteRunStore
@@ -88,8 +89,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         run_id = prepare(data_dir, args.events)
-        with heed_server(data_dir) as base:
-            result = asyncio.run(main_async(args, base, run_id))
+        with serve(data_dir) as server:
+            result = asyncio.run(main_async(args, server.url, run_id))
     print(
         f"replay of a finished {result['events']}-event run, {result['repeat']} times: "
         f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms "

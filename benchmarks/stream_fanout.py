@@ -26,7 +26,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from _heed_server import heed_server, percentile, raw_sse, scripted_env, write_result
+from _server import percentile, scripted_env, serve, write_result
+from _sse import raw_sse
 
 
 async def subscriber(
@@ -153,11 +154,11 @@ def main() -> None:
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as data_dir,
-        heed_server(
-            data_dir, **scripted_env(args.token_delay), HEED_TURN_CONCURRENCY=str(args.runs)
-        ) as base,
+        serve(
+            data_dir, {**scripted_env(args.token_delay), "HEED_TURN_CONCURRENCY": str(args.runs)}
+        ) as server,
     ):
-        result = asyncio.run(main_async(args, base))
+        result = asyncio.run(main_async(args, server.url))
     print(
         f"{result['subscribers']} subscribers on {result['runs']} live runs: "
         f"{result['token_events_delivered']} token deliveries "
