@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 
 from heed.api.app import create_app
-from heed.llm.base import ChatMessage, ChatProvider, StreamEvent, TextDelta, ToolSpec
+from heed.llm.base import ChatProvider
 from heed.settings import Settings
 from tests.support import LiveServer, live_server
 
@@ -196,30 +195,3 @@ def set_hidden(page: Any, hidden: bool) -> None:
         }""",
         hidden,
     )
-
-
-class WedgedProvider:
-    """A turn provider stuck in a thread that never checks its token (until released)."""
-
-    name = "wedged"
-    model = "wedged"
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.entered = threading.Event()
-
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-    ) -> AsyncGenerator[StreamEvent, None]:
-        yield TextDelta("partial ")
-        self.entered.set()
-        await asyncio.to_thread(self.release.wait, 60)
-        yield TextDelta("never")
-
-    async def aclose(self) -> None:
-        self.release.set()

@@ -10,7 +10,6 @@ import pytest
 from tests.browser.helpers import (
     HIDDEN_POLL_SECONDS,
     SseWatch,
-    WedgedProvider,
     assistant_text,
     client,
     new_session,
@@ -25,6 +24,7 @@ from tests.browser.helpers import (
     wait_for,
     words,
 )
+from tests.runs.http_support import WedgedProvider
 from tests.support import LiveServer
 
 COUNT_MUTATIONS = """() => {

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 
 from heed.api.app import create_app
+from heed.llm.base import ChatMessage, StreamEvent, TextDelta, ToolSpec
 from heed.settings import Settings
 from tests.support import LiveServer, live_server, wait_for
 
@@ -124,3 +127,31 @@ def server_process(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+class WedgedProvider:
+    """A provider stuck in a thread that never checks its token (until released)."""
+
+    name = "wedged"
+    model = "wedged"
+
+    def __init__(self, max_wait: float = 60.0) -> None:
+        self.max_wait = max_wait
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        yield TextDelta("partial ")
+        self.entered.set()
+        await asyncio.to_thread(self.release.wait, self.max_wait)
+        yield TextDelta("never")
+
+    async def aclose(self) -> None:
+        self.release.set()

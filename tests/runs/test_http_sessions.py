@@ -4,45 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from heed.llm.base import ChatMessage, StreamEvent, TextDelta, ToolSpec
 from heed.settings import Settings
 from tests.support import metric_value, wait_for
 
-from .http_support import SLOW_SCRIPT, new_session, run_phase, run_server, run_settings, sse_frames
-
-
-class WedgedProvider:
-    """A provider stuck in a thread that never checks its token (until released)."""
-
-    name = "wedged"
-    model = "wedged"
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.entered = threading.Event()
-
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-    ) -> AsyncGenerator[StreamEvent, None]:
-        yield TextDelta("partial ")
-        self.entered.set()
-        await asyncio.to_thread(self.release.wait, 30)
-        yield TextDelta("never")
-
-    async def aclose(self) -> None:
-        self.release.set()
+from .http_support import (
+    SLOW_SCRIPT,
+    WedgedProvider,
+    new_session,
+    run_phase,
+    run_server,
+    run_settings,
+    sse_frames,
+)
 
 
 def turn(client: httpx.Client, sid: str, content: str, strategy: str = "reject") -> httpx.Response:
