@@ -196,3 +196,31 @@ async def test_process_killed_externally_is_reported() -> None:
         with pytest.raises(WorkerProcessDied):
             await run_in_process(workers.sleep_then_return, 30)
         await killer
+
+
+async def test_run_blocking_ignores_tokens_and_outlives_task_cancel() -> None:
+    """A store write must complete even when its caller is cancelled."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from heed.runtime import run_blocking
+
+    pool = ThreadPoolExecutor(1)
+    ctx = RequestContext()
+    ctx.token.cancel("client disconnected")
+    finished: list[float] = []
+
+    def write() -> str:
+        time.sleep(0.2)
+        finished.append(time.monotonic())
+        return "committed"
+
+    with use_context(ctx):
+        assert await run_blocking(pool, write) == "committed"  # a cancelled token does not stop it
+        task = asyncio.create_task(run_blocking(pool, write))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled_returned = time.monotonic()
+    assert len(finished) == 2 and finished[1] <= cancelled_returned
+    pool.shutdown()

@@ -3,16 +3,19 @@
 Store calls are short (indexed reads, one small transaction) but block, and
 SQLite serializes writers with a lock; running them here keeps the event loop
 responsive when another thread holds the write lock. Calls are not
-cancellable: a write that started commits or rolls back on its own, and the
-awaiting coroutine is told the outcome unless it was cancelled itself.
+cancellable: a write that started commits or rolls back on its own (the cancel
+of a run is itself such a write). They go through
+:func:`heed.runtime.offload.run_blocking`, so an awaiting coroutine that is
+cancelled still waits for its call to return before it unwinds.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
+
+from heed.runtime.offload import run_blocking
 
 __all__ = ["BlockingIO"]
 
@@ -28,8 +31,7 @@ class BlockingIO:
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on the pool; its result or exception."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        return await run_blocking(self._pool, fn, *args, **kwargs)
 
     def close(self) -> None:
         """Wait for calls in flight, then stop the threads."""

@@ -20,7 +20,7 @@ from heed.runtime.context import (
     raise_if_cancelled,
     use_context,
 )
-from heed.runtime.offload import WorkerProcessDied, run_in_process, run_in_thread
+from heed.runtime.offload import WorkerProcessDied, run_blocking, run_in_process, run_in_thread
 from heed.runtime.retry import retry_async
 from heed.runtime.slots import Lane, LaneFull, Lanes, LaneStats
 
@@ -41,6 +41,7 @@ __all__ = [
     "raise_if_cancelled",
     "reraise_cancellation",
     "retry_async",
+    "run_blocking",
     "run_in_process",
     "run_in_thread",
     "use_context",

@@ -1,6 +1,6 @@
-"""Offload: the one way heed runs CPU-bound work off the event loop.
+"""Offload: the one way heed runs blocking work off the event loop.
 
-Two ways, with one contract:
+Two ways for engine work, with one contract:
 
 - :func:`run_in_thread` for code that checks its token. The function runs in a
   worker thread with a copy of the caller's contextvars, so
@@ -18,6 +18,11 @@ re-raises. That is what lets a lane slot (:mod:`heed.runtime.slots`) held
 around an offload bound real CPU: the ``async with`` cannot exit early.
 
 Work whose token is cancelled before it starts never starts.
+
+A third, :func:`run_blocking`, is for short blocking calls that must complete
+even when the caller is cancelled (a store transaction recording that a run was
+cancelled): it checks no token, and it too waits for the call to return before
+the awaiting coroutine re-raises its own cancellation.
 """
 
 from __future__ import annotations
@@ -29,14 +34,20 @@ import multiprocessing.connection
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from multiprocessing.process import BaseProcess
 from typing import Any, ParamSpec, TypeVar
 
 from heed.runtime.cancellation import CancellationToken, OperationCancelled
 from heed.runtime.context import _current, current_context
 
-__all__ = ["WorkerProcessDied", "configure_thread_pool", "run_in_process", "run_in_thread"]
+__all__ = [
+    "WorkerProcessDied",
+    "configure_thread_pool",
+    "run_blocking",
+    "run_in_process",
+    "run_in_thread",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -62,13 +73,17 @@ def _thread_pool() -> ThreadPoolExecutor:
         return _executor
 
 
-async def _await_until_stopped(future: asyncio.Future[T], token: CancellationToken) -> T:
-    """Await *future*; if the awaiting task is cancelled, cancel *token* and keep
-    waiting until the future settles, then re-raise the cancellation."""
+async def _await_until_settled(
+    future: asyncio.Future[T], on_task_cancelled: Callable[[], object] | None = None
+) -> T:
+    """Await *future*. If the awaiting task is cancelled, call *on_task_cancelled*
+    (to tell the work to stop), keep waiting until the future settles, then
+    re-raise the cancellation: the caller never unwinds while the work runs."""
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        token.cancel(_TASK_CANCELLED)
+        if on_task_cancelled is not None:
+            on_task_cancelled()
         while not future.done():
             try:
                 await asyncio.shield(future)
@@ -100,9 +115,28 @@ async def run_in_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     loop = asyncio.get_running_loop()
     future = asyncio.wrap_future(_thread_pool().submit(runner), loop=loop)
     try:
-        return await _await_until_stopped(future, token)
+        return await _await_until_settled(future, lambda: token.cancel(_TASK_CANCELLED))
     finally:
         token.release_parent()
+
+
+async def run_blocking(
+    executor: Executor, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """Run a short blocking call ``fn(*args, **kwargs)`` on *executor*; its result.
+
+    No token is checked: the call always runs and completes (a write commits or
+    rolls back on its own). If the awaiting task is cancelled, this still waits
+    for the call to return, then re-raises the cancellation, so nothing the
+    caller holds is released while the call is running.
+    """
+    context = contextvars.copy_context()
+
+    def call() -> T:
+        return context.run(fn, *args, **kwargs)
+
+    loop = asyncio.get_running_loop()
+    return await _await_until_settled(asyncio.wrap_future(executor.submit(call), loop=loop))
 
 
 class WorkerProcessDied(Exception):
@@ -146,9 +180,8 @@ async def run_in_process(fn: Callable[..., T], /, *args: Any, poll_interval: flo
     process.start()
     child_conn.close()
     try:
-        return await _await_until_stopped(
-            asyncio.ensure_future(_supervise(process, parent_conn, token, poll_interval)), token
-        )
+        supervisor = asyncio.ensure_future(_supervise(process, parent_conn, token, poll_interval))
+        return await _await_until_settled(supervisor, lambda: token.cancel(_TASK_CANCELLED))
     finally:
         token.release_parent()
         parent_conn.close()
