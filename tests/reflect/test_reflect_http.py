@@ -208,7 +208,7 @@ async def test_bad_requests_are_4xx_naming_the_problem(server: LiveServer, bank_
             url, json={"query": "q", "response_schema": {"type": "objekt"}}
         )
         assert bad_schema.status_code == 400
-        assert "response_schema is not valid JSON Schema" in bad_schema.json()["detail"]
+        assert "response_schema: not valid JSON Schema" in bad_schema.json()["detail"]
         empty = await http.post(url, json={"query": "  "})
         assert empty.status_code == 400
         missing = await http.post(REFLECT_ROUTE.format(bank_id="no-such-bank"), json={"query": "q"})

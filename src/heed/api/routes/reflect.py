@@ -28,18 +28,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response, StreamingResponse
 
-from heed.api.memory_http import MemoryRoute, engine_of
+from heed.api.input_rules import IdPath
+from heed.api.memory_http import engine_of
 from heed.api.sse import named_frame
 from heed.api.wire import reflect as wire
 from heed.errors import HeedError
 from heed.memory.models import FACT_TYPES, Bank, InvalidInput, NotFound, StoredUnit
 from heed.reflect import ReflectAgent, ReflectOutcome, ReflectRequest, check_schema
 from heed.reflect.service import ReflectService
-from heed.runtime import OperationCancelled
+from heed.runtime import OperationCancelled, run_in_thread
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}", tags=["reflect"], route_class=MemoryRoute)
+router = APIRouter(prefix="/v1/default/banks/{bank_id}", tags=["reflect"])
 
 
 def _service(request: Request) -> ReflectService:
@@ -47,7 +48,7 @@ def _service(request: Request) -> ReflectService:
     return service
 
 
-def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
+async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
     """Validate the wire body (400 naming the field) and build the engine request."""
     if not body.query.strip():
         raise InvalidInput("query is empty")
@@ -60,7 +61,7 @@ def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
                 f"unknown fact type(s) {', '.join(map(repr, unknown))}: use {', '.join(FACT_TYPES)}"
             )
     if body.response_schema is not None:
-        check_schema(body.response_schema)
+        await run_in_thread(check_schema, body.response_schema)
     tool_calls = body.include.tool_calls if body.include else None
     return ReflectRequest(
         query=body.query,
@@ -132,9 +133,9 @@ def _response(outcome: ReflectOutcome, body: wire.ReflectRequest) -> dict[str, A
 
 
 @router.post("/reflect")
-async def reflect(bank_id: str, body: wire.ReflectRequest, request: Request) -> Response:
+async def reflect(bank_id: IdPath, body: wire.ReflectRequest, request: Request) -> Response:
     """Answer *query* from the bank's memories with the reflect agent loop."""
-    engine_request = _engine_request(body)
+    engine_request = await _engine_request(body)
     bank = await engine_of(request).get_bank(bank_id)
     agent = _service(request).agent()
     if body.stream:
