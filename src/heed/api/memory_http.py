@@ -9,15 +9,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.requests import Request
-from starlette.responses import Response
 
 from heed.api.wire import memory as wire
 from heed.memory import InvalidInput, MemoryEngine, NotFound
@@ -35,7 +32,6 @@ from heed.memory.models import (
 )
 
 __all__ = [
-    "MemoryRoute",
     "engine_of",
     "install_memory_error_handlers",
     "profile_of",
@@ -44,33 +40,6 @@ __all__ = [
     "retain_items",
     "unit_item",
 ]
-
-
-class MemoryRoute(APIRoute):
-    """Routes of the memory API: a body that is not UTF-8 gets a 400 saying so.
-
-    (FastAPI's own answer is a generic "error parsing the body".)
-    """
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def checked(request: Request) -> Response:
-            if request.method in ("POST", "PUT", "PATCH"):
-                body = await request.body()
-                try:
-                    body.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    return JSONResponse(
-                        {
-                            "detail": f"the request body is not valid UTF-8: byte "
-                            f"0x{body[exc.start]:02x} at offset {exc.start}"
-                        },
-                        status_code=400,
-                    )
-            return await handler(request)
-
-        return checked
 
 
 def engine_of(request: Request) -> MemoryEngine:
@@ -89,10 +58,6 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
 
 async def _conflict(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=409, headers={"Retry-After": "1"})
-
-
-async def _bad_unicode(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": f"the request body is not valid UTF-8: {exc}"}, status_code=400)
 
 
 def install_memory_error_handlers(app: FastAPI) -> None:

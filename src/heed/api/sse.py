@@ -68,13 +68,25 @@ def named_frame(name: str, data: Any) -> str:
     return f"event: {name}\ndata: {_json(data)}\n\n"
 
 
+MAX_CURSOR = 2**62
+"""The largest cursor honoured. A larger one (say 2**63, past SQLite's INTEGER) is clamped to
+it: it still means "after everything so far" and never reaches the store as an overflow."""
+
+
 def parse_cursor(after: str | None, last_event_id: str | None) -> int:
-    """The resume cursor: ``?after=N`` wins over ``Last-Event-ID``; malformed or negative is 0."""
+    """The resume cursor: ``?after=N`` wins over ``Last-Event-ID``.
+
+    Malformed or negative is 0; anything above :data:`MAX_CURSOR` is clamped to it, and digit
+    strings too long to be a sequence number are not parsed at all.
+    """
     for raw in (after, last_event_id):
         if raw is None or raw.strip() == "":
             continue
+        text = raw.strip()
+        if text.isdigit() and len(text) > 19:
+            return MAX_CURSOR
         try:
-            return max(0, int(raw.strip()))
+            return min(MAX_CURSOR, max(0, int(text)))
         except ValueError:
             return 0
     return 0

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 
-from heed.api.memory_http import MemoryRoute, bank_fields, engine_of, profile_of
+from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.memory_http import bank_fields, engine_of, profile_of
 from heed.api.wire import memory as wire
 from heed.memory.operations import RetainOperations, status_of
 
-router = APIRouter(prefix="/v1/default/banks", tags=["banks"], route_class=MemoryRoute)
+router = APIRouter(prefix="/v1/default/banks", tags=["banks"])
 
 
 @router.get("")
 async def list_banks(
     request: Request,
-    limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> wire.BankListResponse:
     """The caller's banks with their unit counts."""
     rows, total = await engine_of(request).list_banks(limit, offset)
@@ -40,7 +41,7 @@ async def list_banks(
 
 @router.put("/{bank_id}")
 async def create_or_update_bank(
-    bank_id: str, request: Request, body: wire.BankWrite | None = None
+    bank_id: IdPath, request: Request, body: wire.BankWrite | None = None
 ) -> wire.BankProfileResponse:
     """Create the bank, or update the fields sent."""
     bank = await engine_of(request).put_bank(bank_id, bank_fields(body or wire.BankWrite()))
@@ -49,7 +50,7 @@ async def create_or_update_bank(
 
 @router.patch("/{bank_id}")
 async def update_bank(
-    bank_id: str, request: Request, body: wire.BankWrite | None = None
+    bank_id: IdPath, request: Request, body: wire.BankWrite | None = None
 ) -> wire.BankProfileResponse:
     """Update an existing bank (404 when it does not exist)."""
     bank = await engine_of(request).put_bank(
@@ -59,19 +60,19 @@ async def update_bank(
 
 
 @router.get("/{bank_id}")
-async def get_bank(bank_id: str, request: Request) -> wire.BankProfileResponse:
+async def get_bank(bank_id: IdPath, request: Request) -> wire.BankProfileResponse:
     """The bank's profile."""
     return profile_of(await engine_of(request).get_bank(bank_id))
 
 
 @router.get("/{bank_id}/profile")
-async def get_bank_profile(bank_id: str, request: Request) -> wire.BankProfileResponse:
+async def get_bank_profile(bank_id: IdPath, request: Request) -> wire.BankProfileResponse:
     """The bank's profile (Hindsight's path)."""
     return profile_of(await engine_of(request).get_bank(bank_id))
 
 
 @router.delete("/{bank_id}")
-async def delete_bank(bank_id: str, request: Request) -> wire.DeleteResponse:
+async def delete_bank(bank_id: IdPath, request: Request) -> wire.DeleteResponse:
     """Cancel the bank's in-flight work, wait until it stopped, then delete everything."""
     deleted = await engine_of(request).delete_bank(bank_id)
     return wire.DeleteResponse(
@@ -80,7 +81,7 @@ async def delete_bank(bank_id: str, request: Request) -> wire.DeleteResponse:
 
 
 @router.get("/{bank_id}/stats")
-async def bank_stats(bank_id: str, request: Request) -> wire.BankStatsResponse:
+async def bank_stats(bank_id: IdPath, request: Request) -> wire.BankStatsResponse:
     """Counts of units, links, documents and operations."""
     engine = engine_of(request)
     bank, stats = await engine.bank_stats(bank_id)

@@ -15,6 +15,7 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from heed.api.input_rules import IdPath
 from heed.runtime import current_context, raise_if_cancelled, run_in_thread
 
 router = APIRouter(prefix="/v1/_diag", tags=["diagnostics"])
@@ -92,7 +93,7 @@ async def burn(spec: BurnRequest, request: Request) -> BurnRecord:
 
 
 @router.get("/burn/{burn_id}")
-async def get_burn(burn_id: str, request: Request) -> BurnRecord:
+async def get_burn(burn_id: IdPath, request: Request) -> BurnRecord:
     record = _records(request).get(burn_id)
     if record is None:
         raise HTTPException(404, f"no burn with id {burn_id!r}")

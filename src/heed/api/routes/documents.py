@@ -1,24 +1,28 @@
-"""Documents: list, get, delete (``/v1/default/banks/{bank_id}/documents``)."""
+"""Documents: list, get, delete (``/v1/default/banks/{bank_id}/documents``).
+
+A document id may contain ``/`` (a file path is a natural id): the routes take
+the rest of the path as the id, so ``.../documents/dir/sub/doc`` (or its
+``%2F``-escaped form) reads and deletes what ``document_id: "dir/sub/doc"`` wrote.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 
-from heed.api.memory_http import MemoryRoute, engine_of
+from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.memory_http import engine_of
 from heed.api.wire import memory as wire
 
-router = APIRouter(
-    prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"], route_class=MemoryRoute
-)
+router = APIRouter(prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"])
 
 
 @router.get("")
 async def list_documents(
-    bank_id: str,
+    bank_id: IdPath,
     request: Request,
     q: str | None = None,
-    limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> wire.ListDocumentsResponse:
     """The bank's documents, most recently written first."""
     engine = engine_of(request)
@@ -45,8 +49,10 @@ async def list_documents(
     )
 
 
-@router.get("/{document_id}")
-async def get_document(bank_id: str, document_id: str, request: Request) -> wire.DocumentResponse:
+@router.get("/{document_id:path}")
+async def get_document(
+    bank_id: IdPath, document_id: IdPath, request: Request
+) -> wire.DocumentResponse:
     """One document with its text."""
     engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
@@ -65,9 +71,9 @@ async def get_document(bank_id: str, document_id: str, request: Request) -> wire
     )
 
 
-@router.delete("/{document_id}")
+@router.delete("/{document_id:path}")
 async def delete_document(
-    bank_id: str, document_id: str, request: Request
+    bank_id: IdPath, document_id: IdPath, request: Request
 ) -> wire.DeleteDocumentResponse:
     """Delete a document and its units (one transaction)."""
     engine = engine_of(request)

@@ -7,12 +7,14 @@ operation runs under its own token (see :mod:`heed.memory.operations`).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 
 from heed.api.errors import HeedError
+from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.memory_http import (
-    MemoryRoute,
     engine_of,
     recall_query,
     recall_response,
@@ -20,20 +22,41 @@ from heed.api.memory_http import (
     unit_item,
 )
 from heed.api.wire import memory as wire
+from heed.memory.idempotency import MAX_KEY_CHARS
 from heed.memory.models import FACT_TYPES, InvalidInput
 from heed.memory.operations import RetainOperations
 from heed.memory.store import UnitFilter
 
-router = APIRouter(
-    prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=MemoryRoute
-)
+router = APIRouter(prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"])
 
 _TIME_FIELDS = ("created_at", "updated_at", "mentioned_at", "occurred_start", "occurred_end")
 
 
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=MAX_KEY_CHARS,
+        pattern=r"^[\x21-\x7e]+$",
+        description="Makes a retried retain write nothing twice (see docs/security.md): "
+        "printable ASCII, no spaces, up to 255 characters; kept 24 hours.",
+    ),
+]
+
+
 @router.post("")
-async def retain(bank_id: str, body: wire.RetainRequest, request: Request) -> wire.RetainResponse:
-    """Retain items, synchronously (one transaction per document) or as an operation."""
+async def retain(
+    bank_id: IdPath,
+    body: wire.RetainRequest,
+    request: Request,
+    idempotency_key: IdempotencyKey = None,
+) -> wire.RetainResponse:
+    """Retain items, synchronously (one transaction per document) or as an operation.
+
+    Under an ``Idempotency-Key`` a retry after a dropped connection writes only what the
+    first attempt did not; the same key with another body answers 409.
+    """
     engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     items = retain_items(body)
@@ -44,7 +67,9 @@ async def retain(bank_id: str, body: wire.RetainRequest, request: Request) -> wi
             raise HeedError(
                 "async retain needs the run manager, which is not running", status_code=503
             )
-        run = await operations.submit(bank, items, tags, body.operation_id)
+        run = await operations.submit(
+            bank, items, tags, body.operation_id, idempotency_key=idempotency_key
+        )
         return wire.RetainResponse.model_validate(
             {
                 "success": True,
@@ -55,7 +80,7 @@ async def retain(bank_id: str, body: wire.RetainRequest, request: Request) -> wi
                 "operation_ids": [run.id],
             }
         )
-    summary = await engine.retain(bank, items, tags)
+    summary = await engine.retain(bank, items, tags, idempotency_key=idempotency_key)
     return wire.RetainResponse.model_validate(
         {
             "success": True,
@@ -69,7 +94,7 @@ async def retain(bank_id: str, body: wire.RetainRequest, request: Request) -> wi
 
 
 @router.post("/recall", response_model=wire.RecallResponse)
-async def recall(bank_id: str, body: wire.RecallRequest, request: Request) -> JSONResponse:
+async def recall(bank_id: IdPath, body: wire.RecallRequest, request: Request) -> JSONResponse:
     """Hybrid recall; cancelled at the next checkpoint when the client leaves."""
     engine = engine_of(request)
     query = recall_query(body)
@@ -79,7 +104,7 @@ async def recall(bank_id: str, body: wire.RecallRequest, request: Request) -> JS
 
 @router.get("/list")
 async def list_memories(
-    bank_id: str,
+    bank_id: IdPath,
     request: Request,
     type: str | None = None,
     q: str | None = None,
@@ -88,8 +113,8 @@ async def list_memories(
     time_field: str | None = None,
     start_date: str | None = None,
     end_date: str | None = None,
-    limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:
     """Memory units, newest first (or by ``time_field``), with filters."""
     if type is not None and type not in FACT_TYPES:
@@ -118,7 +143,7 @@ async def list_memories(
 
 
 @router.get("/{memory_id}")
-async def get_memory(bank_id: str, memory_id: str, request: Request) -> wire.MemoryUnitItem:
+async def get_memory(bank_id: IdPath, memory_id: IdPath, request: Request) -> wire.MemoryUnitItem:
     """One memory unit."""
     engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
@@ -126,7 +151,9 @@ async def get_memory(bank_id: str, memory_id: str, request: Request) -> wire.Mem
 
 
 @router.delete("/{memory_id}")
-async def delete_memory(bank_id: str, memory_id: str, request: Request) -> wire.DeleteResponse:
+async def delete_memory(
+    bank_id: IdPath, memory_id: IdPath, request: Request
+) -> wire.DeleteResponse:
     """Delete one memory unit (and its keyword, vector and link entries)."""
     engine = engine_of(request)
     bank = await engine.get_bank(bank_id)

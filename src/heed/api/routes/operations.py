@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 
 from heed.api.errors import HeedError
-from heed.api.memory_http import MemoryRoute, engine_of
+from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.memory_http import engine_of
 from heed.api.wire import memory as wire
 from heed.memory.models import InvalidInput
 from heed.memory.operations import RetainOperations, status_of
 from heed.runs.model import Run
 
-router = APIRouter(
-    prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"], route_class=MemoryRoute
-)
+router = APIRouter(prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"])
 
 _STATUSES = ("pending", "processing", "completed", "failed", "cancelled")
 
@@ -67,11 +66,11 @@ def _error(run: Run) -> str | None:
 
 @router.get("")
 async def list_operations(
-    bank_id: str,
+    bank_id: IdPath,
     request: Request,
     status: str | None = None,
-    limit: int = Query(20, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    limit: Limit = 20,
+    offset: Offset = 0,
 ) -> wire.OperationsListResponse:
     """The bank's operations, newest first."""
     if status is not None and status not in _STATUSES:
@@ -104,7 +103,7 @@ async def list_operations(
 
 @router.get("/{operation_id}")
 async def get_operation(
-    bank_id: str, operation_id: str, request: Request
+    bank_id: IdPath, operation_id: IdPath, request: Request
 ) -> wire.OperationStatusResponse:
     """One operation's status (``phase`` is heed's finer-grained run phase)."""
     bank = await engine_of(request).get_bank(bank_id)
@@ -128,7 +127,7 @@ async def get_operation(
 
 @router.delete("/{operation_id}")
 async def cancel_operation(
-    bank_id: str, operation_id: str, request: Request
+    bank_id: IdPath, operation_id: IdPath, request: Request
 ) -> wire.CancelOperationResponse:
     """Cancel a pending or running operation; idempotent. A running one goes
     through ``cancelling`` (status ``processing``) until its worker stopped."""

@@ -15,10 +15,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 
+from heed.api.input_rules import MAX_REASON_CHARS, IdPath
 from heed.api.sse import HEARTBEAT_FRAME, event_frames, named_frame, parse_cursor, sse_response
 from heed.runs.journal import Gap, Heartbeat
 from heed.runtime import current_context, current_token
@@ -33,7 +34,7 @@ def _runs(request: Request) -> RunServices:
 
 
 @router.get("/{run_id}")
-async def get_run(run_id: str, request: Request) -> dict[str, Any]:
+async def get_run(run_id: IdPath, request: Request) -> dict[str, Any]:
     """The run's registry row."""
     run = await _runs(request).manager.get(run_id, tenant=current_context().tenant)
     return run.to_public()
@@ -41,11 +42,13 @@ async def get_run(run_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/{run_id}/cancel")
 async def cancel_run(
-    run_id: str,
+    run_id: IdPath,
     request: Request,
     wait: bool = False,
     wait_seconds: float = Query(default=30.0, ge=0, le=600, alias="timeout"),
-    reason: str = "cancelled by client",
+    reason: Annotated[str, Query(min_length=1, max_length=MAX_REASON_CHARS)] = (
+        "cancelled by client"
+    ),
 ) -> dict[str, Any]:
     """Cancel the run (idempotent); a terminal run is returned unchanged."""
     run = await _runs(request).manager.cancel(
@@ -56,7 +59,7 @@ async def cancel_run(
 
 @router.get("/{run_id}/stream")
 async def stream_run(
-    run_id: str,
+    run_id: IdPath,
     request: Request,
     after: str | None = None,
     last_event_id: str | None = Header(default=None),

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from heed.api.input_rules import Identifier, Name, Tag, Text, TokenBudget
+
 __all__ = [
     "BankListItem",
     "BankListResponse",
@@ -61,10 +63,10 @@ class Disposition(BaseModel):
 class BankWrite(_In):
     """PUT/PATCH body: Hindsight's CreateBankRequest (LLM-only fields are stored or ignored)."""
 
-    name: str | None = None
-    mission: str | None = None
-    reflect_mission: str | None = None
-    background: str | None = None
+    name: Name | None = None
+    mission: Text | None = None
+    reflect_mission: Text | None = None
+    background: Text | None = None
     disposition: Disposition | None = None
     disposition_skepticism: int | None = Field(default=None, ge=1, le=5)
     disposition_literalism: int | None = Field(default=None, ge=1, le=5)
@@ -126,27 +128,27 @@ class DeleteResponse(BaseModel):
 
 
 class EntityIn(_In):
-    text: str
-    type: str | None = None
+    text: Name
+    type: Tag | None = None
 
 
 class MemoryItemIn(_In):
     content: str | list[dict[str, Any]]
     timestamp: datetime | str | None = None
-    context: str | None = None
-    metadata: dict[str, str] | None = None
-    document_id: str | None = None
+    context: Text | None = None
+    metadata: dict[Tag, Text] | None = None
+    document_id: Identifier | None = None
     entities: list[EntityIn] | None = None
-    tags: list[str] | None = None
+    tags: list[Tag] | None = None
     update_mode: Literal["replace", "append"] | None = None
-    fact_type: str | None = None
+    fact_type: Tag | None = None
 
 
 class RetainRequest(_In):
     items: list[MemoryItemIn]
     async_: bool = Field(default=False, alias="async")
-    document_tags: list[str] | None = None
-    operation_id: str | None = None
+    document_tags: list[Tag] | None = None
+    operation_id: Identifier | None = None
 
 
 class RetainResponse(BaseModel):
@@ -166,7 +168,7 @@ class RetainResponse(BaseModel):
 
 
 class _MaxTokens(_In):
-    max_tokens: int | None = None
+    max_tokens: TokenBudget | None = None
 
 
 class IncludeOptions(_In):
@@ -188,14 +190,14 @@ class MinScoresIn(_In):
 
 
 class RecallRequest(_In):
-    query: str
-    types: list[str] | None = None
+    query: Text
+    types: list[Tag] | None = None
     budget: Literal["low", "mid", "high"] | None = None
-    max_tokens: int | None = Field(default=4096, ge=1)
+    max_tokens: TokenBudget | None = 4096
     trace: bool | None = False
-    query_timestamp: str | None = None
+    query_timestamp: Tag | None = None
     include: IncludeOptions | None = None
-    tags: list[str] | None = None
+    tags: list[Tag] | None = None
     tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] | None = "any"
     tag_groups: list[Any] | None = None
     min_scores: MinScoresIn | None = None

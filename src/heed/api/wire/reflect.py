@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from heed.api.input_rules import Tag, Text, TokenBudget
+
 __all__ = [
     "ReflectBasedOn",
     "ReflectFact",
@@ -42,16 +44,16 @@ class ReflectInclude(BaseModel):
 class ReflectRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    query: str
+    query: Text
     budget: Literal["low", "mid", "high"] | None = None
-    context: str | None = None
-    max_tokens: int | None = Field(default=4096, ge=1)
+    context: Text | None = None
+    max_tokens: TokenBudget | None = 4096
     include: ReflectInclude | None = None
     response_schema: dict[str, Any] | None = None
-    tags: list[str] | None = None
+    tags: list[Tag] | None = None
     tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] | None = "any"
     tag_groups: list[Any] | None = None
-    fact_types: list[str] | None = None
+    fact_types: list[Tag] | None = None
     stream: bool = False
 
 
