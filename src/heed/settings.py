@@ -32,6 +32,19 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="key=tenant pairs, comma separated. Empty: loopback clients only, no auth.",
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names the server answers, comma separated ('*': any). Empty: "
+        "loopback names without keys (DNS-rebinding protection), any name with keys.",
+    )
+    metrics_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer key for /metrics when HEED_API_KEYS is set (tenant keys are "
+        "refused: the figures cover every tenant).",
+    )
+    ui_session_hours: float = Field(
+        default=12.0, gt=0, description="How long a web UI login lasts."
+    )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
 
     # Lanes: concurrent slots and queue length per kind of work.
@@ -153,6 +166,13 @@ class Settings(BaseSettings):
     def database_path(self) -> Path:
         """The embedded database file inside the data dir."""
         return self.data_dir / "heed.db"
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _parse_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [h.strip() for h in value.split(",") if h.strip()]
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod

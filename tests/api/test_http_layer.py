@@ -124,7 +124,7 @@ async def _asgi_client(
     app: FastAPI, client: tuple[str, int] = ("127.0.0.1", 5000)
 ) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=app, client=client)
-    return httpx.AsyncClient(transport=transport, base_url="http://heed")
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
 
 async def test_bad_input_gets_clear_4xx_and_holds_nothing(
@@ -223,7 +223,9 @@ def test_continue_policy_keeps_working_after_disconnect(settings: Settings) -> N
 
     with live_server(app) as server:
         sock = socket.create_connection(("127.0.0.1", server.port))
-        sock.sendall(b"POST /finish-anyway HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        sock.sendall(
+            b"POST /finish-anyway HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+        )
         time.sleep(0.1)
         sock.close()
         wait_for(lambda: outcome.get("result"), seconds=5)

@@ -121,7 +121,7 @@ async def test_provider_errors_become_http_answers(
         raise error
 
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         response = await client.get("/boom")
     assert response.status_code == status
     assert response.json()["detail"] == str(error)

@@ -8,11 +8,22 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from heed.api.auth import Authenticator
+from heed.api.drain import Drain
 from heed.api.errors import install_error_handlers
 from heed.api.memory_http import install_memory_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
-from heed.api.routes import banks, diagnostics, documents, memories, operations, reflect, system
+from heed.api.routes import (
+    auth,
+    banks,
+    diagnostics,
+    documents,
+    memories,
+    operations,
+    reflect,
+    system,
+)
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
 from heed.api.run_metrics import install_run_metrics
@@ -42,12 +53,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.services = services
     app.state.metrics = Metrics(services.lanes)
     app.state.burn_records = OrderedDict()
+    app.state.authenticator = authenticator_of(settings)
+    app.state.drain = Drain()
     install_error_handlers(app)
     install_memory_error_handlers(app)
     app.state.retain_operations = RetainOperations(services.runs.manager, services.memory)
     for memory_router in (banks, memories, documents, operations, reflect):
         app.include_router(memory_router.router)
     app.include_router(system.router)
+    app.include_router(auth.router)
     app.include_router(runs_routes.router)
     app.include_router(sessions_routes.router)
     install_run_metrics(app.state.metrics.registry, services.runs.manager)
@@ -57,7 +71,18 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_middleware(
         RequestLifecycleMiddleware,
         metrics=app.state.metrics,
-        api_keys=settings.api_keys,
+        authenticator=app.state.authenticator,
         max_body_bytes=settings.max_body_bytes,
+        drain=app.state.drain,
     )
     return app
+
+
+def authenticator_of(settings: Settings) -> Authenticator:
+    """The request authenticator for *settings* (keys, Host allow-list, metrics key)."""
+    return Authenticator(
+        settings.api_keys,
+        allowed_hosts=settings.allowed_hosts,
+        metrics_key=settings.metrics_key.get_secret_value() if settings.metrics_key else None,
+        session_seconds=int(settings.ui_session_hours * 3600),
+    )

@@ -1,11 +1,18 @@
 """Prometheus metrics for one server: HTTP outcomes, cancellations and lane counters.
 
 Each app gets its own ``CollectorRegistry`` so several apps (tests) never clash.
+
+Every label comes from a fixed set, so no client can grow the series without
+bound: methods outside the standard ones count as ``other``, requests that
+match no route as ``unmatched``, and cancellation reasons (which a client can
+choose, ``POST /v1/runs/{id}/cancel?reason=``) beyond the first
+:data:`MAX_REASONS` distinct ones as ``other``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -13,7 +20,11 @@ from prometheus_client.registry import Collector
 
 from heed.runtime import Lanes
 
-__all__ = ["Metrics"]
+__all__ = ["KNOWN_METHODS", "MAX_REASONS", "Metrics"]
+
+KNOWN_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+MAX_REASONS: Final = 32
+_REASON_CHARS: Final = 60
 
 
 class _LaneCollector(Collector):
@@ -88,3 +99,21 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_LaneCollector(lanes))
+        self._reasons: set[str] = set()
+
+    def record_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """Count one request; *route* is its template (``unmatched`` when none matched)."""
+        method = method if method in KNOWN_METHODS else "other"
+        status = status if 100 <= status <= 599 else 500
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def record_cancellation(self, reason: str) -> None:
+        """Count one cancellation by reason (folded to ``other`` past the bound)."""
+        reason = reason[:_REASON_CHARS]
+        if reason not in self._reasons:
+            if len(self._reasons) >= MAX_REASONS:
+                reason = "other"
+            else:
+                self._reasons.add(reason)
+        self.cancellations.labels(reason).inc()

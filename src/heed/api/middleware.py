@@ -4,14 +4,16 @@ A pure ASGI middleware installed outermost, so that nothing can hide the
 client's ``http.disconnect`` from it (Starlette's ``BaseHTTPMiddleware`` does
 exactly that to everything inside it). For each HTTP request it:
 
-1. authenticates (``Authorization: Bearer``) and resolves the tenant;
-2. reads the body, answering 413 once it passes ``max_body_bytes``;
-3. creates the request's :class:`~heed.runtime.CancellationToken` and
+1. refuses new work while the server drains for shutdown (503, ``Retry-After``);
+2. authenticates (:mod:`heed.api.auth`: bearer key, UI cookie, Host allow-list);
+3. reads the body, answering 413 once it passes ``max_body_bytes``, and 400 when
+   it breaks the text rule (:mod:`heed.api.input_rules`);
+4. creates the request's :class:`~heed.runtime.CancellationToken` and
    :class:`~heed.runtime.RequestContext` and makes it the active context;
-4. owns ``receive``: a watcher task waits for ``http.disconnect`` and cancels the
+5. owns ``receive``: a watcher task waits for ``http.disconnect`` and cancels the
    token the moment it arrives (no polling), and the app's own ``receive``
    calls are served from what the watcher read;
-5. records the outcome: ``OperationCancelled`` escaping the app becomes 499,
+6. records the outcome: ``OperationCancelled`` escaping the app becomes 499,
    which is logged with its reason and counted as a cancellation, not a failure.
 
 Routes opt out of cancel-on-disconnect with
@@ -22,35 +24,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import ipaddress
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from heed.api.auth import Authenticator, Refusal
+from heed.api.drain import Drain
+from heed.api.input_rules import body_problem
 from heed.api.metrics import Metrics
-from heed.runtime import DEFAULT_TENANT, OperationCancelled, RequestContext, use_context
+from heed.runtime import OperationCancelled, RequestContext, run_in_thread, use_context
 from heed.runtime.cancellation import CancellationToken
 
 __all__ = ["CLIENT_DISCONNECTED", "RequestLifecycleMiddleware"]
 
 CLIENT_DISCONNECTED: Final = "client disconnected"
 STATUS_CLIENT_CLOSED: Final = 499
+_OFFLOAD_BODY_BYTES: Final = 64 * 1024
 
 log = logging.getLogger("heed.http")
-
-
-def _is_loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host in {"localhost", "testclient"}
 
 
 async def _send_json(
@@ -75,12 +69,6 @@ def _detail(message: str) -> str:
     return json.dumps({"detail": message})
 
 
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    status: int
-    message: str
-
-
 class _BodyTooLarge(Exception):
     pass
 
@@ -93,6 +81,7 @@ class _ReceiveOwner:
         self._token = token
         self._limit = limit
         self._body_messages: list[Message] = []
+        self.body = b""
         self._disconnected = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
         self.disconnected_at: float | None = None
@@ -110,6 +99,7 @@ class _ReceiveOwner:
                 raise _BodyTooLarge
             self._body_messages.append(message)
             if not message.get("more_body", False):
+                self.body = b"".join(m.get("body", b"") for m in self._body_messages)
                 return True
 
     def start_watching(self) -> None:
@@ -149,13 +139,15 @@ class RequestLifecycleMiddleware:
         app: ASGIApp,
         *,
         metrics: Metrics,
-        api_keys: dict[str, str],
+        authenticator: Authenticator,
         max_body_bytes: int,
+        drain: Drain | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
-        self.api_keys = api_keys
+        self.authenticator = authenticator
         self.max_body_bytes = max_body_bytes
+        self.drain = drain or Drain()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -178,19 +170,29 @@ class RequestLifecycleMiddleware:
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, status_holder: dict[str, Any]
     ) -> None:
-        identity = self._authenticate(scope)
-        if isinstance(identity, _Refusal):
+        if self.drain.draining:
+            await _send_json(
+                send, 503, _detail("the server is shutting down"), [(b"retry-after", b"1")]
+            )
+            return
+        client = scope.get("client")
+        identity = self.authenticator.identify(
+            scope.get("method", ""),
+            scope.get("path", ""),
+            scope.get("headers", []),
+            client[0] if client else None,
+        )
+        if isinstance(identity, Refusal):
             headers = [(b"www-authenticate", b"Bearer")] if identity.status == 401 else []
             await _send_json(send, identity.status, _detail(identity.message), headers)
             return
-        tenant, principal = identity
 
         if self._declared_length(scope) > self.max_body_bytes:
             await _send_json(send, 413, _detail(self._too_large_message()), [])
             return
 
         token = CancellationToken()
-        ctx = RequestContext(tenant=tenant, principal=principal, token=token)
+        ctx = RequestContext(tenant=identity.tenant, principal=identity.principal, token=token)
         scope.setdefault("state", {})["request_context"] = ctx
         owner = _ReceiveOwner(receive, token, self.max_body_bytes)
         try:
@@ -201,8 +203,13 @@ class RequestLifecycleMiddleware:
         except _BodyTooLarge:
             await _send_json(send, 413, _detail(self._too_large_message()), [])
             return
+        problem = await self._body_problem(owner.body, ctx)
+        if problem is not None:
+            await _send_json(send, 400, _detail(problem), [])
+            return
 
         owner.start_watching()
+        self.drain.track(token)
         try:
             with use_context(ctx):
                 await self.app(scope, owner.receive, send)
@@ -213,34 +220,17 @@ class RequestLifecycleMiddleware:
                     send, STATUS_CLIENT_CLOSED, _detail(f"cancelled: {exc.reason}"), []
                 )
         finally:
+            self.drain.untrack(token)
             await owner.stop_watching()
         if status_holder["status"] == STATUS_CLIENT_CLOSED and "reason" not in status_holder:
             status_holder["reason"] = scope["state"].get("cancel_reason") or token.reason
 
-    def _authenticate(self, scope: Scope) -> tuple[str, str | None] | _Refusal:
-        """(tenant, principal), or why the request is refused."""
-        if not self.api_keys:
-            client = scope.get("client")
-            if client is not None and not _is_loopback(client[0]):
-                return _Refusal(
-                    403,
-                    "this server has no API keys configured and serves loopback clients only; "
-                    "set HEED_API_KEYS to accept remote clients",
-                )
-            return (DEFAULT_TENANT, None)
-        header = ""
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                header = value.decode("latin-1")
-                break
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            return _Refusal(401, "missing Authorization: Bearer <key> header")
-        tenant = self.api_keys.get(key.strip())
-        if tenant is None:
-            return _Refusal(401, "unknown API key")
-        principal = "key:" + hashlib.sha256(key.strip().encode()).hexdigest()[:12]
-        return (tenant, principal)
+    @staticmethod
+    async def _body_problem(body: bytes, ctx: RequestContext) -> str | None:
+        if len(body) < _OFFLOAD_BODY_BYTES:
+            return body_problem(body)
+        with use_context(ctx):  # a large body is parsed off the loop
+            return await run_in_thread(body_problem, body)
 
     @staticmethod
     def _declared_length(scope: Scope) -> int:
@@ -260,11 +250,10 @@ class RequestLifecycleMiddleware:
         route = scope.get("route")
         template = getattr(route, "path", None) or "unmatched"
         method = scope.get("method", "")
-        self.metrics.requests.labels(method, template, str(status)).inc()
-        self.metrics.latency.labels(template).observe(seconds)
+        self.metrics.record_request(method, template, status, seconds)
         if status == STATUS_CLIENT_CLOSED:
-            reason = str(status_holder.get("reason") or "unknown")[:60]
-            self.metrics.cancellations.labels(reason).inc()
-            log.info("%s %s cancelled (499): %s", method, scope.get("path"), reason)
+            reason = str(status_holder.get("reason") or "unknown")
+            self.metrics.record_cancellation(reason)
+            log.info("%s %s cancelled (499): %.200s", method, scope.get("path"), reason)
         elif status >= 500 and status != 503:
             self.metrics.failures.labels(template).inc()
