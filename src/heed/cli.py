@@ -38,6 +38,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
     import uvicorn
 
     from heed.api.app import create_app
+    from heed.api.server import HeedServer
     from heed.settings import Settings
 
     given: dict[str, Any] = {
@@ -62,15 +63,16 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
     sys.setswitchinterval(settings.switch_interval_ms / 1000)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
-        # Open SSE streams (run streams, session channels) never end on their own: without
-        # a bound, uvicorn would wait for them forever before shutting down.
+        # SIGTERM drains first (heed.api.server): streams get their last event and end;
+        # this bounds the wait for whatever still holds a connection after that.
         timeout_graceful_shutdown=settings.shutdown_grace_seconds,
     )
+    HeedServer(config, app).run()
 
 
 @main.command()

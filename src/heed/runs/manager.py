@@ -154,6 +154,8 @@ class RunManager:
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._stopped = False
+        self._io_closed = False
         #: Counters and gauges read by the metrics collector.
         self.reclaimed_total = 0
         self.interrupted_total = 0
@@ -580,22 +582,21 @@ class RunManager:
 
     # -- shutdown --------------------------------------------------------------------
 
-    async def close(self, grace: float = 5.0) -> None:
-        """Stop accepting work; mark this process's running runs ``interrupted`` (with a
-        terminal journal event), cancel their tokens and wait up to *grace* seconds."""
+    async def stop_runs(self, grace: float = 5.0) -> None:
+        """Stop accepting work; mark this process's running runs ``interrupted`` (a terminal
+        journal event each, and the kind's ``on_terminal`` hook in the same transaction),
+        cancel their tokens and wait up to *grace* seconds for the workers to unwind.
+
+        Idempotent: the server's drain calls it on SIGTERM, :meth:`close` again at the end.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
         self._closing = True
         for task in list(self._background):
             task.cancel()
         for run_id, worker in list(self.workers.items()):
-            t = await self.io.call(
-                self.store.transition,
-                run_id,
-                Phase.INTERRUPTED,
-                fields={"finished_at": time.time(), "error": SHUTDOWN},
-                event=("interrupted", {"reason": SHUTDOWN}),
-                only_from=[Phase.RUNNING],
-                worker_id=self.worker_id,
-            )
+            t = await self.io.call(self._interrupt_for_shutdown, run_id)
             if t is not None:
                 self.journal.publish([t.event])
                 await self._notify(t.run, "finished")
@@ -606,5 +607,28 @@ class RunManager:
         tasks = [w.task for w in self.workers.values() if w.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
+
+    def _interrupt_for_shutdown(self, run_id: str) -> Transition | None:
+        with self.store.transaction():
+            t = self.store.transition(
+                run_id,
+                Phase.INTERRUPTED,
+                fields={"finished_at": time.time(), "error": SHUTDOWN},
+                event=("interrupted", {"reason": SHUTDOWN}),
+                only_from=[Phase.RUNNING],
+                worker_id=self.worker_id,
+            )
+            if t is not None:
+                spec = self.kinds.get(t.run.kind)
+                if spec is not None and spec.on_terminal is not None:
+                    spec.on_terminal(t.run)
+            return t
+
+    async def close(self, grace: float = 5.0) -> None:
+        """:meth:`stop_runs`, then release the store threads. Idempotent."""
+        await self.stop_runs(grace)
+        if self._io_closed:
+            return
+        self._io_closed = True
         self.io.close()
         self.read_io.close()

@@ -268,12 +268,15 @@ class SessionService:
         *,
         heartbeat: float = 10.0,
         token: CancellationToken | None = None,
+        shutdown: CancellationToken | None = None,
     ) -> AsyncIterator[dict[str, Any] | Heartbeat]:
         """The session channel: replay (``turn_started`` for attachable runs only, then a
         ``session_updated`` snapshot), then live events; heartbeats when idle. Ends after
-        ``session_deleted``, or at once when *token* is cancelled."""
+        ``session_deleted``, or at once when *token* is cancelled (the client left). When
+        *shutdown* is cancelled (the server drains) it ends with a last ``shutdown`` event,
+        so a client knows to reconnect rather than treat the silence as an error."""
         sub = self.manager.broker.subscribe(session_topic(session_id))
-        handle = token.on_cancel(lambda _reason: sub.stop()) if token is not None else None
+        handles = [t.on_cancel(lambda _reason: sub.stop()) for t in (token, shutdown) if t]
         try:
             for run in await self.manager.session_runs(session_id):
                 if is_attachable(run):
@@ -285,6 +288,12 @@ class SessionService:
             while True:
                 message = await sub.get(heartbeat)
                 if message is STOPPED:
+                    if (
+                        shutdown is not None
+                        and shutdown.cancelled
+                        and not (token and token.cancelled)
+                    ):
+                        yield {"type": "shutdown", "data": {"reason": shutdown.reason}}
                     return
                 if message is None:
                     yield HEARTBEAT
@@ -295,6 +304,6 @@ class SessionService:
                     if message.get("type") == "session_deleted":
                         return
         finally:
-            if handle is not None:
+            for handle in handles:
                 handle.remove()
             sub.close()

@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from heed.api.input_rules import Identifier, IdPath, Limit, Name
 from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
 from heed.errors import HeedError
 from heed.runs.journal import Heartbeat
@@ -36,12 +37,12 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
 class SessionIn(BaseModel):
-    title: str = Field(default="", max_length=500)
-    bank_id: str | None = Field(default=None, max_length=200)
+    title: Name = ""
+    bank_id: Identifier | None = None
 
 
 class SessionPatch(BaseModel):
-    title: str = Field(max_length=500)
+    title: Name
 
 
 class TurnIn(BaseModel):
@@ -77,13 +78,13 @@ async def create_session(body: SessionIn, request: Request) -> dict[str, Any]:
 
 
 @router.get("")
-async def list_sessions(request: Request, limit: int = 100) -> dict[str, Any]:
-    sessions = await _sessions(request).list_sessions(_tenant(), max(1, min(limit, 1000)))
+async def list_sessions(request: Request, limit: Limit = 100) -> dict[str, Any]:
+    sessions = await _sessions(request).list_sessions(_tenant(), limit)
     return {"sessions": [s.to_public() for s in sessions]}
 
 
 @router.get("/{session_id}")
-async def get_session(session_id: str, request: Request) -> dict[str, Any]:
+async def get_session(session_id: IdPath, request: Request) -> dict[str, Any]:
     service = _sessions(request)
     session = await service.get(session_id, _tenant())
     messages = await service.transcript(session_id)
@@ -91,19 +92,21 @@ async def get_session(session_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.patch("/{session_id}")
-async def rename_session(session_id: str, body: SessionPatch, request: Request) -> dict[str, Any]:
+async def rename_session(
+    session_id: IdPath, body: SessionPatch, request: Request
+) -> dict[str, Any]:
     session = await _sessions(request).rename(session_id, _tenant(), body.title)
     return session.to_public()
 
 
 @router.delete("/{session_id}")
-async def delete_session(session_id: str, request: Request) -> dict[str, Any]:
+async def delete_session(session_id: IdPath, request: Request) -> dict[str, Any]:
     await _sessions(request).delete(session_id, _tenant())
     return {"deleted": True, "id": session_id}
 
 
 @router.post("/{session_id}/turns", status_code=202)
-async def start_turn(session_id: str, body: TurnIn, request: Request) -> Any:
+async def start_turn(session_id: IdPath, body: TurnIn, request: Request) -> Any:
     content = body.content if body.content is not None else body.message
     if content is None:
         raise HeedError("a turn needs `content`", status_code=422)
@@ -130,21 +133,24 @@ async def start_turn(session_id: str, body: TurnIn, request: Request) -> Any:
 
 
 @router.get("/{session_id}/status")
-async def session_status(session_id: str, request: Request) -> dict[str, Any]:
+async def session_status(session_id: IdPath, request: Request) -> dict[str, Any]:
     service = _sessions(request)
     await service.get(session_id, _tenant())
     return await service.status(session_id)
 
 
 @router.get("/{session_id}/events")
-async def session_events(session_id: str, request: Request) -> Any:
+async def session_events(session_id: IdPath, request: Request) -> Any:
     service = _sessions(request)
     await service.get(session_id, _tenant())
     heartbeat = _services(request).settings.stream_heartbeat_seconds
     token = current_token()
 
     async def frames() -> AsyncIterator[str]:
-        async for item in service.follow_channel(session_id, heartbeat=heartbeat, token=token):
+        drain = request.app.state.drain
+        async for item in service.follow_channel(
+            session_id, heartbeat=heartbeat, token=token, shutdown=drain.token
+        ):
             if isinstance(item, Heartbeat):
                 yield HEARTBEAT_FRAME
             else:
