@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from heed.memory.embeddings import Embedder, TokenCounter
+from heed.memory.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -249,35 +250,53 @@ class MemoryEngine:
         document_tags: list[str] | None = None,
         *,
         progress: ProgressCallback | None = None,
+        idempotency_key: str | None = None,
     ) -> RetainSummary:
         """Retain *items* into *bank*: one transaction per document.
 
         Cancellable while queued for a retain slot, while embedding (between
         batches), and between documents; a document is written whole or not at
-        all. Raises ``OperationCancelled`` (or :class:`NotFound` if the bank was
-        deleted meanwhile).
+        all. Under *idempotency_key* a retry writes only the documents an earlier
+        attempt did not (see :mod:`heed.memory.idempotency`). Raises
+        ``OperationCancelled``, :class:`NotFound` if the bank was deleted meanwhile,
+        ``IdempotencyConflict`` when the key was used for a different request.
         """
         self.validate_items(items)
-        plans = plan_documents(items, document_tags or [])
+        tags = document_tags or []
+        plans = plan_documents(items, tags, idempotency_key)
+        key = retain_key(idempotency_key, items, tags) if idempotency_key else None
         async with self.track(bank), self.retain_lane.slot():
-            documents = await run_in_thread(prepare_documents, plans, self.embedder, self.tokens)
-            units = 0
-            for done, document in enumerate(documents, start=1):
+            recorded: dict[int, LedgerEntry] = {}
+            if key is not None:
+                entries = await run_in_thread(self.store.retain_ledger, bank.ref, key.key)
+                recorded = check_ledger(key, entries)
+            todo = [i for i in range(len(plans)) if i not in recorded]
+            documents = await run_in_thread(
+                prepare_documents, [plans[i] for i in todo], self.embedder, self.tokens
+            )
+            units = sum(entry.units for entry in recorded.values())
+            for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
                 raise_if_cancelled()
-                await run_in_thread(self._write_one, bank.ref, document)
+                ledger = (key, index) if key is not None else None
+                await run_in_thread(self._write_one, bank.ref, document, ledger)
                 units += len(document.units)
                 if progress is not None:
-                    progress(done, len(documents))
+                    progress(len(recorded) + done, len(plans))
         return RetainSummary(
             items=len(items),
-            documents=len(documents),
+            documents=len(plans),
             units=units,
-            document_ids=[d.document_id for d in documents],
+            document_ids=[p.document_id for p in plans],
         )
 
-    def _write_one(self, bank_ref: str, document: PreparedDocument) -> WriteResult:
+    def _write_one(
+        self,
+        bank_ref: str,
+        document: PreparedDocument,
+        ledger: tuple[RetainKey, int] | None = None,
+    ) -> WriteResult:
         raise_if_cancelled()
-        result = self.store.write_document(bank_ref, document)
+        result = self.store.write_document(bank_ref, document, ledger)
         self.indexes.apply(bank_ref, result, document)  # committed: the index must follow
         return result
 

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from heed.memory.engine import BANK_DELETED, MemoryEngine
+from heed.memory.idempotency import check_fingerprint, retain_key
 from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
@@ -98,16 +99,26 @@ class RetainOperations:
         items: list[RetainItem],
         document_tags: list[str],
         client_operation_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Run:
         """Queue a retain of *items* into *bank*; returns the run (its id is the operation id).
 
         A *client_operation_id* makes retries idempotent: a second submit with the
         same id for the same bank returns the first run instead of queueing again.
+        An *idempotency_key* does too, and refuses (``IdempotencyConflict``) a second
+        submit with a different body; the operation then retains under the key, so a
+        re-run after a restart skips what the first run wrote.
         """
         self.engine.validate_items(items)
-        if client_operation_id:
+        key = retain_key(idempotency_key, items, document_tags) if idempotency_key else None
+        if client_operation_id or idempotency_key:
             for existing in await self.list(bank):
-                if existing.payload.get("client_operation_id") == client_operation_id:
+                if client_operation_id and (
+                    existing.payload.get("client_operation_id") == client_operation_id
+                ):
+                    return existing
+                if key is not None and existing.payload.get("idempotency_key") == key.key:
+                    check_fingerprint(key, existing.payload.get("fingerprint"))
                     return existing
         run = await self.manager.submit(
             RETAIN_KIND,
@@ -120,6 +131,8 @@ class RetainOperations:
                 "document_tags": document_tags,
                 "items_count": len(items),
                 "client_operation_id": client_operation_id,
+                "idempotency_key": idempotency_key,
+                "fingerprint": key.fingerprint if key is not None else None,
             },
         )
         assert run is not None
@@ -143,7 +156,11 @@ class RetainOperations:
 
         try:
             summary = await self.engine.retain(
-                bank, items, payload.get("document_tags") or [], progress=progress
+                bank,
+                items,
+                payload.get("document_tags") or [],
+                progress=progress,
+                idempotency_key=payload.get("idempotency_key"),
             )
         except NotFound as exc:
             raise OperationCancelled(BANK_DELETED) from exc

@@ -7,7 +7,9 @@ the engine's job, one transaction per document.
 
 Grouping: items sharing a ``document_id`` form one document (the first item's
 ``update_mode`` decides replace or append; replace is the default, as in
-Hindsight); an item without one is its own document with a fresh id.
+Hindsight); an item without one is its own document with a fresh id, or, under an
+idempotency key, an id derived from the key and the item's position (see
+:mod:`heed.memory.idempotency`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from datetime import UTC, datetime
 from heed.memory.dates import find_dates
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import extract_entities
+from heed.memory.idempotency import document_id_for
 from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
 from heed.memory.units import index_text, split_units
 from heed.runtime import raise_if_cancelled
@@ -36,13 +39,16 @@ class DocumentPlan:
     tags: list[str]
 
 
-def plan_documents(items: list[RetainItem], document_tags: list[str]) -> list[DocumentPlan]:
+def plan_documents(
+    items: list[RetainItem], document_tags: list[str], key: str | None = None
+) -> list[DocumentPlan]:
     """Group items into documents (see the module docstring)."""
     plans: dict[str, DocumentPlan] = {}
     order: list[DocumentPlan] = []
-    for item in items:
+    for position, item in enumerate(items):
         if item.document_id is None:
-            plan = DocumentPlan(str(uuid.uuid4()), True, [item], list(document_tags))
+            new_id = document_id_for(key, position) if key is not None else str(uuid.uuid4())
+            plan = DocumentPlan(new_id, True, [item], list(document_tags))
             order.append(plan)
             continue
         plan_or_none = plans.get(item.document_id)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from heed.memory.idempotency import LedgerEntry, RetainKey
 from heed.memory.models import Bank, BankStats, DocumentInfo, PreparedDocument, StoredUnit
 
 __all__ = ["MemoryStore", "UnitFilter", "VectorRows", "WriteResult"]
@@ -69,7 +70,20 @@ class MemoryStore(Protocol):
     def bank_stats(self, bank_ref: str) -> BankStats: ...
 
     # retain
-    def write_document(self, bank_ref: str, document: PreparedDocument) -> WriteResult: ...
+    def write_document(
+        self,
+        bank_ref: str,
+        document: PreparedDocument,
+        ledger: tuple[RetainKey, int] | None = None,
+    ) -> WriteResult:
+        """Write one document; with *ledger* (key, document index) also its ledger entry, in
+        the same transaction. Raises ``IdempotencyConflict`` when that entry exists already
+        (a concurrent retry of the same key)."""
+        ...
+
+    def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
+        """The documents already written under *key* (expired keys are forgotten first)."""
+        ...
 
     # recall
     def load_vectors(self, bank_ref: str) -> VectorRows: ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from heed.memory.entities import canonical
+from heed.memory.idempotency import KEY_TTL_SECONDS, IdempotencyConflict, LedgerEntry, RetainKey
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -126,6 +128,23 @@ MEMORY_MIGRATIONS = [
         2,
         """
         ALTER TABLE memory_units ADD COLUMN token_count INTEGER;
+        """,
+    ),
+    Migration(
+        "memory",
+        3,
+        """
+        CREATE TABLE memory_retain_ledger (
+            bank_ref TEXT NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+            idempotency_key TEXT NOT NULL,
+            document_index INTEGER NOT NULL,
+            document_id TEXT NOT NULL,
+            units INTEGER NOT NULL,
+            fingerprint TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (bank_ref, idempotency_key, document_index)
+        );
+        CREATE INDEX memory_retain_ledger_age ON memory_retain_ledger (created_at);
         """,
     ),
 ]
@@ -301,6 +320,7 @@ class SqliteMemoryStore:
                 (bank_ref,),
             )
             conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
+            conn.execute("DELETE FROM memory_retain_ledger WHERE bank_ref = ?", (bank_ref,))
             conn.execute("DELETE FROM memory_banks WHERE ref = ?", (bank_ref,))
         return int(count)
 
@@ -367,12 +387,32 @@ class SqliteMemoryStore:
             conn.execute(f"DELETE FROM memory_unit_entities WHERE unit_seq IN ({marks})", part)
             conn.execute(f"DELETE FROM memory_units WHERE seq IN ({marks})", part)
 
-    def write_document(self, bank_ref: str, document: PreparedDocument) -> WriteResult:
+    def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
+        with self.db.write() as conn:
+            conn.execute(
+                "DELETE FROM memory_retain_ledger WHERE created_at < ?",
+                (time.time() - KEY_TTL_SECONDS,),
+            )
+            rows = conn.execute(
+                "SELECT document_index, document_id, units, fingerprint FROM memory_retain_ledger"
+                " WHERE bank_ref = ? AND idempotency_key = ? ORDER BY document_index",
+                (bank_ref, key),
+            ).fetchall()
+        return [LedgerEntry(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def write_document(
+        self,
+        bank_ref: str,
+        document: PreparedDocument,
+        ledger: tuple[RetainKey, int] | None = None,
+    ) -> WriteResult:
         """Write one document's chunks, units, entities and links in one transaction."""
         now = _now()
         token = bank_token(bank_ref)
         added: list[tuple[int, str]] = []
         with self.db.write() as conn:
+            if ledger is not None:
+                self._record_ledger(conn, bank_ref, document, *ledger)
             removed: list[int] = []
             existing = conn.execute(
                 "SELECT original_text, created_at FROM memory_documents"
@@ -445,6 +485,34 @@ class SqliteMemoryStore:
                 previous_seq = seq
             conn.execute("UPDATE memory_banks SET last_write_at = ? WHERE ref = ?", (now, bank_ref))
         return WriteResult(removed=removed, added=added)
+
+    @staticmethod
+    def _record_ledger(
+        conn: sqlite3.Connection,
+        bank_ref: str,
+        document: PreparedDocument,
+        key: RetainKey,
+        index: int,
+    ) -> None:
+        try:
+            conn.execute(
+                "INSERT INTO memory_retain_ledger (bank_ref, idempotency_key, document_index,"
+                " document_id, units, fingerprint, created_at) VALUES (?,?,?,?,?,?,?)",
+                (
+                    bank_ref,
+                    key.key,
+                    index,
+                    document.document_id,
+                    len(document.units),
+                    key.fingerprint,
+                    time.time(),
+                ),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise IdempotencyConflict(
+                f"a retain under Idempotency-Key {key.key!r} is already running; retry it "
+                "after that one finishes"
+            ) from exc
 
     @staticmethod
     def _insert_unit(
