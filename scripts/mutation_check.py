@@ -9,6 +9,8 @@ started as subprocesses -- imports the mutated code):
    for every run (a cancelling run would be replayed to clients: the attach loop).
 2. ``reaper-never-reclaims``: :func:`heed.runs.reaper.reclaim` never finalizes
    anything (a stale cancelling run would keep its session busy forever).
+3. ``run-end-skips-on-terminal``: :func:`heed.runs.ending.end_run` never calls the
+   kind's ``on_terminal`` hook (a task interrupted by shutdown would lose its wakeup).
 
 Only the relevant test files run, with ``-x``, so the check stays fast. The same
 selection first runs unmutated and must pass (otherwise "red" would prove
@@ -60,6 +62,16 @@ MUTATIONS = (
         (
             "tests/runs/test_manager.py",
             "tests/runs/test_http_sessions.py::test_wakeup_delivered_when_stale_cancelling_run_is_reclaimed",
+        ),
+    ),
+    Mutation(
+        "run-end-skips-on-terminal",
+        "runs/ending.py",
+        "                if spec is not None and spec.on_terminal is not None:\n",
+        "                if False:  # MUTATION\n",
+        (
+            "tests/runs/test_restart_recovery.py::"
+            "test_graceful_shutdown_records_the_wakeup_of_an_interrupted_task",
         ),
     ),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -105,3 +106,34 @@ def test_pending_wakeups_are_delivered_on_start(make_settings: Callable[..., Set
         wait_for(lambda: client.get(f"/v1/sessions/{sid}/status").json()["busy"] is False)
         assert client.get(f"/v1/sessions/{sid}/status").json()["pending_wakeups"] == 0
         assert len(wakeup_turns()) == 1
+
+
+def test_graceful_shutdown_records_the_wakeup_of_an_interrupted_task(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """A background task interrupted by shutdown still writes its wakeup (``on_terminal`` in
+    the same transaction), so the next process tells the session about it."""
+    spawn = {"name": "start_task", "arguments": {"action": "wait", "seconds": 60}}
+    script = {"replies": [{"tool_calls": [spawn]}, {"text": "started it"}]}
+    settings = run_settings(make_settings, llm_script=json.dumps(script))
+    with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
+        runs = server.app.state.services.runs.run_store
+        sid = new_session(client)
+        client.post(f"/v1/sessions/{sid}/turns", json={"content": "start a task"})
+
+        def running_task() -> list[object]:
+            return [
+                r
+                for r in runs.list_runs(session_id=sid)
+                if r.kind == "task" and r.phase == "running"
+            ]
+
+        wait_for(running_task)
+        task_id = running_task()[0].id  # type: ignore[attr-defined]
+    store = SqliteSessionStore(Database(settings.database_path()))
+    try:
+        pending = [w for w in store.pending_wakeups() if w.session_id == sid]
+    finally:
+        store.db.close()
+    assert [w.task_run_id for w in pending] == [task_id]
+    assert pending[0].summary["phase"] == "interrupted"

@@ -46,12 +46,13 @@ from typing import Any, Literal
 
 from heed.errors import HeedError
 from heed.runs.broker import Broker
+from heed.runs.ending import Step, end_run
 from heed.runs.io import BlockingIO
 from heed.runs.journal import Journal
 from heed.runs.kinds import KindSpec, RunContext
-from heed.runs.model import Phase, Run, RunEvent, Source, new_run_id
+from heed.runs.model import Phase, Run, Source, new_run_id
 from heed.runs.state import DEFAULT_UNWIND_WINDOW, is_lifecycle_busy
-from heed.runs.store import RunStore, Transition
+from heed.runs.store import RunStore
 from heed.runtime import (
     CancellationToken,
     LaneFull,
@@ -419,67 +420,50 @@ class RunManager:
         error: str | None,
         reason: str | None,
     ) -> None:
-        def write() -> tuple[Run | None, list[RunEvent]]:
-            now = time.time()
-            done = {"finished_at": now, "lease_expires_at": None}
-            events: list[RunEvent] = []
-            with self.store.transaction():
-                t = None
-                if outcome == "completed":
-                    t = self.store.transition(
-                        run.id,
-                        Phase.COMPLETED,
-                        fields={**done, "result": result},
-                        event=("completed", {"result": result}),
-                        only_from=[Phase.RUNNING],
-                        worker_id=self.worker_id,
-                    )
-                elif outcome == "failed":
-                    t = self.store.transition(
-                        run.id,
-                        Phase.FAILED,
-                        fields={**done, "error": error},
-                        event=("failed", {"error": error}),
-                        only_from=[Phase.RUNNING],
-                        worker_id=self.worker_id,
-                    )
-                else:
-                    # Cancelled without the cancel API (deadline, shutdown): same two steps.
-                    first = self.store.transition(
-                        run.id,
-                        Phase.CANCELLING,
-                        fields={"cancelled_at": now, "cancel_reason": reason},
-                        event=("cancelled", {"reason": reason}),
-                        only_from=[Phase.RUNNING],
-                        worker_id=self.worker_id,
-                    )
-                    if first is not None and first.event is not None:
-                        events.append(first.event)
-                if t is None:
-                    t = self.store.transition(
-                        run.id,
-                        Phase.CANCELLED,
-                        fields=done,
-                        only_from=[Phase.CANCELLING],
-                        worker_id=self.worker_id,
-                    )
-                if t is None:
-                    return None, events  # already terminal (interrupted by recovery/shutdown)
-                if t.event is not None:
-                    events.append(t.event)
-                if spec.on_terminal is not None:
-                    spec.on_terminal(t.run)
-                return t.run, events
-
+        """Record how the worker ended (see :mod:`heed.runs.ending`). A run that was being
+        cancelled meanwhile ends ``cancelled``; one already terminal (interrupted by
+        recovery or shutdown) is left as it is. The caller dispatches the session."""
+        now = time.time()
+        done = {"finished_at": now, "lease_expires_at": None}
+        mine = self.worker_id
+        steps: list[Step]
+        if outcome == "completed":
+            steps = [
+                Step(
+                    Phase.COMPLETED,
+                    (Phase.RUNNING,),
+                    {**done, "result": result},
+                    ("completed", {"result": result}),
+                    mine,
+                )
+            ]
+        elif outcome == "failed":
+            steps = [
+                Step(
+                    Phase.FAILED,
+                    (Phase.RUNNING,),
+                    {**done, "error": error},
+                    ("failed", {"error": error}),
+                    mine,
+                )
+            ]
+        else:
+            # Cancelled without the cancel API (deadline, shutdown): the same two steps.
+            steps = [
+                Step(
+                    Phase.CANCELLING,
+                    (Phase.RUNNING,),
+                    {"cancelled_at": now, "cancel_reason": reason},
+                    ("cancelled", {"reason": reason}),
+                    mine,
+                )
+            ]
+        steps.append(Step(Phase.CANCELLED, (Phase.CANCELLING,), done, None, mine))
         try:
-            final, events = await self.io.call(write)
+            await end_run(self, run.id, steps, dispatch=False)
         except Exception as exc:
             reraise_cancellation(exc)
             log.exception("could not record the end of run %s; the reaper will", run.id)
-            return
-        self.journal.publish(events)
-        if final is not None:
-            await self._notify(final, "finished")
 
     # -- cancel ----------------------------------------------------------------------
 
@@ -499,34 +483,20 @@ class RunManager:
                 return run
             now = time.time()
             if run.phase == Phase.QUEUED:
-                spec = self.kinds.get(run.kind)
-
-                def cancel_queued(
-                    spec: KindSpec | None = spec, now: float = now
-                ) -> Transition | None:
-                    with self.store.transaction():
-                        t = self.store.transition(
-                            run_id,
+                cancelled = await end_run(
+                    self,
+                    run_id,
+                    [
+                        Step(
                             Phase.CANCELLED,
-                            fields={
-                                "cancelled_at": now,
-                                "finished_at": now,
-                                "cancel_reason": reason,
-                            },
-                            event=("cancelled", {"reason": reason}),
-                            only_from=[Phase.QUEUED],
+                            (Phase.QUEUED,),
+                            {"cancelled_at": now, "finished_at": now, "cancel_reason": reason},
+                            ("cancelled", {"reason": reason}),
                         )
-                        if t is not None and spec is not None and spec.on_terminal is not None:
-                            spec.on_terminal(t.run)
-                        return t
-
-                t = await self.io.call(cancel_queued)
-                if t is not None:
-                    self.journal.publish([t.event])
-                    await self._notify(t.run, "finished")
-                    if t.run.session_id is not None:
-                        await self.dispatch(t.run.session_id)
-                    return t.run
+                    ],
+                )
+                if cancelled is not None:
+                    return cancelled
             elif run.phase == Phase.RUNNING:
                 t = await self.io.call(
                     self.store.transition,
@@ -596,10 +566,20 @@ class RunManager:
         for task in list(self._background):
             task.cancel()
         for run_id, worker in list(self.workers.items()):
-            t = await self.io.call(self._interrupt_for_shutdown, run_id)
-            if t is not None:
-                self.journal.publish([t.event])
-                await self._notify(t.run, "finished")
+            await end_run(
+                self,
+                run_id,
+                [
+                    Step(
+                        Phase.INTERRUPTED,
+                        (Phase.RUNNING,),
+                        {"finished_at": time.time(), "error": SHUTDOWN},
+                        ("interrupted", {"reason": SHUTDOWN}),
+                        self.worker_id,
+                    )
+                ],
+                worker_gone=False,
+            )
             # The worker unwinds on its own (a turn keeps its partial output, marked
             # interrupted: the token's reason is SHUTDOWN); on_interrupted is for workers
             # that died without unwinding (restart recovery, lost leases).
@@ -607,22 +587,6 @@ class RunManager:
         tasks = [w.task for w in self.workers.values() if w.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
-
-    def _interrupt_for_shutdown(self, run_id: str) -> Transition | None:
-        with self.store.transaction():
-            t = self.store.transition(
-                run_id,
-                Phase.INTERRUPTED,
-                fields={"finished_at": time.time(), "error": SHUTDOWN},
-                event=("interrupted", {"reason": SHUTDOWN}),
-                only_from=[Phase.RUNNING],
-                worker_id=self.worker_id,
-            )
-            if t is not None:
-                spec = self.kinds.get(t.run.kind)
-                if spec is not None and spec.on_terminal is not None:
-                    spec.on_terminal(t.run)
-            return t
 
     async def close(self, grace: float = 5.0) -> None:
         """:meth:`stop_runs`, then release the store threads. Idempotent."""

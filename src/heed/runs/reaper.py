@@ -30,14 +30,15 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Final
 
+from heed.runs.ending import Step, end_run
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
 from heed.runs.state import cancel_is_stale, is_wedged, worker_is_live
-from heed.runs.store import Transition
 from heed.runtime import reraise_cancellation
 
-__all__ = ["Reaper", "reap_once"]
+__all__ = ["Reaper", "finalize", "reap_once"]
 
 log = logging.getLogger("heed.runs.reaper")
 
@@ -55,47 +56,35 @@ async def renew_leases(manager: RunManager) -> None:
             manager._cancel_local(row.id, row.cancel_reason or "cancelled")
 
 
-async def _finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
-    spec = manager.kinds.get(run.kind)
+WORKER_LOST: Final = "worker lost (lease expired or process restarted)"
+
+
+async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
+    """End *run*, whose worker is gone, as ``cancelled`` (a stale cancel) or ``interrupted``
+    (a lost worker) through :func:`heed.runs.ending.end_run`; counts it. ``None`` when
+    another writer ended it first."""
     now = time.time()
-
-    def write() -> Transition | None:
-        with manager.store.transaction():
-            if to is Phase.CANCELLED:
-                t = manager.store.transition(
-                    run.id,
-                    Phase.CANCELLED,
-                    fields={"finished_at": now, "lease_expires_at": None},
-                    event=("cancelled", {"reason": run.cancel_reason or "reclaimed"}),
-                    only_from=[Phase.CANCELLING],
-                )
-            else:
-                t = manager.store.transition(
-                    run.id,
-                    Phase.INTERRUPTED,
-                    fields={
-                        "finished_at": now,
-                        "lease_expires_at": None,
-                        "error": "worker lost (lease expired or process restarted)",
-                    },
-                    event=("interrupted", {"reason": "worker lost"}),
-                    only_from=[run.phase_enum] if run.phase_enum else [],
-                )
-            if t is not None and spec is not None and spec.on_terminal is not None:
-                spec.on_terminal(t.run)
-            return t
-
-    t = await manager.io.call(write)
-    if t is None:
-        return None
-    manager.journal.publish([t.event])
-    final = t.run
-    if to is Phase.INTERRUPTED:
-        manager.interrupted_total += 1
-        await manager.after_interrupted(final)
+    if to is Phase.CANCELLED:
+        step = Step(
+            Phase.CANCELLED,
+            (Phase.CANCELLING,),
+            {"finished_at": now, "lease_expires_at": None},
+            ("cancelled", {"reason": run.cancel_reason or "reclaimed"}),
+        )
     else:
-        manager.reclaimed_total += 1
-        await manager._notify(final, "finished")
+        step = Step(
+            Phase.INTERRUPTED,
+            (run.phase_enum,) if run.phase_enum else (),
+            {"finished_at": now, "lease_expires_at": None, "error": WORKER_LOST},
+            ("interrupted", {"reason": "worker lost"}),
+        )
+    # The reaper and recovery dispatch every session after their pass.
+    final = await end_run(manager, run.id, [step], dispatch=False)
+    if final is not None:
+        if to is Phase.INTERRUPTED:
+            manager.interrupted_total += 1
+        else:
+            manager.reclaimed_total += 1
     return final
 
 
@@ -105,9 +94,9 @@ async def reclaim(manager: RunManager, run: Run, now: float) -> Run | None:
         return None  # our own worker is alive
     phase = run.phase_enum
     if phase is Phase.CANCELLING and cancel_is_stale(run, now, manager.unwind_window):
-        return await _finalize(manager, run, Phase.CANCELLED)
+        return await finalize(manager, run, Phase.CANCELLED)
     if phase is Phase.RUNNING and not worker_is_live(run, now):
-        return await _finalize(manager, run, Phase.INTERRUPTED)
+        return await finalize(manager, run, Phase.INTERRUPTED)
     return None
 
 

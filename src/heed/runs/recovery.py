@@ -28,7 +28,7 @@ import time
 
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
-from heed.runs.reaper import _finalize
+from heed.runs.reaper import finalize
 from heed.runs.state import worker_is_live
 
 __all__ = ["recover", "worker_is_dead"]
@@ -79,7 +79,7 @@ async def recover(manager: RunManager, session_ids: list[str] | None = None) -> 
         )
         if target is None:
             continue
-        done = await _finalize(manager, run, target)
+        done = await finalize(manager, run, target)
         if done is not None:
             finalized.append(done)
     await manager.start_queued()
