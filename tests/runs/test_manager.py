@@ -11,9 +11,10 @@ import pytest
 
 from heed.runs.manager import RunConflict, RunManager, RunNotFound
 from heed.runs.model import Phase
-from heed.runs.reaper import reap_once
+from heed.runs.reaper import Reaper, reap_once
 from heed.runs.recovery import recover
 from heed.runs.state import is_attachable, is_lifecycle_busy
+from heed.runtime import OperationCancelled
 
 from .conftest import WEDGE_RELEASE, build_manager
 
@@ -292,3 +293,32 @@ async def test_concurrent_reapers_finalize_a_row_once(tmp_path: Path) -> None:
     finally:
         await one.close()
         await two.close()
+
+
+async def test_reaper_loop_survives_a_stray_cancellation(
+    manager: RunManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OperationCancelled escaping one pass must not end the loop (leases would expire)."""
+    import heed.runs.reaper as reaper_module
+
+    real = reaper_module.reap_once
+    calls = {"n": 0}
+
+    async def flaky(m: RunManager) -> list[object]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OperationCancelled("stray")
+        return await real(m)  # type: ignore[return-value]
+
+    monkeypatch.setattr(reaper_module, "reap_once", flaky)
+    manager.reaper_interval = 0.01
+    reaper = Reaper(manager)
+    reaper.start()
+    try:
+        for _ in range(500):
+            if reaper.passes >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert calls["n"] >= 3 and reaper.passes >= 3
+    finally:
+        await reaper.stop()

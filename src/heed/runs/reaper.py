@@ -36,7 +36,7 @@ from heed.runs.ending import Step, end_run
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
 from heed.runs.state import cancel_is_stale, is_wedged, worker_is_live
-from heed.runtime import reraise_cancellation
+from heed.runtime import OperationCancelled, reraise_cancellation
 
 __all__ = ["Reaper", "finalize", "reap_once"]
 
@@ -145,10 +145,16 @@ class Reaper:
         self._task = asyncio.create_task(self._loop(), name="heed-run-reaper")
 
     async def _loop(self) -> None:
+        """Pass after pass until :meth:`stop` cancels the task. A failed pass is logged and
+        the next one runs: the loop is the only thing renewing this process's leases."""
         while True:
             await asyncio.sleep(self.manager.reaper_interval)
             try:
                 await reap_once(self.manager)
+            except OperationCancelled as exc:
+                # Nobody cancels the reaper by token (stop() cancels its task), so this came
+                # from a call it made; ending the loop here would let every lease expire.
+                log.warning("reaper pass was cancelled from inside (%s); continuing", exc.reason)
             except Exception as exc:
                 reraise_cancellation(exc)
                 log.exception("reaper pass failed")
