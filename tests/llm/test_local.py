@@ -160,3 +160,36 @@ def test_json_replies_become_tool_calls() -> None:
     assert _parse_tool_call('{"name": "explore", "arguments": 3}', 0) is not None
     assert _parse_tool_call('{"answer": "no tool here"}', 0) is None
     assert _parse_tool_call("{not json", 0) is None
+
+
+async def test_a_consumer_cancelled_twice_still_waits_for_the_thread(
+    provider: LocalProvider,
+) -> None:
+    """The caller's lane slot is released when its consumer returns: by then the generation
+    thread must have stopped, even when the consumer was cancelled a second time while it
+    waited for the thread."""
+    await provider.load()
+    received: list[float] = []
+    stopped_before = provider.last_stop_at
+
+    async def consume() -> None:
+        with use_context(RequestContext()):
+            async for event in provider.stream(LONG, max_tokens=400):
+                if isinstance(event, TextDelta):
+                    received.append(time.monotonic())
+
+    task = asyncio.create_task(consume())
+    deadline = time.monotonic() + 30
+    while len(received) < 3:
+        assert time.monotonic() < deadline, "no tokens within 30 s"
+        await asyncio.sleep(0.005)
+    task.cancel()
+    for _ in range(3):  # let the stream's finally start waiting for the thread
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    returned_at = time.monotonic()
+    assert provider.last_stop_at is not None and provider.last_stop_at != stopped_before
+    assert provider.last_stop_at <= returned_at
+    await assert_still_answers(provider)

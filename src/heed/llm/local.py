@@ -67,6 +67,7 @@ from heed.runtime import (
     raise_if_cancelled,
     reraise_cancellation,
     run_in_thread,
+    settle,
     use_context,
 )
 
@@ -396,12 +397,14 @@ class LocalProvider:
                     return
                 yield item
         finally:
-            if not worker.done():
-                stream_token.cancel(ctx.token.reason or "stream closed")
-                await asyncio.wait({worker})  # the thread has stopped past this line
-            stream_token.release_parent()
-            if not worker.cancelled():
-                worker.exception()  # retrieved: the consumer saw what mattered
+            try:
+                # The thread has stopped past this line, however often the consumer is
+                # cancelled meanwhile (the caller's lane slot must outlive the thread).
+                await settle(
+                    worker, lambda: stream_token.cancel(ctx.token.reason or "stream closed")
+                )
+            finally:
+                stream_token.release_parent()
 
     def _generate(self, job: _Generation) -> None:
         """The worker thread's whole job: load, wait for the model, prefill, generate."""

@@ -51,7 +51,7 @@ from heed.llm.base import (
     parse_tool_arguments,
 )
 from heed.llm.watch import CancelWatch
-from heed.runtime import retry_async
+from heed.runtime import retry_async, settle
 
 __all__ = ["OpenAIProvider", "message_to_openai", "tool_to_openai"]
 
@@ -320,11 +320,7 @@ class OpenAIProvider:
                 yield item
         finally:
             watch.close()
-            if not pump.done():
-                pump.cancel()
-            await asyncio.wait({pump})  # the upstream response is closed past this line
-            if not pump.cancelled():
-                pump.exception()  # retrieved: the consumer already saw what mattered
+            await settle(pump)  # the upstream response is closed past this line
 
     async def _pump(
         self, payload: dict[str, Any], channel: asyncio.Queue[StreamEvent | _End | Exception]

@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from heed.runtime import CancellationToken, OperationCancelled, current_token
+from heed.runtime import CancellationToken, OperationCancelled, current_token, settle
 
 __all__ = ["CancelWatch"]
 
@@ -76,12 +76,11 @@ class CancelWatch:
             try:
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             except BaseException:
-                task.cancel()
+                await settle(task)
                 raise
             if task.done():
                 return task.result()
-        task.cancel()
-        await asyncio.wait({task})
+        await settle(task)
         self._raise()
         raise AssertionError("unreachable")  # pragma: no cover
 
