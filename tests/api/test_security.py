@@ -446,6 +446,10 @@ def test_a_login_ends_when_its_key_is_revoked(tmp_path: Path) -> None:
         httpx.Client(base_url=srv.url, headers={"Cookie": f"heed_session={cookie}"}) as browser,
     ):
         assert browser.get("/v1/sessions").status_code == 401
+        # ...and the stale cookie does not lock the browser out of the page or a new login
+        assert browser.get("/").status_code == 200
+        assert browser.get("/v1/auth/session").json()["authenticated"] is False
+        assert browser.post("/v1/auth/login", json={"key": KEY_B}).status_code == 200
 
 
 # -- 5: Host allow-list ------------------------------------------------------------------------

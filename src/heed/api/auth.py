@@ -165,10 +165,13 @@ class Authenticator:
         if authorization is not None:
             return self._bearer_identity(authorization)
         cookie = self._cookie_identity(method, headers)
+        if path in _PUBLIC_PATHS or path.startswith(_PUBLIC_PREFIXES):
+            # A cookie that no longer verifies (expired, its key revoked) must not lock the
+            # browser out of the page and the login that would replace it: JS cannot clear
+            # an HttpOnly cookie.
+            return cookie if isinstance(cookie, Identity) else Identity(ANONYMOUS_TENANT, None)
         if cookie is not None:
             return cookie
-        if path in _PUBLIC_PATHS or path.startswith(_PUBLIC_PREFIXES):
-            return Identity(ANONYMOUS_TENANT, None)
         return Refusal(401, "missing Authorization: Bearer <key> header (or log in at /)")
 
     def _bearer_identity(self, authorization: str) -> Identity | Refusal:

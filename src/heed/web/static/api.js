@@ -20,8 +20,38 @@ function detailOf(body, response) {
   return response.statusText || "request failed";
 }
 
+// --- the UI session: the CSRF header of unsafe requests, and who hears about a 401 ---
+
+const UNSAFE_METHODS = new Set(["POST", "PUT", "PATCH", "DELETE"]);
+const CSRF_COOKIE = "heed_csrf";
+let csrfToken = null;
+let unauthorized = () => {};
+
+/** The token to send as X-Heed-CSRF (auth.js sets it; the heed_csrf cookie is the fallback). */
+export function setCsrfToken(token) {
+  csrfToken = token || null;
+}
+
+function currentCsrfToken() {
+  if (csrfToken) return csrfToken;
+  const pair = document.cookie.split("; ").find((p) => p.startsWith(`${CSRF_COOKIE}=`));
+  return pair ? decodeURIComponent(pair.slice(CSRF_COOKIE.length + 1)) : null;
+}
+
+/** headers, plus X-Heed-CSRF when *method* changes something and a token is known. */
+function withCsrf(method, headers) {
+  const token = UNSAFE_METHODS.has(method) ? currentCsrfToken() : null;
+  if (token) headers["X-Heed-CSRF"] = token;
+  return headers;
+}
+
+/** fn(error) hears every 401 (the UI session ended), except the auth endpoints' own. */
+export function onUnauthorized(fn) {
+  unauthorized = fn;
+}
+
 /** The ApiError a non-2xx response stands for (reads its JSON body when it has one). */
-export async function errorFrom(response) {
+export async function errorFrom(response, { report401 = true } = {}) {
   let body = null;
   try {
     body = await response.json();
@@ -30,11 +60,14 @@ export async function errorFrom(response) {
   }
   const header = response.headers.get("Retry-After");
   const retryAfter = header !== null && header !== "" ? Number(header) : body?.retry_after ?? null;
-  return new ApiError(response.status, detailOf(body, response), { retryAfter, body });
+  const error = new ApiError(response.status, detailOf(body, response), { retryAfter, body });
+  if (error.status === 401 && report401) unauthorized(error);
+  return error;
 }
 
-export async function request(method, path, body = undefined, { signal } = {}) {
-  const init = { method, signal, headers: { Accept: "application/json" }, cache: "no-store" };
+export async function request(method, path, body = undefined, { signal, report401 = true } = {}) {
+  const headers = withCsrf(method, { Accept: "application/json" });
+  const init = { method, signal, headers, cache: "no-store" };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -46,7 +79,7 @@ export async function request(method, path, body = undefined, { signal } = {}) {
     if (error?.name === "AbortError") throw error;
     throw new ApiError(0, "network lost");
   }
-  if (!response.ok) throw await errorFrom(response);
+  if (!response.ok) throw await errorFrom(response, { report401 });
   if (response.status === 204) return null;
   const text = await response.text();
   return text ? JSON.parse(text) : null;
@@ -54,6 +87,14 @@ export async function request(method, path, body = undefined, { signal } = {}) {
 
 const enc = encodeURIComponent;
 const bankPath = (bankId) => `/v1/default/banks/${enc(bankId)}`;
+
+// --- the UI login (auth.js): their 401s are answers, not a session ending ---
+
+export const auth = {
+  session: () => request("GET", "/v1/auth/session", undefined, { report401: false }),
+  login: (key) => request("POST", "/v1/auth/login", { key }, { report401: false }),
+  logout: () => request("POST", "/v1/auth/logout", undefined, { report401: false }),
+};
 
 // --- sessions and runs (issue 5) ---
 
@@ -110,7 +151,7 @@ export const memory = {
         method: "POST",
         signal,
         cache: "no-store",
-        headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        headers: withCsrf("POST", { "Content-Type": "application/json", Accept: "text/event-stream" }),
         body: JSON.stringify({ query, budget, include: { facts: {} }, stream: true }),
       });
     } catch (error) {

@@ -1,7 +1,9 @@
-// app.js: the entry point: routes (#/chat/<id>, #/memory/<bank>), server health, tab visibility,
-// and the narrow-screen sidebar toggle. Each page lives in its own module.
+// app.js: the entry point: the login first (auth.js), then routes (#/chat/<id>, #/memory/<bank>),
+// server health, tab visibility, and the narrow-screen sidebar toggle. Each page lives in its own
+// module.
 
 import { sessions as sessionsApi, system } from "./api.js";
+import { startSession } from "./auth.js";
 import { ChatView, config } from "./chat.js";
 import { MemoryPage } from "./memory.js";
 import { SessionsPanel } from "./sessions.js";
@@ -14,6 +16,13 @@ function navigate(hash) {
   if (location.hash === hash) route();
   else location.hash = hash;
 }
+
+checkHealth();
+// The pages call the API as soon as they exist: only once the UI session is settled.
+await startSession({
+  onLock: () => chat.close(),
+  onRelogin: () => reloadRoute(),
+});
 
 const sessionsPanel = new SessionsPanel($("session-sidebar"), { navigate });
 const chat = new ChatView($("chat"), {
@@ -30,7 +39,7 @@ function parseRoute() {
   return { page: page === "memory" ? "memory" : "chat", id };
 }
 
-async function route() {
+async function route({ force = false } = {}) {
   const { page, id } = parseRoute();
   $("chat-view").hidden = page !== "chat";
   $("memory-view").hidden = page !== "memory";
@@ -59,8 +68,16 @@ async function route() {
     history.replaceState(null, "", `#/chat/${encodeURIComponent(sessionId)}`);
   }
   sessionsPanel.setCurrent(sessionId || null);
-  if (sessionId !== chat.sessionId || !sessionId) await chat.open(sessionId || null);
+  if (force || sessionId !== chat.sessionId || !sessionId) await chat.open(sessionId || null);
   document.title = sessionId ? `${chat.title.textContent} · heed` : "heed";
+}
+
+/** After logging in again (a 401 ended the session): the same route, read afresh. */
+function reloadRoute() {
+  hideNotice("error");
+  sessionsLoaded = false;
+  sessionsPanel.loadBanks();
+  route({ force: true });
 }
 
 // --- narrow screens: the sidebar is a drawer ---
@@ -119,10 +136,9 @@ window.addEventListener("online", () => {
   hideNotice("network");
   checkHealth();
 });
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", () => route());
 
 // For tests and debugging: the tunables and the live objects (read-only use).
 window.heed = { config, chat, sessionsPanel, memoryPage, sessionsApi };
 
-checkHealth();
 route();
