@@ -9,10 +9,17 @@ import pytest
 from heed.runs.model import TERMINAL_PHASES, TRANSITIONS, Phase, Run, allowed_sources
 from heed.runs.state import (
     cancel_is_stale,
+    ending_for_lost_worker,
     is_attachable,
+    is_interrupted,
     is_lifecycle_busy,
+    is_queued,
+    is_running,
     is_wedged,
+    reaper_may_end,
+    worker_is_dead,
     worker_is_live,
+    worker_should_stop,
 )
 
 NOW = 1_000_000.0
@@ -133,3 +140,68 @@ def test_terminal_phases_are_absorbing_in_the_transition_table() -> None:
         assert phase not in allowed_sources(Phase.CANCELLED)
     assert allowed_sources(Phase.CANCELLING) == {Phase.RUNNING}
     assert allowed_sources(Phase.QUEUED) == frozenset()
+
+
+# -- the smaller questions: each in both directions ---------------------------------------
+
+ALL_PHASES = [p.value for p in Phase] + ["", "paused"]
+
+
+@pytest.mark.parametrize("phase", ALL_PHASES)
+def test_queued_running_interrupted_name_exactly_one_phase(phase: str) -> None:
+    run = make_run(phase)
+    assert is_queued(run) is (phase == "queued")
+    assert is_running(run) is (phase == "running")
+    assert is_interrupted(run) is (phase == "interrupted")
+
+
+@pytest.mark.parametrize("phase", ALL_PHASES)
+def test_a_local_worker_stops_once_cancelling_or_terminal(phase: str) -> None:
+    expected = phase == "cancelling" or phase in {p.value for p in TERMINAL_PHASES}
+    assert worker_should_stop(make_run(phase)) is expected
+
+
+@pytest.mark.parametrize(
+    ("phase", "ending"),
+    [("running", Phase.INTERRUPTED), ("cancelling", Phase.CANCELLED), ("queued", None)]
+    + [(p.value, None) for p in TERMINAL_PHASES]
+    + [("", None), ("paused", None)],
+)
+def test_ending_for_a_lost_worker(phase: str, ending: Phase | None) -> None:
+    assert ending_for_lost_worker(make_run(phase)) is ending
+
+
+def test_reaper_may_end_a_running_run_only_once_its_lease_expired() -> None:
+    assert reaper_may_end(make_run("running", **dead()), NOW, WINDOW)
+    assert not reaper_may_end(make_run("running", **live()), NOW, WINDOW)
+
+
+def test_reaper_may_end_a_cancelling_run_only_when_stale() -> None:
+    stale = make_run("cancelling", cancelled_at=NOW - WINDOW - 1, **dead())
+    fresh = make_run("cancelling", cancelled_at=NOW - 1, **dead())
+    wedged = make_run("cancelling", cancelled_at=NOW - WINDOW - 1, **live())
+    assert reaper_may_end(stale, NOW, WINDOW)
+    assert not reaper_may_end(fresh, NOW, WINDOW)
+    assert not reaper_may_end(wedged, NOW, WINDOW)
+
+
+@pytest.mark.parametrize("phase", ["queued", "completed", "cancelled", "failed", "interrupted"])
+def test_reaper_never_ends_queued_or_terminal_runs(phase: str) -> None:
+    assert not reaper_may_end(make_run(phase, **dead()), NOW, WINDOW)
+
+
+def test_worker_is_dead_follows_the_lease_and_the_pid() -> None:
+    me = "host-a:4242:n0"
+    same_host_alive = make_run("running", worker_id="host-a:77:n1", lease_expires_at=NOW + 30)
+    assert not worker_is_dead(
+        same_host_alive, NOW, me, pid_alive=lambda pid: True, hostname="host-a"
+    )
+    assert worker_is_dead(same_host_alive, NOW, me, pid_alive=lambda pid: False, hostname="host-a")
+    other_host = make_run("running", worker_id="host-b:77:n1", lease_expires_at=NOW + 30)
+    assert not worker_is_dead(other_host, NOW, me, pid_alive=lambda pid: False, hostname="host-a")
+    mine = make_run("running", worker_id=me, lease_expires_at=NOW + 30)
+    assert not worker_is_dead(mine, NOW, me, pid_alive=lambda pid: False, hostname="host-a")
+    expired = make_run("running", worker_id="host-b:77:n1", lease_expires_at=NOW - 1)
+    assert worker_is_dead(expired, NOW, me, pid_alive=lambda pid: True, hostname="host-a")
+    no_worker = make_run("running")
+    assert worker_is_dead(no_worker, NOW, me, hostname="host-a")

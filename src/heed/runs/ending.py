@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from heed.runs.model import Phase, Run, RunEvent
-from heed.runs.state import is_terminal
+from heed.runs.state import is_interrupted, is_terminal
 
 if TYPE_CHECKING:
     from heed.runs.manager import RunManager
@@ -96,7 +96,7 @@ async def end_run(
     manager.journal.publish(events)
     if final is None:
         return None
-    if final.phase == Phase.INTERRUPTED and worker_gone:
+    if is_interrupted(final) and worker_gone:
         await manager.after_interrupted(final)
     else:
         await manager._notify(final, "finished")

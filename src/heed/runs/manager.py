@@ -51,7 +51,13 @@ from heed.runs.io import BlockingIO
 from heed.runs.journal import Journal
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.model import Phase, Run, Source, new_run_id
-from heed.runs.state import DEFAULT_UNWIND_WINDOW, is_lifecycle_busy
+from heed.runs.state import (
+    DEFAULT_UNWIND_WINDOW,
+    is_lifecycle_busy,
+    is_queued,
+    is_running,
+    is_terminal,
+)
 from heed.runs.store import RunStore
 from heed.runtime import (
     CancellationToken,
@@ -289,7 +295,7 @@ class RunManager:
             for sibling in await self.session_runs(session_id):
                 # Only runs admitted before this one: of racing interrupts, the last one wins.
                 older = (sibling.created_at, sibling.id) < mine
-                if older and sibling.phase in (Phase.QUEUED, Phase.RUNNING):
+                if older and (is_queued(sibling) or is_running(sibling)):
                     await self.cancel(sibling.id, "interrupted by a new turn")
         if exclusive:
             assert session_id is not None
@@ -303,7 +309,7 @@ class RunManager:
         for sibling in siblings:
             if not is_lifecycle_busy(sibling, now, self.unwind_window):
                 continue
-            if sibling.phase == Phase.QUEUED and (sibling.created_at, sibling.id) > (
+            if is_queued(sibling) and (sibling.created_at, sibling.id) > (
                 run.created_at,
                 run.id,
             ):
@@ -344,7 +350,7 @@ class RunManager:
         try:
             async with lock:
                 runs = await self.session_runs(session_id)
-                queued = [r for r in runs if r.phase == Phase.QUEUED]
+                queued = [r for r in runs if is_queued(r)]
                 if queued:
                     await self._claim_and_start(queued[0])
                     return
@@ -479,10 +485,10 @@ class RunManager:
         """Cancel a run; idempotent. See the module docstring. Raises :class:`RunNotFound`."""
         run = await self.get(run_id, tenant=tenant)
         for _ in range(5):
-            if run.is_terminal:
+            if is_terminal(run):
                 return run
             now = time.time()
-            if run.phase == Phase.QUEUED:
+            if is_queued(run):
                 cancelled = await end_run(
                     self,
                     run_id,
@@ -497,7 +503,7 @@ class RunManager:
                 )
                 if cancelled is not None:
                     return cancelled
-            elif run.phase == Phase.RUNNING:
+            elif is_running(run):
                 t = await self.io.call(
                     self.store.transition,
                     run_id,
@@ -535,7 +541,7 @@ class RunManager:
                 await asyncio.wait_for(worker.done.wait(), seconds)
         while True:
             run = await self.get(run_id)
-            if run.is_terminal or time.monotonic() >= deadline:
+            if is_terminal(run) or time.monotonic() >= deadline:
                 return run
             await asyncio.sleep(0.05)
 

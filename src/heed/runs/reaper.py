@@ -35,7 +35,13 @@ from typing import Final
 from heed.runs.ending import Step, end_run
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
-from heed.runs.state import cancel_is_stale, is_wedged, worker_is_live
+from heed.runs.state import (
+    ending_for_lost_worker,
+    is_interrupted,
+    is_wedged,
+    reaper_may_end,
+    worker_should_stop,
+)
 from heed.runtime import OperationCancelled, reraise_cancellation
 
 __all__ = ["Reaper", "finalize", "reap_once"]
@@ -52,7 +58,7 @@ async def renew_leases(manager: RunManager) -> None:
         manager.store.renew_leases, manager.worker_id, ids, time.time() + manager.lease_seconds
     )
     for row in rows:
-        if row.phase == Phase.CANCELLING or row.is_terminal:
+        if worker_should_stop(row):
             manager._cancel_local(row.id, row.cancel_reason or "cancelled")
 
 
@@ -64,7 +70,7 @@ async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
     (a lost worker) through :func:`heed.runs.ending.end_run`; counts it. ``None`` when
     another writer ended it first."""
     now = time.time()
-    if to is Phase.CANCELLED:
+    if to == Phase.CANCELLED:
         step = Step(
             Phase.CANCELLED,
             (Phase.CANCELLING,),
@@ -74,14 +80,14 @@ async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
     else:
         step = Step(
             Phase.INTERRUPTED,
-            (run.phase_enum,) if run.phase_enum else (),
+            (Phase.RUNNING,),
             {"finished_at": now, "lease_expires_at": None, "error": WORKER_LOST},
             ("interrupted", {"reason": "worker lost"}),
         )
     # The reaper and recovery dispatch every session after their pass.
     final = await end_run(manager, run.id, [step], dispatch=False)
     if final is not None:
-        if to is Phase.INTERRUPTED:
+        if is_interrupted(final):
             manager.interrupted_total += 1
         else:
             manager.reclaimed_total += 1
@@ -92,12 +98,10 @@ async def reclaim(manager: RunManager, run: Run, now: float) -> Run | None:
     """Finalize *run* if the rules above say so; returns the new row or ``None``."""
     if run.id in manager.workers:
         return None  # our own worker is alive
-    phase = run.phase_enum
-    if phase is Phase.CANCELLING and cancel_is_stale(run, now, manager.unwind_window):
-        return await finalize(manager, run, Phase.CANCELLED)
-    if phase is Phase.RUNNING and not worker_is_live(run, now):
-        return await finalize(manager, run, Phase.INTERRUPTED)
-    return None
+    if not reaper_may_end(run, now, manager.unwind_window):
+        return None
+    target = ending_for_lost_worker(run)
+    return await finalize(manager, run, target) if target is not None else None
 
 
 async def trim_finished(manager: RunManager, cutoff: float) -> int:

@@ -22,40 +22,14 @@ alone.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 
 from heed.runs.manager import RunManager
-from heed.runs.model import Phase, Run
+from heed.runs.model import Run
 from heed.runs.reaper import finalize
-from heed.runs.state import worker_is_live
+from heed.runs.state import ending_for_lost_worker, worker_is_dead
 
 __all__ = ["recover", "worker_is_dead"]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def worker_is_dead(run: Run, now: float, own_worker_id: str) -> bool:
-    """True when no live process can be running *run*'s worker."""
-    if run.worker_id is None or not worker_is_live(run, now):
-        return True
-    if run.worker_id == own_worker_id:
-        return False
-    host, _, rest = run.worker_id.partition(":")
-    pid_text, _, _nonce = rest.partition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False  # another host: trust its lease
-    pid = int(pid_text)
-    return pid == os.getpid() or not _pid_alive(pid)
 
 
 async def recover(manager: RunManager, session_ids: list[str] | None = None) -> list[Run]:
@@ -73,10 +47,7 @@ async def recover(manager: RunManager, session_ids: list[str] | None = None) -> 
             sessions.add(run.session_id)
         if run.id in manager.workers or not worker_is_dead(run, now, manager.worker_id):
             continue
-        phase = run.phase_enum
-        target = {Phase.RUNNING: Phase.INTERRUPTED, Phase.CANCELLING: Phase.CANCELLED}.get(
-            phase  # type: ignore[arg-type]
-        )
+        target = ending_for_lost_worker(run)
         if target is None:
             continue
         done = await finalize(manager, run, target)

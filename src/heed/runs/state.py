@@ -30,12 +30,23 @@ the attach loop); lifecycle-busy only while the row holds a live lease (never
 start a successor on top of a live worker, never block a session forever on a
 dead one); never stale, never terminal.
 
+Smaller questions, each answered here and nowhere else: is it waiting to start
+(:func:`is_queued`), is its worker executing it (:func:`is_running`), should a local
+worker stop (:func:`worker_should_stop`), may the reaper end it
+(:func:`reaper_may_end`), how does a run whose worker is gone end
+(:func:`ending_for_lost_worker`), is its worker dead (:func:`worker_is_dead`, the
+restart rule), was it interrupted (:func:`is_interrupted`).
+
 All functions are pure: they read the given :class:`~heed.runs.model.Run` and
-``now`` (epoch seconds) and never raise for odd field values.
+``now`` (epoch seconds) and never raise for odd field values (:func:`worker_is_dead`
+also asks whether a process id is alive, through an argument it can be given).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Callable
 from typing import Final
 
 from heed.runs.model import TERMINAL_PHASES, Phase, Run, parse_phase
@@ -44,11 +55,18 @@ __all__ = [
     "DEFAULT_UNWIND_WINDOW",
     "cancel_age",
     "cancel_is_stale",
+    "ending_for_lost_worker",
     "is_attachable",
+    "is_interrupted",
     "is_lifecycle_busy",
+    "is_queued",
+    "is_running",
     "is_terminal",
     "is_wedged",
+    "reaper_may_end",
+    "worker_is_dead",
     "worker_is_live",
+    "worker_should_stop",
 ]
 
 #: Seconds a cancelling worker is given to unwind before it may be reclaimed.
@@ -121,3 +139,86 @@ def is_lifecycle_busy(run: Run, now: float, window: float = DEFAULT_UNWIND_WINDO
     if phase in TERMINAL_PHASES:
         return False
     return worker_is_live(run, now)
+
+
+def is_queued(run: Run) -> bool:
+    """Is the run waiting to start (``queued``)?"""
+    return parse_phase(run.phase) is Phase.QUEUED
+
+
+def is_running(run: Run) -> bool:
+    """Is a worker executing the run right now (``running``, not yet cancelled)?"""
+    return parse_phase(run.phase) is Phase.RUNNING
+
+
+def is_interrupted(run: Run) -> bool:
+    """Did the run end because its worker was lost or the server shut down?"""
+    return parse_phase(run.phase) is Phase.INTERRUPTED
+
+
+def worker_should_stop(run: Run) -> bool:
+    """Should a local worker of this row stop? Yes once it is ``cancelling`` or terminal
+    (another process cancelled or ended it)."""
+    phase = parse_phase(run.phase)
+    return phase is Phase.CANCELLING or phase in TERMINAL_PHASES
+
+
+def ending_for_lost_worker(run: Run) -> Phase | None:
+    """The terminal phase of a run whose worker is gone: a ``running`` run was
+    ``interrupted`` (never re-run); a ``cancelling`` one is ``cancelled`` (its journal
+    already ends in ``cancelled``, and the user asked for it). ``None`` for every other
+    phase: a queued run keeps waiting, a terminal one stays as it is."""
+    phase = parse_phase(run.phase)
+    if phase is Phase.RUNNING:
+        return Phase.INTERRUPTED
+    if phase is Phase.CANCELLING:
+        return Phase.CANCELLED
+    return None
+
+
+def reaper_may_end(run: Run, now: float, window: float = DEFAULT_UNWIND_WINDOW) -> bool:
+    """May the reaper end this run (its worker is not in this process)? A ``cancelling``
+    run when :func:`cancel_is_stale`; a ``running`` run whose lease expired."""
+    phase = parse_phase(run.phase)
+    if phase is Phase.CANCELLING:
+        return cancel_is_stale(run, now, window)
+    if phase is Phase.RUNNING:
+        return not worker_is_live(run, now)
+    return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_is_dead(
+    run: Run,
+    now: float,
+    own_worker_id: str,
+    *,
+    pid_alive: Callable[[int], bool] = _pid_alive,
+    hostname: str | None = None,
+) -> bool:
+    """The restart rule: can no live process be running *run*'s worker?
+
+    True without a live lease. With one: never for this process's own worker id; for
+    another process on this host (worker ids are ``host:pid:nonce``), when that pid is
+    this process's own (an earlier incarnation: containers restart as pid 1) or not alive;
+    another host's lease is trusted.
+    """
+    if run.worker_id is None or not worker_is_live(run, now):
+        return True
+    if run.worker_id == own_worker_id:
+        return False
+    host, _, rest = run.worker_id.partition(":")
+    pid_text, _, _nonce = rest.partition(":")
+    if host != (hostname or socket.gethostname()) or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    return pid == os.getpid() or not pid_alive(pid)

@@ -33,7 +33,7 @@ from heed.runs.broker import LAGGED, STOPPED
 from heed.runs.journal import HEARTBEAT, Heartbeat
 from heed.runs.manager import AdmissionAborted, RunManager, Strategy
 from heed.runs.model import Run, Source
-from heed.runs.state import is_attachable, is_lifecycle_busy
+from heed.runs.state import is_attachable, is_lifecycle_busy, is_queued, is_running
 from heed.runtime import CancellationToken
 from heed.sessions.store import Message, Session, SessionStore, Wakeup
 
@@ -213,7 +213,7 @@ class SessionService:
         window = self.manager.unwind_window
         busy = [r for r in runs if is_lifecycle_busy(r, now, window)]
         attachable = [r for r in runs if is_attachable(r)]
-        running = [r for r in attachable if r.phase == "running"]
+        running = [r for r in attachable if is_running(r)]
         candidates = running or attachable
         active = candidates[0] if candidates else None
         pending = await self.io.call(self.store.pending_wakeups, session_id)
@@ -224,7 +224,7 @@ class SessionService:
             "active_run_id": active.id if active else None,
             "active_phase": active.phase if active else None,
             "stream_url": stream_url(active.id) if active else None,
-            "queued": sum(1 for r in runs if r.phase == "queued"),
+            "queued": sum(1 for r in runs if is_queued(r)),
             "pending_wakeups": len(pending),
         }
 

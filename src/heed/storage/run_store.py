@@ -27,6 +27,7 @@ from heed.runs.model import (
     RunEvent,
     allowed_sources,
 )
+from heed.runs.state import is_queued
 from heed.runs.store import BlockingCheck, ClaimCheck, Transition
 from heed.storage.database import Database, Migration
 
@@ -305,7 +306,7 @@ class SqliteRunStore:
     ) -> tuple[Run, RunEvent] | None:
         with self.db.write() as conn:
             run = self._get(conn, run_id)
-            if run is None or run.phase != Phase.QUEUED:
+            if run is None or not is_queued(run):
                 return None
             siblings = (
                 [
