@@ -1,4 +1,4 @@
-"""The ``heed`` command."""
+"""``heed serve`` and ``heed version``: run the server on these settings."""
 
 from __future__ import annotations
 
@@ -11,19 +11,10 @@ import click
 
 from heed.version import __version__
 
-__all__ = ["main"]
+__all__ = ["serve", "version"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
-    """heed: an agent backend with memory banks and streaming chat sessions.
-
-    Settings come from HEED_* environment variables (see the README); the
-    options below override them.
-    """
-
-
-@main.command()
+@click.command()
 @click.option("--host", default=None, help="Address to bind (default 127.0.0.1, HEED_HOST).")
 @click.option("--port", type=int, default=None, help="Port to bind (default 8700, HEED_PORT).")
 @click.option(
@@ -75,17 +66,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
     HeedServer(config, app).run()
 
 
-@main.command()
+@click.command()
 def version() -> None:
     """Print heed's version."""
     click.echo(__version__)
-
-
-from heed.cli_memory import import_locomo, recall, retain  # noqa: E402
-
-for _memory_command in (retain, recall, import_locomo):
-    main.add_command(_memory_command)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

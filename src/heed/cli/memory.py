@@ -1,15 +1,15 @@
 """Memory commands of the ``heed`` CLI: retain, recall, import-locomo.
 
-They talk to a running server over HTTP (``--url``, default
-``http://$HEED_HOST:$HEED_PORT``), with ``--api-key`` (``HEED_API_KEY``) as a
-bearer key when the server has keys configured. Bulk retains are sent in
+They talk to a running server over HTTP: ``--url``, by default the server that
+:class:`~heed.settings.Settings` describes (``http://HEED_HOST:HEED_PORT``), with
+``--api-key`` (``HEED_API_KEY``, the client's key; ``HEED_API_KEYS`` is the server's
+list) as a bearer key when the server has keys configured. Bulk retains are sent in
 batches with a progress bar.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections import defaultdict
@@ -21,14 +21,19 @@ from typing import Any
 import click
 import httpx
 
+from heed.settings import Settings
+
 __all__ = ["import_locomo", "recall", "retain"]
 
 
 def _default_url() -> str:
-    host = os.environ.get("HEED_HOST", "127.0.0.1")
+    settings = Settings()
+    host = settings.host
     if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    return f"http://{host}:{os.environ.get('HEED_PORT', '8700')}"
+        host = "127.0.0.1"  # a wildcard bind is reached on loopback
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
 
 
 def _client(url: str | None, api_key: str | None, timeout: float = 600.0) -> httpx.Client:
