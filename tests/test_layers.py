@@ -1,0 +1,78 @@
+"""The import rule of docs/architecture.md, checked on the source tree."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "heed"
+
+#: What each top-level part of heed may import (besides itself). Leaves: errors, version,
+#: settings. ``memory -> storage`` and ``sessions -> storage`` are the domains building their
+#: own SQLite stores; the composition root (house issue, item 3) is to take them away.
+ALLOWED: dict[str, set[str]] = {
+    "runtime": set(),
+    "errors": set(),
+    "version": set(),
+    "settings": set(),
+    "runs": {"runtime", "errors"},
+    "llm": {"runtime", "errors", "settings"},
+    "storage": {"runtime", "errors", "memory", "runs", "sessions"},
+    "memory": {"runtime", "errors", "settings", "runs", "storage"},
+    "reflect": {"runtime", "errors", "settings", "llm", "memory"},
+    "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs", "storage"},
+    "services": {"runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"},
+    "web": set(),
+    "api": {
+        "runtime",
+        "errors",
+        "settings",
+        "version",
+        "memory",
+        "reflect",
+        "runs",
+        "sessions",
+        "services",
+        "web",
+        "llm",
+        "storage",
+    },
+    "cli": {"api", "settings", "version"},
+}
+
+
+def _part(path: Path) -> str:
+    return path.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "heed" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_every_import_follows_the_layer_rule() -> None:
+    broken = []
+    for path in sorted(SRC.rglob("*.py")):
+        part = _part(path)
+        if part in ("__init__", "py"):
+            continue
+        assert part in ALLOWED, f"{part}: a new top-level part; add it to the rule"
+        for target in _imports(path) - {part} - ALLOWED[part]:
+            broken.append(f"{path.relative_to(SRC)} imports heed.{target}")
+    assert broken == [], "; ".join(broken)
+
+
+def test_the_rule_catches_a_domain_importing_the_api(tmp_path: Path) -> None:
+    module = tmp_path / "x.py"
+    module.write_text("from heed.api.app import create_app\nimport heed.runtime.slots\n")
+    assert _imports(module) == {"api", "runtime"}
