@@ -23,6 +23,7 @@ from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.settings import Settings
 from heed.storage import Database
+from heed.storage.memory_store import SqliteMemoryStore
 
 SEMANTIC_ONLY = {"semantic": 1.0, "keyword": 0.0, "graph": 0.0, "temporal": 0.0}
 KEYWORD_ONLY = {"semantic": 0.0, "keyword": 1.0, "graph": 0.0, "temporal": 0.0}
@@ -69,7 +70,8 @@ OPTIONS: list[tuple[str, str, dict[str, Any], dict[str, float] | None, float, in
 async def run(data: Path) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix="heed-rerank-"))
     settings = Settings(data_dir=directory)
-    engine = build_memory_engine(settings, Database(directory / "heed.db"), build_lanes(settings))
+    store = SqliteMemoryStore(Database(directory / "heed.db"))
+    engine = build_memory_engine(settings, store, build_lanes(settings))
     await engine.start()
     conversations = load_conversations(data)
     deps = engine.recall_deps

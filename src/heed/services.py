@@ -1,20 +1,36 @@
-"""The long-lived pieces of one heed server, built once from its settings.
+"""The composition root: every long-lived part of one heed server, built once from settings.
 
-The HTTP layer reaches them through ``request.app.state.services``; tests and
-the CLI build them directly.
+Read top-down, this module is the server: lanes and the offload pool, the database and one
+store per domain, signalling and the run manager, the domains, then every kind of run
+registered with the manager. Nothing else constructs these parts; the HTTP layer receives
+them as ``request.app.state.services``, and tests and the CLI build them with
+:class:`Services`. A second storage or signalling backend (PostgreSQL, Redis) is chosen
+here and nowhere else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from heed.llm.base import ChatProvider
 from heed.memory import MemoryEngine, build_memory_engine
+from heed.memory.operations import RETAIN_KIND, RetainOperations
 from heed.reflect.service import ReflectService
+from heed.runs.broker import InProcessBroker
+from heed.runs.kinds import KindSpec
+from heed.runs.manager import RunManager
 from heed.runtime import Lane, Lanes
 from heed.runtime.offload import configure_thread_pool
-from heed.sessions.wiring import RunServices
+from heed.sessions.service import TASK, TURN, SessionService
+from heed.sessions.task import TaskRunner
+from heed.sessions.tools import TurnTools
+from heed.sessions.turn import TurnRunner
+from heed.sessions.wiring import ProviderSlot, RunServices
 from heed.settings import Settings
 from heed.storage import Database
+from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage.run_store import SqliteRunStore
+from heed.storage.session_store import SqliteSessionStore
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
@@ -29,33 +45,96 @@ def build_lanes(settings: Settings) -> Lanes:
     )
 
 
+def _turn_provider(settings: Settings) -> ChatProvider:
+    from heed.llm.factory import build_provider  # imports the provider's library on first use
+
+    return build_provider(settings, "turn")
+
+
 @dataclass
 class Services:
-    """What a running server holds, built from settings.
+    """What a running server holds, built from settings (see the module docstring).
 
-    ``start()`` runs at server start-up (migrations, recovery); ``close()`` at
-    shutdown. Each domain adds its own piece here and to those two methods.
+    ``start()`` runs at server start-up (migrations, recovery); ``close()`` at shutdown.
     """
 
     settings: Settings
     lanes: Lanes = field(init=False)
     database: Database = field(init=False)
-    runs: RunServices = field(init=False)
     memory: MemoryEngine = field(init=False)
     reflect: ReflectService = field(init=False)
+    retain_operations: RetainOperations = field(init=False)
+    runs: RunServices = field(init=False)
 
     def __post_init__(self) -> None:
-        configure_thread_pool(self.settings.offload_threads)
-        self.lanes = build_lanes(self.settings)
-        self.database = Database(self.settings.database_path())
-        self.runs = RunServices(
-            self.settings,
-            self.database,
-            self.lanes,
-            memory=lambda: getattr(self, "memory", None),
+        settings = self.settings
+        configure_thread_pool(settings.offload_threads)
+        self.lanes = build_lanes(settings)
+
+        # Storage: one embedded database, one store per domain.
+        self.database = Database(settings.database_path())
+        memory_store = SqliteMemoryStore(self.database)
+        run_store = SqliteRunStore(self.database)
+        session_store = SqliteSessionStore(self.database)
+
+        # Signalling and the run machinery.
+        broker = InProcessBroker()
+        manager = RunManager(
+            run_store,
+            broker,
+            lanes=self.lanes,
+            unwind_window=settings.run_unwind_window,
+            lease_seconds=settings.run_lease_seconds,
+            reaper_interval=settings.run_reaper_interval,
+            poll_interval=settings.stream_poll_seconds,
+            journal_retention=settings.run_journal_retention_seconds,
         )
-        self.memory = build_memory_engine(self.settings, self.database, self.lanes)
-        self.reflect = ReflectService(self.settings, self.memory, self.lanes["reflect"])
+
+        # The domains.
+        self.memory = build_memory_engine(settings, memory_store, self.lanes)
+        self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
+        self.retain_operations = RetainOperations(manager, self.memory)
+        sessions = SessionService(session_store, manager)
+        memory = self.memory
+        tools = TurnTools(lambda: memory, sessions.start_task)
+        turn_provider = ProviderSlot(lambda: _turn_provider(settings))
+        turns = TurnRunner(
+            session_store,
+            run_store,
+            manager.io,
+            turn_provider.get,
+            tools,
+            max_steps=settings.turn_max_steps,
+        )
+        tasks = TaskRunner(tools, sessions.bank_of)
+
+        # Every kind of run, registered in one place.
+        manager.register(
+            TURN,
+            KindSpec(
+                execute=turns.execute,
+                exclusive=True,
+                lane="turn",
+                on_interrupted=turns.on_interrupted,
+            ),
+        )
+        manager.register(
+            TASK, KindSpec(execute=tasks.execute, on_terminal=sessions.record_task_wakeup)
+        )
+        manager.register(RETAIN_KIND, self.retain_operations.kind_spec())
+
+        self.runs = RunServices(
+            settings=settings,
+            run_store=run_store,
+            session_store=session_store,
+            broker=broker,
+            manager=manager,
+            sessions=sessions,
+            tools=tools,
+            turns=turns,
+            tasks=tasks,
+            turn_provider=turn_provider,
+        )
 
     async def start(self) -> None:
         """Prepare storage and domain services; called once before serving."""

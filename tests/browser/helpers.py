@@ -50,13 +50,13 @@ def set_script(server: LiveServer, script: dict[str, Any]) -> None:
 @contextmanager
 def provider_swapped(server: LiveServer, provider: ChatProvider) -> Iterator[None]:
     """Use *provider* for turns inside the block (the scripted one again after it)."""
-    runs = server.app.state.services.runs
-    previous = runs.provider()
-    runs._provider = provider
+    slot = server.app.state.services.runs.turn_provider
+    previous = slot.get()
+    slot.current = provider
     try:
         yield
     finally:
-        runs._provider = previous
+        slot.current = previous
 
 
 def words(count: int, stem: str = "word") -> str:

@@ -22,6 +22,7 @@ from heed.runtime import current_context
 from heed.services import build_lanes
 from heed.settings import Settings
 from heed.storage import Database
+from heed.storage.memory_store import SqliteMemoryStore
 from tests.support import LiveServer, live_server
 
 
@@ -50,7 +51,8 @@ def bank_id() -> str:
 def make_engine(tmp_path: Path, **overrides: Any) -> MemoryEngine:
     """An engine on a private database (lanes sized by *overrides*)."""
     settings = Settings(data_dir=tmp_path, **overrides)
-    return build_memory_engine(settings, Database(tmp_path / "engine.db"), build_lanes(settings))
+    store = SqliteMemoryStore(Database(tmp_path / "engine.db"))
+    return build_memory_engine(settings, store, build_lanes(settings))
 
 
 @pytest.fixture

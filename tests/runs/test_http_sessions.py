@@ -43,7 +43,7 @@ async def test_idle_session_with_wedged_cancelling_run_never_loops(
         run_server(run_settings(make_settings)) as server,
         httpx.Client(base_url=server.url) as client,
     ):
-        server.app.state.services.runs._provider = wedged
+        server.app.state.services.runs.turn_provider.current = wedged
         sid = new_session(client)
         run_id = turn(client, sid, "hello").json()["run_id"]
         wait_for(wedged.entered.is_set)
@@ -99,7 +99,7 @@ async def test_wedged_worker_is_never_reclaimed_by_age_and_shows_in_metrics(
     wedged = WedgedProvider()
     settings = run_settings(make_settings, run_unwind_window=0.3)
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
-        server.app.state.services.runs._provider = wedged
+        server.app.state.services.runs.turn_provider.current = wedged
         sid = new_session(client)
         run_id = turn(client, sid, "hello").json()["run_id"]
         wait_for(wedged.entered.is_set)

@@ -1,8 +1,9 @@
 """The memory engine: banks of memory units, retain, and a cancellable hybrid recall.
 
-:func:`build_memory_engine` wires the default pieces from settings: the SQLite
-store, the MiniLM embedder (shared by every engine of the process), the
-reranker and the token counter.
+:func:`build_memory_engine` wires the default pieces from settings around a
+given store: the MiniLM embedder (shared by every engine of the process), the
+reranker and the token counter. The store comes from the composition root
+(:mod:`heed.services`): the engine only knows the :class:`MemoryStore` protocol.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from heed.memory.models import InvalidInput, NotFound
 from heed.memory.recall.rerank import build_reranker
 
 if TYPE_CHECKING:
+    from heed.memory.store import MemoryStore
     from heed.runtime import Lanes
     from heed.settings import Settings
-    from heed.storage import Database
 
 __all__ = [
     "BANK_DELETED",
@@ -63,13 +64,11 @@ def build_embedder(settings: Settings) -> Embedder:
 
 
 def build_memory_engine(
-    settings: Settings, database: Database, lanes: Lanes, embedder: Embedder | None = None
+    settings: Settings, store: MemoryStore, lanes: Lanes, embedder: Embedder | None = None
 ) -> MemoryEngine:
-    """A memory engine on *database* with the configured embedder and reranker."""
-    from heed.storage.memory_store import SqliteMemoryStore
-
+    """A memory engine on *store* with the configured embedder and reranker."""
     return MemoryEngine(
-        SqliteMemoryStore(database),
+        store,
         embedder or build_embedder(settings),
         build_reranker(settings.reranker, settings.reranker_model_dir),
         shared_token_counter(),

@@ -90,8 +90,11 @@ class RetainOperations:
     def __init__(self, manager: RunManager, engine: MemoryEngine) -> None:
         self.manager = manager
         self.engine = engine
-        manager.register(RETAIN_KIND, KindSpec(execute=self._execute))
         engine.before_delete.append(self._cancel_bank_operations)
+
+    def kind_spec(self) -> KindSpec:
+        """How ``retain`` runs execute: register it as :data:`RETAIN_KIND`."""
+        return KindSpec(execute=self._execute)
 
     async def submit(
         self,

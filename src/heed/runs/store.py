@@ -54,6 +54,10 @@ class Transition:
 class RunStore(Protocol):
     """Durable run registry plus per-run append-only journal. See the module docstring."""
 
+    def migrate(self) -> None:
+        """Bring the schema to the current version (idempotent)."""
+        ...
+
     def transaction(self) -> AbstractContextManager[object]:
         """A write unit of work; store calls inside it (same thread) join it."""
         ...
