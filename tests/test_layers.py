@@ -8,8 +8,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "heed"
 
 #: What each top-level part of heed may import (besides itself). Leaves: errors, version,
-#: settings. ``memory -> storage`` and ``sessions -> storage`` are the domains building their
-#: own SQLite stores; the composition root (house issue, item 3) is to take them away.
+#: settings. No domain imports ``storage``: only the composition root (``services``) chooses
+#: the stores, and the API never does.
 ALLOWED: dict[str, set[str]] = {
     "runtime": set(),
     "errors": set(),
@@ -18,9 +18,9 @@ ALLOWED: dict[str, set[str]] = {
     "runs": {"runtime", "errors"},
     "llm": {"runtime", "errors", "settings"},
     "storage": {"runtime", "errors", "memory", "runs", "sessions"},
-    "memory": {"runtime", "errors", "settings", "runs", "storage"},
+    "memory": {"runtime", "errors", "settings", "runs"},
     "reflect": {"runtime", "errors", "settings", "llm", "memory"},
-    "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs", "storage"},
+    "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "services": {"runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"},
     "web": set(),
     "api": {
@@ -35,7 +35,6 @@ ALLOWED: dict[str, set[str]] = {
         "services",
         "web",
         "llm",
-        "storage",
     },
     "cli": {"api", "settings", "version"},
 }
