@@ -14,6 +14,7 @@ from heed.api.errors import install_error_handlers
 from heed.api.memory_http import install_memory_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
+from heed.api.openapi import install_openapi
 from heed.api.routes import (
     auth,
     banks,
@@ -27,7 +28,6 @@ from heed.api.routes import (
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
 from heed.api.run_metrics import install_run_metrics
-from heed.memory.operations import RetainOperations
 from heed.services import Services
 from heed.settings import Settings
 from heed.version import __version__
@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.drain = Drain()
     install_error_handlers(app)
     install_memory_error_handlers(app)
-    app.state.retain_operations = RetainOperations(services.runs.manager, services.memory)
+    app.state.retain_operations = services.retain_operations
     for memory_router in (banks, memories, documents, operations, reflect):
         app.include_router(memory_router.router)
     app.include_router(system.router)
@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     if settings.enable_diagnostics:
         app.include_router(diagnostics.router)
     mount_web(app)
+    install_openapi(app)
     app.add_middleware(
         RequestLifecycleMiddleware,
         metrics=app.state.metrics,

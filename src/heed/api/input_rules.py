@@ -14,6 +14,12 @@ as annotated types the wire models and routes use (:data:`Identifier`,
 :data:`Name`, :data:`Tag`), and every integer a client sends is bounded
 (:data:`Offset`), so no value reaches a store that it cannot hold (SQLite's
 integers are 64-bit).
+
+One rule for JSON types: a request body's values are taken as the OpenAPI
+document types them. Request models derive from :class:`RequestBody`, which
+validates strictly, so ``0`` is not ``false`` and ``"3"`` is not ``3`` (an
+integer still counts as a number); the schema says ``boolean`` and means it.
+Integers add :data:`JSON_INTEGER` (after their bounds), JSON Schema's integer: ``3.0`` is one.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ import re
 from typing import Annotated, Any, Final
 
 from fastapi import Path, Query
-from pydantic import Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 __all__ = [
+    "JSON_INTEGER",
     "MAX_ID_CHARS",
     "MAX_NAME_CHARS",
     "MAX_OFFSET",
@@ -38,6 +45,7 @@ __all__ = [
     "Limit",
     "Name",
     "Offset",
+    "RequestBody",
     "Tag",
     "Text",
     "TokenBudget",
@@ -59,11 +67,30 @@ MAX_TOKENS: Final = 1_000_000
 MAX_REASON_CHARS: Final = 200
 """Longest cancel reason a client may give."""
 
+
+class RequestBody(BaseModel):
+    """Base of every request body model: strict JSON types, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+def _integral(value: Any) -> Any:
+    """A float without a fraction is an integer in JSON Schema (and so here); nothing else is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JSON_INTEGER: Final = BeforeValidator(_integral)
+"""Makes an ``int`` of a strict request body take ``3`` or ``3.0``, never ``"3"``, ``3.5`` or
+``true``. Put it after the bounds (``Annotated[int, Field(ge=1), JSON_INTEGER]``): before them,
+pydantic leaves ``ge``/``le`` out of the JSON schema's ``minimum``/``maximum``."""
+
 Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 Tag = Annotated[str, Field(min_length=1, max_length=MAX_TAG_CHARS)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-TokenBudget = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+TokenBudget = Annotated[int, Field(ge=1, le=MAX_TOKENS), JSON_INTEGER]
 
 IdPath = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
 Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]

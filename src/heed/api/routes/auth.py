@@ -15,17 +15,17 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from heed.api.auth import ANONYMOUS_TENANT, CSRF_COOKIE, SESSION_COOKIE, Authenticator
-from heed.api.input_rules import MAX_ID_CHARS
+from heed.api.input_rules import MAX_ID_CHARS, RequestBody
 from heed.errors import HeedError
 from heed.runtime import current_context
 
 router = APIRouter(prefix="/v1/auth", tags=["auth"])
 
 
-class LoginIn(BaseModel):
+class LoginIn(RequestBody):
     key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
 
 

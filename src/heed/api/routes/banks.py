@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
 
-from heed.api.input_rules import IdPath, Limit, Offset
+from fastapi import APIRouter, Path, Request
+
+from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset
 from heed.api.memory_http import bank_fields, engine_of, profile_of
+from heed.api.openapi import CONFLICT
 from heed.api.wire import memory as wire
+from heed.memory.engine import BANK_ID_RE
 from heed.memory.operations import RetainOperations, status_of
 
 router = APIRouter(prefix="/v1/default/banks", tags=["banks"])
+
+NewBankId = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        pattern=BANK_ID_RE.pattern,
+        description="1-128 letters, digits, '.', '_', ':', '@' or '-', starting with a letter "
+        "or digit.",
+    ),
+]
+"""The id of a bank being created or changed: the engine's own rule, in the schema."""
 
 
 @router.get("")
@@ -39,18 +55,18 @@ async def list_banks(
     )
 
 
-@router.put("/{bank_id}")
+@router.put("/{bank_id}", responses=CONFLICT)
 async def create_or_update_bank(
-    bank_id: IdPath, request: Request, body: wire.BankWrite | None = None
+    bank_id: NewBankId, request: Request, body: wire.BankWrite | None = None
 ) -> wire.BankProfileResponse:
     """Create the bank, or update the fields sent."""
     bank = await engine_of(request).put_bank(bank_id, bank_fields(body or wire.BankWrite()))
     return profile_of(bank)
 
 
-@router.patch("/{bank_id}")
+@router.patch("/{bank_id}", responses=CONFLICT)
 async def update_bank(
-    bank_id: IdPath, request: Request, body: wire.BankWrite | None = None
+    bank_id: NewBankId, request: Request, body: wire.BankWrite | None = None
 ) -> wire.BankProfileResponse:
     """Update an existing bank (404 when it does not exist)."""
     bank = await engine_of(request).put_bank(

@@ -7,7 +7,7 @@ operation runs under its own token (see :mod:`heed.memory.operations`).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
@@ -21,15 +21,20 @@ from heed.api.memory_http import (
     retain_items,
     unit_item,
 )
+from heed.api.openapi import CONFLICT
 from heed.api.wire import memory as wire
 from heed.memory.idempotency import MAX_KEY_CHARS
-from heed.memory.models import FACT_TYPES, InvalidInput
+from heed.memory.models import FACT_TYPES
 from heed.memory.operations import RetainOperations
 from heed.memory.store import UnitFilter
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"])
 
-_TIME_FIELDS = ("created_at", "updated_at", "mentioned_at", "occurred_start", "occurred_end")
+FactType = Literal["world", "experience", "observation"]
+""":data:`heed.memory.models.FACT_TYPES` as a type, so the schema lists them."""
+if get_args(FactType) != FACT_TYPES:  # pragma: no cover - a new fact type must be added here
+    raise RuntimeError(f"FactType {get_args(FactType)} differs from FACT_TYPES {FACT_TYPES}")
+TimeField = Literal["created_at", "updated_at", "mentioned_at", "occurred_start", "occurred_end"]
 
 
 IdempotencyKey = Annotated[
@@ -45,7 +50,7 @@ IdempotencyKey = Annotated[
 ]
 
 
-@router.post("")
+@router.post("", responses=CONFLICT)
 async def retain(
     bank_id: IdPath,
     body: wire.RetainRequest,
@@ -106,21 +111,17 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, request: Request) ->
 async def list_memories(
     bank_id: IdPath,
     request: Request,
-    type: str | None = None,
+    type: FactType | None = None,
     q: str | None = None,
     document_id: str | None = None,
     entity_id: str | None = None,
-    time_field: str | None = None,
+    time_field: TimeField | None = None,
     start_date: str | None = None,
     end_date: str | None = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:
     """Memory units, newest first (or by ``time_field``), with filters."""
-    if type is not None and type not in FACT_TYPES:
-        raise InvalidInput(f"unknown fact type {type!r}: use {', '.join(FACT_TYPES)}")
-    if time_field is not None and time_field not in _TIME_FIELDS:
-        raise InvalidInput(f"unknown time_field {time_field!r}: use {', '.join(_TIME_FIELDS)}")
     engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     units, total = await engine.list_units(

@@ -8,6 +8,7 @@ completed; failed and interrupted: failed). ``phase`` carries heed's own.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 from fastapi import APIRouter, Request
 
@@ -15,13 +16,12 @@ from heed.api.errors import HeedError
 from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.memory_http import engine_of
 from heed.api.wire import memory as wire
-from heed.memory.models import InvalidInput
 from heed.memory.operations import RetainOperations, status_of
 from heed.runs.model import Run
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"])
 
-_STATUSES = ("pending", "processing", "completed", "failed", "cancelled")
+OperationStatus = Literal["pending", "processing", "completed", "failed", "cancelled"]
 
 
 def _operations(request: Request) -> RetainOperations:
@@ -68,13 +68,11 @@ def _error(run: Run) -> str | None:
 async def list_operations(
     bank_id: IdPath,
     request: Request,
-    status: str | None = None,
+    status: OperationStatus | None = None,
     limit: Limit = 20,
     offset: Offset = 0,
 ) -> wire.OperationsListResponse:
     """The bank's operations, newest first."""
-    if status is not None and status not in _STATUSES:
-        raise InvalidInput(f"unknown status {status!r}: use {', '.join(_STATUSES)}")
     bank = await engine_of(request).get_bank(bank_id)
     operations = _operations(request)
     runs = await operations.list(bank, status)

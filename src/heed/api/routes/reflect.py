@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 
 from heed.api.input_rules import IdPath
 from heed.api.memory_http import engine_of
+from heed.api.openapi import UPSTREAM, event_stream
 from heed.api.sse import named_frame
 from heed.api.wire import reflect as wire
 from heed.errors import HeedError
@@ -132,7 +133,18 @@ def _response(outcome: ReflectOutcome, body: wire.ReflectRequest) -> dict[str, A
     return response.model_dump(mode="json")
 
 
-@router.post("/reflect")
+@router.post(
+    "/reflect",
+    response_model=wire.ReflectResponse,
+    responses={
+        **event_stream(
+            "The answer; with `stream: true`, server-sent events instead: `tool_call`, "
+            "`tool_result`, `text_delta`, `answer`, then `done` (data: the whole response "
+            "object) or `error` (data: `detail` and `status`)."
+        ),
+        **UPSTREAM,
+    },
+)
 async def reflect(bank_id: IdPath, body: wire.ReflectRequest, request: Request) -> Response:
     """Answer *query* from the bank's memories with the reflect agent loop."""
     engine_request = await _engine_request(body)

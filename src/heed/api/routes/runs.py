@@ -18,8 +18,10 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import StreamingResponse
 
 from heed.api.input_rules import MAX_REASON_CHARS, IdPath
+from heed.api.openapi import event_stream
 from heed.api.sse import HEARTBEAT_FRAME, event_frames, named_frame, parse_cursor, sse_response
 from heed.runs.journal import Gap, Heartbeat
 from heed.runtime import current_context, current_token
@@ -57,7 +59,15 @@ async def cancel_run(
     return run.to_public()
 
 
-@router.get("/{run_id}/stream")
+@router.get(
+    "/{run_id}/stream",
+    response_class=StreamingResponse,
+    responses=event_stream(
+        "The run's journal: one event per journal entry (`id`: its seq, `event`: its type, "
+        "data: the event JSON), `gap` when the cursor is older than what is retained, and "
+        "`: heartbeat` comments; ends after the terminal event."
+    ),
+)
 async def stream_run(
     run_id: IdPath,
     request: Request,

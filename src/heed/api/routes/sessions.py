@@ -5,7 +5,8 @@
 - ``GET /v1/sessions/{id}``: the session with its transcript (``messages``).
 - ``PATCH /v1/sessions/{id}`` ``{title}``; ``DELETE /v1/sessions/{id}`` (cancels its runs).
 - ``POST /v1/sessions/{id}/turns`` ``{content, multitask_strategy}``: 202 with
-  ``{run, run_id, stream_url, events_url}``. ``reject`` (default) answers 409 naming
+  ``{run, run_id, stream_url, events_url}``. ``message`` is an alias of ``content``;
+  sending neither is a 422 like any missing field. ``reject`` (default) answers 409 naming
   the busy run with ``Retry-After``; ``enqueue`` queues; ``interrupt`` cancels the
   busy run and starts once it has stopped. Unknown or deleted session: 404.
 - ``GET /v1/sessions/{id}/status``: ``busy`` (lifecycle) and ``active_run_id``
@@ -21,10 +22,13 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import ConfigDict, Field
+from starlette.responses import StreamingResponse
 
-from heed.api.input_rules import Identifier, IdPath, Limit, Name
+from heed.api.input_rules import Identifier, IdPath, Limit, Name, RequestBody
+from heed.api.openapi import BUSY_SESSION, NOT_FOUND, event_stream
 from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
 from heed.errors import HeedError
 from heed.runs.journal import Heartbeat
@@ -36,16 +40,26 @@ from heed.sessions.wiring import RunServices
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
-class SessionIn(BaseModel):
+class SessionIn(RequestBody):
     title: Name = ""
     bank_id: Identifier | None = None
 
 
-class SessionPatch(BaseModel):
+class SessionPatch(RequestBody):
     title: Name
 
 
-class TurnIn(BaseModel):
+class TurnIn(RequestBody):
+    # One of the two is required: said in the schema, enforced in start_turn (a 422 either way).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["content"], "properties": {"content": {"type": "string"}}},
+                {"required": ["message"], "properties": {"message": {"type": "string"}}},
+            ]
+        },
+    )
+
     content: str | None = Field(default=None, max_length=200_000)
     message: str | None = Field(default=None, max_length=200_000)
     multitask_strategy: Literal["reject", "enqueue", "interrupt"] = "reject"
@@ -64,7 +78,7 @@ def _tenant() -> str:
     return current_context().tenant
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=NOT_FOUND)
 async def create_session(body: SessionIn, request: Request) -> dict[str, Any]:
     """Create a session; a ``bank_id`` must name an existing bank of the tenant (else 404)."""
     memory = getattr(request.app.state.services, "memory", None)
@@ -105,11 +119,20 @@ async def delete_session(session_id: IdPath, request: Request) -> dict[str, Any]
     return {"deleted": True, "id": session_id}
 
 
-@router.post("/{session_id}/turns", status_code=202)
+@router.post("/{session_id}/turns", status_code=202, responses=BUSY_SESSION)
 async def start_turn(session_id: IdPath, body: TurnIn, request: Request) -> Any:
     content = body.content if body.content is not None else body.message
     if content is None:
-        raise HeedError("a turn needs `content`", status_code=422)
+        raise RequestValidationError(
+            [
+                {
+                    "type": "missing",
+                    "loc": ("body", "content"),
+                    "msg": "Field required (a turn needs `content`, or its alias `message`)",
+                    "input": body.model_dump(exclude_unset=True),
+                }
+            ]
+        )
     try:
         run = await _sessions(request).start_turn(
             session_id, _tenant(), content, strategy=body.multitask_strategy
@@ -139,7 +162,14 @@ async def session_status(session_id: IdPath, request: Request) -> dict[str, Any]
     return await service.status(session_id)
 
 
-@router.get("/{session_id}/events")
+@router.get(
+    "/{session_id}/events",
+    response_class=StreamingResponse,
+    responses=event_stream(
+        "The session channel: `turn_started`, `session_updated` and `task_complete` events "
+        "(data: the event JSON) and `: heartbeat` comments, until the client leaves."
+    ),
+)
 async def session_events(session_id: IdPath, request: Request) -> Any:
     service = _sessions(request)
     await service.get(session_id, _tenant())

@@ -8,11 +8,19 @@ them would silently change results (``tag_groups``, attachments): those get a
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from heed.api.input_rules import Identifier, Name, Tag, Text, TokenBudget
+from heed.api.input_rules import (
+    JSON_INTEGER,
+    Identifier,
+    Name,
+    RequestBody,
+    Tag,
+    Text,
+    TokenBudget,
+)
 
 __all__ = [
     "BankListItem",
@@ -47,17 +55,22 @@ __all__ = [
 ]
 
 
-class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+class _In(RequestBody):
+    model_config = ConfigDict(populate_by_name=True)
 
 
 # -- banks ------------------------------------------------------------------------------
 
+Trait = Annotated[int, Field(ge=1, le=5), JSON_INTEGER]
+"""A disposition trait, 1 to 5."""
 
-class Disposition(BaseModel):
-    skepticism: int = Field(default=3, ge=1, le=5)
-    literalism: int = Field(default=3, ge=1, le=5)
-    empathy: int = Field(default=3, ge=1, le=5)
+
+class Disposition(RequestBody):
+    """A bank's disposition traits, in a request (strict) and in responses."""
+
+    skepticism: Trait = 3
+    literalism: Trait = 3
+    empathy: Trait = 3
 
 
 class BankWrite(_In):
@@ -68,9 +81,9 @@ class BankWrite(_In):
     reflect_mission: Text | None = None
     background: Text | None = None
     disposition: Disposition | None = None
-    disposition_skepticism: int | None = Field(default=None, ge=1, le=5)
-    disposition_literalism: int | None = Field(default=None, ge=1, le=5)
-    disposition_empathy: int | None = Field(default=None, ge=1, le=5)
+    disposition_skepticism: Trait | None = None
+    disposition_literalism: Trait | None = None
+    disposition_empathy: Trait | None = None
     enable_text_search: bool | None = None
     enable_temporal_retrieval: bool | None = None
     enable_graph_retrieval: bool | None = None
@@ -178,8 +191,16 @@ class IncludeOptions(_In):
 
 
 class TemporalWindowIn(_In):
-    start: datetime
-    end: datetime
+    # JSON has no date-time type: a string is parsed (lax), anything else is refused.
+    start: datetime = Field(strict=False)
+    end: datetime = Field(strict=False)
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _a_string(cls, value: object) -> object:
+        if not isinstance(value, str):
+            raise ValueError("a date-time is an ISO 8601 string")
+        return value
 
 
 class MinScoresIn(_In):

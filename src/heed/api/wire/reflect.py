@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from heed.api.input_rules import Tag, Text, TokenBudget
+from heed.api.input_rules import RequestBody, Tag, Text, TokenBudget
 
 __all__ = [
     "ReflectBasedOn",
@@ -28,22 +28,16 @@ __all__ = [
 ]
 
 
-class ToolCallsInclude(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ToolCallsInclude(RequestBody):
     output: bool = True
 
 
-class ReflectInclude(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ReflectInclude(RequestBody):
     facts: dict[str, Any] | None = None
     tool_calls: ToolCallsInclude | None = None
 
 
-class ReflectRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ReflectRequest(RequestBody):
     query: Text
     budget: Literal["low", "mid", "high"] | None = None
     context: Text | None = None
