@@ -149,11 +149,6 @@ class Run:
         """The parsed phase, or ``None`` when unknown or blank."""
         return parse_phase(self.phase)
 
-    @property
-    def is_terminal(self) -> bool:
-        """True for an absorbing phase (unknown phases are not terminal)."""
-        return self.phase_enum in TERMINAL_PHASES
-
     def to_public(self) -> dict[str, Any]:
         """The JSON shape the HTTP API returns."""
         data = asdict(self)

@@ -18,6 +18,7 @@ from heed.api.memory_http import engine_of
 from heed.api.wire import memory as wire
 from heed.memory.operations import RetainOperations, status_of
 from heed.runs.model import Run
+from heed.runs.state import is_terminal
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"])
 
@@ -36,7 +37,7 @@ def _iso(ts: float | None) -> str | None:
 
 
 async def _progress(operations: RetainOperations, run: Run) -> wire.OperationProgressOut | None:
-    if not run.is_terminal:
+    if not is_terminal(run):
         latest = await operations.progress(run)
         if latest is None:
             return None

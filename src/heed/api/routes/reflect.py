@@ -37,7 +37,7 @@ from heed.errors import HeedError
 from heed.memory.models import FACT_TYPES, Bank, InvalidInput, NotFound, StoredUnit
 from heed.reflect import ReflectAgent, ReflectOutcome, ReflectRequest, check_schema
 from heed.reflect.service import ReflectService
-from heed.runtime import OperationCancelled, run_in_thread
+from heed.runtime import OperationCancelled, run_in_thread, settle
 
 __all__ = ["router"]
 
@@ -195,8 +195,4 @@ async def _stream(
             return
         yield named_frame("done", _response(outcome, body))
     finally:
-        if not work.done():
-            work.cancel()  # the stream was closed early: stop the work, and wait for it
-            await asyncio.wait({work})
-        if not work.cancelled():
-            work.exception()  # retrieved: what mattered was handled above
+        await settle(work)  # a stream closed early stops the work, and waits for it
