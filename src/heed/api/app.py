@@ -11,7 +11,6 @@ from fastapi import FastAPI
 from heed.api.auth import Authenticator
 from heed.api.drain import Drain
 from heed.api.errors import install_error_handlers
-from heed.api.memory_http import install_memory_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
 from heed.api.openapi import install_openapi
@@ -56,7 +55,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.authenticator = authenticator_of(settings)
     app.state.drain = Drain()
     install_error_handlers(app)
-    install_memory_error_handlers(app)
     app.state.retain_operations = services.retain_operations
     for memory_router in (banks, memories, documents, operations, reflect):
         app.include_router(memory_router.router)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from heed.errors import HeedError
+
 __all__ = [
     "BUDGETS",
     "FACT_TYPES",
@@ -41,16 +43,26 @@ BUDGETS: Final = ("low", "mid", "high")
 TagsMatch = Literal["any", "all", "any_strict", "all_strict", "exact"]
 
 
-class InvalidInput(ValueError):
-    """The caller's input is wrong; the message names the problem (HTTP 400/422)."""
+class InvalidInput(HeedError, ValueError):
+    """The caller's input is wrong; the message names the problem (HTTP 400)."""
+
+    status_code = 400
 
 
-class NotFound(LookupError):
+class NotFound(HeedError, LookupError):
     """A bank, memory, document or operation does not exist for this tenant (HTTP 404)."""
 
+    status_code = 404
 
-class Conflict(RuntimeError):
-    """The request conflicts with work in progress, e.g. a bank being deleted (HTTP 409)."""
+
+class Conflict(HeedError, RuntimeError):
+    """The request conflicts with work in progress, e.g. a bank being deleted (HTTP 409,
+    ``Retry-After``)."""
+
+    status_code = 409
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
 @dataclass(slots=True)

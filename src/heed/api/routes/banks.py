@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 
 from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset
-from heed.api.memory_http import bank_fields, engine_of, profile_of
 from heed.api.openapi import CONFLICT
 from heed.api.wire import memory as wire
+from heed.api.wire.memory_convert import bank_fields, engine_of, profile_of
 from heed.memory.engine import BANK_ID_RE
 from heed.memory.operations import RetainOperations, status_of
 

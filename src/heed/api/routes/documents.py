@@ -10,8 +10,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from heed.api.input_rules import IdPath, Limit, Offset
-from heed.api.memory_http import engine_of
 from heed.api.wire import memory as wire
+from heed.api.wire.memory_convert import engine_of
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"])
 

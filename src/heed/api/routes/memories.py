@@ -14,15 +14,15 @@ from fastapi.responses import JSONResponse
 
 from heed.api.errors import HeedError
 from heed.api.input_rules import IdPath, Limit, Offset
-from heed.api.memory_http import (
+from heed.api.openapi import CONFLICT
+from heed.api.wire import memory as wire
+from heed.api.wire.memory_convert import (
     engine_of,
     recall_query,
     recall_response,
     retain_items,
     unit_item,
 )
-from heed.api.openapi import CONFLICT
-from heed.api.wire import memory as wire
 from heed.memory.idempotency import MAX_KEY_CHARS
 from heed.memory.models import FACT_TYPES
 from heed.memory.operations import RetainOperations

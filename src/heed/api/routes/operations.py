@@ -14,8 +14,8 @@ from fastapi import APIRouter, Request
 
 from heed.api.errors import HeedError
 from heed.api.input_rules import IdPath, Limit, Offset
-from heed.api.memory_http import engine_of
 from heed.api.wire import memory as wire
+from heed.api.wire.memory_convert import engine_of
 from heed.memory.operations import RetainOperations, status_of
 from heed.runs.model import Run
 from heed.runs.state import is_terminal

@@ -29,12 +29,12 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response, StreamingResponse
 
 from heed.api.input_rules import IdPath
-from heed.api.memory_http import engine_of
 from heed.api.openapi import UPSTREAM, event_stream
 from heed.api.sse import named_frame
 from heed.api.wire import reflect as wire
+from heed.api.wire.memory_convert import engine_of
 from heed.errors import HeedError
-from heed.memory.models import FACT_TYPES, Bank, InvalidInput, NotFound, StoredUnit
+from heed.memory.models import FACT_TYPES, Bank, InvalidInput, StoredUnit
 from heed.reflect import ReflectAgent, ReflectOutcome, ReflectRequest, check_schema
 from heed.reflect.service import ReflectService
 from heed.runtime import OperationCancelled, run_in_thread, settle
@@ -188,10 +188,6 @@ async def _stream(
             raise  # the client left: nothing to say, and nobody to say it to
         except HeedError as exc:
             yield named_frame("error", {"detail": exc.message, "status": exc.status_code})
-            return
-        except (InvalidInput, NotFound) as exc:
-            status = 400 if isinstance(exc, InvalidInput) else 404
-            yield named_frame("error", {"detail": str(exc), "status": status})
             return
         yield named_frame("done", _response(outcome, body))
     finally:

@@ -1,10 +1,8 @@
-"""Glue between the memory routes and the engine: conversions and error mapping.
+"""Conversions between the memory wire models and the engine's inputs and outputs.
 
-- :class:`~heed.memory.InvalidInput` answers 400 with its message (the caller's
-  problem, named); :class:`~heed.memory.NotFound` answers 404. Another tenant's
-  bank is simply not found.
-- Wire requests become engine inputs here, so validation messages name the
-  offending field (``items[3].timestamp``).
+Wire requests become engine inputs here, so validation messages name the offending
+field (``items[3].timestamp``). The engine's errors (``InvalidInput`` 400, ``NotFound``
+404, ``Conflict`` 409) are ``HeedError`` subclasses, answered by :mod:`heed.api.errors`.
 """
 
 from __future__ import annotations
@@ -12,17 +10,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from heed.api.wire import memory as wire
-from heed.memory import InvalidInput, MemoryEngine, NotFound
+from heed.memory import InvalidInput, MemoryEngine
 from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
     FACT_TYPES,
     Bank,
-    Conflict,
     EntityRef,
     RecallHit,
     RecallOutcome,
@@ -33,7 +28,6 @@ from heed.memory.models import (
 
 __all__ = [
     "engine_of",
-    "install_memory_error_handlers",
     "profile_of",
     "recall_query",
     "recall_response",
@@ -46,25 +40,6 @@ def engine_of(request: Request) -> MemoryEngine:
     """The server's memory engine."""
     engine: MemoryEngine = request.app.state.services.memory
     return engine
-
-
-async def _invalid(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=400)
-
-
-async def _not_found(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=404)
-
-
-async def _conflict(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=409, headers={"Retry-After": "1"})
-
-
-def install_memory_error_handlers(app: FastAPI) -> None:
-    """Map the engine's input and lookup errors to 400 and 404."""
-    app.add_exception_handler(InvalidInput, _invalid)
-    app.add_exception_handler(NotFound, _not_found)
-    app.add_exception_handler(Conflict, _conflict)
 
 
 def profile_of(bank: Bank) -> wire.BankProfileResponse:
