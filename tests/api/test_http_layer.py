@@ -234,3 +234,40 @@ def test_continue_policy_keeps_working_after_disconnect(settings: Settings) -> N
         sock.close()
         wait_for(lambda: outcome.get("result"), seconds=5)
     assert outcome["result"] == "completed"
+
+
+def test_a_bank_delete_finishes_when_its_client_leaves(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DELETE of a bank runs under the continue policy: a client that leaves mid-way does not
+    leave a bank half-deleted (its work cancelled, its data still there)."""
+    import asyncio
+
+    from heed.memory.engine import MemoryEngine
+    from heed.runtime import raise_if_cancelled
+
+    real = MemoryEngine.delete_bank
+    outcome: dict[str, str] = {}
+
+    async def slow_delete(self: MemoryEngine, bank_id: str) -> int:
+        await asyncio.sleep(0.4)  # stopping the bank's work takes a while
+        try:
+            raise_if_cancelled()
+            count = await real(self, bank_id)
+        except BaseException as exc:
+            outcome["result"] = type(exc).__name__
+            raise
+        outcome["result"] = "deleted"
+        return count
+
+    monkeypatch.setattr(MemoryEngine, "delete_bank", slow_delete)
+    app = create_app(settings)
+    with live_server(app) as server, httpx.Client(base_url=server.url) as client:
+        assert client.put("/v1/default/banks/leaving", json={}).status_code in (200, 201)
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"DELETE /v1/default/banks/leaving HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        time.sleep(0.1)
+        sock.close()
+        wait_for(lambda: outcome.get("result"), seconds=5)
+        assert outcome["result"] == "deleted"
+        assert client.get("/v1/default/banks/leaving").status_code == 404

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 
 from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset
 from heed.api.openapi import CONFLICT
+from heed.api.policies import continue_on_disconnect
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import bank_fields, engine_of, profile_of
 from heed.memory.engine import BANK_ID_RE
@@ -87,9 +88,13 @@ async def get_bank_profile(bank_id: IdPath, request: Request) -> wire.BankProfil
     return profile_of(await engine_of(request).get_bank(bank_id))
 
 
-@router.delete("/{bank_id}")
+@router.delete("/{bank_id}", dependencies=[Depends(continue_on_disconnect)])
 async def delete_bank(bank_id: IdPath, request: Request) -> wire.DeleteResponse:
-    """Cancel the bank's in-flight work, wait until it stopped, then delete everything."""
+    """Cancel the bank's in-flight work, wait until it stopped, then delete everything.
+
+    A delete, once asked, finishes even if the client leaves: stopping half-way would
+    leave a bank whose work was cancelled but whose data is still there.
+    """
     deleted = await engine_of(request).delete_bank(bank_id)
     return wire.DeleteResponse(
         success=True, message=f"bank {bank_id!r} deleted", deleted_count=deleted
