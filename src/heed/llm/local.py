@@ -35,6 +35,7 @@ How it runs:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -179,6 +180,17 @@ class _AbortFlag:
 
 _models: dict[tuple[Path, int], _LoadedModel] = {}
 _models_lock = threading.Lock()
+
+
+@atexit.register
+def _free_models() -> None:
+    """Free the models while llama_cpp is still importable: left to interpreter teardown,
+    ``Llama.__del__`` runs after the library's globals are gone and prints a TypeError."""
+    with _models_lock:
+        for loaded in _models.values():
+            with contextlib.suppress(Exception):
+                loaded.llm.close()
+        _models.clear()
 
 
 def default_threads() -> int:
