@@ -1,12 +1,13 @@
 """The local provider: SmolLM2-135M-Instruct through llama-cpp-python.
 
 Skipped, loudly, only when llama-cpp-python cannot be imported (``make test``
-builds it through scripts/install.sh).
+builds it through scripts/install.sh), and never under CI (``HEED_REQUIRE_LOCAL_MODEL=1``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -15,8 +16,10 @@ from heed.llm import ChatMessage, ChatProvider, TextDelta, ToolSpec, complete
 from heed.llm.local import LocalProvider, llama_available
 from heed.runtime import OperationCancelled, RequestContext, use_context
 
+# Under CI (.ci/run sets HEED_REQUIRE_LOCAL_MODEL=1) a missing llama-cpp-python is a failure:
+# the tests then run and fail on the first load, instead of skipping quietly.
 pytestmark = pytest.mark.skipif(
-    not llama_available(),
+    not llama_available() and os.environ.get("HEED_REQUIRE_LOCAL_MODEL") != "1",
     reason="llama-cpp-python is not installed: run scripts/install.sh (make test does) to "
     "build it with CMAKE_ARGS=-DGGML_NATIVE=OFF",
 )
