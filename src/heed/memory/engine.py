@@ -264,10 +264,12 @@ class MemoryEngine:
         self.validate_items(items)
         tags = document_tags or []
         plans = plan_documents(items, tags, idempotency_key)
-        key = retain_key(idempotency_key, items, tags) if idempotency_key else None
         async with self.track(bank), self.retain_lane.slot():
+            key: RetainKey | None = None
             recorded: dict[int, LedgerEntry] = {}
-            if key is not None:
+            if idempotency_key:
+                # Hashing a large body is CPU work: it belongs in the offload, like the ledger read.
+                key = await run_in_thread(retain_key, idempotency_key, items, tags)
                 entries = await run_in_thread(self.store.retain_ledger, bank.ref, key.key)
                 recorded = check_ledger(key, entries)
             todo = [i for i in range(len(plans)) if i not in recorded]

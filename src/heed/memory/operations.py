@@ -26,7 +26,7 @@ from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
 from heed.runs.model import Phase, Run
-from heed.runtime import OperationCancelled
+from heed.runtime import OperationCancelled, run_in_thread
 
 __all__ = ["RETAIN_KIND", "RetainOperations", "status_of"]
 
@@ -113,7 +113,11 @@ class RetainOperations:
         re-run after a restart skips what the first run wrote.
         """
         self.engine.validate_items(items)
-        key = retain_key(idempotency_key, items, document_tags) if idempotency_key else None
+        key = (
+            await run_in_thread(retain_key, idempotency_key, items, document_tags)
+            if idempotency_key
+            else None
+        )
         if client_operation_id or idempotency_key:
             for existing in await self.list(bank):
                 if client_operation_id and (
