@@ -414,6 +414,10 @@ def test_login_sets_a_strict_httponly_cookie_and_csrf_guards_writes(keyed: LiveS
         assert browser.post("/v1/sessions", json={"title": "csrf"}).status_code == 403
         wrong = browser.post("/v1/sessions", json={"title": "x"}, headers={"X-Heed-CSRF": "0"})
         assert wrong.status_code == 403
+        odd = browser.post(
+            "/v1/sessions", json={"title": "x"}, headers={"X-Heed-CSRF": "\u00e9".encode("latin-1")}
+        )
+        assert odd.status_code == 403
         listed = browser.get("/v1/sessions").json()["sessions"]
         assert all(s["title"] not in {"csrf", "x"} for s in listed)
         made = browser.post("/v1/sessions", json={"title": "ok"}, headers={"X-Heed-CSRF": csrf})

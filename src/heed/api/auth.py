@@ -196,7 +196,8 @@ class Authenticator:
             return Refusal(401, "the UI session has expired or its key was revoked; log in again")
         if method not in _SAFE_METHODS:
             sent = _header(headers, CSRF_HEADER.encode()) or ""
-            if not hmac.compare_digest(sent, self._csrf_for(key, value)):
+            # bytes, not str: compare_digest refuses non-ASCII str (a client-chosen 500)
+            if not hmac.compare_digest(sent.encode(), self._csrf_for(key, value).encode()):
                 return Refusal(403, "missing or wrong X-Heed-CSRF header for a cookie session")
         return Identity(self.api_keys[key], principal_of(key), via_cookie=True)
 
