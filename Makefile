@@ -37,7 +37,7 @@ pytest: $(STAMP)  ## the test suite alone (installs Debian's chromium for browse
 	bash scripts/ensure_browser.sh
 	$(BIN)/python -m pytest -q
 
-mutation: $(STAMP)  ## run-state mutations (attachable always true; reaper never reclaims; run end skips on_terminal) must turn tests red
+mutation: $(STAMP)  ## run-state mutations (scripts/mutation_check.py lists them) must each turn a behaviour test red
 	$(BIN)/python scripts/mutation_check.py --skip-baseline
 
 test: lint typecheck pytest mutation  ## everything CI runs

@@ -73,7 +73,7 @@ async def follow(
             if seq != reader.last_seq + 1:
                 reader.lost += seq - reader.last_seq - 1
             reader.last_seq = seq
-            if event == "token":
+            if event == "text_delta":
                 reader.text.append(json.loads(data)["data"]["text"])
             if event in TERMINAL:
                 reader.done = True

@@ -42,7 +42,9 @@ def prepare(data_dir: str, events: int) -> str:
     batch = 1000
     for start in range(0, events - 1, batch):
         n = min(batch, events - 1 - start)
-        store.append_events(run.id, [("token", {"text": f"tok{start + i} "}) for i in range(n)])
+        store.append_events(
+            run.id, [("text_delta", {"text": f"tok{start + i} "}) for i in range(n)]
+        )
     store.append_events(run.id, [("completed", {"result": None})])
     store.transition(run.id, Phase.COMPLETED, fields={"finished_at": time.time()})
     store.db.close()

@@ -43,7 +43,7 @@ async def subscriber(
         if event_id is None:
             continue
         seqs.append(int(event_id))
-        if event == "token":
+        if event == "text_delta":
             ts = json.loads(data)["ts"]
             if ts >= attached:  # replayed events (appended before we attached) do not count
                 latencies.append(received - ts)

@@ -12,6 +12,30 @@ started as subprocesses -- imports the mutated code):
 3. ``run-end-skips-on-terminal``: :func:`heed.runs.ending.end_run` never calls the
    kind's ``on_terminal`` hook (a task interrupted by shutdown would lose its wakeup).
 
+One more per predicate of :mod:`heed.runs.state` that a rule depends on, each run against
+a behaviour test of the rule (the predicate's own tests in ``tests/runs/test_state.py``
+fail too, but a mutation a unit test alone catches would prove little):
+
+4. ``queued-never-matches``: ``is_queued`` is always False (a queued run would never be
+   started after the busy one, nor cancelled without starting).
+5. ``running-never-matches``: ``is_running`` is always False (a cancel would not reach a
+   running worker).
+6. ``interrupted-never-matches``: ``is_interrupted`` is always False (a turn killed with
+   its process would lose its partial output: ``on_interrupted`` never runs).
+7. ``worker-ignores-remote-cancel``: ``worker_should_stop`` is always False (a cancel
+   written by another process would never stop this process's worker).
+8. ``lost-running-becomes-cancelled``: ``ending_for_lost_worker`` ends a running run
+   ``cancelled`` (a dead worker's run must be ``interrupted``).
+9. ``reaper-ignores-expired-leases``: ``reaper_may_end`` never ends a running run (a run
+   whose worker's lease expired would stay running forever).
+10. ``dead-pid-looks-alive``: ``worker_is_dead`` trusts every lease of this host (a
+    restarted process would leave its predecessor's runs running).
+
+And one for the rule a streamed reflect adds:
+
+11. ``streamed-reflect-ignores-disconnect``: a reflect stream whose client left does not
+    cancel its run (the work would go on for nobody).
+
 Only the relevant test files run, with ``-x``, so the check stays fast. The same
 selection first runs unmutated and must pass (otherwise "red" would prove
 nothing). Exit status 0 when every mutation is killed; 1 otherwise.
@@ -74,6 +98,70 @@ MUTATIONS = (
             "test_graceful_shutdown_records_the_wakeup_of_an_interrupted_task",
         ),
     ),
+    Mutation(
+        "queued-never-matches",
+        "runs/state.py",
+        "    return parse_phase(run.phase) is Phase.QUEUED\n",
+        "    return False  # MUTATION\n",
+        ("tests/runs/test_manager.py::test_enqueue_starts_after_the_busy_run",),
+    ),
+    Mutation(
+        "running-never-matches",
+        "runs/state.py",
+        "    return parse_phase(run.phase) is Phase.RUNNING\n",
+        "    return False  # MUTATION\n",
+        (
+            "tests/runs/test_manager.py::test_cancel_running_is_immediate_for_clients_and_idempotent",
+        ),
+    ),
+    Mutation(
+        "interrupted-never-matches",
+        "runs/state.py",
+        "    return parse_phase(run.phase) is Phase.INTERRUPTED\n",
+        "    return False  # MUTATION\n",
+        ("tests/runs/test_restart_recovery.py::test_sigkill_mid_turn_then_restart",),
+    ),
+    Mutation(
+        "worker-ignores-remote-cancel",
+        "runs/state.py",
+        "    return phase is Phase.CANCELLING or phase in TERMINAL_PHASES\n",
+        "    return False  # MUTATION\n",
+        (
+            "tests/runs/test_manager.py::"
+            "test_a_cancel_written_by_another_process_stops_the_local_worker",
+        ),
+    ),
+    Mutation(
+        "lost-running-becomes-cancelled",
+        "runs/state.py",
+        "    if phase is Phase.RUNNING:\n        return Phase.INTERRUPTED\n",
+        "    if phase is Phase.RUNNING:\n        return Phase.CANCELLED  # MUTATION\n",
+        ("tests/runs/test_manager.py::test_restart_recovery_interrupts_runs_of_a_dead_process",),
+    ),
+    Mutation(
+        "reaper-ignores-expired-leases",
+        "runs/state.py",
+        "        return not worker_is_live(run, now)\n",
+        "        return False  # MUTATION\n",
+        ("tests/runs/test_manager.py::test_expired_lease_running_run_becomes_interrupted",),
+    ),
+    Mutation(
+        "dead-pid-looks-alive",
+        "runs/state.py",
+        "    return pid == os.getpid() or not pid_alive(pid)\n",
+        "    return False  # MUTATION\n",
+        ("tests/runs/test_manager.py::test_restart_recovery_interrupts_runs_of_a_dead_process",),
+    ),
+    Mutation(
+        "streamed-reflect-ignores-disconnect",
+        "api/routes/reflect.py",
+        '            if token.cancelled and on_disconnect == "cancel":\n',
+        "            if False:  # MUTATION\n",
+        (
+            "tests/reflect/test_reflect_runs.py::"
+            "test_a_client_that_leaves_cancels_the_run_by_default",
+        ),
+    ),
 )
 
 
@@ -107,17 +195,24 @@ def mutated_copy(mutation: Mutation, workdir: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skip-baseline", action="store_true", help="do not run unmutated first")
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help="run only this mutation (repeatable)"
+    )
     args = parser.parse_args()
+    selected = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    unknown = set(args.only or ()) - {m.name for m in MUTATIONS}
+    if unknown:
+        parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
     failures = 0
     if not args.skip_baseline:
-        tests = tuple(t for m in MUTATIONS for t in m.tests)
+        tests = tuple(dict.fromkeys(t for m in selected for t in m.tests))
         code, summary, seconds = run_pytest(tests, None)
         print(f"baseline (unmutated): exit {code} in {seconds:.1f} s: {summary}")
         if code != 0:
             print("baseline is red: mutation results would prove nothing")
             return 1
     with tempfile.TemporaryDirectory(prefix="heed-mutation-") as tmp:
-        for mutation in MUTATIONS:
+        for mutation in selected:
             root = mutated_copy(mutation, Path(tmp))
             code, summary, seconds = run_pytest(mutation.tests, str(root))
             killed = code != 0

@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "llm": {"runtime", "errors", "settings"},
     "storage": {"runtime", "errors", "memory", "runs", "sessions"},
     "memory": {"runtime", "errors", "settings", "runs"},
-    "reflect": {"runtime", "errors", "settings", "llm", "memory"},
+    "reflect": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "services": {"runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"},
     "web": set(),

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from heed.llm.base import ChatProvider
 from heed.memory import MemoryEngine, build_memory_engine
 from heed.memory.operations import RETAIN_KIND, RetainOperations
+from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.broker import InProcessBroker
 from heed.runs.kinds import KindSpec
 from heed.runs.manager import RunManager
 from heed.runtime import Lane, Lanes
-from heed.runtime.offload import configure_thread_pool
+from heed.runtime.offload import configure_thread_pool, preload_in_processes
 from heed.sessions.service import TASK, TURN, SessionService
 from heed.sessions.task import TaskRunner
 from heed.sessions.tools import TurnTools
@@ -63,12 +64,14 @@ class Services:
     database: Database = field(init=False)
     memory: MemoryEngine = field(init=False)
     reflect: ReflectService = field(init=False)
+    reflect_runs: ReflectRuns = field(init=False)
     retain_operations: RetainOperations = field(init=False)
     runs: RunServices = field(init=False)
 
     def __post_init__(self) -> None:
         settings = self.settings
         configure_thread_pool(settings.offload_threads)
+        preload_in_processes("heed.reflect.schema")  # its response_schema validation
         self.lanes = build_lanes(settings)
 
         # Storage: one embedded database, one store per domain.
@@ -93,6 +96,7 @@ class Services:
         # The domains.
         self.memory = build_memory_engine(settings, memory_store, self.lanes)
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
+        self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
         sessions = SessionService(session_store, manager)
         memory = self.memory
@@ -122,6 +126,7 @@ class Services:
             TASK, KindSpec(execute=tasks.execute, on_terminal=sessions.record_task_wakeup)
         )
         manager.register(RETAIN_KIND, self.retain_operations.kind_spec())
+        manager.register(REFLECT_KIND, self.reflect_runs.kind_spec())
 
         self.runs = RunServices(
             settings=settings,

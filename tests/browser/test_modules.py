@@ -11,7 +11,7 @@ PARSE = """async () => {
     const { SseParser } = await import('/ui/stream.js');
     const text = [
         'retry: 1000\\r\\n\\r\\n: heartbeat\\n\\n',
-        'id: 7\\nevent: token\\ndata: {"seq":7}\\n\\n',
+        'id: 7\\nevent: text_delta\\ndata: {"seq":7}\\n\\n',
         'event: gap\\r\\ndata: line one\\r\\ndata: line two\\r\\n\\r\\n',
         'id: 8\\ndata:no-space\\n\\n',
     ].join('');
@@ -41,7 +41,7 @@ def test_sse_parser_is_independent_of_chunk_boundaries(page: Any, server: LiveSe
     assert len(set(results)) == 1, "the events depend on where the chunks were cut"
     events = json.loads(results[0])
     assert events == [
-        {"event": "token", "id": "7", "data": '{"seq":7}'},
+        {"event": "text_delta", "id": "7", "data": '{"seq":7}'},
         {"event": "gap", "id": None, "data": "line one\nline two"},
         {"event": "message", "id": "8", "data": "no-space"},
     ]

@@ -190,6 +190,32 @@ async def test_structured_output(server: LiveServer, client: Hindsight, bank_id:
     assert response.structured_output_error is None
 
 
+async def test_a_backtracking_pattern_is_stopped_and_the_server_stays_responsive(
+    server: LiveServer, client: Hindsight, bank_id: str
+) -> None:
+    crafted = "a" * 40 + "!"  # ^(a+)+$ needs ~2**40 steps to refuse this
+    use_script(server, {"replies": [{"text": json.dumps({"v": crafted})}, {"text": "Done."}]})
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": "^(a+)+$"}}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        reflect = asyncio.create_task(
+            http.post(
+                REFLECT_ROUTE.format(bank_id=bank_id),
+                json={"query": "q", "response_schema": schema},
+            )
+        )
+        await asyncio.sleep(0.5)  # the validation is running by now
+        health_started = time.monotonic()
+        assert (await http.get("/health")).status_code == 200
+        health_seconds = time.monotonic() - health_started
+        response = await reflect
+    assert response.status_code == 200
+    body = response.json()
+    assert body["text"] == "Done."
+    assert body["structured_output"] is None
+    assert "took longer than" in body["structured_output_error"]
+    assert health_seconds < 1.0, "the event loop was blocked by the validation"
+
+
 async def test_structured_output_that_does_not_match_is_reported(
     server: LiveServer, client: Hindsight, bank_id: str
 ) -> None:
@@ -266,14 +292,23 @@ async def test_stream_true_sends_tool_calls_text_and_the_answer(
             elif line.startswith("data: "):
                 events.append((name, json.loads(line.removeprefix("data: "))))
     names = [n for n, _ in events]
-    assert names[:2] == ["tool_call", "tool_result"]
-    assert events[0][1] == {"tool": "recall", "input": {"query": "Who is Alice?"}, "iteration": 0}
+    assert names[:3] == ["started", "tool_call", "tool_result"]
+    assert [e["seq"] for _, e in events] == list(range(1, len(events) + 1))
+    assert events[1][1]["data"] == {
+        "id": "call_0_recall",
+        "name": "recall",
+        "arguments": {"query": "Who is Alice?"},
+        "iteration": 0,
+    }
+    assert events[2][1]["data"]["ok"] is True
+    assert events[2][1]["data"]["output"]["memories"]
     assert names.count("tool_call") == 2
-    deltas = "".join(d["text"] for n, d in events if n == "text_delta")
+    deltas = "".join(e["data"]["text"] for n, e in events if n == "text_delta")
     assert deltas == "Alice is a nurse with two cats."
-    assert names[-2:] == ["answer", "done"]
-    assert events[-1][1]["text"] == "Alice is a nurse with two cats."
-    assert events[-1][1]["based_on"]["memories"]
+    assert names[-2:] == ["message", "completed"]
+    result = events[-1][1]["data"]["result"]
+    assert result["text"] == "Alice is a nurse with two cats."
+    assert result["based_on"]["memories"]
 
 
 async def seed_bank(server: LiveServer, bank: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from heed.runs.broker import InProcessBroker
+from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager
 from heed.storage import Database
@@ -31,7 +32,7 @@ async def echo_work(rc: RunContext) -> dict[str, Any]:
     delay = float(rc.run.payload.get("delay", 0.01))
     for i in range(n):
         rc.token.raise_if_cancelled()
-        await rc.emit("token", {"text": f"t{i} "})
+        await rc.emit(EventType.TEXT_DELTA, {"text": f"t{i} "})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rc.token.wait(), delay)
     rc.token.raise_if_cancelled()
@@ -43,7 +44,7 @@ WEDGE_RELEASE = threading.Event()
 
 async def wedged_work(rc: RunContext) -> dict[str, Any]:
     """Ignores its token until WEDGE_RELEASE is set (a worker stuck in a thread)."""
-    await rc.emit("token", {"text": "stuck"})
+    await rc.emit(EventType.TEXT_DELTA, {"text": "stuck"})
     await asyncio.to_thread(WEDGE_RELEASE.wait, 30)
     return {}
 

@@ -60,7 +60,7 @@ async def test_finished_run_replays_in_full_and_ends(
         seqs = [int(f.id) for f in frames]
         assert seqs == list(range(1, len(seqs) + 1))
         assert frames[-1].event == "completed"
-        text = "".join(f.data["data"]["text"] for f in frames if f.event == "token")
+        text = "".join(f.data["data"]["text"] for f in frames if f.event == "text_delta")
         assert text == "one two three four"
         # resume by Last-Event-ID and by ?after (which wins)
         tail = [
@@ -99,7 +99,7 @@ async def test_live_tail_has_no_gap_or_duplicate_across_reconnects(
                 if not f.id:
                     continue
                 seen.append(int(f.id))
-                if f.event == "token":
+                if f.event == "text_delta":
                     text.append(f.data["data"]["text"])
                 cursor = int(f.id)
             if frames and any(f.event == "completed" for f in frames):

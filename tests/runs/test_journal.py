@@ -42,11 +42,11 @@ async def collect(journal: Journal, run_id: str, after: int, heartbeat: float = 
 async def test_replay_then_tail_has_no_gap_or_duplicate(journal: Journal) -> None:
     run_id = make(journal)
     for i in range(300):
-        await journal.append(run_id, "token", {"i": i})
+        await journal.append(run_id, "text_delta", {"i": i})
 
     async def writer() -> None:
         for i in range(300, 600):
-            await journal.append(run_id, "token", {"i": i})
+            await journal.append(run_id, "text_delta", {"i": i})
             if i % 50 == 0:
                 await asyncio.sleep(0)
         await journal.append(run_id, "completed", {})
@@ -69,7 +69,7 @@ async def test_lagging_subscriber_recovers_from_the_store(journal: Journal) -> N
     await asyncio.sleep(0.05)
     journal.publish(
         await asyncio.to_thread(
-            journal.store.append_events, run_id, [("token", {"i": i}) for i in range(100)]
+            journal.store.append_events, run_id, [("text_delta", {"i": i}) for i in range(100)]
         )
     )
     await journal.append(run_id, "completed", {})
@@ -80,7 +80,7 @@ async def test_lagging_subscriber_recovers_from_the_store(journal: Journal) -> N
 async def test_old_cursor_gets_an_explicit_gap(journal: Journal) -> None:
     run_id = make(journal)
     for i in range(10):
-        await journal.append(run_id, "token", {"i": i})
+        await journal.append(run_id, "text_delta", {"i": i})
     await journal.append(run_id, "completed", {})
     journal.store.trim_journal(run_id, 6)
     items = await asyncio.wait_for(collect(journal, run_id, 2), 5)
@@ -93,7 +93,7 @@ async def test_old_cursor_gets_an_explicit_gap(journal: Journal) -> None:
 
 async def test_cursor_beyond_end_waits_and_heartbeats(journal: Journal) -> None:
     run_id = make(journal)
-    await journal.append(run_id, "token", {"i": 0})
+    await journal.append(run_id, "text_delta", {"i": 0})
     got: list = []
 
     async def read() -> None:
@@ -107,7 +107,7 @@ async def test_cursor_beyond_end_waits_and_heartbeats(journal: Journal) -> None:
     assert any(isinstance(i, Heartbeat) for i in got)
     assert not any(isinstance(i, list) for i in got)
     for i in range(6):
-        await journal.append(run_id, "token", {"i": i})
+        await journal.append(run_id, "text_delta", {"i": i})
     await journal.append(run_id, "completed", {})
     await asyncio.wait_for(task, 5)
     events = [e for i in got if isinstance(i, list) for e in i]
@@ -119,6 +119,8 @@ async def test_writer_in_another_process_is_seen_by_polling(journal: Journal) ->
     reader = asyncio.create_task(collect(journal, run_id, 0))
     await asyncio.sleep(0.05)
     # written without publishing, as another process would
-    await asyncio.to_thread(journal.store.append_events, run_id, [("token", {}), ("completed", {})])
+    await asyncio.to_thread(
+        journal.store.append_events, run_id, [("text_delta", {}), ("completed", {})]
+    )
     events = await asyncio.wait_for(reader, 5)
     assert [e.seq for e in events] == [1, 2]

@@ -11,7 +11,7 @@ import pytest
 
 from heed.runs.manager import RunConflict, RunManager, RunNotFound
 from heed.runs.model import Phase
-from heed.runs.reaper import Reaper, reap_once
+from heed.runs.reaper import Reaper, reap_once, renew_leases
 from heed.runs.recovery import recover
 from heed.runs.state import is_attachable, is_lifecycle_busy
 from heed.runtime import OperationCancelled
@@ -51,7 +51,7 @@ async def test_run_completes_with_terminal_event(manager: RunManager) -> None:
     run = await manager.submit("turn", tenant="t", session_id="s", payload={"n": 2})
     assert run is not None
     await wait_phase(manager, run.id, "completed")
-    assert await events(manager, run.id) == ["started", "token", "token", "completed"]
+    assert await events(manager, run.id) == ["started", "text_delta", "text_delta", "completed"]
 
 
 async def test_reject_names_the_busy_run(manager: RunManager) -> None:
@@ -322,3 +322,20 @@ async def test_reaper_loop_survives_a_stray_cancellation(
         assert calls["n"] >= 3 and reaper.passes >= 3
     finally:
         await reaper.stop()
+
+
+async def test_a_cancel_written_by_another_process_stops_the_local_worker(tmp_path: Path) -> None:
+    here = build_manager(tmp_path / "heed.db", lease_seconds=60)
+    there = build_manager(tmp_path / "heed.db", lease_seconds=60)
+    try:
+        run = await here.submit("task", tenant="t", payload={"n": 10_000, "delay": 0.05})
+        assert run is not None
+        await wait_phase(here, run.id, "running")
+        await there.cancel(run.id, "stopped elsewhere")  # no local worker there: only the row
+        assert run.id in here.workers, "the worker stopped before it could have known"
+        await renew_leases(here)  # the lease renewal reads the row and stops the worker
+        await wait_phase(here, run.id, "cancelled")
+        assert run.id not in here.workers
+    finally:
+        await here.close(grace=2)
+        await there.close(grace=2)

@@ -54,7 +54,7 @@ def test_sigkill_mid_turn_then_restart(tmp_path: Path) -> None:
         with client.stream("GET", f"/v1/runs/{run_id}/stream", timeout=10) as resp:
             body = resp.read().decode()
         assert body.rstrip().split("event: ")[-1].startswith("interrupted")
-        tokens = body.count("event: token")
+        tokens = body.count("event: text_delta")
         assert 0 < tokens < 200
         # the partial output is in the transcript, marked interrupted
         messages = client.get(f"/v1/sessions/{sid}").json()["messages"]

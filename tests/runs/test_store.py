@@ -53,11 +53,11 @@ def test_transition_appends_terminal_event_atomically(store: SqliteRunStore) -> 
     )
     assert claimed is not None
     assert claimed[1].seq == 1 and claimed[1].type == "started"
-    store.append_events(run.id, [("token", {"text": "a"}), ("token", {"text": "b"})])
+    store.append_events(run.id, [("text_delta", {"text": "a"}), ("text_delta", {"text": "b"})])
     done = store.transition(run.id, Phase.CANCELLING, event=("cancelled", {"reason": "x"}))
     assert done is not None and done.event is not None and done.event.seq == 4
     # the journal is closed: nothing more is appended, not even by the worker
-    assert store.append_events(run.id, [("token", {"text": "late"})]) == []
+    assert store.append_events(run.id, [("text_delta", {"text": "late"})]) == []
     later = store.transition(run.id, Phase.CANCELLED, event=("cancelled", {}))
     assert later is not None and later.event is None
     seqs = [e.seq for e in store.events_after(run.id, 0)]
@@ -82,7 +82,7 @@ def test_journal_seq_is_gap_free_under_concurrent_appends(store: SqliteRunStore)
 
     def writer() -> None:
         for i in range(50):
-            store.append_events(run.id, [("token", {"i": i})])
+            store.append_events(run.id, [("text_delta", {"i": i})])
 
     threads = [threading.Thread(target=writer) for _ in range(4)]
     for t in threads:
@@ -95,7 +95,7 @@ def test_journal_seq_is_gap_free_under_concurrent_appends(store: SqliteRunStore)
 
 def test_trim_moves_first_seq(store: SqliteRunStore) -> None:
     run = store.create(new_run())
-    store.append_events(run.id, [("token", {"i": i}) for i in range(10)])
+    store.append_events(run.id, [("text_delta", {"i": i}) for i in range(10)])
     assert store.trim_journal(run.id, 6) == 5
     got = store.get(run.id)
     assert got is not None and got.first_seq == 6
@@ -151,7 +151,7 @@ def test_event_json_round_trips_without_reencoding(store: SqliteRunStore) -> Non
 
     run = store.create(new_run())
     payloads = [{"text": 'quote " and \\ and \n newline'}, {"text": "héllo ✓"}, {}]
-    written = store.append_events(run.id, [("token", p) for p in payloads])
+    written = store.append_events(run.id, [("text_delta", p) for p in payloads])
     read = store.events_after(run.id, 0)
     for fresh, stored, payload in zip(written, read, payloads, strict=True):
         assert stored.data == payload

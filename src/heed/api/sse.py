@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from starlette.responses import StreamingResponse
 
+from heed.runs.journal import Gap, Heartbeat, Journal
 from heed.runs.model import RunEvent
 from heed.runtime import CancellationToken, current_token
 
@@ -25,6 +26,7 @@ __all__ = [
     "HEARTBEAT_FRAME",
     "event_frame",
     "event_frames",
+    "journal_frames",
     "named_frame",
     "parse_cursor",
     "sse_response",
@@ -107,7 +109,32 @@ async def _frames(
             await aclose()
 
 
-def sse_response(source: AsyncIterator[str]) -> StreamingResponse:
+async def journal_frames(
+    journal: Journal,
+    run_id: str,
+    cursor: int,
+    *,
+    heartbeat: float,
+    token: CancellationToken,
+) -> AsyncIterator[str]:
+    """A run's journal after *cursor* as SSE frames (see :meth:`Journal.follow`): one frame
+    per event (``id:`` its seq), ``gap`` when the cursor is older than what is retained,
+    heartbeat comments; ends after the terminal event or when *token* is cancelled."""
+    async for item in journal.follow(run_id, cursor, heartbeat=heartbeat, token=token):
+        if isinstance(item, Heartbeat):
+            yield HEARTBEAT_FRAME
+        elif isinstance(item, Gap):
+            yield named_frame(
+                "gap",
+                {"run_id": run_id, "after": item.after, "first_retained": item.first_retained},
+            )
+        else:
+            yield event_frames(item)
+
+
+def sse_response(
+    source: AsyncIterator[str], headers: dict[str, str] | None = None
+) -> StreamingResponse:
     """Stream *source*'s frames as ``text/event-stream`` until it ends or the client leaves.
 
     Contract: *source* must end promptly once the request token is cancelled,
@@ -118,5 +145,5 @@ def sse_response(source: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(
         _frames(source, current_token()),
         media_type="text/event-stream",
-        headers=_HEADERS,
+        headers={**_HEADERS, **(headers or {})},
     )

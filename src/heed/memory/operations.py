@@ -23,12 +23,13 @@ from typing import Any, Final
 from heed.memory.engine import BANK_DELETED, MemoryEngine
 from heed.memory.idempotency import check_fingerprint, retain_key
 from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
+from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
 from heed.runs.model import Phase, Run
 from heed.runtime import OperationCancelled, run_in_thread
 
-__all__ = ["RETAIN_KIND", "RetainOperations", "status_of"]
+__all__ = ["RETAIN_KIND", "RetainOperations", "bank_session", "cancel_bank_runs", "status_of"]
 
 RETAIN_KIND: Final = "retain"
 
@@ -157,7 +158,7 @@ class RetainOperations:
         def progress(done: int, total: int) -> None:
             pending.append(
                 asyncio.ensure_future(
-                    rc.emit("progress", {"processed": done, "total": total}), loop=loop
+                    rc.emit(EventType.PROGRESS, {"processed": done, "total": total}), loop=loop
                 )
             )
 
@@ -211,7 +212,7 @@ class RetainOperations:
             self.manager.store.events_after, run.id, max(0, run.last_seq - 3), 3
         )
         for event in reversed(events):
-            if event.type == "progress":
+            if event.type == EventType.PROGRESS:
                 return int(event.data["processed"]), int(event.data["total"]), event.ts
         return None
 
@@ -221,12 +222,18 @@ class RetainOperations:
         return await self.manager.cancel(operation_id, "cancelled by client", tenant=bank.tenant)
 
     async def _cancel_bank_operations(self, bank: Bank) -> None:
-        runs = await self.manager.io.call(
-            self.manager.store.list_runs,
-            tenant=bank.tenant,
-            session_id=bank_session(bank),
-            kind=RETAIN_KIND,
-            non_terminal=True,
-        )
-        for run in runs:
-            await self.manager.cancel(run.id, BANK_DELETED, tenant=bank.tenant, wait=True)
+        await cancel_bank_runs(self.manager, bank, RETAIN_KIND)
+
+
+async def cancel_bank_runs(manager: RunManager, bank: Bank, kind: str) -> None:
+    """Cancel the bank's unfinished runs of *kind* (reason ``bank deleted``) and wait until
+    their workers stopped: a ``before_delete`` hook of the engine."""
+    runs = await manager.io.call(
+        manager.store.list_runs,
+        tenant=bank.tenant,
+        session_id=bank_session(bank),
+        kind=kind,
+        non_terminal=True,
+    )
+    for run in runs:
+        await manager.cancel(run.id, BANK_DELETED, tenant=bank.tenant, wait=True)

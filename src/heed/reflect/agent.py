@@ -43,6 +43,7 @@ from heed.llm.base import (
 from heed.memory import InvalidInput, MemoryEngine, NotFound
 from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
 from heed.reflect.schema import structured_output
+from heed.runs.events import EventType
 from heed.runtime import Lane, raise_if_cancelled, run_in_thread
 
 __all__ = [
@@ -155,8 +156,9 @@ class ReflectOutcome:
 
 
 #: Streaming callback: ``(event, data)`` for ``tool_call``, ``tool_result``,
-#: ``text_delta`` (model text as it arrives, with its ``iteration``) and ``answer``.
-ReflectListener = Callable[[str, dict[str, Any]], Awaitable[None]]
+#: ``text_delta`` (model text as it arrives, with its ``iteration``) and ``message`` (the
+#: answer), with the payloads of :mod:`heed.runs.events`.
+ReflectListener = Callable[[EventType, dict[str, Any]], Awaitable[None]]
 
 
 def _system_prompt(bank: Bank) -> str:
@@ -200,9 +202,19 @@ class ReflectAgent:
     async def run(
         self, bank: Bank, request: ReflectRequest, listener: ReflectListener | None = None
     ) -> ReflectOutcome:
-        """Run one reflect; see the module docstring. Raises ``OperationCancelled``."""
+        """Run one reflect in a reflect lane slot; see the module docstring.
+
+        Raises ``OperationCancelled`` (and ``LaneFull`` when the lane sheds).
+        """
         async with self.lane.slot():
-            return await _Loop(self, bank, request, listener).run()
+            return await self.run_in_held_slot(bank, request, listener)
+
+    async def run_in_held_slot(
+        self, bank: Bank, request: ReflectRequest, listener: ReflectListener | None = None
+    ) -> ReflectOutcome:
+        """:meth:`run` for a caller that already holds a reflect lane slot (the worker of a
+        reflect run takes it, as for every run kind with a lane)."""
+        return await _Loop(self, bank, request, listener).run()
 
 
 class _Loop:
@@ -226,7 +238,7 @@ class _Loop:
         self.tool_calls: list[ToolTrace] = []
         self.llm_calls: list[LLMTrace] = []
 
-    async def _emit(self, event: str, data: dict[str, Any]) -> None:
+    async def _emit(self, event: EventType, data: dict[str, Any]) -> None:
         if self.listener is not None:
             await self.listener(event, data)
 
@@ -278,7 +290,7 @@ class _Loop:
                 )
 
         text = answer or NO_ANSWER
-        await self._emit("answer", {"text": text})
+        await self._emit(EventType.MESSAGE, {"text": text})
         if used is not None and any(i in self.seen for i in used):
             based_on = [self.seen[i] for i in dict.fromkeys(used) if i in self.seen]
         else:
@@ -311,7 +323,7 @@ class _Loop:
         started = time.perf_counter()
 
         async def on_text(text: str) -> None:
-            await self._emit("text_delta", {"text": text, "iteration": iteration})
+            await self._emit(EventType.TEXT_DELTA, {"text": text, "iteration": iteration})
 
         max_tokens = self.request.max_tokens if tools is None else None
         result = await complete(
@@ -340,7 +352,8 @@ class _Loop:
     async def _tool(self, call: ToolCall, iteration: int) -> str:
         """Run one tool call; returns the text the model sees (errors included)."""
         await self._emit(
-            "tool_call", {"tool": call.name, "input": call.arguments, "iteration": iteration}
+            EventType.TOOL_CALL,
+            {"id": call.id, "name": call.name, "arguments": call.arguments, "iteration": iteration},
         )
         started = time.perf_counter()
         try:
@@ -355,7 +368,16 @@ class _Loop:
             text = f"error: {exc}"
             output = {"error": str(exc)}
         self._trace_tool(call, iteration, time.perf_counter() - started, output)
-        await self._emit("tool_result", {"tool": call.name, "iteration": iteration, **output})
+        await self._emit(
+            EventType.TOOL_RESULT,
+            {
+                "id": call.id,
+                "name": call.name,
+                "ok": "error" not in output,
+                "output": output,
+                "iteration": iteration,
+            },
+        )
         return text
 
     async def _recall(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -21,10 +21,17 @@ policy missed could not reach the network or the disk.
 After the answer, one more model call turns it into JSON; the JSON is validated
 against the schema. A model that cannot produce valid JSON is not an error of
 the request: the answer text stands and ``structured_output_error`` says why.
+
+That validation runs in a child process (:func:`heed.runtime.run_in_process`), killed
+after :data:`VALIDATION_SECONDS` or when the reflect is cancelled. A ``pattern`` in the
+caller's schema can backtrack catastrophically on a crafted answer (``^(a+)+$`` against
+``"aaaa…b"``), and Python's regular expressions hold the GIL while they match: in a
+thread that would freeze the whole server, and no token can stop it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
@@ -36,11 +43,13 @@ from referencing.exceptions import NoSuchResource, Unresolvable
 
 from heed.errors import HeedError
 from heed.llm.base import ChatMessage, Completion, ToolSpec
+from heed.runtime import WorkerProcessDied, run_in_process
 
 __all__ = [
     "MAX_SCHEMA_BYTES",
     "MAX_SCHEMA_DEPTH",
     "MAX_SCHEMA_NODES",
+    "VALIDATION_SECONDS",
     "InvalidResponseSchema",
     "check_schema",
     "structured_output",
@@ -49,6 +58,8 @@ __all__ = [
 MAX_SCHEMA_BYTES: Final = 32 * 1024
 MAX_SCHEMA_DEPTH: Final = 32
 MAX_SCHEMA_NODES: Final = 2_000
+#: How long validating the model's JSON against the caller's schema may take.
+VALIDATION_SECONDS: Final = 2.0
 
 _REF_KEYS: Final = ("$ref", "$dynamicRef", "$recursiveRef")
 # Keywords whose subschemas apply to the same instance location (no descent): a
@@ -207,7 +218,16 @@ async def structured_output(
         value = _first_json_object(completion.text)
     except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
         return None, f"the model did not produce JSON: {exc}"
-    mismatch = _validate(value, schema)
+    try:
+        async with asyncio.timeout(VALIDATION_SECONDS):
+            mismatch = await run_in_process(_validate, value, schema)
+    except TimeoutError:
+        return None, (
+            f"validating the model's JSON against response_schema took longer than "
+            f"{VALIDATION_SECONDS:g} s (a pattern that backtracks?) and was stopped"
+        )
+    except WorkerProcessDied as exc:
+        return None, f"validating the model's JSON against response_schema failed: {exc}"
     if mismatch is not None:
         return None, f"the model's JSON does not match response_schema: {mismatch}"
     if not isinstance(value, dict):

@@ -10,7 +10,8 @@ journal, leases, the reaper and restart recovery for free::
 
 ``execute(rc)`` does the work. It runs under ``rc.ctx`` (a
 :class:`~heed.runtime.RequestContext` whose token is the run's token, also the
-active context), emits journal events with ``await rc.emit(type, data)``, checks
+active context), emits journal events with ``await rc.emit(type, data)`` (a
+:class:`~heed.runs.events.EventType`), checks
 ``rc.token`` at checkpoints, and returns a JSON-able result dict (or ``None``).
 Raising :class:`~heed.runtime.OperationCancelled` ends the run ``cancelled``;
 any other exception ends it ``failed`` with the message as ``error``. It must
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from heed.runs.events import EventType
 from heed.runtime import CancellationToken, RequestContext
 
 if TYPE_CHECKING:
@@ -45,7 +47,7 @@ class RunContext:
     def token(self) -> CancellationToken:
         return self.ctx.token
 
-    async def emit(self, type_: str, data: Mapping[str, Any]) -> RunEvent | None:
+    async def emit(self, type_: EventType, data: Mapping[str, Any]) -> RunEvent | None:
         """Append an event to this run's journal (durable, then fanned out).
 
         Returns ``None`` once the journal is closed (the run was cancelled: the

@@ -47,6 +47,7 @@ from typing import Any, Literal
 from heed.errors import HeedError
 from heed.runs.broker import Broker
 from heed.runs.ending import Step, end_run
+from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.journal import Journal
 from heed.runs.kinds import KindSpec, RunContext
@@ -390,6 +391,7 @@ class RunManager:
         outcome = "completed"
         result: dict[str, Any] | None = None
         error: str | None = None
+        status: int | None = None
         reason: str | None = None
         try:
             with use_context(ctx):
@@ -403,14 +405,16 @@ class RunManager:
         except asyncio.CancelledError:
             outcome, reason = "cancelled", worker.token.reason or SHUTDOWN
         except LaneFull as exc:
-            outcome, error = "failed", str(exc)
+            outcome, error, status = "failed", str(exc), 503
+        except HeedError as exc:  # the caller's (or upstream's) problem, with its status
+            outcome, error, status = "failed", exc.message, exc.status_code
         except Exception as exc:
             reraise_cancellation(exc)
             log.exception("run %s (%s) failed", run.id, run.kind)
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
         finally:
             try:
-                await asyncio.shield(self._finish(run, spec, outcome, result, error, reason))
+                await asyncio.shield(self._finish(run, outcome, result, error, status, reason))
             finally:
                 self.workers.pop(run.id, None)
                 worker.done.set()
@@ -420,10 +424,10 @@ class RunManager:
     async def _finish(
         self,
         run: Run,
-        spec: KindSpec,
         outcome: str,
         result: dict[str, Any] | None,
         error: str | None,
+        status: int | None,
         reason: str | None,
     ) -> None:
         """Record how the worker ended (see :mod:`heed.runs.ending`). A run that was being
@@ -439,7 +443,7 @@ class RunManager:
                     Phase.COMPLETED,
                     (Phase.RUNNING,),
                     {**done, "result": result},
-                    ("completed", {"result": result}),
+                    (EventType.COMPLETED, {"result": result}),
                     mine,
                 )
             ]
@@ -449,7 +453,7 @@ class RunManager:
                     Phase.FAILED,
                     (Phase.RUNNING,),
                     {**done, "error": error},
-                    ("failed", {"error": error}),
+                    (EventType.FAILED, {"error": error, "status": status or 500}),
                     mine,
                 )
             ]
@@ -460,7 +464,7 @@ class RunManager:
                     Phase.CANCELLING,
                     (Phase.RUNNING,),
                     {"cancelled_at": now, "cancel_reason": reason},
-                    ("cancelled", {"reason": reason}),
+                    (EventType.CANCELLED, {"reason": reason}),
                     mine,
                 )
             ]
@@ -497,7 +501,7 @@ class RunManager:
                             Phase.CANCELLED,
                             (Phase.QUEUED,),
                             {"cancelled_at": now, "finished_at": now, "cancel_reason": reason},
-                            ("cancelled", {"reason": reason}),
+                            (EventType.CANCELLED, {"reason": reason}),
                         )
                     ],
                 )
@@ -509,7 +513,7 @@ class RunManager:
                     run_id,
                     Phase.CANCELLING,
                     fields={"cancelled_at": now, "cancel_reason": reason},
-                    event=("cancelled", {"reason": reason}),
+                    event=(EventType.CANCELLED, {"reason": reason}),
                     only_from=[Phase.RUNNING],
                 )
                 if t is not None:
@@ -525,6 +529,11 @@ class RunManager:
         if wait:
             return await self.wait_stopped(run_id, wait_timeout)
         return run
+
+    def cancel_soon(self, run_id: str, reason: str) -> None:
+        """:meth:`cancel` in a background task of the manager (awaited at shutdown), for a
+        caller that is itself being cancelled: a stream whose client left."""
+        self._spawn(self.cancel(run_id, reason), f"cancel-{run_id}")
 
     def _cancel_local(self, run_id: str, reason: str) -> None:
         worker = self.workers.get(run_id)
@@ -580,7 +589,7 @@ class RunManager:
                         Phase.INTERRUPTED,
                         (Phase.RUNNING,),
                         {"finished_at": time.time(), "error": SHUTDOWN},
-                        ("interrupted", {"reason": SHUTDOWN}),
+                        (EventType.INTERRUPTED, {"reason": SHUTDOWN}),
                         self.worker_id,
                     )
                 ],

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from heed.runs.events import TERMINAL_EVENT_TYPES
+
 __all__ = [
     "TERMINAL_EVENT_TYPES",
     "TERMINAL_PHASES",
@@ -81,9 +83,6 @@ TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
     Phase.FAILED: frozenset(),
     Phase.INTERRUPTED: frozenset(),
 }
-
-#: Journal event types that end a run's journal: nothing is appended after one.
-TERMINAL_EVENT_TYPES: Final = frozenset({"completed", "failed", "cancelled", "interrupted"})
 
 
 def allowed_sources(target: Phase) -> frozenset[Phase]:

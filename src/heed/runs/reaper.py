@@ -33,6 +33,7 @@ import time
 from typing import Final
 
 from heed.runs.ending import Step, end_run
+from heed.runs.events import EventType
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
 from heed.runs.state import (
@@ -75,14 +76,14 @@ async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
             Phase.CANCELLED,
             (Phase.CANCELLING,),
             {"finished_at": now, "lease_expires_at": None},
-            ("cancelled", {"reason": run.cancel_reason or "reclaimed"}),
+            (EventType.CANCELLED, {"reason": run.cancel_reason or "reclaimed"}),
         )
     else:
         step = Step(
             Phase.INTERRUPTED,
             (Phase.RUNNING,),
             {"finished_at": now, "lease_expires_at": None, "error": WORKER_LOST},
-            ("interrupted", {"reason": "worker lost"}),
+            (EventType.INTERRUPTED, {"reason": "worker lost"}),
         )
     # The reaper and recovery dispatch every session after their pass.
     final = await end_run(manager, run.id, [step], dispatch=False)

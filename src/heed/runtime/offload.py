@@ -44,6 +44,7 @@ from heed.runtime.context import _current, current_context
 __all__ = [
     "WorkerProcessDied",
     "configure_thread_pool",
+    "preload_in_processes",
     "run_blocking",
     "run_in_process",
     "run_in_thread",
@@ -157,6 +158,17 @@ def _process_entry(
 
 
 _mp_context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+
+
+def preload_in_processes(*modules: str) -> None:
+    """Import *modules* once in the fork server that starts :func:`run_in_process` children.
+
+    A child then inherits them instead of importing its function's module afresh (about
+    300 ms for heed's reflect, a few ms with the preload). Effective only before the first
+    child starts; the composition root calls it at start-up.
+    """
+    if _mp_context.get_start_method() == "forkserver":
+        _mp_context.set_forkserver_preload(["__main__", *modules])
 
 
 async def run_in_process(fn: Callable[..., T], /, *args: Any, poll_interval: float = 0.005) -> T:

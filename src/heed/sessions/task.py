@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from heed.runs.events import EventType
 from heed.runs.kinds import RunContext
 from heed.sessions.tools import TurnTools
 
@@ -35,7 +36,7 @@ class TaskRunner:
         payload = rc.run.payload
         action = str(payload.get("action", "wait"))
         title = str(payload.get("title") or action)
-        await rc.emit("progress", {"title": title, "action": action})
+        await rc.emit(EventType.PROGRESS, {"title": title, "action": action})
         if action == "wait":
             seconds = float(payload.get("seconds", 1.0))
             with contextlib.suppress(TimeoutError):

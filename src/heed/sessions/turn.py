@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from heed.llm.base import ChatMessage, ChatProvider, TextDelta, ToolCall, ToolCallEvent
+from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.kinds import RunContext
 from heed.runs.manager import SHUTDOWN
@@ -118,7 +119,7 @@ class TurnRunner:
         history = await self.io.call(self.sessions.messages, run.session_id)
         content = turn_text(run)
         await self._store(run, "user", content, source=run.source)
-        await rc.emit("user_message", {"text": content, "source": run.source})
+        await rc.emit(EventType.USER_MESSAGE, {"text": content, "source": run.source})
         conversation = [ChatMessage.system(SYSTEM_PROMPT), *to_chat(history)]
         conversation.append(ChatMessage.user(content))
         provider = self.provider()
@@ -133,18 +134,18 @@ class TurnRunner:
                         rc.token.raise_if_cancelled()  # a provider that ignored the token
                         if isinstance(event, TextDelta):
                             parts.append(event.text)
-                            await rc.emit("token", {"text": event.text})
+                            await rc.emit(EventType.TEXT_DELTA, {"text": event.text})
                         elif isinstance(event, ToolCallEvent):
                             calls.append(event)
                             await rc.emit(
-                                "tool_call",
+                                EventType.TOOL_CALL,
                                 {"id": event.id, "name": event.name, "arguments": event.arguments},
                             )
                 rc.token.raise_if_cancelled()
                 text = "".join(parts)
                 if not calls:
                     final = await self._store(run, "assistant", text)
-                    await rc.emit("message", {"text": text, "message_id": final.id})
+                    await rc.emit(EventType.MESSAGE, {"text": text, "message_id": final.id})
                     return {"text": text, "message_id": final.id}
                 await self._store(
                     run,
@@ -166,7 +167,7 @@ class TurnRunner:
                         bank_id=session.bank_id,
                     )
                     await rc.emit(
-                        "tool_result",
+                        EventType.TOOL_RESULT,
                         {
                             "id": call.id,
                             "name": call.name,
@@ -180,7 +181,7 @@ class TurnRunner:
                     conversation.append(ChatMessage.tool(call.id, result.content, call.name))
             note = f"(stopped after {self.max_steps} tool steps)"
             final = await self._store(run, "assistant", note)
-            await rc.emit("message", {"text": note, "message_id": final.id})
+            await rc.emit(EventType.MESSAGE, {"text": note, "message_id": final.id})
             return {"text": note, "message_id": final.id}
         except OperationCancelled:
             status = "interrupted" if rc.token.reason == SHUTDOWN else "cancelled"
@@ -192,13 +193,13 @@ class TurnRunner:
         if run.session_id is None:
             return
         events = await self.io.call(self.runs.events_after, run.id, 0, 1_000_000)
-        if any(e.type == "message" for e in events):
+        if any(e.type == EventType.MESSAGE for e in events):
             return  # the final message was stored before the process died
         parts: list[str] = []
         for event in events:
-            if event.type == "tool_result":
+            if event.type == EventType.TOOL_RESULT:
                 parts = []
-            elif event.type == "token":
+            elif event.type == EventType.TEXT_DELTA:
                 parts.append(str(event.data.get("text", "")))
         stored = await self.io.call(self.sessions.messages, run.session_id)
         if any(m.run_id == run.id and m.status == "interrupted" for m in stored):

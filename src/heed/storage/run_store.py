@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
+from heed.runs.events import EventType
 from heed.runs.model import (
     TERMINAL_EVENT_TYPES,
     TERMINAL_PHASES,
@@ -336,7 +337,7 @@ class SqliteRunStore:
             ).rowcount
             if updated != 1:
                 return None
-            events = self._append(conn, run_id, [("started", {"worker_id": worker_id})])
+            events = self._append(conn, run_id, [(EventType.STARTED, {"worker_id": worker_id})])
             claimed = self._get(conn, run_id)
         assert claimed is not None and events
         return claimed, events[0]

@@ -6,47 +6,44 @@ Wire-compatible with ``hindsight-client``: ``query``, ``budget``, ``max_tokens``
 ``response_schema`` (adds ``structured_output`` / ``structured_output_error``);
 ``usage`` is always returned.
 
-The reflect runs under the request's token: a client that leaves stops it (its
-current model call within milliseconds, the loop before its next iteration),
-and the request is logged as 499.
+A plain reflect runs under the request's token: a client that leaves stops it (its
+current model call within milliseconds, the loop before its next iteration), and the
+request is logged as 499.
 
-``stream: true`` answers ``text/event-stream`` instead: ``tool_call``,
-``tool_result``, ``text_delta`` (model text as it arrives, with its
-``iteration``), ``answer`` (the final text), then ``done`` whose data is the
-whole response object as above, or ``error`` (``detail``, ``status``) if the
-reflect failed after the stream began. Errors found before any work (unknown
-bank, invalid ``response_schema``) are plain JSON errors, as without ``stream``.
+``stream: true`` (heed's extension) makes the reflect a run (:mod:`heed.reflect.runs`)
+and answers ``text/event-stream`` with its journal, exactly as
+``GET /v1/runs/{run_id}/stream`` would (:mod:`heed.runs.events` names the events; the
+``completed`` event's ``result`` is the response object above). The run id is in the
+``X-Heed-Run-Id`` header, so the client can cancel it by id, or resume the stream with
+``Last-Event-ID``. ``on_disconnect`` says what a client leaving before the end does:
+``cancel`` (default) cancels the run at once, ``continue`` lets it finish for a later
+reader. Errors found before any work (unknown bank, invalid ``response_schema``, a
+provider that cannot be built) are plain JSON errors, as without ``stream``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from heed.api.input_rules import IdPath
+from heed.api.middleware import CLIENT_DISCONNECTED
 from heed.api.openapi import UPSTREAM, event_stream
-from heed.api.sse import named_frame
+from heed.api.policies import DisconnectPolicy
+from heed.api.sse import journal_frames, sse_response
 from heed.api.wire import reflect as wire
 from heed.api.wire.memory_convert import engine_of
-from heed.errors import HeedError
-from heed.memory.models import FACT_TYPES, Bank, InvalidInput, StoredUnit
-from heed.reflect import ReflectAgent, ReflectOutcome, ReflectRequest, check_schema
-from heed.reflect.service import ReflectService
-from heed.runtime import OperationCancelled, run_in_thread, settle
+from heed.memory.models import FACT_TYPES, InvalidInput
+from heed.reflect import ReflectRequest, check_schema
+from heed.reflect.result import ResultShape, reflect_result
+from heed.runtime import current_context, run_in_thread
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}", tags=["reflect"])
-
-
-def _service(request: Request) -> ReflectService:
-    service: ReflectService = request.app.state.services.reflect
-    return service
 
 
 async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
@@ -76,61 +73,12 @@ async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
     )
 
 
-def _fact(unit: StoredUnit) -> wire.ReflectFact:
-    return wire.ReflectFact(
-        id=unit.id,
-        text=unit.text,
-        type=unit.fact_type,
-        context=unit.context,
-        occurred_start=unit.occurred_start,
-        occurred_end=unit.occurred_end,
-        mentioned_at=unit.mentioned_at,
-        document_id=unit.document_id,
-        chunk_id=unit.chunk_id,
-        tags=unit.tags,
-        metadata=unit.metadata,
-    )
-
-
-def _response(outcome: ReflectOutcome, body: wire.ReflectRequest) -> dict[str, Any]:
+def _shape(body: wire.ReflectRequest) -> ResultShape:
     include = body.include
-    usage = outcome.usage
-    response = wire.ReflectResponse(
-        text=outcome.text,
-        based_on=(
-            wire.ReflectBasedOn(memories=[_fact(u) for u in outcome.based_on])
-            if include is not None and include.facts is not None
-            else None
-        ),
-        structured_output=outcome.structured_output,
-        structured_output_error=outcome.structured_output_error,
-        usage=wire.TokenUsage(
-            input_tokens=usage.prompt_tokens,
-            output_tokens=usage.completion_tokens,
-            total_tokens=usage.total_tokens,
-        ),
-        trace=(
-            wire.ReflectTrace(
-                tool_calls=[
-                    wire.ReflectToolCall(
-                        tool=t.tool,
-                        input=t.input,
-                        output=t.output,
-                        duration_ms=t.duration_ms,
-                        iteration=t.iteration,
-                    )
-                    for t in outcome.tool_calls
-                ],
-                llm_calls=[
-                    wire.ReflectLLMCall(scope=c.scope, duration_ms=c.duration_ms)
-                    for c in outcome.llm_calls
-                ],
-            )
-            if include is not None and include.tool_calls is not None
-            else None
-        ),
+    return ResultShape(
+        facts=include is not None and include.facts is not None,
+        trace=include is not None and include.tool_calls is not None,
     )
-    return response.model_dump(mode="json")
 
 
 @router.post(
@@ -138,9 +86,11 @@ def _response(outcome: ReflectOutcome, body: wire.ReflectRequest) -> dict[str, A
     response_model=wire.ReflectResponse,
     responses={
         **event_stream(
-            "The answer; with `stream: true`, server-sent events instead: `tool_call`, "
-            "`tool_result`, `text_delta`, `answer`, then `done` (data: the whole response "
-            "object) or `error` (data: `detail` and `status`)."
+            "With `stream: true`: the journal of the reflect run, as from "
+            "`GET /v1/runs/{run_id}/stream` (`id`: its seq, `event`: its type): `started`, "
+            "`tool_call`, `tool_result`, `text_delta`, `message` (the answer), then `completed` "
+            "(`result`: the whole response object), `failed` (`error`, `status`) or "
+            "`cancelled`. The run id is in the `X-Heed-Run-Id` header."
         ),
         **UPSTREAM,
     },
@@ -149,46 +99,37 @@ async def reflect(bank_id: IdPath, body: wire.ReflectRequest, request: Request) 
     """Answer *query* from the bank's memories with the reflect agent loop."""
     engine_request = await _engine_request(body)
     bank = await engine_of(request).get_bank(bank_id)
-    agent = _service(request).agent()
+    services = request.app.state.services
+    agent = services.reflect.agent()  # a provider that cannot be built is a 400 here, not later
     if body.stream:
-        return StreamingResponse(
-            _stream(agent, bank, engine_request, body),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        run = await services.reflect_runs.submit(bank, engine_request, _shape(body))
+        return _stream(request, run.id, body.on_disconnect)
     outcome = await agent.run(bank, engine_request)
-    return JSONResponse(_response(outcome, body))
+    result = wire.ReflectResponse.model_validate(reflect_result(outcome, _shape(body)))
+    return JSONResponse(result.model_dump(mode="json"))
 
 
-async def _stream(
-    agent: ReflectAgent, bank: Bank, engine_request: ReflectRequest, body: wire.ReflectRequest
-) -> AsyncIterator[str]:
-    """The SSE frames of one streamed reflect (see the module docstring)."""
-    frames: asyncio.Queue[str] = asyncio.Queue()
+def _stream(request: Request, run_id: str, on_disconnect: DisconnectPolicy) -> Response:
+    """The reflect run's journal as SSE; a client that leaves before the terminal event
+    cancels the run unless it asked for ``on_disconnect: "continue"``."""
+    runs = request.app.state.services.runs
+    manager = runs.manager
+    token = current_context().token
+    journal = journal_frames(
+        manager.journal, run_id, 0, heartbeat=runs.settings.stream_heartbeat_seconds, token=token
+    )
 
-    async def listener(event: str, data: dict[str, Any]) -> None:
-        await frames.put(named_frame(event, data))
-
-    # The task inherits the request context, so the client leaving cancels its token.
-    work = asyncio.create_task(agent.run(bank, engine_request, listener), name="heed-reflect")
-    try:
-        while True:
-            get = asyncio.ensure_future(frames.get())
-            await asyncio.wait({get, work}, return_when=asyncio.FIRST_COMPLETED)
-            if get.done():
-                yield get.result()
-                continue
-            get.cancel()
-            while not frames.empty():
-                yield frames.get_nowait()
-            break
+    async def frames() -> AsyncIterator[str]:
         try:
-            outcome = work.result()
-        except OperationCancelled:
-            raise  # the client left: nothing to say, and nobody to say it to
-        except HeedError as exc:
-            yield named_frame("error", {"detail": exc.message, "status": exc.status_code})
-            return
-        yield named_frame("done", _response(outcome, body))
-    finally:
-        await settle(work)  # a stream closed early stops the work, and waits for it
+            async for frame in journal:
+                yield frame
+        finally:
+            # The journal ends at its terminal event, or early once the client left (the
+            # token is then cancelled); cancelling a finished run would change nothing.
+            if token.cancelled and on_disconnect == "cancel":
+                manager.cancel_soon(run_id, token.reason or CLIENT_DISCONNECTED)
+
+    return sse_response(
+        frames(),
+        headers={"X-Heed-Run-Id": run_id, "Content-Location": f"/v1/runs/{run_id}/stream"},
+    )

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -22,9 +21,8 @@ from starlette.responses import StreamingResponse
 
 from heed.api.input_rules import MAX_REASON_CHARS, IdPath
 from heed.api.openapi import event_stream
-from heed.api.sse import HEARTBEAT_FRAME, event_frames, named_frame, parse_cursor, sse_response
-from heed.runs.journal import Gap, Heartbeat
-from heed.runtime import current_context, current_token
+from heed.api.sse import journal_frames, parse_cursor, sse_response
+from heed.runtime import current_context
 from heed.sessions.wiring import RunServices
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -77,21 +75,11 @@ async def stream_run(
     """The run's journal as SSE; see the module docstring."""
     services = _runs(request)
     await services.manager.get(run_id, tenant=current_context().tenant)  # 404 first
-    cursor = parse_cursor(after, last_event_id)
-    heartbeat = services.settings.stream_heartbeat_seconds
-    journal = services.manager.journal
-    token = current_token()
-
-    async def frames() -> AsyncIterator[str]:
-        async for item in journal.follow(run_id, cursor, heartbeat=heartbeat, token=token):
-            if isinstance(item, Heartbeat):
-                yield HEARTBEAT_FRAME
-            elif isinstance(item, Gap):
-                yield named_frame(
-                    "gap",
-                    {"run_id": run_id, "after": item.after, "first_retained": item.first_retained},
-                )
-            else:
-                yield event_frames(item)
-
-    return sse_response(frames())
+    frames = journal_frames(
+        services.manager.journal,
+        run_id,
+        parse_cursor(after, last_event_id),
+        heartbeat=services.settings.stream_heartbeat_seconds,
+        token=current_context().token,
+    )
+    return sse_response(frames)

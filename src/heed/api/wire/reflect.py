@@ -49,6 +49,7 @@ class ReflectRequest(RequestBody):
     tag_groups: list[Any] | None = None
     fact_types: list[Tag] | None = None
     stream: bool = False
+    on_disconnect: Literal["cancel", "continue"] = "cancel"
 
 
 class ReflectFact(BaseModel):

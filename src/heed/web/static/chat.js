@@ -6,6 +6,7 @@
 // for which run a client may attach to (never a cancelling one).
 
 import { runs, sessions } from "./api.js";
+import { EVENT } from "./events.js";
 import { queue, runCache } from "./queue.js";
 import { TurnView } from "./render.js";
 import { followRun, followSession } from "./stream.js";
@@ -396,7 +397,7 @@ export class ChatView {
         this.finished.add(runId);
         this.logs.delete(runId);
         runCache.drop(runId);
-        if (event.type === "failed") showNotice("error", `The turn failed: ${event.data?.error ?? "error"}`);
+        if (event.type === EVENT.FAILED) showNotice("error", `The turn failed: ${event.data?.error ?? "error"}`);
         this.updateControls();
         this.pollStatus();
         if (gapped) {

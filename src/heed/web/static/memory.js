@@ -1,6 +1,7 @@
 // memory.js: the memory page of a bank: banks, retain, list, recall with its stage timings, reflect.
 
 import { memory } from "./api.js";
+import { EVENT, TERMINAL_EVENTS } from "./events.js";
 import { readSse } from "./stream.js";
 import { clear, describeError, formatTime, h, shorten } from "./ui.js";
 
@@ -394,35 +395,40 @@ export class MemoryPage {
     try {
       const response = await memory.reflectStream(this.bankId, query, { signal: abort.signal });
       await readSse(response, (message) => {
+        // Each frame is a journal event of the reflect run: {run_id, seq, type, ts, data}.
         let data = {};
         try {
-          data = JSON.parse(message.data);
+          data = JSON.parse(message.data).data ?? {};
         } catch {
           data = {};
         }
-        if (message.event === "tool_call") {
-          const input = data.input?.query ?? data.input?.memory_id ?? "";
+        if (message.event === EVENT.TOOL_CALL) {
+          const input = data.arguments?.query ?? data.arguments?.memory_id ?? "";
           this.reflectSteps.append(
-            h("li", { class: "step" }, h("span", { class: "tool-name" }, data.tool ?? "tool"), input ? ` “${shorten(input, 60)}”` : ""),
+            h("li", { class: "step" }, h("span", { class: "tool-name" }, data.name ?? "tool"), input ? ` “${shorten(input, 60)}”` : ""),
           );
-        } else if (message.event === "tool_result") {
+        } else if (message.event === EVENT.TOOL_RESULT) {
           const last = this.reflectSteps.lastElementChild;
-          const found = Array.isArray(data.memories) ? `${data.memories.length} memories` : data.error ? `error: ${data.error}` : "done";
+          const output = data.output ?? {};
+          const found = Array.isArray(output.memories) ? `${output.memories.length} memories` : output.error ? `error: ${output.error}` : "done";
           if (last) last.append(h("span", { class: "muted" }, ` → ${found}`));
-        } else if (message.event === "text_delta") {
+        } else if (message.event === EVENT.TEXT_DELTA) {
           if (data.iteration !== iteration) {
             iteration = data.iteration;
             clear(this.reflectAnswer);
           }
           this.reflectAnswer.append(document.createTextNode(data.text ?? ""));
-        } else if (message.event === "answer") {
+        } else if (message.event === EVENT.MESSAGE) {
           this.reflectAnswer.textContent = data.text ?? "";
-        } else if (message.event === "done") {
+        } else if (message.event === EVENT.COMPLETED) {
           settled = true;
-          this.showReflectAnswer(data, started);
-        } else if (message.event === "error") {
+          this.showReflectAnswer(data.result, started);
+        } else if (message.event === EVENT.FAILED) {
           settled = true;
-          status(this.reflectStatus, `${data.status ?? "error"}: ${data.detail ?? "reflect failed"}`, "error");
+          status(this.reflectStatus, `${data.status ?? "error"}: ${data.error ?? "reflect failed"}`, "error");
+        } else if (TERMINAL_EVENTS.has(message.event)) {
+          settled = true;
+          status(this.reflectStatus, `Stopped: ${data.reason ?? message.event}.`, "");
         }
       });
       if (!settled) status(this.reflectStatus, "The answer was cut off: the connection closed early.", "error");

@@ -1,9 +1,9 @@
 // render.js: THE renderer of a turn. Stored transcript messages, replayed journal events and live
 // journal events all go through TurnView, so a replay and a live stream draw the same thing.
 
+import { EVENT, TERMINAL_EVENTS } from "./events.js";
 import { h, shorten } from "./ui.js";
 
-const TEXT_EVENTS = new Set(["token", "text", "delta", "text_delta", "assistant_delta", "content"]);
 const STATUS_LABELS = {
   running: "streaming…",
   queued: "waiting…",
@@ -15,11 +15,7 @@ const STATUS_LABELS = {
 };
 
 function textOf(data) {
-  if (typeof data === "string") return data;
-  for (const key of ["text", "delta", "content", "token"]) {
-    if (typeof data?.[key] === "string") return data[key];
-  }
-  return "";
+  return typeof data?.text === "string" ? data.text : "";
 }
 
 function argsSummary(args) {
@@ -176,26 +172,22 @@ export class TurnView {
   apply(event) {
     const type = event.type;
     const data = event.data ?? {};
-    if (TEXT_EVENTS.has(type)) {
+    if (type === EVENT.TEXT_DELTA) {
       if (this.phase === null) this.setPhase("running");
       this.appendText(textOf(data));
-    } else if (type === "turn_started" || type === "started" || type === "run_started") {
+    } else if (type === EVENT.STARTED) {
       this.setPhase("running");
-      const message = data.message ?? data.content ?? data.user_message ?? data.input;
-      if (this.user.hidden) this.setUser(typeof message === "string" ? message : "", data.source);
-    } else if (type === "user_message") {
+    } else if (type === EVENT.USER_MESSAGE) {
       if (this.user.hidden) this.setUser(textOf(data), data.source);
-    } else if (type === "tool_call") {
-      this.addTool({ id: data.id ?? data.call_id ?? data.tool_call_id, name: data.name, arguments: data.arguments });
-    } else if (type === "tool_result") {
-      const id = data.id ?? data.call_id ?? data.tool_call_id;
-      const isError = data.ok === false || Boolean(data.error) || data.is_error === true;
-      this.setToolResult(id, data.error ?? data.content ?? data.result ?? data.output, isError);
-    } else if (type === "message" || type === "assistant_message") {
+    } else if (type === EVENT.TOOL_CALL) {
+      this.addTool({ id: data.id, name: data.name, arguments: data.arguments });
+    } else if (type === EVENT.TOOL_RESULT) {
+      this.setToolResult(data.id, data.content ?? data.output, data.ok === false);
+    } else if (type === EVENT.MESSAGE) {
       // The final message repeats the streamed text; only use it when nothing streamed.
       if (!this.body.querySelector(".text")) this.appendText(textOf(data));
-    } else if (type === "completed" || type === "cancelled" || type === "failed" || type === "interrupted") {
-      this.setPhase(type, data.error ?? data.reason ?? data.detail);
+    } else if (TERMINAL_EVENTS.has(type)) {
+      this.setPhase(type, data.error ?? data.reason);
     }
   }
 

@@ -5,6 +5,7 @@
 // connection is closed on purpose: by close(), by a terminal event, or by the watchdog when the
 // server has been silent for longer than its heartbeats allow (a lost network).
 
+import { TERMINAL_EVENTS } from "./events.js";
 import { errorFrom } from "./api.js";
 import { sleep } from "./ui.js";
 
@@ -192,7 +193,6 @@ export async function readSse(response, onMessage) {
   }
 }
 
-export const TERMINAL_EVENTS = new Set(["completed", "failed", "cancelled", "interrupted"]);
 
 function parseData(text) {
   try {
