@@ -99,8 +99,7 @@ class Services:
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
         sessions = SessionService(session_store, manager)
-        memory = self.memory
-        tools = TurnTools(lambda: memory, sessions.start_task)
+        tools = TurnTools(self.memory, sessions.start_task)
         turn_provider = ProviderSlot(lambda: _turn_provider(settings))
         turns = TurnRunner(
             session_store,

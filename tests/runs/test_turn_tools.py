@@ -80,7 +80,7 @@ async def test_without_a_memory_engine_the_tools_say_so() -> None:
     async def no_tasks(session_id: str, tenant: str, payload: dict[str, object]) -> str:
         raise AssertionError("not called")
 
-    tools = TurnTools(lambda: None, no_tasks)
+    tools = TurnTools(None, no_tasks)
     for name, args in (("recall", {"query": "x"}), ("retain", {"content": "x"})):
         result = await tools.call(name, args, session_id="s", tenant="t", bank_id="b")
         assert result.ok is False and result.content == NO_MEMORY_ENGINE

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from heed.llm.base import ToolSpec
+from heed.memory import MemoryEngine
 from heed.runtime import reraise_cancellation
 
 __all__ = ["NO_MEMORY_ENGINE", "TOOL_SPECS", "ToolResult", "TurnTools"]
@@ -82,7 +83,7 @@ TaskStarter = Callable[[str, str, dict[str, Any]], Awaitable[str]]
 class TurnTools:
     """Runs the turn tools for one server. *memory* returns the engine or ``None``."""
 
-    def __init__(self, memory: Callable[[], Any], start_task: TaskStarter) -> None:
+    def __init__(self, memory: MemoryEngine | None, start_task: TaskStarter) -> None:
         self._memory = memory
         self._start_task = start_task
 
@@ -110,8 +111,8 @@ class TurnTools:
             log.info("tool %s failed in session %s", name, session_id, exc_info=True)
             return ToolResult(False, f"{name} failed: {type(exc).__name__}: {exc}")
 
-    def _engine_and_bank(self, bank_id: str | None) -> tuple[Any, str] | ToolResult:
-        engine = self._memory()
+    def _engine_and_bank(self, bank_id: str | None) -> tuple[MemoryEngine, str] | ToolResult:
+        engine = self._memory
         if engine is None:
             return ToolResult(False, NO_MEMORY_ENGINE)
         if not bank_id:
