@@ -41,6 +41,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -147,10 +149,10 @@ def _config(known: dict[str, list[str]]) -> schemathesis.Config:
     )
 
 
-@pytest.fixture(scope="module")
-def contract_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+@contextmanager
+def _server(data_dir: Path) -> Iterator[LiveServer]:
     settings_ = Settings(
-        data_dir=tmp_path_factory.mktemp("contract") / "data",
+        data_dir=data_dir,
         llm_provider="scripted",
         llm_script=json.dumps({"token_delay": 0, "replies": []}),  # echo, at once
         stream_heartbeat_seconds=0.5,
@@ -159,13 +161,30 @@ def contract_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSe
         yield server
 
 
+def _schema_of(server: LiveServer) -> BaseSchema:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        known = _seed(client)
+    return schemathesis.openapi.from_url(f"{server.url}/openapi.json", config=_config(known))
+
+
+@pytest.fixture(scope="module")
+def contract_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with _server(tmp_path_factory.mktemp("contract") / "data") as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def api_schema(contract_server: LiveServer) -> BaseSchema:
-    with httpx.Client(base_url=contract_server.url, timeout=30) as client:
-        known = _seed(client)
-    return schemathesis.openapi.from_url(
-        f"{contract_server.url}/openapi.json", config=_config(known)
-    )
+    return _schema_of(contract_server)
+
+
+@pytest.fixture
+def fresh_schema(tmp_path: Path) -> Iterator[BaseSchema]:
+    """A schema over a server of its own: the stateful machine draws its next step from
+    what the server answered, so it needs answers that do not depend on earlier tests
+    (hypothesis otherwise stops with FlakyStrategyDefinition)."""
+    with _server(tmp_path / "data") as server:
+        yield _schema_of(server)
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
@@ -202,11 +221,11 @@ def test_deletions_match_the_document(case: schemathesis.Case) -> None:
     case.call_and_validate()
 
 
-def test_sequences_of_calls_keep_their_promises(api_schema: BaseSchema) -> None:
+def test_sequences_of_calls_keep_their_promises(fresh_schema: BaseSchema) -> None:
     """Stateful: chains of calls linked by the ids one answer gives the next request
     (create a session, then read, rename, delete it...), checked like every single call,
     plus use-after-free (gone after DELETE) and availability (there after create)."""
-    machine = api_schema.as_state_machine()
+    machine = fresh_schema.as_state_machine()
     machine.run(
         settings=settings(
             max_examples=EXAMPLES,

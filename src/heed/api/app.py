@@ -48,7 +48,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         finally:
             await services.close()
 
-    app = FastAPI(title="heed", version=__version__, lifespan=lifespan)
+    # No redirect_slashes: an id ending in "/" would be redirected to another object's URL.
+    app = FastAPI(title="heed", version=__version__, lifespan=lifespan, redirect_slashes=False)
     app.state.services = services
     app.state.metrics = Metrics(services.lanes)
     app.state.burn_records = OrderedDict()

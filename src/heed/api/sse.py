@@ -75,22 +75,33 @@ MAX_CURSOR = 2**62
 it: it still means "after everything so far" and never reaches the store as an overflow."""
 
 
-def parse_cursor(after: str | None, last_event_id: str | None) -> int:
-    """The resume cursor: ``?after=N`` wins over ``Last-Event-ID``.
+_ASCII_SPACE: Final = " \t\r\n\x0b\x0c"
 
-    Malformed or negative is 0; anything above :data:`MAX_CURSOR` is clamped to it, and digit
-    strings too long to be a sequence number are not parsed at all.
+
+def parse_cursor(after: str | None, last_event_id: str | None) -> int:
+    """The resume cursor: ``?after=N`` wins over ``Last-Event-ID``; blank means not given.
+
+    A cursor is ASCII digits with an optional leading ``-`` (ASCII whitespace around it is
+    ignored). Anything else -- ``1_0``, ``+3``, non-ASCII digits, ``3.0`` -- is malformed
+    and means 0, and so does a negative one; above :data:`MAX_CURSOR` (or with more digits
+    than a sequence number can have) it is clamped to it. Python's ``int()`` is not used:
+    it reads all of those lookalikes as numbers.
     """
     for raw in (after, last_event_id):
-        if raw is None or raw.strip() == "":
+        if raw is None:
             continue
-        text = raw.strip()
-        if text.isdigit() and len(text) > 19:
-            return MAX_CURSOR
-        try:
-            return min(MAX_CURSOR, max(0, int(text)))
-        except ValueError:
+        text = raw.strip(_ASCII_SPACE)
+        if text == "":
+            continue
+        negative = text.startswith("-")
+        digits = text[1:] if negative else text
+        if not (digits.isascii() and digits.isdigit()):
             return 0
+        if negative:
+            return 0
+        if len(digits) > 19:
+            return MAX_CURSOR
+        return min(MAX_CURSOR, int(digits))
     return 0
 
 

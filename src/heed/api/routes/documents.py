@@ -3,15 +3,30 @@
 A document id may contain ``/`` (a file path is a natural id): the routes take
 the rest of the path as the id, so ``.../documents/dir/sub/doc`` (or its
 ``%2F``-escaped form) reads and deletes what ``document_id: "dir/sub/doc"`` wrote.
+
+Any character, a line feed too. Starlette's ``path`` convertor is ``.*`` under ``^...$``:
+an id holding a line feed (``%0A``) matched no route, so it was written and then never
+readable or deletable, and ``doc%0A`` matched ``doc`` (``$`` also matches before a final line
+feed). The ``document_path`` convertor is ``.*`` with DOTALL: the whole rest of the path.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import engine_of
+
+
+class DocumentPathConvertor(PathConvertor):
+    """The rest of the path, line feeds included (see the module docstring)."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("document_path", DocumentPathConvertor())
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"])
 
@@ -49,7 +64,7 @@ async def list_documents(
     )
 
 
-@router.get("/{document_id:path}")
+@router.get("/{document_id:document_path}")
 async def get_document(
     bank_id: IdPath, document_id: IdPath, request: Request
 ) -> wire.DocumentResponse:
@@ -71,7 +86,7 @@ async def get_document(
     )
 
 
-@router.delete("/{document_id:path}")
+@router.delete("/{document_id:document_path}")
 async def delete_document(
     bank_id: IdPath, document_id: IdPath, request: Request
 ) -> wire.DeleteDocumentResponse:
