@@ -41,7 +41,12 @@ LANE_NAMES = ("recall", "reflect", "retain", "turn")
 def build_lanes(settings: Settings) -> Lanes:
     """One lane per kind of work, sized from settings."""
     return Lanes(
-        Lane(name, getattr(settings, f"{name}_concurrency"), getattr(settings, f"{name}_queue"))
+        Lane(
+            name,
+            getattr(settings, f"{name}_concurrency"),
+            getattr(settings, f"{name}_queue"),
+            max_wait=getattr(settings, f"{name}_max_wait_seconds"),
+        )
         for name in LANE_NAMES
     )
 

@@ -46,6 +46,17 @@ class Settings(BaseSettings):
         default=12.0, gt=0, description="How long a web UI login lasts."
     )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    max_in_flight: int = Field(
+        default=128,
+        ge=1,
+        description="Requests being worked on at once (until their response starts); past it "
+        "a request is refused with 503 before its body is read.",
+    )
+    tenant_max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="The most of those one tenant may hold (default: three quarters).",
+    )
 
     # Lanes: concurrent slots and queue length per kind of work.
     recall_concurrency: int = Field(default=4, ge=1)
@@ -56,6 +67,12 @@ class Settings(BaseSettings):
     retain_queue: int = Field(default=32, ge=0)
     turn_concurrency: int = Field(default=8, ge=1)
     turn_queue: int = Field(default=64, ge=0)
+    #: Longest a piece of work may wait for a lane slot (expected or actual) before the lane
+    #: sheds it with a 503; ``None``: bounded by the queue length only.
+    recall_max_wait_seconds: float | None = Field(default=2.0, gt=0)
+    reflect_max_wait_seconds: float | None = Field(default=30.0, gt=0)
+    retain_max_wait_seconds: float | None = Field(default=60.0, gt=0)
+    turn_max_wait_seconds: float | None = Field(default=None, gt=0)
     offload_threads: int = Field(default=32, ge=1)
 
     # Runs and streams (heed.runs, heed.sessions).

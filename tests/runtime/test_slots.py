@@ -6,7 +6,14 @@ import asyncio
 
 import pytest
 
-from heed.runtime import CancellationToken, Lane, LaneFull, OperationCancelled
+from heed.runtime import (
+    CancellationToken,
+    Lane,
+    LaneFull,
+    OperationCancelled,
+    RequestContext,
+    use_context,
+)
 
 
 async def test_slots_bound_concurrency_and_queue_is_fifo() -> None:
@@ -139,3 +146,82 @@ def test_lane_rejects_bad_sizes() -> None:
         Lane("x", capacity=0, max_queue=1)
     with pytest.raises(ValueError):
         Lane("x", capacity=1, max_queue=-1)
+
+
+def _as(tenant: str) -> RequestContext:
+    return RequestContext(tenant=tenant, token=CancellationToken())
+
+
+async def _hold_until(lane: Lane, tenant: str, release: asyncio.Event, order: list[str]) -> None:
+    with use_context(_as(tenant)):
+        async with lane.slot():
+            order.append(tenant)
+            await release.wait()
+
+
+async def test_freed_slots_go_round_robin_over_waiting_tenants() -> None:
+    lane = Lane("recall", capacity=1, max_queue=100)
+    order: list[str] = []
+    release = asyncio.Event()
+    blocker = asyncio.create_task(_hold_until(lane, "storm", asyncio.Event(), []))
+    await asyncio.sleep(0)
+
+    async def quick(tenant: str) -> None:
+        with use_context(_as(tenant)):
+            async with lane.slot():
+                order.append(tenant)
+
+    storm = [asyncio.create_task(quick("storm")) for _ in range(10)]
+    await asyncio.sleep(0)
+    calm = asyncio.create_task(quick("calm"))  # arrives after ten of the storm's
+    await asyncio.sleep(0)
+    blocker.cancel()
+    await asyncio.gather(*storm, calm, return_exceptions=True)
+    release.set()
+    # FIFO would put "calm" last; fairness lets it in right after the storm's first waiter.
+    assert order.index("calm") <= 1
+    assert order.count("storm") == 10
+
+
+async def test_a_full_queue_refuses_the_busiest_tenant_not_the_newcomer() -> None:
+    lane = Lane("recall", capacity=1, max_queue=4)
+    release = asyncio.Event()
+    order: list[str] = []
+    holder = asyncio.create_task(_hold_until(lane, "storm", release, order))
+    await asyncio.sleep(0)
+    storm = [asyncio.create_task(_hold_until(lane, "storm", release, order)) for _ in range(4)]
+    await asyncio.sleep(0)
+    assert lane.stats().queued == 4
+    calm = asyncio.create_task(_hold_until(lane, "calm", release, order))
+    await asyncio.sleep(0)
+    displaced = storm[-1]
+    with pytest.raises(LaneFull, match="this tenant holds most of its queue"):
+        await displaced
+    assert lane.stats().queued == 4 and lane.stats().shed_total == 1
+    release.set()
+    await asyncio.gather(holder, *storm[:-1], calm)
+    assert order.count("calm") == 1 and order.count("storm") == 4
+    # a lone tenant filling the queue is refused as before (nobody to displace)
+    assert lane.stats().rejected_total == 0
+
+
+async def test_the_expected_wait_sheds_at_once_and_a_long_wait_is_shed() -> None:
+    lane = Lane("recall", capacity=1, max_queue=100, max_wait=0.3)
+    # teach the lane that a slot is held ~0.2 s
+    async with lane.slot():
+        await asyncio.sleep(0.2)
+    release = asyncio.Event()
+    holder = asyncio.create_task(_hold_until(lane, "a", release, []))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(_hold_until(lane, "a", release, []))  # expected 0.2 s: queues
+    await asyncio.sleep(0)
+    assert lane.stats().queued == 1
+    with pytest.raises(LaneFull, match="would make this wait"):
+        async with lane.slot():  # expected 0.4 s > 0.3 s: shed before it queues
+            pass
+    # the queued one is shed once it has waited max_wait
+    with pytest.raises(LaneFull, match="kept this waiting"):
+        await asyncio.wait_for(waiting, 2)
+    assert lane.stats().queued == 0 and lane.stats().shed_total == 2
+    release.set()
+    await holder

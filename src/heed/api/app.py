@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from heed.api.admission import Admission
 from heed.api.auth import Authenticator
 from heed.api.drain import Drain
 from heed.api.errors import install_error_handlers
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.burn_records = OrderedDict()
     app.state.authenticator = authenticator_of(settings)
     app.state.drain = Drain()
+    app.state.admission = Admission(settings.max_in_flight, settings.tenant_max_in_flight)
     install_error_handlers(app)
     app.state.retain_operations = services.retain_operations
     for memory_router in (banks, memories, documents, operations, reflect):
@@ -74,6 +76,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         authenticator=app.state.authenticator,
         max_body_bytes=settings.max_body_bytes,
         drain=app.state.drain,
+        admission=app.state.admission,
     )
     return app
 

@@ -47,6 +47,7 @@ async def _cancelled(request: Request, exc: Exception) -> JSONResponse:
 
 async def _lane_full(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LaneFull)
+    request.app.state.metrics.record_overload("lane")
     return JSONResponse(
         {"detail": str(exc), "lane": exc.lane, "retry_after": exc.retry_after},
         status_code=503,

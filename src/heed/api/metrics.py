@@ -62,7 +62,7 @@ class _LaneCollector(Collector):
             gauges["in_use"].add_metric([stats.name], stats.in_use)
             gauges["queued"].add_metric([stats.name], stats.queued)
             gauges["abandoned"].add_metric([stats.name], stats.abandoned)
-            rejected.add_metric([stats.name], stats.rejected_total)
+            rejected.add_metric([stats.name], stats.rejected_total + stats.shed_total)
             dequeued.add_metric([stats.name], stats.cancelled_in_queue_total)
         yield from gauges.values()
         yield rejected
@@ -98,6 +98,13 @@ class Metrics:
             ["route"],
             registry=self.registry,
         )
+        self.overload = Counter(
+            "heed_overload_refusals",
+            "Requests refused with 503 before any work: in_flight (the edge bound) or lane "
+            "(a lane shed them: full, or its expected wait too long)",
+            ["where"],
+            registry=self.registry,
+        )
         self.registry.register(_LaneCollector(lanes))
         self._reasons: set[str] = set()
 
@@ -107,6 +114,10 @@ class Metrics:
         status = status if 100 <= status <= 599 else 500
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
+
+    def record_overload(self, where: str) -> None:
+        """Count one request refused for load (``in_flight`` or ``lane``)."""
+        self.overload.labels(where).inc()
 
     def record_cancellation(self, reason: str) -> None:
         """Count one cancellation by reason (folded to ``other`` past the bound)."""

@@ -6,14 +6,17 @@ exactly that to everything inside it). For each HTTP request it:
 
 1. refuses new work while the server drains for shutdown (503, ``Retry-After``);
 2. authenticates (:mod:`heed.api.auth`: bearer key, UI cookie, Host allow-list);
-3. reads the body, answering 413 once it passes ``max_body_bytes``, and 400 when
+3. admits it (:mod:`heed.api.admission`): past the in-flight bound, in total or for the
+   caller's tenant, it is refused with 503 and ``Retry-After`` before its body is read;
+   the place is given back when the response starts;
+4. reads the body, answering 413 once it passes ``max_body_bytes``, and 400 when
    it breaks the text rule (:mod:`heed.api.input_rules`);
-4. creates the request's :class:`~heed.runtime.CancellationToken` and
+5. creates the request's :class:`~heed.runtime.CancellationToken` and
    :class:`~heed.runtime.RequestContext` and makes it the active context;
-5. owns ``receive``: a watcher task waits for ``http.disconnect`` and cancels the
+6. owns ``receive``: a watcher task waits for ``http.disconnect`` and cancels the
    token the moment it arrives (no polling), and the app's own ``receive``
    calls are served from what the watcher read;
-6. records the outcome: ``OperationCancelled`` escaping the app becomes 499,
+7. records the outcome: ``OperationCancelled`` escaping the app becomes 499,
    which is logged with its reason and counted as a cancellation, not a failure.
 
 Routes opt out of cancel-on-disconnect with
@@ -31,7 +34,8 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from heed.api.auth import Authenticator, Refusal
+from heed.api.admission import Admission
+from heed.api.auth import Authenticator, Identity, Refusal
 from heed.api.drain import Drain
 from heed.api.input_rules import body_problem
 from heed.api.metrics import Metrics
@@ -43,6 +47,8 @@ __all__ = ["CLIENT_DISCONNECTED", "RequestLifecycleMiddleware"]
 CLIENT_DISCONNECTED: Final = "client disconnected"
 STATUS_CLIENT_CLOSED: Final = 499
 _OFFLOAD_BODY_BYTES: Final = 64 * 1024
+#: Cheap answers that must stay available under any load (load balancers, scrapers).
+_NOT_ADMITTED: Final = frozenset({"/health", "/metrics"})
 
 log = logging.getLogger("heed.http")
 
@@ -142,12 +148,14 @@ class RequestLifecycleMiddleware:
         authenticator: Authenticator,
         max_body_bytes: int,
         drain: Drain | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.authenticator = authenticator
         self.max_body_bytes = max_body_bytes
         self.drain = drain or Drain()
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -186,7 +194,34 @@ class RequestLifecycleMiddleware:
             headers = [(b"www-authenticate", b"Bearer")] if identity.status == 401 else []
             await _send_json(send, identity.status, _detail(identity.message), headers)
             return
+        if self.admission is None or scope.get("path") in _NOT_ADMITTED:
+            await self._admitted(scope, receive, send, status_holder, identity)
+            return
+        ticket = self.admission.enter(identity.tenant)
+        if isinstance(ticket, str):
+            self.metrics.record_overload("in_flight")
+            await _send_json(send, 503, _detail(ticket), [(b"retry-after", b"1")])
+            return
+        admission = self.admission
 
+        async def send_then_leave(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                admission.leave(ticket)  # answering: no longer the expensive part
+            await send(message)
+
+        try:
+            await self._admitted(scope, receive, send_then_leave, status_holder, identity)
+        finally:
+            admission.leave(ticket)
+
+    async def _admitted(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status_holder: dict[str, Any],
+        identity: Identity,
+    ) -> None:
         if self._declared_length(scope) > self.max_body_bytes:
             await _send_json(send, 413, _detail(self._too_large_message()), [])
             return

@@ -10,7 +10,15 @@ number of slots and a bounded queue. The rules:
   4 pieces of real work in flight.
 - Work whose token is cancelled while it waits in the queue leaves the queue at
   once and never starts.
-- A full queue rejects at once with :class:`LaneFull`, which carries a
+- **Fair between tenants.** Waiters queue per tenant (the active context's), and
+  freed slots go round-robin over the tenants that wait, so one tenant's storm
+  delays its own requests, not everybody's. When the queue is full, the newcomer
+  of a tenant with fewer waiters than the busiest tenant takes the place of that
+  tenant's newest waiter, which is refused instead.
+- **Sheds rather than queues.** A full queue refuses at once, and so does a queue
+  whose expected wait (waiters ahead / capacity x the recent slot hold time, an
+  exponential moving average) exceeds ``max_wait``; a waiter still waiting after
+  ``max_wait`` is refused too. Refusal is :class:`LaneFull`, with a
   ``retry_after`` hint (the HTTP layer answers 503 with ``Retry-After``).
 
 Lanes are used from one event loop; the token may be cancelled from any thread.
@@ -20,22 +28,26 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from heed.runtime.cancellation import CancellationToken, OperationCancelled
-from heed.runtime.context import current_token
+from heed.runtime.context import _current
 
 __all__ = ["Lane", "LaneFull", "LaneStats", "Lanes"]
 
+#: Weight of the newest slot hold time in the moving average.
+_EWMA_WEIGHT = 0.2
+
 
 class LaneFull(Exception):
-    """The lane's queue is full; the caller should retry after ``retry_after`` seconds."""
+    """The lane sheds this work; the caller should retry after ``retry_after`` seconds."""
 
-    def __init__(self, lane: str, retry_after: int) -> None:
-        super().__init__(f"the {lane} lane is at capacity; retry after {retry_after} s")
+    def __init__(self, lane: str, retry_after: int, why: str = "is at capacity") -> None:
+        super().__init__(f"the {lane} lane {why}; retry after {retry_after} s")
         self.lane = lane
         self.retry_after = retry_after
 
@@ -53,31 +65,58 @@ class LaneStats:
     """Slots still held by work whose token was cancelled (it has not stopped yet)."""
     rejected_total: int
     cancelled_in_queue_total: int
+    shed_total: int = 0
+    """Work refused for its expected or actual queue wait, or displaced by fairness."""
+    hold_seconds: float = 0.0
+    """The moving average of how long a slot is held."""
 
 
 class _Slot:
-    __slots__ = ("token",)
+    __slots__ = ("granted_at", "token")
 
     def __init__(self, token: CancellationToken | None) -> None:
         self.token = token
+        self.granted_at = time.monotonic()
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    future: asyncio.Future[_Slot]
+    token: CancellationToken | None
+    tenant: str
+    enqueued_at: float = field(default_factory=time.monotonic)
 
 
 class Lane:
-    """A bounded pool of slots with a bounded FIFO queue."""
+    """A bounded pool of slots with a bounded, tenant-fair queue (see the module docstring)."""
 
-    def __init__(self, name: str, capacity: int, max_queue: int, retry_after: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        max_queue: int,
+        retry_after: int = 1,
+        max_wait: float | None = None,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"lane {name!r} needs capacity >= 1, got {capacity}")
         if max_queue < 0:
             raise ValueError(f"lane {name!r} needs max_queue >= 0, got {max_queue}")
+        if max_wait is not None and max_wait <= 0:
+            raise ValueError(f"lane {name!r} needs max_wait > 0 or None, got {max_wait}")
         self.name = name
         self.capacity = capacity
         self.max_queue = max_queue
         self.retry_after = retry_after
+        self.max_wait = max_wait
         self._held: set[_Slot] = set()
-        self._waiters: deque[tuple[asyncio.Future[_Slot], CancellationToken | None]] = deque()
+        #: Waiters per tenant, in arrival order; the dict's order is the round-robin ring.
+        self._queues: dict[str, deque[_Waiter]] = {}
+        self._queued = 0
+        self._hold_seconds = 0.0
         self._rejected_total = 0
         self._cancelled_in_queue_total = 0
+        self._shed_total = 0
 
     # -- counters ----------------------------------------------------------------
 
@@ -88,11 +127,19 @@ class Lane:
             capacity=self.capacity,
             max_queue=self.max_queue,
             in_use=len(held),
-            queued=sum(1 for w, _ in self._waiters if not w.done()),
+            queued=self._queued,
             abandoned=sum(1 for s in held if s.token is not None and s.token.cancelled),
             rejected_total=self._rejected_total,
             cancelled_in_queue_total=self._cancelled_in_queue_total,
+            shed_total=self._shed_total,
+            hold_seconds=self._hold_seconds,
         )
+
+    def expected_wait(self) -> float:
+        """Seconds a newcomer would wait now (0 when a slot is free)."""
+        if len(self._held) < self.capacity and not self._queued:
+            return 0.0
+        return math.ceil((self._queued + 1) / self.capacity) * self._hold_seconds
 
     # -- acquiring ---------------------------------------------------------------
 
@@ -100,54 +147,104 @@ class Lane:
     async def slot(self, token: CancellationToken | None = None) -> AsyncIterator[None]:
         """Hold a slot for the duration of the block.
 
-        *token* defaults to the active request context's token. Raises
-        :class:`LaneFull` when the queue is full, and :class:`OperationCancelled`
-        if the token is cancelled before a slot is granted (the work never
-        starts). The slot is released when the block exits, whatever the reason.
+        *token* defaults to the active request context's token; the waiter's tenant is
+        the active context's. Raises :class:`LaneFull` when the lane sheds the work,
+        and :class:`OperationCancelled` if the token is cancelled before a slot is
+        granted (the work never starts). The slot is released when the block exits,
+        whatever the reason.
         """
-        if token is None:
-            token = current_token()
-        slot = await self._acquire(token)
+        ctx = _current.get()
+        if token is None and ctx is not None:
+            token = ctx.token
+        slot = await self._acquire(token, ctx.tenant if ctx is not None else "")
         try:
             yield
         finally:
             self._release(slot)
 
-    async def _acquire(self, token: CancellationToken | None) -> _Slot:
+    async def _acquire(self, token: CancellationToken | None, tenant: str) -> _Slot:
         if token is not None:
             token.raise_if_cancelled()
-        if len(self._held) < self.capacity and not self._waiters:
+        if len(self._held) < self.capacity and not self._queued:
             return self._grant(token)
-        if len(self._waiters) >= self.max_queue:
+        expected = self.expected_wait()
+        if self.max_wait is not None and expected > self.max_wait:
+            self._shed_total += 1
+            raise LaneFull(
+                self.name,
+                max(1, math.ceil(expected - self.max_wait)),
+                f"would make this wait {expected:.1f} s (the limit is {self.max_wait:g} s)",
+            )
+        if self._queued >= self.max_queue and not self._displace_for(tenant):
             self._rejected_total += 1
             raise LaneFull(self.name, self._retry_after_hint())
 
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[_Slot] = loop.create_future()
-        self._waiters.append((waiter, token))
+        waiter = _Waiter(loop.create_future(), token, tenant)
+        self._queues.setdefault(tenant, deque()).append(waiter)
+        self._queued += 1
 
         def abandon(reason: str) -> None:
             def fail() -> None:
-                if not waiter.done():
-                    waiter.set_exception(OperationCancelled(reason))
+                if not waiter.future.done():
+                    waiter.future.set_exception(OperationCancelled(reason))
 
             loop.call_soon_threadsafe(fail)
 
         handle = token.on_cancel(abandon) if token is not None else None
+        timer = (
+            loop.call_later(self.max_wait, self._shed_late, waiter)
+            if self.max_wait is not None
+            else None
+        )
         try:
-            return await waiter
+            return await waiter.future
         except OperationCancelled:
             self._cancelled_in_queue_total += 1
             raise
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.future.done() and not waiter.future.cancelled():
                 # A slot was granted just as the awaiting task was cancelled: give it back.
-                self._release(waiter.result())
+                self._release(waiter.future.result())
             raise
         finally:
             if handle is not None:
                 handle.remove()
-            self._remove_waiter(waiter)
+            if timer is not None:
+                timer.cancel()
+            self._remove(waiter)
+
+    def _displace_for(self, tenant: str) -> bool:
+        """Make room for *tenant* in a full queue by refusing the newest waiter of the tenant
+        with the most waiters, if that tenant has more than *tenant* would. Fairness, not
+        arrival order, decides who is refused."""
+        mine = len(self._queues.get(tenant, ()))
+        busiest = max(self._queues, key=lambda t: len(self._queues[t]), default=None)
+        if busiest is None or busiest == tenant or len(self._queues[busiest]) <= mine + 1:
+            return False
+        victim = self._queues[busiest][-1]
+        self._remove(victim)
+        self._shed_total += 1
+        if not victim.future.done():
+            victim.future.set_exception(
+                LaneFull(
+                    self.name,
+                    self._retry_after_hint(),
+                    "is full and this tenant holds most of its queue",
+                )
+            )
+        return True
+
+    def _shed_late(self, waiter: _Waiter) -> None:
+        if waiter.future.done():
+            return
+        self._remove(waiter)
+        self._shed_total += 1
+        waiter.future.set_exception(
+            LaneFull(
+                self.name, self._retry_after_hint(), f"kept this waiting over {self.max_wait:g} s"
+            )
+        )
 
     def _grant(self, token: CancellationToken | None) -> _Slot:
         slot = _Slot(token)
@@ -155,19 +252,43 @@ class Lane:
         return slot
 
     def _release(self, slot: _Slot) -> None:
+        if slot not in self._held:
+            return
         self._held.discard(slot)
-        # Hand freed slots to the oldest waiters still waiting; the slot is
-        # counted as held from this moment, not from when the waiter resumes.
-        while self._waiters and len(self._held) < self.capacity:
-            waiter, token = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(self._grant(token))
+        held = time.monotonic() - slot.granted_at
+        self._hold_seconds = (
+            held
+            if self._hold_seconds == 0.0
+            else (1 - _EWMA_WEIGHT) * self._hold_seconds + _EWMA_WEIGHT * held
+        )
+        # Hand freed slots to waiters, one tenant at a time in turn; the slot is counted
+        # as held from this moment, not from when the waiter resumes.
+        while self._queued and len(self._held) < self.capacity:
+            waiter = self._next_waiter()
+            if not waiter.future.done():
+                waiter.future.set_result(self._grant(waiter.token))
 
-    def _remove_waiter(self, waiter: asyncio.Future[_Slot]) -> None:
-        for i, (candidate, _) in enumerate(self._waiters):
-            if candidate is waiter:
-                del self._waiters[i]
-                return
+    def _next_waiter(self) -> _Waiter:
+        """The head of the next tenant's queue in the ring; that tenant goes to the back."""
+        tenant, queue = next(iter(self._queues.items()))
+        waiter = queue.popleft()
+        self._queued -= 1
+        del self._queues[tenant]
+        if queue:
+            self._queues[tenant] = queue  # re-inserted: now last in the ring
+        return waiter
+
+    def _remove(self, waiter: _Waiter) -> None:
+        queue = self._queues.get(waiter.tenant)
+        if queue is None:
+            return
+        try:
+            queue.remove(waiter)
+        except ValueError:
+            return
+        self._queued -= 1
+        if not queue:
+            del self._queues[waiter.tenant]
 
     def _retry_after_hint(self) -> int:
         return max(1, math.ceil(self.retry_after))
