@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from heed.api.admission import Admission
 from heed.api.auth import Authenticator
@@ -33,11 +34,29 @@ from heed.settings import Settings
 from heed.version import __version__
 from heed.web import mount_web
 
-__all__ = ["create_app"]
+__all__ = ["HeedApp", "create_app"]
 
 
-def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
-    """Build the heed app. The lifecycle middleware is added last, so it is outermost."""
+class HeedApp(FastAPI):
+    """FastAPI with heed's lifecycle middleware outside FastAPI's own middleware.
+
+    ``add_middleware`` would put it inside FastAPI's error, telemetry and body-limit
+    middleware; as the real outermost callable, a request refused at the edge (drain,
+    auth, admission) or abandoned before it reached a route costs none of them.
+    """
+
+    lifecycle: RequestLifecycleMiddleware | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        inner = super().build_middleware_stack()
+        if self.lifecycle is None:
+            return inner
+        self.lifecycle.app = inner
+        return self.lifecycle
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> HeedApp:
+    """Build the heed app; :class:`RequestLifecycleMiddleware` is outermost."""
     settings = settings or (services.settings if services else Settings())
     services = services or Services(settings)
 
@@ -50,7 +69,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await services.close()
 
     # No redirect_slashes: an id ending in "/" would be redirected to another object's URL.
-    app = FastAPI(title="heed", version=__version__, lifespan=lifespan, redirect_slashes=False)
+    app = HeedApp(title="heed", version=__version__, lifespan=lifespan, redirect_slashes=False)
     app.state.services = services
     app.state.metrics = Metrics(services.lanes)
     app.state.burn_records = OrderedDict()
@@ -70,8 +89,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         app.include_router(diagnostics.router)
     mount_web(app)
     install_openapi(app)
-    app.add_middleware(
-        RequestLifecycleMiddleware,
+    app.lifecycle = RequestLifecycleMiddleware(
+        app.router,  # replaced by the whole stack when Starlette builds it
         metrics=app.state.metrics,
         authenticator=app.state.authenticator,
         max_body_bytes=settings.max_body_bytes,

@@ -23,6 +23,7 @@ The model (``docs/security.md`` explains it for operators):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -269,6 +270,7 @@ def _cookies(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return {name: morsel.value for name, morsel in jar.items()}
 
 
+@functools.lru_cache(maxsize=1024)  # parsing an address costs more than the rest of auth
 def _is_loopback(host: str | None) -> bool:
     if host is None:
         return False

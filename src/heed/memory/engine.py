@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -56,6 +57,9 @@ from heed.runtime import (
 __all__ = ["BANK_DELETED", "BANK_ID_RE", "MemoryEngine", "RetainSummary"]
 
 BANK_DELETED: Final = "bank deleted"
+#: How long a bank read is answered from memory (see :meth:`MemoryEngine.get_bank`).
+BANK_CACHE_SECONDS: Final = 1.0
+_BANK_CACHE_SIZE: Final = 4096
 BANK_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 ProgressCallback = Callable[[int, int], None]
@@ -107,6 +111,7 @@ class MemoryEngine:
         #: Called with the bank before its in-flight work is cancelled (e.g. to cancel
         #: its queued async operations, which have not registered work yet).
         self.before_delete: list[Callable[[Bank], Awaitable[None]]] = []
+        self._bank_cache: dict[tuple[str, str], tuple[Bank, float]] = {}
         self.recall_deps = RecallDeps(
             store=store,
             embedder=embedder,
@@ -159,9 +164,24 @@ class MemoryEngine:
         await run_in_thread(self.store.migrate)
 
     async def get_bank(self, bank_id: str, *, tenant: str | None = None) -> Bank:
-        """The bank of the current tenant; raises :class:`NotFound`."""
+        """The bank of the current tenant; raises :class:`NotFound`. Treat it as read-only.
+
+        A bank read within the last :data:`BANK_CACHE_SECONDS` is answered from memory: every
+        request names its bank, and a store read in the offload pool is most of what an
+        abandoned request costs. This process's own writes and deletes drop the entry at
+        once; another process's are seen within that time.
+        """
         tenant = tenant or current_context().tenant
-        bank = await run_in_thread(self.store.get_bank, tenant, bank_id)
+        key = (tenant, bank_id)
+        cached = self._bank_cache.get(key)
+        if cached is not None and time.monotonic() - cached[1] < BANK_CACHE_SECONDS:
+            bank: Bank | None = cached[0]
+        else:
+            bank = await run_in_thread(self.store.get_bank, tenant, bank_id)
+            if bank is not None:
+                if len(self._bank_cache) >= _BANK_CACHE_SIZE:
+                    self._bank_cache.clear()
+                self._bank_cache[key] = (bank, time.monotonic())
         if bank is None or bank.ref in self._closing:
             raise NotFound(f"bank {bank_id!r} not found")
         return bank
@@ -195,6 +215,7 @@ class MemoryEngine:
                 bank.disposition.update(fields["disposition"])
             config = fields.get("config") or {}
             bank.config.update({k: v for k, v in config.items() if v is not None})
+            self._bank_cache.pop((tenant, bank_id), None)
             return await run_in_thread(self.store.save_bank, bank)
 
     async def list_banks(self, limit: int, offset: int) -> tuple[list[tuple[Bank, int]], int]:
@@ -209,6 +230,7 @@ class MemoryEngine:
         """
         bank = await self.get_bank(bank_id)
         self._closing.add(bank.ref)
+        self._bank_cache.pop((bank.tenant, bank_id), None)
         try:
             for hook in self.before_delete:
                 await hook(bank)
@@ -221,6 +243,7 @@ class MemoryEngine:
             self.indexes.drop(bank.ref)
             return deleted
         finally:
+            self._bank_cache.pop((bank.tenant, bank_id), None)  # read again during the delete?
             self._closing.discard(bank.ref)
             self._work.pop(bank.ref, None)
 

@@ -108,7 +108,9 @@ class CancellationToken:
 
     def __init__(self, *, deadline: float | None = None) -> None:
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        # Made by the first wait_sync only: most tokens (one per request, per offload call)
+        # are never waited on from a thread, and an Event costs a lock and a condition.
+        self._event: threading.Event | None = None
         self._reason: str | None = None
         self._callbacks: dict[int, CancelCallback] = {}
         self._next_key = 0
@@ -125,7 +127,7 @@ class CancellationToken:
     @property
     def cancelled(self) -> bool:
         """True once cancelled (a passed deadline counts, even before its timer fires)."""
-        if self._event.is_set():
+        if self._reason is not None:
             return True
         deadline = self._deadline
         if deadline is not None and time.monotonic() >= deadline:
@@ -161,7 +163,8 @@ class CancellationToken:
             self._callbacks.clear()
             timer = self._timer
             self._timer = None
-            self._event.set()
+            if self._event is not None:
+                self._event.set()
         if timer is not None:
             timer.cancel()
         for callback in callbacks:
@@ -284,9 +287,15 @@ class CancellationToken:
         if self._deadline is not None:
             remaining = self._deadline - time.monotonic()
             timeout = remaining if timeout is None else min(timeout, remaining)
-        self._event.wait(None if timeout is None else max(0.0, timeout))
+        with self._lock:
+            if self._reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        event.wait(None if timeout is None else max(0.0, timeout))
         return self.cancelled
 
     def __repr__(self) -> str:
-        state = f"cancelled {self._reason!r}" if self._event.is_set() else "active"
+        state = f"cancelled {self._reason!r}" if self._reason is not None else "active"
         return f"<CancellationToken {state}>"

@@ -22,6 +22,7 @@ hold a stage open while a test cancels the request.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,7 +40,7 @@ from heed.memory.recall.query import QueryAnalysis, analyze_query
 from heed.memory.recall.rerank import Candidate, Reranker
 from heed.memory.store import MemoryStore
 from heed.memory.vectors import VectorIndex
-from heed.runtime import Lane, raise_if_cancelled, run_in_thread
+from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
 
 __all__ = ["BUDGET_SIZES", "RecallDeps", "StageHook", "Tracer", "run_recall"]
 
@@ -84,8 +85,15 @@ class Tracer:
     async def stage(
         self, name: str, work: Awaitable[T], count: Callable[[T], int] | None = None
     ) -> T:
-        """Checkpoint, run *work*, record its duration and (optionally) its output count."""
-        raise_if_cancelled()
+        """Checkpoint, run *work*, record its duration and (optionally) its output count.
+
+        Cancelled at the checkpoint, *work* is closed unstarted (never "never awaited")."""
+        try:
+            raise_if_cancelled()
+        except OperationCancelled:
+            if inspect.iscoroutine(work):
+                work.close()
+            raise
         start = time.perf_counter()
         result = await work
         entry: dict[str, Any] = {
