@@ -427,12 +427,15 @@ class Canary:
         self.qs = queries()
         self.latencies_ms: list[float] = []
         self.failures: Counter[str] = Counter()
+        #: The server's own stage timings of the slowest canaries: where their time went.
+        self.slowest: list[tuple[float, dict[str, Any]]] = []
 
     async def once(self) -> None:
         started = time.perf_counter()
         try:
             response = await self.http.post(
-                RECALL, json={"query": self.rng.choice(self.qs), "budget": "low"}
+                RECALL,
+                json={"query": self.rng.choice(self.qs), "budget": "low", "trace": True},
             )
         except httpx.TimeoutException:
             self.failures["timeout"] += 1
@@ -441,7 +444,13 @@ class Canary:
             self.failures[type(exc).__name__] += 1
             return
         if response.status_code == 200:
-            self.latencies_ms.append((time.perf_counter() - started) * 1000)
+            ms = (time.perf_counter() - started) * 1000
+            self.latencies_ms.append(ms)
+            trace = response.json().get("trace") or {}
+            stages = {s["stage"]: s["ms"] for s in trace.get("stages", []) if "stage" in s}
+            server_ms = trace.get("total_ms")
+            self.slowest.append((ms, {"client_ms": round(ms, 1), "server_ms": server_ms, **stages}))
+            self.slowest = sorted(self.slowest, key=lambda t: -t[0])[:3]
         else:
             self.failures[str(response.status_code)] += 1
 
@@ -464,6 +473,7 @@ class Canary:
             "served_p50_ms": round(percentile(lat, 50), 1),
             "served_p99_ms": round(percentile(lat, 99), 1),
             "max_ms": round(max(lat, default=0.0), 1),
+            "slowest_stages_ms": [stages for _, stages in self.slowest],
         }
 
     async def aclose(self) -> None:

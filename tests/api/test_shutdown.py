@@ -114,3 +114,75 @@ def test_requests_during_drain_answer_503_and_channels_end(
         assert refused.status_code == 503
         assert int(refused.headers["retry-after"]) >= 1
         assert "shutting down" in refused.json()["detail"]
+
+
+def test_sigterm_under_load_refuses_cancels_and_leaves_every_run_terminal(tmp_path: Path) -> None:
+    """Twelve clients recall in a loop, a turn and a streamed reflect are running: SIGTERM
+    ends it all within the grace, no client ever sees a 5xx other than 503, and the next
+    process finds both runs interrupted and nothing busy."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    words = " ".join(f"w{i}" for i in range(400))  # 50 ms a word: 20 s, far past the grace
+    with server_process(tmp_path / "data", port, HEED_SHUTDOWN_GRACE_SECONDS="3") as proc:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            client.put("/v1/default/banks/b", json={"name": "b"}).raise_for_status()
+            facts = [
+                {"content": f"Fact number {i} about the weather in town {i}."} for i in range(40)
+            ]
+            client.post("/v1/default/banks/b/memories", json={"items": facts}).raise_for_status()
+            sid = new_session(client)
+            turn = client.post(f"/v1/sessions/{sid}/turns", json={"content": words}).json()
+            body = {"query": words, "stream": True, "on_disconnect": "continue"}
+            with client.stream("POST", "/v1/default/banks/b/reflect", json=body) as response:
+                reflect_id = response.headers["x-heed-run-id"]
+            for run_id in (turn["run_id"], reflect_id):
+                wait_for(lambda r=run_id: client.get(f"/v1/runs/{r}").json()["last_seq"] >= 3)
+
+        statuses: list[int] = []
+        errors: list[str] = []
+
+        async def recaller(http: httpx.AsyncClient, stop: asyncio.Event) -> None:
+            while not stop.is_set():
+                try:
+                    r = await http.post(
+                        "/v1/default/banks/b/memories/recall", json={"query": "weather"}
+                    )
+                    statuses.append(r.status_code)
+                except httpx.TransportError as exc:  # the server went away: expected
+                    errors.append(type(exc).__name__)
+                    await asyncio.sleep(0.05)
+
+        async def scenario() -> tuple[int, float, int]:
+            stop = asyncio.Event()
+            async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+                clients = [asyncio.create_task(recaller(http, stop)) for _ in range(12)]
+                await asyncio.sleep(1.5)
+                before = len(statuses)
+                sent = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                code = await asyncio.to_thread(proc.wait, 20)
+                took = time.monotonic() - sent
+                stop.set()
+                await asyncio.gather(*clients)
+            return code, took, before
+
+        code, took, before = asyncio.run(scenario())
+
+    assert code in (0, -signal.SIGTERM)
+    assert took < 3 + 5  # the grace, plus slack for a noisy machine
+    assert before > 20, "the load never got going"
+    assert 200 in statuses
+    assert set(statuses) <= {200, 499, 503}, sorted(set(statuses))
+
+    port2 = free_port()
+    with (
+        server_process(tmp_path / "data", port2),
+        httpx.Client(base_url=f"http://127.0.0.1:{port2}") as client,
+    ):
+        for run_id in (turn["run_id"], reflect_id):
+            run = client.get(f"/v1/runs/{run_id}").json()
+            assert run["phase"] == "interrupted", run
+            with client.stream("GET", f"/v1/runs/{run_id}/stream") as resp:
+                text = resp.read().decode()
+            assert text.count("event: interrupted") == 1
+        assert client.get(f"/v1/sessions/{sid}/status").json()["busy"] is False

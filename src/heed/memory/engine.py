@@ -334,6 +334,8 @@ class MemoryEngine:
             raise InvalidInput("query is empty")
         if not any(ch.isalnum() for ch in text):
             raise InvalidInput("query has no words (only punctuation or symbols)")
+        if len(text.encode()) <= self.max_query_tokens:
+            return  # a token covers at least one byte (WordPiece: a character): cannot be over
         n = self.tokens.count(text)
         if n > self.max_query_tokens:
             raise InvalidInput(f"query has {n} tokens; the limit is {self.max_query_tokens}")
