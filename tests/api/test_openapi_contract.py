@@ -39,6 +39,8 @@ or ``request-timeout`` seconds pass, whichever comes first.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -231,33 +233,55 @@ def test_deletions_match_the_document(case: schemathesis.Case) -> None:
     case.call_and_validate()
 
 
+FLAKY_EXIT = 3
+
+
+def run_stateful_machine(data_dir: Path) -> int:
+    """Run the stateful machine on a fresh server; 0, or :data:`FLAKY_EXIT` when
+    hypothesis stopped it as flaky generation. A contract failure raises."""
+    with _fresh_schema(data_dir) as schema_:
+        try:
+            schema_.as_state_machine().run(
+                settings=settings(
+                    max_examples=EXAMPLES,
+                    stateful_step_count=6,
+                    deadline=None,
+                    derandomize=True,
+                    suppress_health_check=list(HealthCheck),
+                    database=None,
+                )
+            )
+        except FlakyStrategyDefinition:
+            return FLAKY_EXIT
+    return 0
+
+
 def test_sequences_of_calls_keep_their_promises(tmp_path: Path) -> None:
     """Stateful: chains of calls linked by the ids one answer gives the next request
     (create a session, then read, rename, delete it...), checked like every single call,
     plus use-after-free (gone after DELETE) and availability (there after create).
 
-    The machine draws its next step from what the server answered, and the server keeps
-    what earlier steps created, so hypothesis may find a replayed prefix meeting other
-    answers and stop with FlakyStrategyDefinition: that is not a finding about heed, and
-    the run is tried again on a new server (three times at most, then skipped, saying
-    so). A contract failure fails at once."""
+    The machine draws its next step from what the server answered, so it runs in an
+    interpreter of its own, on a server of its own: in a process where other hypothesis
+    runs came first, hypothesis refused its replays as flaky generation
+    (FlakyStrategyDefinition), which says nothing about heed. Should it still do so
+    three times, the test is skipped, saying so; a contract failure fails it."""
+    code = (
+        "import sys; from pathlib import Path; "
+        "from tests.api.test_openapi_contract import run_stateful_machine; "
+        "sys.exit(run_stateful_machine(Path(sys.argv[1])))"
+    )
     for attempt in range(3):
-        with _fresh_schema(tmp_path / f"data-{attempt}") as schema_:
-            machine = schema_.as_state_machine()
-            try:
-                machine.run(
-                    settings=settings(
-                        max_examples=EXAMPLES,
-                        stateful_step_count=6,
-                        deadline=None,
-                        derandomize=True,
-                        suppress_health_check=list(HealthCheck),
-                        database=None,
-                    )
-                )
-                return
-            except FlakyStrategyDefinition:
-                continue
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / f"data-{attempt}")],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode == 0:
+            return
+        assert done.returncode == FLAKY_EXIT, done.stdout[-4000:] + done.stderr[-8000:]
     pytest.skip("hypothesis stopped all three runs as flaky generation (not a contract failure)")
 
 

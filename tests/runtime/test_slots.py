@@ -225,3 +225,30 @@ async def test_the_expected_wait_sheds_at_once_and_a_long_wait_is_shed() -> None
     assert lane.stats().queued == 0 and lane.stats().shed_total == 2
     release.set()
     await holder
+
+
+async def test_cheap_work_overtakes_a_few_dear_waiters_but_not_all() -> None:
+    lane = Lane("recall", capacity=1, max_queue=100)
+    async with lane.slot():  # teach the lane that a slot is held ~0.05 s
+        await asyncio.sleep(0.05)
+    release = asyncio.Event()
+    order: list[str] = []
+    holder = asyncio.create_task(_hold_until(lane, "t", release, []))
+    await asyncio.sleep(0)
+
+    async def work(name: str, cost: float) -> None:
+        with use_context(_as("t")):
+            async with lane.slot(cost=cost):
+                order.append(name)
+
+    dear = [asyncio.create_task(work(f"dear{i}", 5.0)) for i in range(3)]
+    await asyncio.sleep(0.3)  # long past the dear ones' handicap (4 x ~0.05 s)
+    late_dear = asyncio.create_task(work("late-dear", 5.0))
+    await asyncio.sleep(0)
+    cheap = asyncio.create_task(work("cheap", 1.0))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(holder, *dear, late_dear, cheap)
+    # the cheap one overtakes the dear one that arrived just before it, not those that
+    # have waited longer than their handicap
+    assert order == ["dear0", "dear1", "dear2", "cheap", "late-dear"]

@@ -15,6 +15,10 @@ number of slots and a bounded queue. The rules:
   delays its own requests, not everybody's. When the queue is full, the newcomer
   of a tenant with fewer waiters than the busiest tenant takes the place of that
   tenant's newest waiter, which is refused instead.
+- **Cheap work first, without starving dear work.** Within a tenant's queue, a
+  waiter that said its work costs ``cost`` times the usual (a high-budget recall)
+  is served as if it had arrived ``(cost - 1)`` x the recent slot hold time later:
+  a cheap request overtakes a few dear ones, never an unbounded number.
 - **Sheds rather than queues.** A full queue refuses at once, and so does a queue
   whose expected wait (waiters ahead / capacity x the recent slot hold time, an
   exponential moving average) exceeds ``max_wait``; a waiter still waiting after
@@ -27,9 +31,9 @@ Lanes are used from one event loop; the token may be cancelled from any thread.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -84,7 +88,12 @@ class _Waiter:
     future: asyncio.Future[_Slot]
     token: CancellationToken | None
     tenant: str
-    enqueued_at: float = field(default_factory=time.monotonic)
+    #: When it is served, in its tenant's queue: arrival, later for dearer work.
+    virtual_at: float = field(default_factory=time.monotonic)
+
+
+def _virtual_at(waiter: _Waiter) -> float:
+    return waiter.virtual_at
 
 
 class Lane:
@@ -111,7 +120,7 @@ class Lane:
         self.max_wait = max_wait
         self._held: set[_Slot] = set()
         #: Waiters per tenant, in arrival order; the dict's order is the round-robin ring.
-        self._queues: dict[str, deque[_Waiter]] = {}
+        self._queues: dict[str, list[_Waiter]] = {}
         self._queued = 0
         self._hold_seconds = 0.0
         self._rejected_total = 0
@@ -144,25 +153,28 @@ class Lane:
     # -- acquiring ---------------------------------------------------------------
 
     @asynccontextmanager
-    async def slot(self, token: CancellationToken | None = None) -> AsyncIterator[None]:
+    async def slot(
+        self, token: CancellationToken | None = None, *, cost: float = 1.0
+    ) -> AsyncIterator[None]:
         """Hold a slot for the duration of the block.
 
         *token* defaults to the active request context's token; the waiter's tenant is
-        the active context's. Raises :class:`LaneFull` when the lane sheds the work,
-        and :class:`OperationCancelled` if the token is cancelled before a slot is
-        granted (the work never starts). The slot is released when the block exits,
-        whatever the reason.
+        the active context's; *cost* is how dear the work is relative to the usual (it
+        orders waiters within a tenant, see the module docstring). Raises
+        :class:`LaneFull` when the lane sheds the work, and :class:`OperationCancelled`
+        if the token is cancelled before a slot is granted (the work never starts). The
+        slot is released when the block exits, whatever the reason.
         """
         ctx = _current.get()
         if token is None and ctx is not None:
             token = ctx.token
-        slot = await self._acquire(token, ctx.tenant if ctx is not None else "")
+        slot = await self._acquire(token, ctx.tenant if ctx is not None else "", cost)
         try:
             yield
         finally:
             self._release(slot)
 
-    async def _acquire(self, token: CancellationToken | None, tenant: str) -> _Slot:
+    async def _acquire(self, token: CancellationToken | None, tenant: str, cost: float) -> _Slot:
         if token is not None:
             token.raise_if_cancelled()
         if len(self._held) < self.capacity and not self._queued:
@@ -181,7 +193,8 @@ class Lane:
 
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), token, tenant)
-        self._queues.setdefault(tenant, deque()).append(waiter)
+        waiter.virtual_at += max(0.0, cost - 1.0) * self._hold_seconds
+        bisect.insort(self._queues.setdefault(tenant, []), waiter, key=_virtual_at)
         self._queued += 1
 
         def abandon(reason: str) -> None:
@@ -271,7 +284,7 @@ class Lane:
     def _next_waiter(self) -> _Waiter:
         """The head of the next tenant's queue in the ring; that tenant goes to the back."""
         tenant, queue = next(iter(self._queues.items()))
-        waiter = queue.popleft()
+        waiter = queue.pop(0)
         self._queued -= 1
         del self._queues[tenant]
         if queue:

@@ -456,7 +456,8 @@ async def run_recall(deps: RecallDeps, bank: Bank, q: RecallQuery) -> RecallOutc
     tracer = Tracer()
     queued_at = time.perf_counter()
     per_arm, rerank_n = BUDGET_SIZES[q.budget]
-    async with deps.lane.slot():
+    # A dearer budget waits behind cheaper recalls a little (see heed.runtime.slots).
+    async with deps.lane.slot(cost=rerank_n / BUDGET_SIZES["low"][1]):
         tracer.record("admission", queued_at)
         anchor = q.query_timestamp or datetime.now(UTC)
         analysis = analyze_query(q.query, anchor, q.temporal_window)
