@@ -75,6 +75,14 @@ def slow_answer(server: LiveServer) -> ScriptedProvider:
     return use_script(server, [{"text": LONG, "token_delay": 0.02}])
 
 
+async def assert_generation_stopped(server: LiveServer, provider: ScriptedProvider) -> None:
+    """The model produces nothing more, and the reflect lane's slot is free."""
+    stopped_at = provider.last_token_at
+    await asyncio.sleep(0.2)
+    assert provider.last_token_at == stopped_at, "the model kept generating"
+    assert lane_in_use(server) == 0
+
+
 def lane_in_use(server: LiveServer) -> int:
     return int(server.app.state.services.lanes["reflect"].stats().in_use)
 
@@ -154,10 +162,7 @@ async def test_a_client_that_leaves_cancels_the_run_by_default(
         await read_until(response, count=8)  # some text_deltas have arrived
     run = await wait_phase(http, run_id, "cancelled")
     assert run["cancel_reason"] == "client disconnected"
-    stopped_at = provider.last_token_at
-    await asyncio.sleep(0.2)
-    assert provider.last_token_at == stopped_at, "the model kept generating"
-    assert lane_in_use(server) == 0
+    await assert_generation_stopped(server, provider)
 
 
 async def test_continue_lets_it_finish_and_a_resume_sees_each_event_once(
@@ -195,10 +200,7 @@ async def test_cancel_by_id_ends_the_stream_and_frees_the_slot(
         assert cancel.json()["phase"] == "cancelled"
         rest = await read_until(stream)
     assert rest[-1].event == "cancelled"
-    assert lane_in_use(server) == 0
-    stopped_at = provider.last_token_at
-    await asyncio.sleep(0.2)
-    assert provider.last_token_at == stopped_at
+    await assert_generation_stopped(server, provider)
 
 
 async def test_deleting_the_bank_cancels_its_streamed_reflect(
