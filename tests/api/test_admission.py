@@ -45,6 +45,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
         api_keys={KEY_A: "a", KEY_B: "b"},
         max_in_flight=3,
         tenant_max_in_flight=2,
+        recall_concurrency=4,  # every held recall has a slot: only admission refuses
     )
     with live_server(create_app(settings)) as srv:
         for key in (KEY_A, KEY_B):
