@@ -111,8 +111,10 @@ export class ChatView {
     this.close();
     const generation = ++this.generation;
     this.sessionId = sessionId;
-    this.input.disabled = !sessionId;
-    this.sendButton.disabled = !sessionId;
+    // Enabled once the session has loaded (below): nothing is typed into a session that
+    // may turn out not to exist, and "enabled" means the header shows it.
+    this.input.disabled = true;
+    this.sendButton.disabled = true;
     this.renderQueue();
     if (!sessionId) {
       this.title.textContent = "No session";
@@ -135,6 +137,8 @@ export class ChatView {
     }
     if (generation !== this.generation) return;
     this.renderSession(session);
+    this.input.disabled = false;
+    this.sendButton.disabled = false;
     this.visible = document.visibilityState !== "hidden";
     await this.pollStatus(); // attaches to the attachable run, if any
     if (generation !== this.generation) return;
