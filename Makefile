@@ -52,6 +52,7 @@ bench: $(STAMP)  ## run the benchmarks (figures go to benchmarks/results/)
 	$(BIN)/python benchmarks/recall_latency.py
 	$(BIN)/python benchmarks/abandoned_recall.py
 	$(BIN)/python benchmarks/locomo_recall.py
+	$(BIN)/python benchmarks/disconnect_storm.py --rate 1100
 
 clean:  ## remove the virtualenv
 	rm -rf $(VENV)
