@@ -139,3 +139,14 @@ def test_bank_indexes_unload_the_least_recently_used() -> None:
     indexes.get("b")  # reloads from the store
     assert store.loads == ["a", "b", "c", "b"]
     assert len(indexes.get("b")) == 2000
+
+
+def test_an_abbreviation_is_part_of_the_name_not_an_entity() -> None:
+    names = [
+        e.name for e in extract_entities("Alice works as a nurse at St. Mary's hospital in Leeds.")
+    ]
+    assert names == ["Alice", "St. Mary", "Leeds"]
+    assert "st" not in query_entity_names("Where is St. Mary's hospital?")
+    # a real sentence end still ends the sentence
+    names = [e.name for e in extract_entities("We met Dr. Lee. Then Bob came.")]
+    assert names == ["Lee", "Bob"]

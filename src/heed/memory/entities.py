@@ -6,7 +6,9 @@ Heuristics, in order:
 - runs of capitalized words ("Caroline", "New York", "LGBTQ support group" is
   not one) that are not sentence-initial common words, pronouns, weekdays,
   months or interjections;
-- a speaker label at the start of a dialogue turn ("Melanie: ...").
+- a speaker label at the start of a dialogue turn ("Melanie: ...");
+- an abbreviation's full stop ("St. Mary's", "Mt. Fuji", "Dr. Lee") ends neither the
+  sentence nor the phrase: "St" alone is not an entity.
 
 Names are canonicalized by case-folding and collapsing whitespace, which is
 what entity links and the entity arm of recall match on.
@@ -22,8 +24,49 @@ from heed.memory.models import EntityRef
 __all__ = ["canonical", "extract_entities", "query_entity_names"]
 
 _WORD = re.compile(r"[A-Z][\w'\u2019&.-]*[\w]|[A-Z]")
-_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _TOKEN = re.compile(r"\S+")
+#: Words written with a full stop that does not end a sentence (lower case, no stop).
+_ABBREVIATIONS = frozenset(
+    [
+        "st",
+        "mt",
+        "ft",
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "gen",
+        "col",
+        "capt",
+        "lt",
+        "sgt",
+        "rev",
+        "hon",
+        "vs",
+        "etc",
+    ]
+)
+
+
+def _is_abbreviation(token: str) -> bool:
+    return token.endswith(".") and token[:-1].lower() in _ABBREVIATIONS
+
+
+def _sentences(text: str) -> Iterable[str]:
+    """*text* split into sentences, except after an abbreviation ("St. Mary's")."""
+    start = 0
+    for m in _SENTENCE_END.finditer(text):
+        before = text[start : m.start()].rsplit(None, 1)
+        if "\n" not in m.group() and before and _is_abbreviation(before[-1]):
+            continue
+        yield text[start : m.start()]
+        start = m.end()
+    yield text[start:]
+
 
 _STOP_TEXT = """
     I I'm I've I'd I'll Me My Mine We We're We've Our Us You You're You've Your Yours He She It They
@@ -62,6 +105,9 @@ def _sentence_phrases(sentence: str) -> Iterable[str]:
             if run:
                 yield " ".join(run)
             run = []
+        if run and _is_abbreviation(raw):
+            run[-1] = raw  # "St." keeps its stop and goes on: "St. Mary"
+            continue
         if raw[-1:] in ",;:!?." and run:
             yield " ".join(run)
             run = []
@@ -92,7 +138,7 @@ def extract_entities(
         add(entity.name, entity.type)
     if speaker:
         add(speaker, "person")
-    for sentence in _SPLIT.split(text):
+    for sentence in _sentences(text):
         for phrase in _sentence_phrases(sentence):
             cleaned = _clean(phrase)
             if cleaned:
@@ -103,7 +149,7 @@ def extract_entities(
 def query_entity_names(query: str) -> list[str]:
     """Canonical entity names mentioned in a query (capitalized phrases, any position)."""
     names: list[str] = []
-    for sentence in _SPLIT.split(query):
+    for sentence in _sentences(query):
         for phrase in _sentence_phrases(sentence):
             key = canonical(_clean(phrase))
             if key and key not in _STOP and key not in names:
