@@ -155,8 +155,8 @@ MUTATIONS = (
     Mutation(
         "streamed-reflect-ignores-disconnect",
         "api/routes/reflect.py",
-        '            if token.cancelled and on_disconnect == "cancel":\n',
-        "            if False:  # MUTATION\n",
+        '    if on_disconnect == "cancel":\n',
+        "    if False:  # MUTATION\n",
         (
             "tests/reflect/test_reflect_runs.py::"
             "test_a_client_that_leaves_cancels_the_run_by_default",

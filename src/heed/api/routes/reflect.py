@@ -23,6 +23,7 @@ provider that cannot be built) are plain JSON errors, as without ``stream``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -30,7 +31,6 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from heed.api.input_rules import IdPath
-from heed.api.middleware import CLIENT_DISCONNECTED
 from heed.api.openapi import UPSTREAM, event_stream
 from heed.api.policies import DisconnectPolicy
 from heed.api.sse import journal_frames, sse_response
@@ -118,16 +118,23 @@ def _stream(request: Request, run_id: str, on_disconnect: DisconnectPolicy) -> R
     journal = journal_frames(
         manager.journal, run_id, 0, heartbeat=runs.settings.stream_heartbeat_seconds, token=token
     )
+    handle = None
+    if on_disconnect == "cancel":
+        # From now until the journal's end, the request's token owns the run: the client
+        # leaving cancels it, even before the stream has started (or at once if it is
+        # gone already). The callback may run in any thread: hop to the loop.
+        loop = asyncio.get_running_loop()
+        handle = token.on_cancel(
+            lambda reason: loop.call_soon_threadsafe(manager.cancel_soon, run_id, reason)
+        )
 
     async def frames() -> AsyncIterator[str]:
         try:
             async for frame in journal:
                 yield frame
         finally:
-            # The journal ends at its terminal event, or early once the client left (the
-            # token is then cancelled); cancelling a finished run would change nothing.
-            if token.cancelled and on_disconnect == "cancel":
-                manager.cancel_soon(run_id, token.reason or CLIENT_DISCONNECTED)
+            if handle is not None:
+                handle.remove()  # ended (or the client left, and the cancel is on its way)
 
     return sse_response(
         frames(),
