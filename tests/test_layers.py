@@ -23,6 +23,18 @@ ALLOWED: dict[str, set[str]] = {
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "services": {"runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"},
     "web": set(),
+    # The MCP server: a second protocol front end over the same services as the API.
+    "mcp": {
+        "runtime",
+        "errors",
+        "settings",
+        "version",
+        "memory",
+        "reflect",
+        "runs",
+        "sessions",
+        "services",
+    },
     "api": {
         "runtime",
         "errors",
@@ -35,8 +47,9 @@ ALLOWED: dict[str, set[str]] = {
         "services",
         "web",
         "llm",
+        "mcp",
     },
-    "cli": {"api", "settings", "version"},
+    "cli": {"api", "mcp", "services", "settings", "version"},
 }
 
 

@@ -29,6 +29,7 @@ from heed.api.routes import (
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
 from heed.api.run_metrics import install_run_metrics
+from heed.mcp import build_mcp_server, http_routes, session_lifespan
 from heed.services import Services
 from heed.settings import Settings
 from heed.version import __version__
@@ -59,12 +60,14 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     """Build the heed app; :class:`RequestLifecycleMiddleware` is outermost."""
     settings = settings or (services.settings if services else Settings())
     services = services or Services(settings)
+    mcp_server = build_mcp_server(services)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.start()
         try:
-            yield
+            async with session_lifespan(mcp_server):
+                yield
         finally:
             await services.close()
 
@@ -87,6 +90,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_run_metrics(app.state.metrics.registry, services.runs.manager)
     if settings.enable_diagnostics:
         app.include_router(diagnostics.router)
+    app.router.routes.extend(http_routes(mcp_server))  # /mcp: heed's MCP server
     mount_web(app)
     install_openapi(app)
     app.lifecycle = RequestLifecycleMiddleware(

@@ -57,6 +57,7 @@ __all__ = [
     "cancel_is_stale",
     "ending_for_lost_worker",
     "is_attachable",
+    "is_completed",
     "is_interrupted",
     "is_lifecycle_busy",
     "is_queued",
@@ -149,6 +150,11 @@ def is_queued(run: Run) -> bool:
 def is_running(run: Run) -> bool:
     """Is a worker executing the run right now (``running``, not yet cancelled)?"""
     return parse_phase(run.phase) is Phase.RUNNING
+
+
+def is_completed(run: Run) -> bool:
+    """Did the run finish its work and record a result (``completed``)?"""
+    return parse_phase(run.phase) is Phase.COMPLETED
 
 
 def is_interrupted(run: Run) -> bool:

@@ -1,0 +1,17 @@
+"""heed's MCP server: memory banks and chat sessions as Model Context Protocol tools.
+
+Built on the official ``mcp`` SDK. ``heed serve`` answers it over streamable HTTP at
+``/mcp``; ``heed mcp`` over stdio. The promise is heed's own: a client that cancels a
+call (``notifications/cancelled``, or closing the stream) stops its work, inside worker
+threads and LLM generations, and frees its lane slot before the call ends; long work
+(reflect, a chat turn) is a run that ``/v1/runs`` shows and can cancel by id.
+
+- :mod:`heed.mcp.calls`: one tool call's identity, token, errors, progress and run
+  following;
+- :mod:`heed.mcp.tools`: the tools and resources;
+- :mod:`heed.mcp.server`: the server, its HTTP routes and its stdio runner.
+"""
+
+from heed.mcp.server import MCP_PATH, build_mcp_server, http_routes, serve_stdio, session_lifespan
+
+__all__ = ["MCP_PATH", "build_mcp_server", "http_routes", "serve_stdio", "session_lifespan"]
