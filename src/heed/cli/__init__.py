@@ -1,7 +1,8 @@
 """The ``heed`` command: one click group; each subcommand lives in its own module.
 
 - :mod:`heed.cli.serve`: ``serve`` (the server) and ``version``;
-- :mod:`heed.cli.memory`: ``retain``, ``recall``, ``import-locomo`` (clients of a running server).
+- :mod:`heed.cli.memory`: ``retain``, ``recall``, ``import-locomo`` (clients of a running server);
+- :mod:`heed.cli.mcp`: ``mcp`` (the MCP server over stdio).
 
 Every command reads its defaults from :class:`heed.settings.Settings` (the ``HEED_*``
 environment variables); options override them.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import click
 
+from heed.cli.mcp import mcp
 from heed.cli.memory import import_locomo, recall, retain
 from heed.cli.serve import serve, version
 
@@ -26,5 +28,5 @@ def main() -> None:
     """
 
 
-for _command in (serve, version, retain, recall, import_locomo):
+for _command in (serve, version, retain, recall, import_locomo, mcp):
     main.add_command(_command)

@@ -1,0 +1,64 @@
+"""``heed mcp``: heed's MCP server over stdio, for clients that launch their tools.
+
+It serves the same tools as ``/mcp`` on ``heed serve`` (:mod:`heed.mcp`), in this process,
+on the same data directory, for one tenant. Runs and banks live in the same database, so
+a ``heed serve`` on that directory shows (and can cancel) the runs it starts. stdout is the
+protocol: logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["mcp"]
+
+
+@click.command()
+@click.option(
+    "--api-key",
+    default=None,
+    envvar="HEED_MCP_API_KEY",
+    help="Serve the tenant this key maps to in HEED_API_KEYS (or HEED_MCP_API_KEY).",
+)
+@click.option("--tenant", default=None, help="Serve this tenant (default: 'default').")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the database and files live (default: per-user data dir, HEED_DATA_DIR).",
+)
+@click.option("--log-level", default=None, help="debug, info, warning or error (to stderr).")
+def mcp(
+    api_key: str | None, tenant: str | None, data_dir: Path | None, log_level: str | None
+) -> None:
+    """Serve heed's MCP tools (recall, retain, reflect, start_turn, ...) over stdio."""
+    from heed.mcp import serve_stdio
+    from heed.runtime import DEFAULT_TENANT
+    from heed.services import Services
+    from heed.settings import Settings
+
+    overrides = {k: v for k, v in {"data_dir": data_dir, "log_level": log_level}.items() if v}
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    if api_key is not None and tenant is not None:
+        raise click.UsageError("give --api-key or --tenant, not both")
+    if api_key is not None:
+        if api_key not in settings.api_keys:
+            raise click.UsageError("--api-key is not one of HEED_API_KEYS")
+        tenant = settings.api_keys[api_key]
+    elif tenant is None:
+        if settings.api_keys:
+            raise click.UsageError("HEED_API_KEYS is set: say whose tools these are with --api-key")
+        tenant = DEFAULT_TENANT
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=settings.log_level.upper(),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    sys.setswitchinterval(settings.switch_interval_ms / 1000)  # as for `heed serve`
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(serve_stdio(Services(settings), tenant))
