@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
         "llm",
         "mcp",
     },
-    "cli": {"api", "mcp", "services", "settings", "version"},
+    "cli": {"api", "mcp", "settings", "version"},
 }
 
 

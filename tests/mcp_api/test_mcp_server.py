@@ -392,6 +392,15 @@ async def test_continue_leaves_the_run_to_be_cancelled_by_id_over_http(server: L
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        listed = await http.get(
+            "/v1/runs",
+            params={"active": "true", "kind": "reflect"},
+            headers={"Authorization": f"Bearer {ALPHA}"},
+        )
+        others = await http.get("/v1/runs", headers={"Authorization": f"Bearer {BETA}"})
+    assert [r["id"] for r in listed.json()["runs"]] == [progress.run_id()]
+    assert progress.run_id() not in [r["id"] for r in others.json()["runs"]]
     run_id = progress.run_id()
     await asyncio.sleep(0.3)
     generated = provider.last_token_at

@@ -38,8 +38,6 @@ def mcp(
 ) -> None:
     """Serve heed's MCP tools (recall, retain, reflect, start_turn, ...) over stdio."""
     from heed.mcp import serve_stdio
-    from heed.runtime import DEFAULT_TENANT
-    from heed.services import Services
     from heed.settings import Settings
 
     overrides = {k: v for k, v in {"data_dir": data_dir, "log_level": log_level}.items() if v}
@@ -50,10 +48,8 @@ def mcp(
         if api_key not in settings.api_keys:
             raise click.UsageError("--api-key is not one of HEED_API_KEYS")
         tenant = settings.api_keys[api_key]
-    elif tenant is None:
-        if settings.api_keys:
-            raise click.UsageError("HEED_API_KEYS is set: say whose tools these are with --api-key")
-        tenant = DEFAULT_TENANT
+    elif tenant is None and settings.api_keys:
+        raise click.UsageError("HEED_API_KEYS is set: say whose tools these are with --api-key")
     logging.basicConfig(
         stream=sys.stderr,
         level=settings.log_level.upper(),
@@ -61,4 +57,4 @@ def mcp(
     )
     sys.setswitchinterval(settings.switch_interval_ms / 1000)  # as for `heed serve`
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    asyncio.run(serve_stdio(Services(settings), tenant))
+    asyncio.run(serve_stdio(settings, tenant))

@@ -19,8 +19,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.routing import BaseRoute
 
 from heed.mcp.tools import HeedTools
-from heed.runtime import RequestContext
+from heed.runtime import DEFAULT_TENANT, RequestContext
 from heed.services import Services
+from heed.settings import Settings
 from heed.version import __version__
 
 __all__ = ["MCP_PATH", "build_mcp_server", "http_routes", "serve_stdio", "session_lifespan"]
@@ -69,9 +70,12 @@ async def session_lifespan(server: MCPServer) -> AsyncIterator[None]:
         yield
 
 
-async def serve_stdio(services: Services, tenant: str) -> None:
-    """Serve heed's MCP tools over stdin/stdout as *tenant* until stdin closes."""
-    server = build_mcp_server(services, stdio_context=RequestContext(tenant=tenant))
+async def serve_stdio(settings: Settings, tenant: str | None = None) -> None:
+    """Serve heed's MCP tools over stdin/stdout as *tenant* (default: the default tenant)
+    until stdin closes, with services of their own built from *settings*."""
+    services = Services(settings)
+    identity = RequestContext(tenant=tenant or DEFAULT_TENANT)
+    server = build_mcp_server(services, stdio_context=identity)
     await services.start()
     try:
         await server.run_stdio_async()

@@ -1,5 +1,8 @@
-"""Runs over HTTP: get, cancel, and the resumable journal stream.
+"""Runs over HTTP: list, get, cancel, and the resumable journal stream.
 
+- ``GET /v1/runs``: the caller's runs, oldest first, filtered by ``kind``, ``session_id``
+  and ``active`` (not yet terminal: how a client that lost a stream or an MCP call finds
+  the work it started);
 - ``GET /v1/runs/{run_id}``: the run (404 if unknown or another tenant's).
 - ``POST /v1/runs/{run_id}/cancel``: idempotent; returns the run. ``?wait=true``
   waits (up to ``timeout`` seconds, default 30) until the worker has stopped.
@@ -14,15 +17,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import StreamingResponse
 
-from heed.api.input_rules import MAX_REASON_CHARS, IdPath
+from heed.api.input_rules import MAX_ID_CHARS, MAX_REASON_CHARS, IdPath, Limit
 from heed.api.openapi import event_stream
 from heed.api.sse import journal_frames, parse_cursor, sse_response
+from heed.memory.operations import RETAIN_KIND
+from heed.reflect.runs import REFLECT_KIND
 from heed.runtime import current_context
+from heed.sessions.service import TASK, TURN
 from heed.sessions.wiring import RunServices
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -31,6 +37,33 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"])
 def _runs(request: Request) -> RunServices:
     services: RunServices = request.app.state.services.runs
     return services
+
+
+RunKind = Literal["turn", "task", "retain", "reflect"]
+"""Every registered kind of run, as a type, so the schema lists them."""
+if set(get_args(RunKind)) != {TURN, TASK, RETAIN_KIND, REFLECT_KIND}:  # pragma: no cover
+    raise RuntimeError(f"RunKind {get_args(RunKind)} differs from the registered kinds")
+
+
+@router.get("")
+async def list_runs(
+    request: Request,
+    kind: RunKind | None = None,
+    session_id: Annotated[str | None, Query(min_length=1, max_length=MAX_ID_CHARS)] = None,
+    active: bool = False,
+    limit: Limit = 100,
+) -> dict[str, Any]:
+    """The caller's runs, oldest first; ``active=true``: only those not yet terminal."""
+    manager = _runs(request).manager
+    runs = await manager.io.call(
+        manager.store.list_runs,
+        tenant=current_context().tenant,
+        kind=kind,
+        session_id=session_id,
+        non_terminal=active,
+        limit=limit,
+    )
+    return {"runs": [run.to_public() for run in runs]}
 
 
 @router.get("/{run_id}")
