@@ -48,6 +48,7 @@ bench: $(STAMP)  ## run the benchmarks (figures go to benchmarks/results/)
 	$(BIN)/python benchmarks/reconnect_chaos.py
 	$(BIN)/python benchmarks/replay_finished_run.py
 	$(BIN)/python benchmarks/llm_cancel_latency.py
+	$(BIN)/python benchmarks/mcp_cancel_latency.py
 	$(BIN)/python benchmarks/retain_throughput.py
 	$(BIN)/python benchmarks/recall_latency.py
 	$(BIN)/python benchmarks/abandoned_recall.py

@@ -16,8 +16,9 @@ from contextlib import asynccontextmanager
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Route
 
+from heed.mcp.asgi_guard import CompletedResponseGuard
 from heed.mcp.tools import HeedTools
 from heed.runtime import DEFAULT_TENANT, RequestContext
 from heed.services import Services
@@ -52,14 +53,21 @@ def http_routes(server: MCPServer) -> list[BaseRoute]:
     """The streamable-HTTP endpoint of *server* at :data:`MCP_PATH`, as routes to add to
     heed's app (run :func:`session_lifespan` in the app's lifespan).
 
-    The SDK's DNS-rebinding check is off: heed's authenticator already enforces the Host
-    allow-list on every path, ``/mcp`` included (one place for that rule).
+    The endpoint is wrapped in :class:`~heed.mcp.asgi_guard.CompletedResponseGuard` (an SDK
+    bug, explained there). The SDK's DNS-rebinding check is off: heed's authenticator
+    already enforces the Host allow-list on every path, ``/mcp`` included (one place for
+    that rule).
     """
     app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
-    return list(app.routes)
+    routes: list[BaseRoute] = []
+    for route in app.routes:
+        if isinstance(route, Route) and route.path == MCP_PATH:
+            route = Route(MCP_PATH, endpoint=CompletedResponseGuard(route.endpoint))
+        routes.append(route)
+    return routes
 
 
 @asynccontextmanager
