@@ -6,7 +6,8 @@ tool with the MCP SDK's client, waits until the answer is generating, waits a ra
 0..--max-delay seconds more, cancels, and reads the run back over HTTP. Its
 ``finished_at`` is written by the run manager after the worker's generation stopped and
 its reflect lane slot was released, so ``finished_at - cancelled`` is "cancel -> worker
-stopped". Both clocks are the machine's wall clock (``time.time()``).
+stopped"; its ``cancelled_at`` (when the run manager took the cancel) splits that time in
+two. Both clocks are the machine's wall clock (``time.time()``).
 
 The ways to cancel:
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -87,10 +89,8 @@ async def sdk_cancel(url: str, bank_id: str, mode: str, max_delay: float) -> tup
         await asyncio.sleep(0.05 + random.uniform(0, max_delay))  # mid-generation
         cancelled_at = time.time()
         call.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await call
-        except asyncio.CancelledError:
-            pass
     return run_ids[0], cancelled_at
 
 
@@ -166,6 +166,7 @@ async def measure(url: str, bank_id: str, n: int, max_delay: float) -> dict[str,
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         for name, cancel_one in ways.items():
             stops: list[float] = []
+            arrivals: list[float] = []
             held = 0
             for _ in range(n):
                 run_id, cancelled_at = await cancel_one()
@@ -173,6 +174,7 @@ async def measure(url: str, bank_id: str, n: int, max_delay: float) -> dict[str,
                 if run["phase"] != "cancelled":
                     raise SystemExit(f"{name}: run {run_id} ended {run['phase']}, not cancelled")
                 stops.append(max(0.0, run["finished_at"] - cancelled_at) * 1000)
+                arrivals.append(max(0.0, run["cancelled_at"] - cancelled_at) * 1000)
                 if await reflect_slots_in_use(http):
                     held += 1
             report[name] = {
@@ -183,12 +185,19 @@ async def measure(url: str, bank_id: str, n: int, max_delay: float) -> dict[str,
                     "max": round(max(stops), 2),
                     "mean": round(statistics.fmean(stops), 2),
                 },
+                # where the time goes: the cancel reaching the run manager (run.cancelled_at),
+                # then the cancelling write and the worker unwinding (to finished_at)
+                "cancel_to_run_manager_ms": {
+                    "p50": round(percentile(arrivals, 50), 2),
+                    "p99": round(percentile(arrivals, 99), 2),
+                },
                 "slot_still_held_after_run_ended": held,
             }
             print(
                 f"{name:18s} cancel -> worker stopped: p50 {percentile(stops, 50):6.1f} ms  "
                 f"p99 {percentile(stops, 99):6.1f} ms  max {max(stops):6.1f} ms  "
-                f"(slot held after the end: {held} of {n})"
+                f"(cancel reached the manager: p50 {percentile(arrivals, 50):.1f} ms; "
+                f"slot held after the end: {held} of {n})"
             )
     return report
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from heed.mcp.asgi_guard import CompletedResponseGuard
+from heed.mcp.asgi_guard import CompletedResponseGuard, quiet_closed_session_errors
 
 SCOPE: dict[str, Any] = {"type": "http", "method": "POST", "path": "/mcp"}
 
@@ -54,3 +55,17 @@ async def test_an_error_before_the_response_completed_propagates() -> None:
 
     with pytest.raises(RuntimeError, match="broken before the response"):
         await CompletedResponseGuard(fails_before_answering)(SCOPE, _receive, send)
+
+
+def test_the_sdk_record_of_a_closed_session_is_filtered_and_others_are_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    quiet_closed_session_errors()
+    logger = logging.getLogger("mcp.server.streamable_http")
+    with caplog.at_level(logging.ERROR, logger="mcp.server.streamable_http"):
+        for error in (anyio.ClosedResourceError(), ValueError("a real failure")):
+            try:
+                raise error
+            except Exception:
+                logger.exception("Error handling POST request")
+    assert [r.exc_info[1].__class__ for r in caplog.records if r.exc_info] == [ValueError]

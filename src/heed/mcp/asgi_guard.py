@@ -10,17 +10,20 @@ refuses it and logs "Exception in ASGI application". Reported upstream (python-s
 endpoint sends after its response completed and logs an exception raised after that point
 at debug level: the client already has its answer, and the message it carried was for a
 session that no longer exists. An exception before the response completed propagates.
+The SDK's own ERROR record of that ``ClosedResourceError`` is filtered out too
+(:func:`quiet_closed_session_errors`), for the same reason.
 """
 
 from __future__ import annotations
 
 import logging
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from heed.runtime import reraise_cancellation
 
-__all__ = ["CompletedResponseGuard"]
+__all__ = ["CompletedResponseGuard", "quiet_closed_session_errors"]
 
 log = logging.getLogger("heed.mcp")
 
@@ -50,3 +53,21 @@ class CompletedResponseGuard:
             if not completed:
                 raise
             log.debug("MCP endpoint failed after its response completed: %r", exc)
+
+
+class _ClosedSessionFilter(logging.Filter):
+    """Drops the SDK's "Error handling POST request" records caused by a closed session."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, anyio.ClosedResourceError)
+
+
+_FILTER = _ClosedSessionFilter()
+
+
+def quiet_closed_session_errors() -> None:
+    """Install the filter on the SDK's streamable-HTTP logger (idempotent)."""
+    logger = logging.getLogger("mcp.server.streamable_http")
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)

@@ -18,7 +18,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.routing import BaseRoute, Route
 
-from heed.mcp.asgi_guard import CompletedResponseGuard
+from heed.mcp.asgi_guard import CompletedResponseGuard, quiet_closed_session_errors
 from heed.mcp.tools import HeedTools
 from heed.runtime import DEFAULT_TENANT, RequestContext
 from heed.services import Services
@@ -62,6 +62,7 @@ def http_routes(server: MCPServer) -> list[BaseRoute]:
         streamable_http_path=MCP_PATH,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
+    quiet_closed_session_errors()
     routes: list[BaseRoute] = []
     for route in app.routes:
         if isinstance(route, Route) and route.path == MCP_PATH:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from heed.errors import HeedError
 from heed.mcp.calls import (
     DisconnectPolicy,
+    Progress,
     follow_run,
     identity_of,
     progress_reporter,
@@ -284,17 +285,23 @@ class HeedTools:
         session busy with another turn is an error naming the busy run."""
         async with self._call(ctx) as call, progress_reporter(ctx) as report:
             sessions = self.services.runs.sessions
+            created = session_id is None
             if session_id is None:
                 if bank_id is not None:
                     await self.services.memory.get_bank(bank_id)
                 title = message.strip().splitlines()[0][:60] if message.strip() else ""
                 session = await sessions.create(call.tenant, title=title, bank_id=bank_id)
                 session_id = session.id
-            run = await sessions.start_turn(session_id, call.tenant, message)
+            try:
+                run = await sessions.start_turn(session_id, call.tenant, message)
+            except HeedError:
+                if created:  # refused (the turn lane is full): leave no empty session behind
+                    await sessions.delete(session_id, call.tenant)
+                raise
             ended = await self._follow(run, report, on_disconnect)
         return TurnAnswer(session_id=session_id, run_id=ended.id, text=_text(ended))
 
-    async def _follow(self, run: Run, report: Any, on_disconnect: DisconnectPolicy) -> Run:
+    async def _follow(self, run: Run, report: Progress, on_disconnect: DisconnectPolicy) -> Run:
         """Follow *run* to its end; a run that did not complete is a tool error."""
         runs = self.services.runs
         ended = await follow_run(
