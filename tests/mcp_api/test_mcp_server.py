@@ -296,8 +296,10 @@ async def test_start_turn_creates_a_session_and_continues_it(server: LiveServer)
     ) as http:
         session = (await http.get(f"/v1/sessions/{first['session_id']}")).json()
     assert session["bank_id"] == bank_id
-    assert [m["role"] for m in session["messages"]] == ["user", "assistant", "user", "assistant"]
-    assert session["messages"][3]["content"] == second["text"]
+    # each turn of a bank-bound session recalls first: a tool step before the answer
+    grounded_turn = ["user", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in session["messages"]] == grounded_turn * 2
+    assert session["messages"][-1]["content"] == second["text"]
     run = await run_of(server, second["run_id"])
     assert (run["kind"], run["phase"]) == ("turn", "completed")
 

@@ -42,13 +42,16 @@ def test_retain_then_recall_on_the_session_bank(make_settings: Callable[..., Set
             "run_id"
         ]
         wait_for(lambda: run_phase(client, run_id) == "completed", seconds=60)
-        retained, recalled = tool_results(client, run_id)
+        grounded, retained, recalled = tool_results(client, run_id)
+        assert grounded["name"] == "recall" and grounded["content"] == "(nothing found)"
         assert retained["name"] == "retain" and retained["ok"] is True
         assert recalled["name"] == "recall" and recalled["ok"] is True
         assert "Alice has two cats." in str(recalled["content"])
         messages = client.get(f"/v1/sessions/{sid}").json()["messages"]
         assert [m["role"] for m in messages] == [
             "user",
+            "assistant",  # the turn's own recall (grounding), before the model is asked
+            "tool",
             "assistant",
             "tool",
             "assistant",

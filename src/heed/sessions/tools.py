@@ -9,21 +9,27 @@ session (see :mod:`heed.sessions.service`).
 
 A tool call never raises for a bad call: it returns ``ToolResult(ok=False,
 content=<why>)``. Cancellation always propagates.
+
+:meth:`TurnTools.ground` is the recall a turn of a bank-bound session makes by itself
+before its first model call (see :mod:`heed.sessions.turn`): the same recall as the tool,
+its memories one per line with their dates.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from heed.llm.base import ToolSpec
 from heed.memory import MemoryEngine
+from heed.memory.models import RecallOutcome, RecallQuery, RetainItem
 from heed.runtime import reraise_cancellation
 
-__all__ = ["NO_MEMORY_ENGINE", "TOOL_SPECS", "ToolResult", "TurnTools"]
+__all__ = ["NO_MEMORY_ENGINE", "TOOL_SPECS", "Grounding", "ToolResult", "TurnTools"]
 
 log = logging.getLogger("heed.sessions.tools")
 
@@ -76,6 +82,28 @@ class ToolResult:
     content: str
 
 
+@dataclass(frozen=True, slots=True)
+class Grounding:
+    """What a turn's own recall found: the tool result it shows, and what it cost."""
+
+    result: ToolResult
+    memories: int
+    seconds: float
+
+
+#: Memories a recall hands the model (the tool's and a turn's own).
+RECALL_LINES: Final = 10
+
+
+def memory_lines(outcome: RecallOutcome) -> str:
+    """Recalled memories as prompt lines, each with the date it happened (or was said)."""
+    lines = []
+    for hit in outcome.hits[:RECALL_LINES]:
+        when = hit.unit.occurred_start or hit.unit.mentioned_at
+        lines.append(f"- {hit.unit.text}" + (f" ({when[:10]})" if when else ""))
+    return "\n".join(lines) if lines else "(nothing found)"
+
+
 #: ``start_task(session_id, tenant, payload) -> task run id``
 TaskStarter = Callable[[str, str, dict[str, Any]], Awaitable[str]]
 
@@ -111,6 +139,30 @@ class TurnTools:
             log.info("tool %s failed in session %s", name, session_id, exc_info=True)
             return ToolResult(False, f"{name} failed: {type(exc).__name__}: {exc}")
 
+    async def ground(self, query: str, tenant: str, bank_id: str | None) -> Grounding | None:
+        """The recall a turn makes before its first model call, or ``None`` when the session
+        has no bank (or the server no engine). A failed recall is a tool error, not a failed
+        turn; cancellation propagates."""
+        if self._memory is None or not bank_id:
+            return None
+        started = time.perf_counter()
+        try:
+            outcome = await self._recall_outcome(query, tenant, bank_id)
+        except Exception as exc:
+            reraise_cancellation(exc)
+            log.info("grounding recall failed for bank %s", bank_id, exc_info=True)
+            result = ToolResult(False, f"recall failed: {type(exc).__name__}: {exc}")
+            return Grounding(result, 0, time.perf_counter() - started)
+        count = min(len(outcome.hits), RECALL_LINES)
+        return Grounding(
+            ToolResult(True, memory_lines(outcome)), count, time.perf_counter() - started
+        )
+
+    async def _recall_outcome(self, query: str, tenant: str, bank_id: str) -> RecallOutcome:
+        assert self._memory is not None
+        bank = await self._memory.get_bank(bank_id, tenant=tenant)
+        return await self._memory.recall(bank, RecallQuery(query=query, max_tokens=1024))
+
     def _engine_and_bank(self, bank_id: str | None) -> tuple[MemoryEngine, str] | ToolResult:
         engine = self._memory
         if engine is None:
@@ -125,14 +177,9 @@ class TurnTools:
         found = self._engine_and_bank(bank_id)
         if isinstance(found, ToolResult):
             return found
-        engine, bank_name = found
-        from heed.memory.models import RecallQuery
-
-        bank = await engine.get_bank(bank_name, tenant=tenant)
-        query = RecallQuery(query=str(arguments.get("query", "")), max_tokens=1024)
-        outcome = await engine.recall(bank, query)
-        lines = [f"- {hit.unit.text}" for hit in outcome.hits[:10]]
-        return ToolResult(True, "\n".join(lines) if lines else "(nothing found)")
+        _engine, bank_name = found
+        outcome = await self._recall_outcome(str(arguments.get("query", "")), tenant, bank_name)
+        return ToolResult(True, memory_lines(outcome))
 
     async def _retain(self, content: str, tenant: str, bank_id: str | None) -> ToolResult:
         found = self._engine_and_bank(bank_id)
@@ -141,8 +188,6 @@ class TurnTools:
         if not content.strip():
             return ToolResult(False, "retain needs non-empty content")
         engine, bank_name = found
-        from heed.memory.models import RetainItem
-
         bank = await engine.get_bank(bank_name, tenant=tenant)
         summary = await engine.retain(bank, [RetainItem(content=content)])
         return ToolResult(True, json.dumps({"units": getattr(summary, "units", None)}))

@@ -8,6 +8,15 @@ transcript receives the user message when the turn starts, each assistant
 message (with its tool calls) and tool result as it happens, and the final
 assistant message at the end.
 
+**Grounding.** In a session bound to a memory bank, a turn recalls before its first model
+call (:meth:`TurnTools.ground <heed.sessions.tools.TurnTools.ground>`; the query is the
+message and the user's previous one, so "and where does she work?" still finds her). The
+memories, with their dates, go into this turn's system prompt, so a model that never calls
+a tool still answers from them; the recall and retain tools stay offered. The recall is a
+tool step like any other: ``tool_call`` / ``tool_result`` in the journal, an assistant tool
+call and its result in the transcript, cancellable at the recall's own checkpoints; its
+cost is in the turn's result (``trace.grounding``). Wakeup turns do not ground.
+
 On cancel the partial assistant output is kept in the transcript with status
 ``cancelled`` (``interrupted`` when the server is shutting down) and
 :class:`~heed.runtime.OperationCancelled` propagates. A turn whose process died
@@ -41,6 +50,16 @@ SYSTEM_PROMPT: Final = (
     "facts with `retain`, and start background work with `start_task`; you are woken when "
     "it completes. Answer briefly."
 )
+
+
+GROUNDING_PROMPT: Final = (
+    "Memories from the user's memory bank that may help, with their dates:\n{memories}\n"
+    "Answer from these memories when they contain the answer."
+)
+#: The tool-call id prefix of a turn's own recall (the run id follows: unique per turn).
+GROUNDING_CALL_ID: Final = "call_ground"
+#: Characters of the user's previous message added to the grounding query.
+PREVIOUS_MESSAGE_CHARS: Final = 300
 
 
 def _message_id() -> str:
@@ -120,11 +139,19 @@ class TurnRunner:
         content = turn_text(run)
         await self._store(run, "user", content, source=run.source)
         await rc.emit(EventType.USER_MESSAGE, {"text": content, "source": run.source})
-        conversation = [ChatMessage.system(SYSTEM_PROMPT), *to_chat(history)]
-        conversation.append(ChatMessage.user(content))
+        system = SYSTEM_PROMPT
         provider = self.provider()
         parts: list[str] = []
+        trace: dict[str, Any] = {}
         try:
+            if run.source != Source.WAKEUP:
+                grounding = await self._ground(rc, content, history, session.bank_id)
+                if grounding is not None:
+                    trace["grounding"], memories = grounding
+                    if memories is not None:
+                        system += "\n\n" + GROUNDING_PROMPT.format(memories=memories)
+            conversation = [ChatMessage.system(system), *to_chat(history)]
+            conversation.append(ChatMessage.user(content))
             for _step in range(self.max_steps):
                 parts = []
                 calls: list[ToolCallEvent] = []
@@ -146,7 +173,7 @@ class TurnRunner:
                 if not calls:
                     final = await self._store(run, "assistant", text)
                     await rc.emit(EventType.MESSAGE, {"text": text, "message_id": final.id})
-                    return {"text": text, "message_id": final.id}
+                    return {"text": text, "message_id": final.id, "trace": trace}
                 await self._store(
                     run,
                     "assistant",
@@ -182,11 +209,42 @@ class TurnRunner:
             note = f"(stopped after {self.max_steps} tool steps)"
             final = await self._store(run, "assistant", note)
             await rc.emit(EventType.MESSAGE, {"text": note, "message_id": final.id})
-            return {"text": note, "message_id": final.id}
+            return {"text": note, "message_id": final.id, "trace": trace}
         except OperationCancelled:
             status = "interrupted" if rc.token.reason == SHUTDOWN else "cancelled"
             await self._store(run, "assistant", "".join(parts), status=status)
             raise
+
+    async def _ground(
+        self, rc: RunContext, content: str, history: Sequence[Message], bank_id: str | None
+    ) -> tuple[dict[str, Any], str | None] | None:
+        """The turn's own recall, as a tool step (see the module docstring); ``None`` for a
+        session with no bank. Returns its trace entry and the memories for the prompt
+        (``None`` when the recall failed)."""
+        previous = next((m.content for m in reversed(history) if m.role == "user"), "")
+        query = content if not previous else f"{content}\n{previous[:PREVIOUS_MESSAGE_CHARS]}"
+        run = rc.run
+        found = await self.tools.ground(query, run.tenant, bank_id)
+        if found is None:
+            return None
+        call_id = f"{GROUNDING_CALL_ID}_{run.id[-12:]}"  # unique across the transcript
+        call = {"id": call_id, "name": "recall", "arguments": {"query": query}}
+        await rc.emit(EventType.TOOL_CALL, call)
+        duration_ms = round(found.seconds * 1000, 1)
+        await rc.emit(
+            EventType.TOOL_RESULT,
+            {
+                "id": call_id,
+                "name": "recall",
+                "ok": found.result.ok,
+                "content": found.result.content,
+                "output": {"memories": found.memories, "duration_ms": duration_ms},
+            },
+        )
+        await self._store(run, "assistant", "", tool_calls=[call])
+        await self._store(run, "tool", found.result.content, tool_call_id=call_id, name="recall")
+        entry = {"ok": found.result.ok, "memories": found.memories, "duration_ms": duration_ms}
+        return entry, found.result.content if found.result.ok else None
 
     async def on_interrupted(self, run: Run) -> None:
         """Store the partial output of a turn whose worker died, marked ``interrupted``."""

@@ -1,0 +1,143 @@
+"""Grounded turns: a turn of a bank-bound session recalls before its first model call.
+
+Real server on a socket and the real memory engine; the scripted provider records what
+each model call was asked, so the tests read the prompt the model got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from heed.llm import ScriptedProvider
+from heed.settings import Settings
+from tests.memory.conftest import StageGate
+from tests.support import LiveServer, wait_for
+
+from .http_support import new_session, run_phase, run_server, run_settings
+
+ALICE = [
+    {"content": "Alice adopted a grey cat named Pixel in March 2024.", "timestamp": "2024-03-10"},
+    {"content": "Alice works as a nurse at St. Mary's hospital in Leeds."},
+    {"content": "Alice is allergic to peanuts."},
+]
+
+
+def events(client: httpx.Client, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    with client.stream("GET", f"/v1/runs/{run_id}/stream", timeout=20) as resp:
+        body = resp.read().decode()
+    found = []
+    for block in body.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in lines and "data" in lines:
+            found.append((lines["event"], json.loads(lines["data"])["data"]))
+    return found
+
+
+def turn(client: httpx.Client, session_id: str, content: str) -> str:
+    run_id = str(
+        client.post(f"/v1/sessions/{session_id}/turns", json={"content": content}).json()["run_id"]
+    )
+    wait_for(lambda: run_phase(client, run_id) in ("completed", "cancelled", "failed"), 60)
+    return run_id
+
+
+def provider_of(server: LiveServer) -> ScriptedProvider:
+    provider = server.app.state.services.runs.provider()
+    assert isinstance(provider, ScriptedProvider)
+    return provider
+
+
+def alice_bank(client: httpx.Client) -> None:
+    assert client.put("/v1/default/banks/alice", json={}).status_code in (200, 201)
+    retained = client.post("/v1/default/banks/alice/memories", json={"items": ALICE})
+    assert retained.status_code == 200, retained.text
+
+
+def test_a_bank_bound_turn_recalls_first_and_the_model_sees_the_memories_with_dates(
+    make_settings: Callable[..., Settings],
+) -> None:
+    with (
+        run_server(run_settings(make_settings)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        alice_bank(client)
+        sid = new_session(client, bank_id="alice")
+        run_id = turn(client, sid, "What is the name of Alice's cat?")
+        assert run_phase(client, run_id) == "completed"
+
+        journal = events(client, run_id)
+        kinds = [k for k, _ in journal]
+        first_text = kinds.index("text_delta")
+        assert kinds[:4] == ["started", "user_message", "tool_call", "tool_result"]
+        assert kinds.index("tool_result") < first_text, "the model was asked before the recall"
+        call, result = journal[2][1], journal[3][1]
+        assert call["name"] == "recall" and "Alice's cat" in call["arguments"]["query"]
+        assert result["ok"] is True and "Pixel" in result["content"]
+        assert "(2024-03-" in result["content"]  # when it happened: March 2024
+        assert result["output"]["memories"] >= 1 and result["output"]["duration_ms"] > 0
+
+        asked = provider_of(server).requests[-1]
+        system = asked.messages[0].content
+        assert asked.messages[0].role == "system"
+        assert "Pixel" in system and "(2024-03-" in system
+        assert [t.name for t in asked.tools] == ["recall", "retain", "start_task"]
+
+        run = client.get(f"/v1/runs/{run_id}").json()
+        grounding = run["result"]["trace"]["grounding"]
+        assert grounding["ok"] is True and grounding["memories"] >= 1
+        messages = client.get(f"/v1/sessions/{sid}").json()["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+        assert messages[1]["tool_calls"][0]["name"] == "recall"
+
+        # The next turn's query carries the user's previous message: "she" is still Alice.
+        second = turn(client, sid, "And where does she work?")
+        call = next(d for k, d in events(client, second) if k == "tool_call")
+        assert "where does she work" in call["arguments"]["query"]
+        assert "Alice's cat" in call["arguments"]["query"]
+        assert "St. Mary's hospital" in provider_of(server).requests[-1].messages[0].content
+
+
+def test_a_session_without_a_bank_does_not_recall(make_settings: Callable[..., Settings]) -> None:
+    with (
+        run_server(run_settings(make_settings)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        sid = new_session(client)
+        run_id = turn(client, sid, "hello")
+        kinds = [k for k, _ in events(client, run_id)]
+        assert "tool_call" not in kinds and "tool_result" not in kinds
+        assert "Memories from" not in provider_of(server).requests[-1].messages[0].content
+        assert "grounding" not in client.get(f"/v1/runs/{run_id}").json()["result"]["trace"]
+
+
+async def test_cancelling_during_the_grounding_recall_stops_it_before_any_model_call(
+    make_settings: Callable[..., Settings],
+) -> None:
+    with (
+        run_server(run_settings(make_settings)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        alice_bank(client)
+        sid = new_session(client, bank_id="alice")
+        asked_before = len(provider_of(server).requests)
+        engine = server.app.state.services.memory
+        gate = StageGate("rerank")
+        engine.recall_deps.hooks = gate
+        try:
+            run_id = client.post(f"/v1/sessions/{sid}/turns", json={"content": "cat?"}).json()[
+                "run_id"
+            ]
+            assert await asyncio.to_thread(gate.entered.wait, 10.0), "the recall never ran"
+            cancelled = client.post(f"/v1/runs/{run_id}/cancel", params={"wait": "true"})
+        finally:
+            engine.recall_deps.hooks = None
+        assert cancelled.json()["phase"] == "cancelled"
+        assert gate.reason is not None, "the recall's thread never saw the cancel"
+        assert not gate.calls.get("enrichment"), gate.calls
+        assert len(provider_of(server).requests) == asked_before, "the model was asked anyway"
+        assert engine.recall_deps.lane.stats().in_use == 0
