@@ -417,7 +417,10 @@ async def test_disconnect_between_iterations_stops_before_the_next(tmp_path: Pat
         assert len(provider.requests) == 1, "a model call started after the client left"
 
 
-async def test_a_broken_tool_call_is_not_taken_for_the_answer(
+FALLBACK = {"when": "Answer from these memories:", "text": "Alice has cats."}
+
+
+async def test_a_broken_tool_call_falls_back_to_one_answer_from_the_memories(
     server: LiveServer, client: Hindsight, bank_id: str
 ) -> None:
     provider = use_script(
@@ -426,10 +429,38 @@ async def test_a_broken_tool_call_is_not_taken_for_the_answer(
             "replies": [
                 {"text": "unused"},
                 {"text": '{"tool": "recall", "arguments": {"query": '},
-                {"text": "Alice has cats."},
+                {"text": "never asked"},
+                FALLBACK,
             ]
         },
     )
     response = await client.areflect(bank_id, "Alice's pets?")
     assert response.text == "Alice has cats."
-    assert "not a valid tool call" in provider.requests[1].messages[-1].content
+    assert len(provider.requests) == 2, "the loop went on after the broken call"
+    fallback = provider.requests[1]
+    assert fallback.tools == () and [m.role for m in fallback.messages] == ["system", "user"]
+    assert "Tom and Luna" in fallback.messages[1].content  # the recalled memories
+    assert "Question: Alice's pets?" in fallback.messages[1].content
+
+
+async def test_a_refusal_although_memories_were_recalled_is_answered_from_them(
+    server: LiveServer, client: Hindsight, bank_id: str
+) -> None:
+    refusal = {"text": "I could not find an answer in the memories."}
+    provider = use_script(server, {"replies": [{"text": "unused"}, refusal, FALLBACK]})
+    response = await client.areflect(bank_id, "Alice's pets?")
+    assert response.text == "Alice has cats."
+    assert "Answer from these memories:" in provider.requests[-1].messages[-1].content
+
+
+async def test_when_even_the_fallback_refuses_the_answer_quotes_the_best_memories(
+    server: LiveServer, client: Hindsight, bank_id: str
+) -> None:
+    refusal = {"text": "There is no information about that."}
+    use_script(
+        server,
+        {"replies": [{"text": "unused"}, refusal, {**FALLBACK, "text": "I don't know."}]},
+    )
+    response = await client.areflect(bank_id, "What are the names of Alice's cats?")
+    assert response.text.startswith("From the memories: ")
+    assert "Tom and Luna" in response.text

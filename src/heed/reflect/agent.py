@@ -10,6 +10,11 @@ One reflect is:
    tool call is the answer too;
 3. the last iteration offers no tools and asks for the answer, so a reflect
    always ends with one;
+3a. **the fallback for a model that cannot use the tools**: a broken tool call (a small
+   model's half-written JSON), or no answer or a refusal ("I could not find...") although
+   memories were recalled, ends the loop with one generation over the recalled memories
+   and no tools; if that refuses too, the answer quotes the best of them. A model that can
+   call the tools never meets it;
 4. with a ``response_schema``, one more call turns the answer into JSON, which
    is validated against the schema (a failure is reported in
    ``structured_output_error``, not raised).
@@ -26,6 +31,7 @@ the tiny local model stays useful; a stronger ``openai`` model does better.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,8 +74,17 @@ MEMORIES_PER_RECALL: Final = 8
 MEMORY_CHARS: Final = 400
 EXPAND_CHARS: Final = 2000
 NO_ANSWER: Final = "I could not find an answer in the memories."
-NOT_A_TOOL_CALL: Final = (
-    "That was not a valid tool call. Call a tool with valid JSON, or answer in plain text."
+#: The fallback answer's prompt (see :meth:`_Loop._answer_from_memories`).
+FALLBACK_SYSTEM: Final = "Answer the question in one short sentence, using only the memories."
+FALLBACK_MARKER: Final = "Answer from these memories:"
+#: Memories quoted when even the fallback generation gives no answer.
+FALLBACK_QUOTED: Final = 3
+_REFUSAL = re.compile(
+    r"\b(?:could ?n[o']t|can ?n[o']t|cannot|unable to|did ?n[o']t|do ?n[o']t|does ?n[o']t)\s+"
+    r"(?:find|know|see|determine|tell|say|mention|contain|have)\b"
+    r"|\bno (?:information|answer|mention|memories|record)\b"
+    r"|\bnot (?:mentioned|provided|available|found|specified|stated)\b",
+    re.IGNORECASE,
 )
 
 TOOLS: Final = (
@@ -180,15 +195,22 @@ def _looks_like_a_tool_call(text: str) -> bool:
     return stripped.startswith("{") and ('"tool"' in stripped or '"name"' in stripped)
 
 
+def _is_a_refusal(text: str) -> bool:
+    """Does the answer say the memories do not hold one ("I could not find...")?"""
+    return bool(_REFUSAL.search(text))
+
+
 def _clip(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _memory_line(unit: StoredUnit) -> str:
+def _memory_line(unit: StoredUnit, *, with_id: bool = True) -> str:
+    """One memory for a prompt, with its date; ``[id]`` for the tools to refer to it."""
     when = unit.occurred_start or unit.mentioned_at
     suffix = f" ({when[:10]})" if when else ""
-    return f"[{unit.id}] {_clip(unit.text, MEMORY_CHARS)}{suffix}"
+    prefix = f"[{unit.id}]" if with_id else "-"
+    return f"{prefix} {_clip(unit.text, MEMORY_CHARS)}{suffix}"
 
 
 class ReflectAgent:
@@ -267,10 +289,9 @@ class _Loop:
             scope = "final" if final else f"agent_{iteration}"
             completion = await self._call(messages, None if final else TOOLS, scope, iteration)
             if not final and not completion.tool_calls and _looks_like_a_tool_call(completion.text):
-                # A small model's broken attempt at a tool call is not an answer: say so.
-                messages.append(ChatMessage.assistant(completion.text))
-                messages.append(ChatMessage.user(NOT_A_TOOL_CALL))
-                continue
+                # A model that cannot call the tools (a small model's broken JSON) will not
+                # get better at it: answer from what was recalled, in one generation.
+                break
             if final or not completion.tool_calls:
                 # The last call offers no tools: whatever it says is the answer.
                 answer = completion.text.strip()
@@ -289,6 +310,8 @@ class _Loop:
                     ChatMessage.tool(call.id, await self._tool(call, iteration), name=call.name)
                 )
 
+        if self.seen and (not answer or _is_a_refusal(answer)):
+            answer = await self._answer_from_memories(question, iterations + 1)
         text = answer or NO_ANSWER
         await self._emit(EventType.MESSAGE, {"text": text})
         if used is not None and any(i in self.seen for i in used):
@@ -309,6 +332,26 @@ class _Loop:
             )
             outcome.usage = Usage(self.prompt_tokens, self.completion_tokens)
         return outcome
+
+    async def _answer_from_memories(self, question: str, iteration: int) -> str:
+        """The fallback answer when the loop gave none (or a refusal) although memories were
+        recalled: one generation over them, with no tools; if that refuses too, the best
+        recalled memories themselves, so the answer is never "not found" when they hold it.
+        """
+        raise_if_cancelled()
+        lines = "\n".join(_memory_line(u, with_id=False) for u in self.seen.values())
+        messages = [
+            ChatMessage.system(FALLBACK_SYSTEM),
+            ChatMessage.user(f"{FALLBACK_MARKER}\n{lines}\n\nQuestion: {question}"),
+        ]
+        completion = await self._call(messages, None, "answer_from_memories", iteration)
+        answer = completion.text.strip()
+        if answer and not _is_a_refusal(answer) and not _looks_like_a_tool_call(answer):
+            return answer
+        best = list(self.seen.values())[:FALLBACK_QUOTED]
+        quoted = "From the memories: " + " ".join(_clip(u.text, MEMORY_CHARS) for u in best)
+        await self._emit(EventType.TEXT_DELTA, {"text": quoted, "iteration": iteration + 1})
+        return quoted
 
     # -- model calls -------------------------------------------------------------------
 
