@@ -24,6 +24,7 @@ from hindsight_client import Hindsight
 
 from heed.api.app import create_app
 from heed.llm import ScriptedProvider
+from heed.llm.grounding import MEMORIES_HEADING
 from heed.reflect import ITERATIONS
 from heed.runtime import current_context
 from heed.settings import Settings
@@ -417,7 +418,7 @@ async def test_disconnect_between_iterations_stops_before_the_next(tmp_path: Pat
         assert len(provider.requests) == 1, "a model call started after the client left"
 
 
-FALLBACK = {"when": "Answer from these memories:", "text": "Alice has cats."}
+FALLBACK = {"when": MEMORIES_HEADING, "text": "Alice has cats."}
 
 
 async def test_a_broken_tool_call_falls_back_to_one_answer_from_the_memories(
@@ -450,7 +451,7 @@ async def test_a_refusal_although_memories_were_recalled_is_answered_from_them(
     provider = use_script(server, {"replies": [{"text": "unused"}, refusal, FALLBACK]})
     response = await client.areflect(bank_id, "Alice's pets?")
     assert response.text == "Alice has cats."
-    assert "Answer from these memories:" in provider.requests[-1].messages[-1].content
+    assert MEMORIES_HEADING in provider.requests[-1].messages[-1].content
 
 
 async def test_when_even_the_fallback_refuses_the_answer_quotes_the_best_memories(
@@ -464,3 +465,26 @@ async def test_when_even_the_fallback_refuses_the_answer_quotes_the_best_memorie
     response = await client.areflect(bank_id, "What are the names of Alice's cats?")
     assert response.text.startswith("From the memories: ")
     assert "Tom and Luna" in response.text
+
+
+async def test_a_model_that_cannot_use_tools_answers_each_part_of_the_question(
+    server: LiveServer, client: Hindsight, bank_id: str
+) -> None:
+    provider = use_script(
+        server,
+        {
+            "follows_tools": False,
+            "replies": [
+                {"when": "Question: What are the names", "text": "Tom and Luna."},
+                {"when": "Question: What is her work", "text": "She is a nurse in Lyon."},
+            ],
+        },
+    )
+    response = await client.areflect(
+        bank_id, "What are the names of Alice's cats and what is her work?", include_tool_calls=True
+    )
+    assert response.text == "Tom and Luna. She is a nurse in Lyon."
+    assert all(r.tools == () for r in provider.requests), "tools were offered"
+    assert len(provider.requests) == 2
+    queries = [c.input["query"] for c in response.trace.tool_calls]  # type: ignore[union-attr]
+    assert queries[1:] == ["What are the names of Alice's cats?", "What is her work?"]

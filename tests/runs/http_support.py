@@ -134,6 +134,7 @@ class WedgedProvider:
 
     name = "wedged"
     model = "wedged"
+    follows_tools = True
 
     def __init__(self, max_wait: float = 60.0) -> None:
         self.max_wait = max_wait

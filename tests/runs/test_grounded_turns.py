@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from heed.llm import ScriptedProvider
+from heed.llm.grounding import MEMORIES_HEADING
 from heed.settings import Settings
 from tests.memory.conftest import StageGate
 from tests.support import LiveServer, wait_for
@@ -82,13 +83,14 @@ def test_a_bank_bound_turn_recalls_first_and_the_model_sees_the_memories_with_da
         assert result["output"]["memories"] >= 1 and result["output"]["duration_ms"] > 0
 
         asked = provider_of(server).requests[-1]
-        system = asked.messages[0].content
-        assert asked.messages[0].role == "system"
-        assert "Pixel" in system and "(2024-03-" in system
+        question = asked.messages[-1]
+        assert question.role == "user" and question.content.startswith(MEMORIES_HEADING)
+        assert "Pixel" in question.content and "(2024-03-" in question.content
+        assert question.content.endswith("Question: What is the name of Alice's cat?")
         assert [t.name for t in asked.tools] == ["recall", "retain", "start_task"]
 
         run = client.get(f"/v1/runs/{run_id}").json()
-        grounding = run["result"]["trace"]["grounding"]
+        (grounding,) = run["result"]["trace"]["grounding"]
         assert grounding["ok"] is True and grounding["memories"] >= 1
         messages = client.get(f"/v1/sessions/{sid}").json()["messages"]
         assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
@@ -99,7 +101,12 @@ def test_a_bank_bound_turn_recalls_first_and_the_model_sees_the_memories_with_da
         call = next(d for k, d in events(client, second) if k == "tool_call")
         assert "where does she work" in call["arguments"]["query"]
         assert "Alice's cat" in call["arguments"]["query"]
-        assert "St. Mary's hospital" in provider_of(server).requests[-1].messages[0].content
+        asked = provider_of(server).requests[-1]
+        assert "St. Mary's hospital" in asked.messages[-1].content
+        # earlier turns are seen as they were written, without their memories
+        assert next(m.content for m in asked.messages if m.role == "user") == (
+            "What is the name of Alice's cat?"
+        )
 
 
 def test_a_session_without_a_bank_does_not_recall(make_settings: Callable[..., Settings]) -> None:
@@ -111,7 +118,7 @@ def test_a_session_without_a_bank_does_not_recall(make_settings: Callable[..., S
         run_id = turn(client, sid, "hello")
         kinds = [k for k, _ in events(client, run_id)]
         assert "tool_call" not in kinds and "tool_result" not in kinds
-        assert "Memories from" not in provider_of(server).requests[-1].messages[0].content
+        assert provider_of(server).requests[-1].messages[-1].content == "hello"
         assert "grounding" not in client.get(f"/v1/runs/{run_id}").json()["result"]["trace"]
 
 
@@ -141,3 +148,37 @@ async def test_cancelling_during_the_grounding_recall_stops_it_before_any_model_
         assert not gate.calls.get("enrichment"), gate.calls
         assert len(provider_of(server).requests) == asked_before, "the model was asked anyway"
         assert engine.recall_deps.lane.stats().in_use == 0
+
+
+def test_a_model_that_cannot_use_tools_answers_each_part_from_its_own_memories(
+    make_settings: Callable[..., Settings],
+) -> None:
+    script = {
+        "follows_tools": False,
+        "replies": [
+            {"when": "Question: What is the name", "text": "Pixel."},
+            {"when": "Question: Where does she work", "text": "At St. Mary's hospital in Leeds."},
+        ],
+    }
+    settings = run_settings(make_settings, llm_script=json.dumps(script))
+    with run_server(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        alice_bank(client)
+        sid = new_session(client, bank_id="alice")
+        turn(client, sid, "Hello")  # an earlier exchange the model must not be shown
+        before = len(provider_of(server).requests)
+        run_id = turn(client, sid, "What is the name of Alice's cat and where does she work?")
+        run = client.get(f"/v1/runs/{run_id}").json()
+        assert run["result"]["text"] == "Pixel. At St. Mary's hospital in Leeds."
+
+        calls = [d for k, d in events(client, run_id) if k == "tool_call"]
+        assert [c["arguments"]["query"] for c in calls] == [
+            "What is the name of Alice's cat?",
+            "Where does she work?",
+        ]
+        asked = list(provider_of(server).requests)[before:]
+        assert len(asked) == 2
+        for request, fact in zip(asked, ("Pixel", "St. Mary's"), strict=True):
+            assert request.tools == ()
+            assert [m.role for m in request.messages] == ["system", "user"]  # no transcript
+            assert fact in request.messages[1].content
+        assert len(run["result"]["trace"]["grounding"]) == 2

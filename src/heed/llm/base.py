@@ -253,6 +253,14 @@ class ChatProvider(Protocol):
         """The model this provider talks to."""
         ...
 
+    @property
+    def follows_tools(self) -> bool:
+        """Does the model call tools reliably enough to run an agent loop? When not (the
+        embedded SmolLM2-135M), reflect and the turns of bank-bound sessions answer each
+        question from recalled memories in single generations (:mod:`heed.llm.grounding`).
+        """
+        ...
+
     def stream(
         self,
         messages: Sequence[ChatMessage],

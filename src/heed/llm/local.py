@@ -362,6 +362,10 @@ class LocalProvider:
         return self._model
 
     @property
+    def follows_tools(self) -> bool:
+        return False  # 135M parameters: its tool calls are too often broken or beside the point
+
+    @property
     def model_path(self) -> Path:
         return self._path
 

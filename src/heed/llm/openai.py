@@ -274,6 +274,10 @@ class OpenAIProvider:
     def model(self) -> str:
         return self._model
 
+    @property
+    def follows_tools(self) -> bool:
+        return True  # whatever serves the API is trusted with tools; pick a model that can
+
     def _payload(
         self,
         messages: Sequence[ChatMessage],

@@ -113,6 +113,8 @@ class Script(BaseModel):
     token_delay: float = Field(default=0.0, ge=0)
     select: Literal["turn", "sequence"] = "turn"
     model: str = "scripted"
+    #: ``false`` plays a model that cannot use tools, like the embedded one.
+    follows_tools: bool = True
 
 
 def load_script(value: Script | dict[str, Any] | str | None) -> Script:
@@ -191,6 +193,10 @@ class ScriptedProvider:
     @property
     def model(self) -> str:
         return self._script.model
+
+    @property
+    def follows_tools(self) -> bool:
+        return self._script.follows_tools
 
     @property
     def script(self) -> Script:

@@ -10,11 +10,13 @@ One reflect is:
    tool call is the answer too;
 3. the last iteration offers no tools and asks for the answer, so a reflect
    always ends with one;
-3a. **the fallback for a model that cannot use the tools**: a broken tool call (a small
-   model's half-written JSON), or no answer or a refusal ("I could not find...") although
-   memories were recalled, ends the loop with one generation over the recalled memories
-   and no tools; if that refuses too, the answer quotes the best of them. A model that can
-   call the tools never meets it;
+3a. **the answer of a model that cannot use the tools**: a provider that says so
+   (``follows_tools``: the embedded model) skips step 2; a broken tool call (a small
+   model's half-written JSON), or no answer, a refusal ("I could not find...") or a tool
+   call as the final answer although memories were recalled, ends it. Then each part of
+   the question is answered in one generation over its recalled memories, with no tools
+   (several parts are recalled one by one); a part the model refuses is answered by
+   quoting the best of them;
 4. with a ``response_schema``, one more call turns the answer into JSON, which
    is validated against the schema (a failure is reported in
    ``structured_output_error``, not raised).
@@ -31,7 +33,6 @@ the tiny local model stays useful; a stronger ``openai`` model does better.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,12 @@ from heed.llm.base import (
     ToolSpec,
     Usage,
     complete,
+)
+from heed.llm.grounding import (
+    ANSWER_FROM_MEMORIES,
+    grounded_question,
+    is_a_refusal,
+    split_question,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
 from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
@@ -74,18 +81,8 @@ MEMORIES_PER_RECALL: Final = 8
 MEMORY_CHARS: Final = 400
 EXPAND_CHARS: Final = 2000
 NO_ANSWER: Final = "I could not find an answer in the memories."
-#: The fallback answer's prompt (see :meth:`_Loop._answer_from_memories`).
-FALLBACK_SYSTEM: Final = "Answer the question in one short sentence, using only the memories."
-FALLBACK_MARKER: Final = "Answer from these memories:"
 #: Memories quoted when even the fallback generation gives no answer.
 FALLBACK_QUOTED: Final = 3
-_REFUSAL = re.compile(
-    r"\b(?:could ?n[o']t|can ?n[o']t|cannot|unable to|did ?n[o']t|do ?n[o']t|does ?n[o']t)\s+"
-    r"(?:find|know|see|determine|tell|say|mention|contain|have)\b"
-    r"|\bno (?:information|answer|mention|memories|record)\b"
-    r"|\bnot (?:mentioned|provided|available|found|specified|stated)\b",
-    re.IGNORECASE,
-)
 
 TOOLS: Final = (
     ToolSpec(
@@ -195,11 +192,6 @@ def _looks_like_a_tool_call(text: str) -> bool:
     return stripped.startswith("{") and ('"tool"' in stripped or '"name"' in stripped)
 
 
-def _is_a_refusal(text: str) -> bool:
-    """Does the answer say the memories do not hold one ("I could not find...")?"""
-    return bool(_REFUSAL.search(text))
-
-
 def _clip(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -255,6 +247,7 @@ class _Loop:
         self.request = request
         self.listener = listener
         self.seen: dict[str, StoredUnit] = {}
+        self.recalled: list[StoredUnit] = []  # what the latest recall found, in rank order
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.tool_calls: list[ToolTrace] = []
@@ -278,7 +271,8 @@ class _Loop:
 
         answer: str | None = None
         used: list[str] | None = None
-        iterations = ITERATIONS[request.budget]
+        # A model that cannot use the tools skips the loop: straight to the answer below.
+        iterations = ITERATIONS[request.budget] if self.provider.follows_tools else 0
         for iteration in range(1, iterations + 1):
             raise_if_cancelled()
             final = iteration == iterations
@@ -310,8 +304,8 @@ class _Loop:
                     ChatMessage.tool(call.id, await self._tool(call, iteration), name=call.name)
                 )
 
-        if self.seen and (not answer or _is_a_refusal(answer)):
-            answer = await self._answer_from_memories(question, iterations + 1)
+        if self.seen and (not answer or is_a_refusal(answer) or _looks_like_a_tool_call(answer)):
+            answer = await self._answer_from_memories(iterations + 1)
         text = answer or NO_ANSWER
         await self._emit(EventType.MESSAGE, {"text": text})
         if used is not None and any(i in self.seen for i in used):
@@ -333,25 +327,46 @@ class _Loop:
             outcome.usage = Usage(self.prompt_tokens, self.completion_tokens)
         return outcome
 
-    async def _answer_from_memories(self, question: str, iteration: int) -> str:
-        """The fallback answer when the loop gave none (or a refusal) although memories were
-        recalled: one generation over them, with no tools; if that refuses too, the best
-        recalled memories themselves, so the answer is never "not found" when they hold it.
-        """
-        raise_if_cancelled()
-        lines = "\n".join(_memory_line(u, with_id=False) for u in self.seen.values())
+    async def _answer_from_memories(self, iteration: int) -> str:
+        """The answer of a model that could not use the tools (see the module docstring):
+        each part of the question ("...'s cat and where does she work?" is two) recalled
+        on its own when there are several, then answered in one generation over its
+        memories, with no tools; a part the model refuses is answered with the best of its
+        memories, so the answer is never "not found" when they hold it."""
+        parts = split_question(self.request.query)
+        answers: list[str] = []
+        for index, part in enumerate(parts):
+            raise_if_cancelled()
+            units = list(self.seen.values())
+            if len(parts) > 1:
+                call = ToolCall(
+                    id=f"call_{iteration}_{index}_recall", name="recall", arguments={"query": part}
+                )
+                await self._tool(call, iteration)
+                units = self.recalled
+                if index:
+                    await self._emit(EventType.TEXT_DELTA, {"text": " ", "iteration": iteration})
+            answers.append(await self._answer_part(part, units, iteration, quote=len(parts) == 1))
+        return " ".join(answers)
+
+    async def _answer_part(
+        self, question: str, units: list[StoredUnit], iteration: int, *, quote: bool
+    ) -> str:
+        if not units:
+            return NO_ANSWER
+        if self.request.context:
+            question = f"{question}\n\nContext: {self.request.context}"
+        lines = [_memory_line(u, with_id=False) for u in units]
         messages = [
-            ChatMessage.system(FALLBACK_SYSTEM),
-            ChatMessage.user(f"{FALLBACK_MARKER}\n{lines}\n\nQuestion: {question}"),
+            ChatMessage.system(ANSWER_FROM_MEMORIES),
+            ChatMessage.user(grounded_question(lines, question)),
         ]
         completion = await self._call(messages, None, "answer_from_memories", iteration)
         answer = completion.text.strip()
-        if answer and not _is_a_refusal(answer) and not _looks_like_a_tool_call(answer):
+        if answer and not is_a_refusal(answer) and not _looks_like_a_tool_call(answer):
             return answer
-        best = list(self.seen.values())[:FALLBACK_QUOTED]
-        quoted = "From the memories: " + " ".join(_clip(u.text, MEMORY_CHARS) for u in best)
-        await self._emit(EventType.TEXT_DELTA, {"text": quoted, "iteration": iteration + 1})
-        return quoted
+        best = units[: FALLBACK_QUOTED if quote else 1]
+        return "From the memories: " + " ".join(_clip(u.text, MEMORY_CHARS) for u in best)
 
     # -- model calls -------------------------------------------------------------------
 
@@ -437,6 +452,7 @@ class _Loop:
             ),
         )
         units = [hit.unit for hit in outcome.hits[:MEMORIES_PER_RECALL]]
+        self.recalled = units
         for unit in units:
             self.seen.setdefault(unit.id, unit)
         if not units:

@@ -11,11 +11,18 @@ assistant message at the end.
 **Grounding.** In a session bound to a memory bank, a turn recalls before its first model
 call (:meth:`TurnTools.ground <heed.sessions.tools.TurnTools.ground>`; the query is the
 message and the user's previous one, so "and where does she work?" still finds her). The
-memories, with their dates, go into this turn's system prompt, so a model that never calls
-a tool still answers from them; the recall and retain tools stay offered. The recall is a
-tool step like any other: ``tool_call`` / ``tool_result`` in the journal, an assistant tool
-call and its result in the transcript, cancellable at the recall's own checkpoints; its
-cost is in the turn's result (``trace.grounding``). Wakeup turns do not ground.
+memories, with their dates, go right before the question in what this turn asks the model
+(:func:`heed.llm.grounding.grounded_question`; the transcript keeps the message as
+written), so a model that never calls a tool still answers from them; the recall and
+retain tools stay offered. The recall is a tool step like any other: ``tool_call`` /
+``tool_result`` in the journal, an assistant tool call and its result in the transcript,
+cancellable at the recall's own checkpoints; its cost is in the turn's result
+(``trace.grounding``, one entry per recall). Wakeup turns do not ground.
+
+**A model that cannot use tools** (``provider.follows_tools`` false: the embedded model)
+answers each part of the message ("...'s cat and where does she work?" is two, each
+recalled on its own) in one generation over its memories, without the earlier transcript
+(it would repeat its last answer) and without tools.
 
 On cancel the partial assistant output is kept in the transcript with status
 ``cancelled`` (``interrupted`` when the server is shutting down) and
@@ -32,7 +39,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from heed.llm.base import ChatMessage, ChatProvider, TextDelta, ToolCall, ToolCallEvent
+from heed.llm.base import (
+    ChatMessage,
+    ChatProvider,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolSpec,
+)
+from heed.llm.grounding import ANSWER_FROM_MEMORIES, grounded_question, split_question
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.kinds import RunContext
@@ -52,10 +67,6 @@ SYSTEM_PROMPT: Final = (
 )
 
 
-GROUNDING_PROMPT: Final = (
-    "Memories from the user's memory bank that may help, with their dates:\n{memories}\n"
-    "Answer from these memories when they contain the answer."
-)
 #: The tool-call id prefix of a turn's own recall (the run id follows: unique per turn).
 GROUNDING_CALL_ID: Final = "call_ground"
 #: Characters of the user's previous message added to the grounding query.
@@ -139,95 +150,161 @@ class TurnRunner:
         content = turn_text(run)
         await self._store(run, "user", content, source=run.source)
         await rc.emit(EventType.USER_MESSAGE, {"text": content, "source": run.source})
-        system = SYSTEM_PROMPT
         provider = self.provider()
-        parts: list[str] = []
+        parts: list[str] = []  # the text of the model step in progress (kept on cancel)
         trace: dict[str, Any] = {}
         try:
-            if run.source != Source.WAKEUP:
-                grounding = await self._ground(rc, content, history, session.bank_id)
-                if grounding is not None:
-                    trace["grounding"], memories = grounding
-                    if memories is not None:
-                        system += "\n\n" + GROUNDING_PROMPT.format(memories=memories)
-            conversation = [ChatMessage.system(system), *to_chat(history)]
-            conversation.append(ChatMessage.user(content))
-            for _step in range(self.max_steps):
-                parts = []
-                calls: list[ToolCallEvent] = []
-                stream = provider.stream(conversation, tools=TOOL_SPECS, max_tokens=self.max_tokens)
-                async with contextlib.aclosing(stream) as events:
-                    async for event in events:
-                        rc.token.raise_if_cancelled()  # a provider that ignored the token
-                        if isinstance(event, TextDelta):
-                            parts.append(event.text)
-                            await rc.emit(EventType.TEXT_DELTA, {"text": event.text})
-                        elif isinstance(event, ToolCallEvent):
-                            calls.append(event)
-                            await rc.emit(
-                                EventType.TOOL_CALL,
-                                {"id": event.id, "name": event.name, "arguments": event.arguments},
-                            )
-                rc.token.raise_if_cancelled()
-                text = "".join(parts)
-                if not calls:
-                    final = await self._store(run, "assistant", text)
-                    await rc.emit(EventType.MESSAGE, {"text": text, "message_id": final.id})
-                    return {"text": text, "message_id": final.id, "trace": trace}
-                await self._store(
-                    run,
-                    "assistant",
-                    text,
-                    tool_calls=[
-                        {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
-                    ],
+            questions = [content] if provider.follows_tools else split_question(content)
+            memories: list[str | None] = []
+            if run.source != Source.WAKEUP and session.bank_id:
+                memories = await self._ground_all(rc, questions, history, session.bank_id, trace)
+            if not provider.follows_tools and any(m is not None for m in memories):
+                text = await self._answer_from_memories(rc, provider, questions, memories, parts)
+            else:
+                question = (
+                    content
+                    if not memories or memories[0] is None
+                    else (grounded_question(memories[0].splitlines(), content))
                 )
-                parts = []
-                conversation.append(ChatMessage.assistant(text, [c.to_call() for c in calls]))
-                for call in calls:
-                    rc.token.raise_if_cancelled()
-                    result = await self.tools.call(
-                        call.name,
-                        call.arguments,
-                        session_id=run.session_id,
-                        tenant=run.tenant,
-                        bank_id=session.bank_id,
-                    )
-                    await rc.emit(
-                        EventType.TOOL_RESULT,
-                        {
-                            "id": call.id,
-                            "name": call.name,
-                            "ok": result.ok,
-                            "content": result.content,
-                        },
-                    )
-                    await self._store(
-                        run, "tool", result.content, tool_call_id=call.id, name=call.name
-                    )
-                    conversation.append(ChatMessage.tool(call.id, result.content, call.name))
-            note = f"(stopped after {self.max_steps} tool steps)"
-            final = await self._store(run, "assistant", note)
-            await rc.emit(EventType.MESSAGE, {"text": note, "message_id": final.id})
-            return {"text": note, "message_id": final.id, "trace": trace}
+                conversation = [ChatMessage.system(SYSTEM_PROMPT), *to_chat(history)]
+                conversation.append(ChatMessage.user(question))
+                text = await self._agent_loop(rc, provider, conversation, session.bank_id, parts)
+            final = await self._store(run, "assistant", text)
+            await rc.emit(EventType.MESSAGE, {"text": text, "message_id": final.id})
+            return {"text": text, "message_id": final.id, "trace": trace}
         except OperationCancelled:
             status = "interrupted" if rc.token.reason == SHUTDOWN else "cancelled"
             await self._store(run, "assistant", "".join(parts), status=status)
             raise
 
+    async def _agent_loop(
+        self,
+        rc: RunContext,
+        provider: ChatProvider,
+        conversation: list[ChatMessage],
+        bank_id: str | None,
+        parts: list[str],
+    ) -> str:
+        """Model steps with the tools until one answers without a tool call; its text (or
+        a note when :attr:`max_steps` ran out)."""
+        run = rc.run
+        assert run.session_id is not None
+        for _step in range(self.max_steps):
+            parts.clear()
+            calls = await self._model_step(rc, provider, conversation, TOOL_SPECS, parts)
+            text = "".join(parts)
+            if not calls:
+                return text
+            await self._store(
+                run,
+                "assistant",
+                text,
+                tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
+            )
+            parts.clear()
+            conversation.append(ChatMessage.assistant(text, [c.to_call() for c in calls]))
+            for call in calls:
+                rc.token.raise_if_cancelled()
+                result = await self.tools.call(
+                    call.name,
+                    call.arguments,
+                    session_id=run.session_id,
+                    tenant=run.tenant,
+                    bank_id=bank_id,
+                )
+                await rc.emit(
+                    EventType.TOOL_RESULT,
+                    {"id": call.id, "name": call.name, "ok": result.ok, "content": result.content},
+                )
+                await self._store(run, "tool", result.content, tool_call_id=call.id, name=call.name)
+                conversation.append(ChatMessage.tool(call.id, result.content, call.name))
+        return f"(stopped after {self.max_steps} tool steps)"
+
+    async def _answer_from_memories(
+        self,
+        rc: RunContext,
+        provider: ChatProvider,
+        questions: list[str],
+        memories: list[str | None],
+        parts: list[str],
+    ) -> str:
+        """A model that cannot use tools answers each part of the message from its own
+        memories in one generation, without the earlier transcript (a small model repeats
+        its last answer when it sees it) and without tools."""
+        for index, (question, found) in enumerate(zip(questions, memories, strict=True)):
+            if index:
+                parts.append(" ")
+                await rc.emit(EventType.TEXT_DELTA, {"text": " "})
+            asked = question if found is None else grounded_question(found.splitlines(), question)
+            messages = [ChatMessage.system(ANSWER_FROM_MEMORIES), ChatMessage.user(asked)]
+            await self._model_step(rc, provider, messages, None, parts)
+        return "".join(parts).strip()
+
+    async def _model_step(
+        self,
+        rc: RunContext,
+        provider: ChatProvider,
+        messages: list[ChatMessage],
+        tools: Sequence[ToolSpec] | None,
+        parts: list[str],
+    ) -> list[ToolCallEvent]:
+        """One streamed model call: its text deltas (appended to *parts*) and tool calls go
+        to the journal as they come; returns the tool calls."""
+        calls: list[ToolCallEvent] = []
+        stream = provider.stream(messages, tools=tools, max_tokens=self.max_tokens)
+        async with contextlib.aclosing(stream) as events:
+            async for event in events:
+                rc.token.raise_if_cancelled()  # a provider that ignored the token
+                if isinstance(event, TextDelta):
+                    parts.append(event.text)
+                    await rc.emit(EventType.TEXT_DELTA, {"text": event.text})
+                elif isinstance(event, ToolCallEvent):
+                    calls.append(event)
+                    await rc.emit(
+                        EventType.TOOL_CALL,
+                        {"id": event.id, "name": event.name, "arguments": event.arguments},
+                    )
+        rc.token.raise_if_cancelled()
+        return calls
+
+    async def _ground_all(
+        self,
+        rc: RunContext,
+        questions: list[str],
+        history: Sequence[Message],
+        bank_id: str,
+        trace: dict[str, Any],
+    ) -> list[str | None]:
+        """The turn's own recalls: one per question (the message itself, or each of its
+        parts for a model that answers them one by one); the memories of each for the
+        prompt (``None`` where a recall failed). A lone question's query carries the
+        user's previous message too."""
+        queries = questions
+        if len(questions) == 1:
+            previous = next((m.content for m in reversed(history) if m.role == "user"), "")
+            if previous:
+                queries = [f"{questions[0]}\n{previous[:PREVIOUS_MESSAGE_CHARS]}"]
+        memories: list[str | None] = []
+        for index, query in enumerate(queries):
+            grounding = await self._ground(rc, query, bank_id, index)
+            if grounding is None:
+                return []
+            entry, found = grounding
+            trace.setdefault("grounding", []).append(entry)
+            memories.append(found)
+        return memories
+
     async def _ground(
-        self, rc: RunContext, content: str, history: Sequence[Message], bank_id: str | None
+        self, rc: RunContext, query: str, bank_id: str, index: int = 0
     ) -> tuple[dict[str, Any], str | None] | None:
-        """The turn's own recall, as a tool step (see the module docstring); ``None`` for a
-        session with no bank. Returns its trace entry and the memories for the prompt
-        (``None`` when the recall failed)."""
-        previous = next((m.content for m in reversed(history) if m.role == "user"), "")
-        query = content if not previous else f"{content}\n{previous[:PREVIOUS_MESSAGE_CHARS]}"
+        """One recall of the turn's own, as a tool step (see the module docstring); ``None``
+        when the server has no memory engine. Returns its trace entry and the memories for
+        the prompt (``None`` when the recall failed)."""
         run = rc.run
         found = await self.tools.ground(query, run.tenant, bank_id)
         if found is None:
             return None
-        call_id = f"{GROUNDING_CALL_ID}_{run.id[-12:]}"  # unique across the transcript
+        call_id = f"{GROUNDING_CALL_ID}_{run.id[-12:]}_{index}"  # unique in the transcript
         call = {"id": call_id, "name": "recall", "arguments": {"query": query}}
         await rc.emit(EventType.TOOL_CALL, call)
         duration_ms = round(found.seconds * 1000, 1)
