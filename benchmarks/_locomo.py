@@ -7,16 +7,26 @@ from __future__ import annotations
 
 import json
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 DEFAULT_DATA = (
     Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo-dev.json"
 )
 
-__all__ = ["DEFAULT_DATA", "Conversation", "Turn", "load_conversations", "session_date"]
+__all__ = [
+    "DEFAULT_DATA",
+    "Conversation",
+    "Turn",
+    "load_conversations",
+    "retain_conversation",
+    "session_date",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +78,26 @@ def load_conversations(path: Path = DEFAULT_DATA) -> list[Conversation]:
             n += 1
         out.append(Conversation(sample["sample_id"], turns, sample["qa"]))
     return out
+
+
+async def retain_conversation(
+    http: httpx.AsyncClient, bank: str, conversation: Conversation
+) -> int:
+    """Create *bank* and retain the conversation into it over the HTTP API: one document per
+    session, one item per turn, the session date as timestamp and the turn's ``dia_id`` in
+    metadata. Returns the number of turns."""
+    await http.put(f"/v1/default/banks/{bank}", json={"name": bank})
+    sessions: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for turn in conversation.turns:
+        sessions[turn.session].append(
+            {
+                "content": turn.content(),
+                "timestamp": turn.timestamp.isoformat(),
+                "metadata": {"dia_id": turn.dia_id},
+                "document_id": f"session-{turn.session}",
+            }
+        )
+    for items in sessions.values():
+        response = await http.post(f"/v1/default/banks/{bank}/memories", json={"items": items})
+        response.raise_for_status()
+    return len(conversation.turns)

@@ -16,13 +16,12 @@ import argparse
 import asyncio
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from _locomo import DEFAULT_DATA, load_conversations
+from _locomo import DEFAULT_DATA, load_conversations, retain_conversation
 from _server import percentile, serve, write_result
 
 KS = (5, 10, 20)
@@ -31,24 +30,6 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
 def _recall_at(ranked: list[str | None], evidence: set[str], k: int) -> float:
     return len(evidence & {r for r in ranked[:k] if r}) / len(evidence)
-
-
-async def _retain(http: httpx.AsyncClient, bank: str, conversation: Any) -> int:
-    await http.put(f"/v1/default/banks/{bank}", json={"name": bank})
-    sessions: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for turn in conversation.turns:
-        sessions[turn.session].append(
-            {
-                "content": turn.content(),
-                "timestamp": turn.timestamp.isoformat(),
-                "metadata": {"dia_id": turn.dia_id},
-                "document_id": f"session-{turn.session}",
-            }
-        )
-    for items in sessions.values():
-        response = await http.post(f"/v1/default/banks/{bank}/memories", json={"items": items})
-        response.raise_for_status()
-    return len(conversation.turns)
 
 
 async def _dia_ids(http: httpx.AsyncClient, bank: str) -> dict[str, str]:
@@ -81,7 +62,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             units = 0
             for conv in conversations:
-                units += await _retain(http, conv.sample_id, conv)
+                units += await retain_conversation(http, conv.sample_id, conv)
             retain_seconds = time.perf_counter() - started
             for conv in conversations:
                 dia = await _dia_ids(http, conv.sample_id)
