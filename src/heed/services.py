@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from heed.llm.base import ChatProvider
+from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_memory_engine
 from heed.memory.operations import RETAIN_KIND, RetainOperations
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
@@ -72,6 +73,7 @@ class Services:
     reflect_runs: ReflectRuns = field(init=False)
     retain_operations: RetainOperations = field(init=False)
     runs: RunServices = field(init=False)
+    model_warmup: ModelWarmup = field(init=False)
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -132,6 +134,11 @@ class Services:
         manager.register(RETAIN_KIND, self.retain_operations.kind_spec())
         manager.register(REFLECT_KIND, self.reflect_runs.kind_spec())
 
+        # The LLMs' models load at start-up, beside serving (the reflect one, then turns').
+        self.model_warmup = ModelWarmup(
+            [("reflect", lambda: self.reflect.provider), ("turn", turn_provider.get)]
+        )
+
         self.runs = RunServices(
             settings=settings,
             run_store=run_store,
@@ -149,9 +156,11 @@ class Services:
         """Prepare storage and domain services; called once before serving."""
         await self.memory.start()
         await self.runs.start()  # after other domains: recovery may start their runs
+        self.model_warmup.start()  # in the background: serving does not wait for it
 
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
+        await self.model_warmup.aclose()
         await self.runs.close()
         await self.reflect.close()
         self.database.close()

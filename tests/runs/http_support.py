@@ -154,5 +154,8 @@ class WedgedProvider:
         await asyncio.to_thread(self.release.wait, self.max_wait)
         yield TextDelta("never")
 
+    async def load(self) -> None:
+        pass
+
     async def aclose(self) -> None:
         self.release.set()

@@ -261,6 +261,11 @@ class ChatProvider(Protocol):
         """
         ...
 
+    async def load(self) -> None:
+        """Make the model ready now (the embedded one loads its weights; a remote API has
+        nothing to do). Otherwise the first request does it."""
+        ...
+
     def stream(
         self,
         messages: Sequence[ChatMessage],

@@ -278,6 +278,9 @@ class OpenAIProvider:
     def follows_tools(self) -> bool:
         return True  # whatever serves the API is trusted with tools; pick a model that can
 
+    async def load(self) -> None:
+        """Nothing to load: the model lives behind the API."""
+
     def _payload(
         self,
         messages: Sequence[ChatMessage],

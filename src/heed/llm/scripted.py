@@ -198,6 +198,9 @@ class ScriptedProvider:
     def follows_tools(self) -> bool:
         return self._script.follows_tools
 
+    async def load(self) -> None:
+        """Nothing to load."""
+
     @property
     def script(self) -> Script:
         return self._script

@@ -19,7 +19,7 @@ async def health() -> dict[str, str]:
 
 _FEATURES = {
     "observations": False,
-    "mcp": False,
+    "mcp": True,
     "worker": True,
     "bank_config_api": False,
     "bank_llm_health": False,
@@ -33,14 +33,16 @@ _FEATURES = {
 
 
 @router.get("/version")
-async def get_version() -> dict[str, object]:
-    """The server's version and API version, and Hindsight's feature flags (its client
-    requires ``api_version`` and ``features``)."""
+async def get_version(request: Request) -> dict[str, object]:
+    """The server's version and API version, Hindsight's feature flags (its client
+    requires ``api_version`` and ``features``), and whether the LLM's model has loaded
+    (``llm.state``: ``loading``, ``ready`` or ``failed`` with its ``detail``)."""
     return {
         "api_version": __version__,
         "version": __version__,
         "api": API_VERSION,
         "features": _FEATURES,
+        "llm": request.app.state.services.model_warmup.status(),
     }
 
 
