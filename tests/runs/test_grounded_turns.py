@@ -182,3 +182,61 @@ def test_a_model_that_cannot_use_tools_answers_each_part_from_its_own_memories(
             assert [m.role for m in request.messages] == ["system", "user"]  # no transcript
             assert fact in request.messages[1].content
         assert len(run["result"]["trace"]["grounding"]) == 2
+
+
+def units_of(client: httpx.Client, bank: str) -> list[str]:
+    listed = client.get(f"/v1/default/banks/{bank}/memories/list").json()
+    return [item["text"] for item in listed["items"]]
+
+
+def test_remember_messages_retains_what_the_user_says_after_the_recall(
+    make_settings: Callable[..., Settings],
+) -> None:
+    with (
+        run_server(run_settings(make_settings)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        alice_bank(client)
+        quiet = new_session(client, bank_id="alice")
+        turn(client, quiet, "Alice's brother is called Tom.")
+        assert not any("brother" in text for text in units_of(client, "alice")), "off by default"
+
+        sid = new_session(client, bank_id="alice", remember_messages=True)
+        assert client.get(f"/v1/sessions/{sid}").json()["remember_messages"] is True
+        run_id = turn(client, sid, "Alice's brother is called Tom.")
+        assert any("brother is called Tom" in text for text in units_of(client, "alice"))
+        steps = [(k, d["name"]) for k, d in events(client, run_id) if k.startswith("tool_")]
+        assert steps == [
+            ("tool_call", "recall"),
+            ("tool_result", "recall"),
+            ("tool_call", "retain"),
+            ("tool_result", "retain"),
+        ]
+        recalled = next(d for k, d in events(client, run_id) if k == "tool_result")
+        assert "brother" not in recalled["content"], "the message was its own memory"
+        run = client.get(f"/v1/runs/{run_id}").json()
+        assert run["result"]["trace"]["remembered"]["ok"] is True
+
+        # switched off again, nothing more is retained
+        patched = client.patch(f"/v1/sessions/{sid}", json={"remember_messages": False})
+        assert patched.status_code == 200 and patched.json()["remember_messages"] is False
+        turn(client, sid, "Alice's sister is called Ann.")
+        assert not any("sister" in text for text in units_of(client, "alice"))
+
+
+def test_remember_messages_needs_a_bank(
+    make_settings: Callable[..., Settings],
+) -> None:
+    with (
+        run_server(run_settings(make_settings)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        refused = client.post("/v1/sessions", json={"remember_messages": True})
+        assert refused.status_code == 400 and "bank_id" in refused.json()["detail"]
+        sid = new_session(client)
+        unchanged = client.patch(f"/v1/sessions/{sid}", json={})
+        assert unchanged.status_code == 200 and unchanged.json()["remember_messages"] is False
+        bankless = client.patch(f"/v1/sessions/{sid}", json={"remember_messages": True})
+        assert bankless.status_code == 409 and "bank" in bankless.json()["detail"]
+        renamed = client.patch(f"/v1/sessions/{sid}", json={"title": "Notes"})
+        assert renamed.json()["title"] == "Notes" and renamed.json()["remember_messages"] is False

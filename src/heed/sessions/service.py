@@ -70,7 +70,14 @@ class SessionService:
 
     # -- sessions --------------------------------------------------------------------
 
-    async def create(self, tenant: str, *, title: str = "", bank_id: str | None = None) -> Session:
+    async def create(
+        self,
+        tenant: str,
+        *,
+        title: str = "",
+        bank_id: str | None = None,
+        remember_messages: bool = False,
+    ) -> Session:
         now = time.time()
         session = Session(
             id="ses_" + uuid.uuid4().hex[:20],
@@ -79,6 +86,7 @@ class SessionService:
             bank_id=bank_id,
             created_at=now,
             updated_at=now,
+            remember_messages=remember_messages,
         )
         return await self.io.call(self.store.create, session)
 
@@ -92,9 +100,19 @@ class SessionService:
     async def list_sessions(self, tenant: str, limit: int = 100) -> list[Session]:
         return await self.io.call(self.store.list_sessions, tenant, limit)
 
-    async def rename(self, session_id: str, tenant: str, title: str) -> Session:
+    async def update(
+        self,
+        session_id: str,
+        tenant: str,
+        *,
+        title: str | None = None,
+        remember_messages: bool | None = None,
+    ) -> Session:
+        """Rename the session and/or switch ``remember_messages``; 404 if unknown."""
         await self.get(session_id, tenant)
-        session = await self.io.call(self.store.update, session_id, title=title)
+        session = await self.io.call(
+            self.store.update, session_id, title=title, remember_messages=remember_messages
+        )
         if session is None:
             raise SessionNotFound(f"no session with id {session_id!r}")
         await self.publish(session_id, "session_updated", await self.status(session_id))

@@ -34,6 +34,8 @@ class Session:
     bank_id: str | None
     created_at: float
     updated_at: float
+    #: Each user message of a turn is retained into the session's bank (off by default).
+    remember_messages: bool = False
 
     def to_public(self) -> dict[str, Any]:
         return {**asdict(self), "object": "session"}
@@ -84,7 +86,15 @@ class SessionStore(Protocol):
 
     def list_sessions(self, tenant: str, limit: int = 100) -> list[Session]: ...
 
-    def update(self, session_id: str, *, title: str | None = None) -> Session | None: ...
+    def update(
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        remember_messages: bool | None = None,
+    ) -> Session | None:
+        """Change the given fields (and ``updated_at``); ``None`` if unknown."""
+        ...
 
     def delete(self, session_id: str) -> bool:
         """Delete the session, its transcript and its wakeups; False if unknown."""

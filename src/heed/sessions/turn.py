@@ -17,7 +17,9 @@ written), so a model that never calls a tool still answers from them; the recall
 retain tools stay offered. The recall is a tool step like any other: ``tool_call`` /
 ``tool_result`` in the journal, an assistant tool call and its result in the transcript,
 cancellable at the recall's own checkpoints; its cost is in the turn's result
-(``trace.grounding``, one entry per recall). Wakeup turns do not ground.
+(``trace.grounding``, one entry per recall). Wakeup turns do not ground. A session with
+``remember_messages`` then retains the user's message into its bank, as a ``retain`` tool
+step (``trace.remembered``).
 
 **A model that cannot use tools** (``provider.follows_tools`` false: the embedded model)
 answers each part of the message ("...'s cat and where does she work?" is two, each
@@ -56,7 +58,7 @@ from heed.runs.model import Run, Source
 from heed.runs.store import RunStore
 from heed.runtime import OperationCancelled
 from heed.sessions.store import Message, SessionStore
-from heed.sessions.tools import TOOL_SPECS, TurnTools
+from heed.sessions.tools import TOOL_SPECS, ToolResult, TurnTools
 
 __all__ = ["SYSTEM_PROMPT", "TurnRunner", "turn_text"]
 
@@ -158,6 +160,9 @@ class TurnRunner:
             memories: list[str | None] = []
             if run.source != Source.WAKEUP and session.bank_id:
                 memories = await self._ground_all(rc, questions, history, session.bank_id, trace)
+                if session.remember_messages and run.source == Source.USER:
+                    # after the recall: the message is not its own memory
+                    trace["remembered"] = await self._remember(rc, content, session.bank_id)
             if not provider.follows_tools and any(m is not None for m in memories):
                 text = await self._answer_from_memories(rc, provider, questions, memories, parts)
             else:
@@ -304,24 +309,62 @@ class TurnRunner:
         found = await self.tools.ground(query, run.tenant, bank_id)
         if found is None:
             return None
-        call_id = f"{GROUNDING_CALL_ID}_{run.id[-12:]}_{index}"  # unique in the transcript
-        call = {"id": call_id, "name": "recall", "arguments": {"query": query}}
-        await rc.emit(EventType.TOOL_CALL, call)
         duration_ms = round(found.seconds * 1000, 1)
-        await rc.emit(
-            EventType.TOOL_RESULT,
-            {
-                "id": call_id,
-                "name": "recall",
-                "ok": found.result.ok,
-                "content": found.result.content,
-                "output": {"memories": found.memories, "duration_ms": duration_ms},
-            },
+        await self._tool_step(
+            rc,
+            f"{GROUNDING_CALL_ID}_{run.id[-12:]}_{index}",
+            "recall",
+            {"query": query},
+            found.result,
+            {"memories": found.memories, "duration_ms": duration_ms},
         )
-        await self._store(run, "assistant", "", tool_calls=[call])
-        await self._store(run, "tool", found.result.content, tool_call_id=call_id, name="recall")
         entry = {"ok": found.result.ok, "memories": found.memories, "duration_ms": duration_ms}
         return entry, found.result.content if found.result.ok else None
+
+    async def _remember(self, rc: RunContext, content: str, bank_id: str) -> dict[str, Any]:
+        """Retain the user's message into the session's bank (``remember_messages``), as a
+        ``retain`` tool step; a failure is the step's error, not the turn's."""
+        run = rc.run
+        assert run.session_id is not None
+        started = time.perf_counter()
+        result = await self.tools.call(
+            "retain",
+            {"content": content},
+            session_id=run.session_id,
+            tenant=run.tenant,
+            bank_id=bank_id,
+        )
+        duration_ms = round((time.perf_counter() - started) * 1000, 1)
+        arguments = {"content": content}
+        await self._tool_step(
+            rc, f"call_remember_{run.id[-12:]}", "retain", arguments, result, None
+        )
+        return {"ok": result.ok, "duration_ms": duration_ms}
+
+    async def _tool_step(
+        self,
+        rc: RunContext,
+        call_id: str,
+        name: str,
+        arguments: dict[str, Any],
+        result: ToolResult,
+        output: dict[str, Any] | None,
+    ) -> None:
+        """A tool call the turn made itself: ``tool_call`` and ``tool_result`` in the journal,
+        the call and its result in the transcript, as if the model had made it."""
+        call = {"id": call_id, "name": name, "arguments": arguments}
+        await rc.emit(EventType.TOOL_CALL, call)
+        data: dict[str, Any] = {
+            "id": call_id,
+            "name": name,
+            "ok": result.ok,
+            "content": result.content,
+        }
+        if output is not None:
+            data["output"] = output
+        await rc.emit(EventType.TOOL_RESULT, data)
+        await self._store(rc.run, "assistant", "", tool_calls=[call])
+        await self._store(rc.run, "tool", result.content, tool_call_id=call_id, name=name)
 
     async def on_interrupted(self, run: Run) -> None:
         """Store the partial output of a turn whose worker died, marked ``interrupted``."""

@@ -53,7 +53,12 @@ MIGRATIONS: Final = [
         );
         CREATE INDEX session_wakeups_pending ON session_wakeups (session_id, delivered_run_id);
         """,
-    )
+    ),
+    Migration(
+        "sessions",
+        2,
+        "ALTER TABLE sessions ADD COLUMN remember_messages INTEGER NOT NULL DEFAULT 0;",
+    ),
 ]
 
 
@@ -65,6 +70,7 @@ def _session(row: sqlite3.Row) -> Session:
         bank_id=row["bank_id"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        remember_messages=bool(row["remember_messages"]),
     )
 
 
@@ -108,8 +114,8 @@ class SqliteSessionStore:
     def create(self, session: Session) -> Session:
         with self.db.write() as conn:
             conn.execute(
-                "INSERT INTO sessions (id, tenant, title, bank_id, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (id, tenant, title, bank_id, created_at, updated_at,"
+                " remember_messages) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     session.id,
                     session.tenant,
@@ -117,6 +123,7 @@ class SqliteSessionStore:
                     session.bank_id,
                     session.created_at,
                     session.updated_at,
+                    int(session.remember_messages),
                 ),
             )
         return session
@@ -134,17 +141,23 @@ class SqliteSessionStore:
             ).fetchall()
         return [_session(row) for row in rows]
 
-    def update(self, session_id: str, *, title: str | None = None) -> Session | None:
+    def update(
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        remember_messages: bool | None = None,
+    ) -> Session | None:
+        changes: dict[str, object] = {"updated_at": time.time()}
+        if title is not None:
+            changes["title"] = title
+        if remember_messages is not None:
+            changes["remember_messages"] = int(remember_messages)
+        assignments = ", ".join(f"{column} = ?" for column in changes)  # fixed names only
         with self.db.write() as conn:
-            if title is not None:
-                conn.execute(
-                    "UPDATE sessions SET title = ?, updated_at = ? WHERE id = ?",
-                    (title, time.time(), session_id),
-                )
-            else:
-                conn.execute(
-                    "UPDATE sessions SET updated_at = ? WHERE id = ?", (time.time(), session_id)
-                )
+            conn.execute(
+                f"UPDATE sessions SET {assignments} WHERE id = ?", (*changes.values(), session_id)
+            )
         return self.get(session_id)
 
     def delete(self, session_id: str) -> bool:

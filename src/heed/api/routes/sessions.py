@@ -28,7 +28,7 @@ from pydantic import ConfigDict, Field
 from starlette.responses import StreamingResponse
 
 from heed.api.input_rules import Identifier, IdPath, Limit, Name, RequestBody
-from heed.api.openapi import BUSY_SESSION, NOT_FOUND, event_stream
+from heed.api.openapi import BUSY_SESSION, CONFLICT, NOT_FOUND, event_stream
 from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
 from heed.errors import HeedError
 from heed.runs.journal import Heartbeat
@@ -41,12 +41,27 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
 class SessionIn(RequestBody):
+    # remember_messages needs a bank: said in the schema, enforced in create_session.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"remember_messages": {"const": False}}},
+                {"required": ["bank_id"], "properties": {"bank_id": {"type": "string"}}},
+            ]
+        },
+    )
+
     title: Name = ""
     bank_id: Identifier | None = None
+    remember_messages: bool = Field(
+        default=False,
+        description="Retain each user message into the session's bank (needs a bank_id).",
+    )
 
 
 class SessionPatch(RequestBody):
-    title: Name
+    title: Name | None = None
+    remember_messages: bool | None = None
 
 
 class TurnIn(RequestBody):
@@ -87,7 +102,14 @@ async def create_session(body: SessionIn, request: Request) -> dict[str, Any]:
             await memory.get_bank(body.bank_id, tenant=_tenant())
         except LookupError:
             raise HeedError(f"no memory bank {body.bank_id!r}", status_code=404) from None
-    session = await _sessions(request).create(_tenant(), title=body.title, bank_id=body.bank_id)
+    if body.remember_messages and not body.bank_id:
+        raise HeedError("remember_messages needs a bank_id to remember into", status_code=400)
+    session = await _sessions(request).create(
+        _tenant(),
+        title=body.title,
+        bank_id=body.bank_id,
+        remember_messages=body.remember_messages,
+    )
     return session.to_public()
 
 
@@ -105,11 +127,18 @@ async def get_session(session_id: IdPath, request: Request) -> dict[str, Any]:
     return {**session.to_public(), "messages": [m.to_public() for m in messages]}
 
 
-@router.patch("/{session_id}")
-async def rename_session(
+@router.patch("/{session_id}", responses=CONFLICT)
+async def update_session(
     session_id: IdPath, body: SessionPatch, request: Request
 ) -> dict[str, Any]:
-    session = await _sessions(request).rename(session_id, _tenant(), body.title)
+    """Rename the session and/or switch ``remember_messages`` (409 for a session with no
+    bank); a field left out is left as it is."""
+    service = _sessions(request)
+    if body.remember_messages and (await service.get(session_id, _tenant())).bank_id is None:
+        raise HeedError("remember_messages needs a session bound to a bank", status_code=409)
+    session = await service.update(
+        session_id, _tenant(), title=body.title, remember_messages=body.remember_messages
+    )
     return session.to_public()
 
 
