@@ -150,3 +150,16 @@ def test_an_abbreviation_is_part_of_the_name_not_an_entity() -> None:
     # a real sentence end still ends the sentence
     names = [e.name for e in extract_entities("We met Dr. Lee. Then Bob came.")]
     assert names == ["Lee", "Bob"]
+
+
+def test_a_sentence_opening_word_is_not_an_entity_but_a_name_there_is() -> None:
+    cases = {
+        "Honestly, I think Caroline is right.": ["Caroline"],
+        "Actually Melanie painted it. Sometimes Jon helps.": ["Melanie", "Jon"],
+        "Mr Smith met Mrs Brown.": ["Smith", "Brown"],
+        "Speaking of trips, Gina went to Paris.": ["Gina", "Paris"],
+        # the other direction: a name opening a sentence is kept, titles never are
+        "Emily adopted a cat. Caroline, come here!": ["Emily", "Caroline"],
+    }
+    for text, expected in cases.items():
+        assert [e.name for e in extract_entities(text)] == expected, text

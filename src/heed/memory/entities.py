@@ -81,6 +81,13 @@ _STOP_TEXT = """
     During Since Until While Because Although Though Even Still Yet Every Each All Some Any Both
     Either Neither One Two Three First Second Mr Mrs Ms Dr It's That's There's What's Here's Don't
     Didn't Can't Won't Isn't Wasn't Aren't Haven't Hasn't Doesn't
+    Honestly Actually Basically Seriously Finally Hopefully Luckily Unfortunately Fortunately
+    Apparently Obviously Recently Lately Usually Normally Probably Certainly Clearly Personally
+    Literally Suddenly Eventually Currently Especially Generally Sometimes Often However
+    Meanwhile Besides Otherwise Instead Anyways Alright Right Exactly Indeed Interesting Amazing
+    Wonderful Speaking Talking Thinking Looking Having Being Getting Feeling Now Soon Later Once
+    Again Never Always Almost Only Another Other Such Much Many More Most Few Lots Something
+    Nothing Everything Anything Someone Everyone Anyone Nobody Everybody
 """
 _STOP = {word.lower() for word in _STOP_TEXT.split()}
 
