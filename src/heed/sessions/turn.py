@@ -166,10 +166,9 @@ class TurnRunner:
             if not provider.follows_tools and any(m is not None for m in memories):
                 text = await self._answer_from_memories(rc, provider, questions, memories, parts)
             else:
+                found = memories[0] if memories else None
                 question = (
-                    content
-                    if not memories or memories[0] is None
-                    else (grounded_question(memories[0].splitlines(), content))
+                    content if found is None else grounded_question(found.splitlines(), content)
                 )
                 conversation = [ChatMessage.system(SYSTEM_PROMPT), *to_chat(history)]
                 conversation.append(ChatMessage.user(question))
