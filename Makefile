@@ -53,6 +53,9 @@ bench: $(STAMP)  ## run the benchmarks (figures go to benchmarks/results/)
 	$(BIN)/python benchmarks/recall_latency.py
 	$(BIN)/python benchmarks/abandoned_recall.py
 	$(BIN)/python benchmarks/locomo_recall.py
+	$(BIN)/python benchmarks/local_model_speed.py
+	$(BIN)/python benchmarks/answer_quality.py --scripted
+	$(BIN)/python benchmarks/answer_quality.py  # the embedded model: about 45 minutes here
 	$(BIN)/python benchmarks/disconnect_storm.py --rate 1100
 
 clean:  ## remove the virtualenv
