@@ -82,3 +82,13 @@ def test_a_chat_turn_answers_from_the_bank(server: LiveServer) -> None:
         transcript = client.get(f"/v1/sessions/{session}").json()["messages"]
     steps = [call["name"] for m in transcript for call in m.get("tool_calls") or []]
     assert steps == ["recall", "recall"], "each part of the question is recalled as a tool step"
+
+
+def test_a_follow_up_question_in_the_same_session(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        session = client.post("/v1/sessions", json={"bank_id": "alice"}).json()["id"]
+        first = chat(client, session, "What is the name of Alice's cat?")
+        follow_up = chat(client, session, "And where does she work?")
+    print(f"chat: {first!r} then {follow_up!r}")
+    assert "pixel" in first.lower(), first
+    assert "st. mary's hospital" in follow_up.lower(), follow_up

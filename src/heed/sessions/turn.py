@@ -10,7 +10,8 @@ assistant message at the end.
 
 **Grounding.** In a session bound to a memory bank, a turn recalls before its first model
 call (:meth:`TurnTools.ground <heed.sessions.tools.TurnTools.ground>`; the query is the
-message and the user's previous one, so "and where does she work?" still finds her). The
+message and the names the user's previous one mentioned, so "and where does she work?"
+still finds her). The
 memories, with their dates, go right before the question in what this turn asks the model
 (:func:`heed.llm.grounding.grounded_question`; the transcript keeps the message as
 written), so a model that never calls a tool still answers from them; the recall and
@@ -50,6 +51,7 @@ from heed.llm.base import (
     ToolSpec,
 )
 from heed.llm.grounding import ANSWER_FROM_MEMORIES, grounded_question, split_question
+from heed.memory.entities import query_entity_names
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.kinds import RunContext
@@ -71,8 +73,18 @@ SYSTEM_PROMPT: Final = (
 
 #: The tool-call id prefix of a turn's own recall (the run id follows: unique per turn).
 GROUNDING_CALL_ID: Final = "call_ground"
-#: Characters of the user's previous message added to the grounding query.
+#: Characters of the user's previous message added to the grounding query (when it names
+#: nobody).
 PREVIOUS_MESSAGE_CHARS: Final = 300
+
+
+def _context_of(previous: str) -> str:
+    """What of the user's previous message joins a turn's recall query: the names it
+    mentions ("alice", so "and where does she work?" finds her), not its topic (the cat
+    of "what is the name of Alice's cat?" would crowd out her work); its text when it names
+    nobody."""
+    names = query_entity_names(previous)
+    return " ".join(names) if names else previous[:PREVIOUS_MESSAGE_CHARS]
 
 
 def _message_id() -> str:
@@ -282,12 +294,12 @@ class TurnRunner:
         """The turn's own recalls: one per question (the message itself, or each of its
         parts for a model that answers them one by one); the memories of each for the
         prompt (``None`` where a recall failed). A lone question's query carries the
-        user's previous message too."""
+        names the user's previous message mentioned (or, naming none, its text)."""
         queries = questions
         if len(questions) == 1:
             previous = next((m.content for m in reversed(history) if m.role == "user"), "")
             if previous:
-                queries = [f"{questions[0]}\n{previous[:PREVIOUS_MESSAGE_CHARS]}"]
+                queries = [f"{questions[0]}\n{_context_of(previous)}"]
         memories: list[str | None] = []
         for index, query in enumerate(queries):
             grounding = await self._ground(rc, query, bank_id, index)
