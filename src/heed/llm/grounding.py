@@ -15,6 +15,7 @@ from typing import Final
 
 __all__ = [
     "ANSWER_FROM_MEMORIES",
+    "MAX_PARTS",
     "MEMORIES_HEADING",
     "grounded_question",
     "is_a_refusal",
@@ -35,28 +36,46 @@ _REFUSAL = re.compile(
 )
 
 
-#: "..., and where ...", "... and when ...": where a second question starts inside one.
-_SECOND_QUESTION = re.compile(
-    r"\s*(?:,\s*|\s+)(?:and|also)\s+(?=(?:what|where|when|who|whom|whose|which|why|how|"
-    r"does|do|did|is|are|was|were|has|have|can)\b)",
-    re.IGNORECASE,
+#: Words that open a question: "... and *where* does she work?" starts a second one.
+_QUESTION_WORDS = frozenset(
+    {"what", "where", "when", "who", "whom", "whose", "which", "why", "how"}
+    | {"does", "do", "did", "is", "are", "was", "were", "has", "have", "can"}
 )
-_SENTENCE_END = re.compile(r"(?<=\?)\s+")
+_JOINERS = frozenset({"and", "also"})
+#: More parts than this and the text is taken as one question: each part costs a recall
+#: and a generation, and a message must not multiply its own cost.
+MAX_PARTS: Final = 4
 
 
 def split_question(question: str) -> list[str]:
     """The questions inside *question*, each ending in "?": "What is the name of Alice's cat
     and where does she work?" is two. A small model answers one of two parts; asked them one
-    by one, it answers both. A question with one part comes back unchanged."""
-    parts: list[str] = []
-    for sentence in _SENTENCE_END.split(question.strip()):
-        for piece in _SECOND_QUESTION.split(sentence):
-            piece = piece.strip(" ,")
-            if piece:
-                parts.append(piece if piece.endswith("?") else piece.rstrip(".") + "?")
-    if len(parts) <= 1:
+    by one, it answers both. A question with one part, or more than :data:`MAX_PARTS`,
+    comes back unchanged.
+
+    Linear in the text's length (it is the user's, up to 200,000 characters): a scan over
+    its words, no regular expression that could backtrack.
+    """
+    parts: list[list[str]] = [[]]
+    words = question.split()
+    for index, word in enumerate(words):
+        following = words[index + 1].strip("\"'(").lower() if index + 1 < len(words) else ""
+        if word.lower() in _JOINERS and parts[-1] and following in _QUESTION_WORDS:
+            parts.append([])  # "and" before a question word: a new question starts
+            continue
+        parts[-1].append(word)
+        if word.endswith("?") and index + 1 < len(words):
+            parts.append([])
+    pieces = [" ".join(p).strip(" ,") for p in parts if p]
+    pieces = [p for p in pieces if p]
+    if not 1 < len(pieces) <= MAX_PARTS:
         return [question.strip()]
-    return [p[0].upper() + p[1:] for p in parts]
+    return [_as_question(p) for p in pieces]
+
+
+def _as_question(piece: str) -> str:
+    piece = piece if piece.endswith("?") else piece.rstrip(".,") + "?"
+    return piece[0].upper() + piece[1:]
 
 
 def grounded_question(memories: Sequence[str], question: str) -> str:
