@@ -437,3 +437,23 @@ async def test_cancelling_a_recall_call_stops_it_mid_stage(server: LiveServer, m
     assert gate.reason is not None
     assert not gate.calls.get("enrichment"), gate.calls
     await until(lambda: engine.recall_deps.lane.stats().in_use == 0, STOP_BOUND)
+
+
+def test_the_tools_length_limits_are_the_http_apis() -> None:
+    from heed.api import input_rules
+    from heed.mcp import tools
+
+    assert (tools.NAME_CHARS, tools.TEXT_CHARS) == (
+        input_rules.MAX_NAME_CHARS,
+        input_rules.MAX_TEXT_CHARS,
+    )
+
+
+async def test_an_over_long_argument_is_refused_by_name(server: LiveServer) -> None:
+    async with connect(server) as client:
+        text = error_text(
+            await client.call_tool("create_bank", {"bank_id": "long", "name": "n" * 501})
+        )
+        listed = data(await client.call_tool("list_banks", {}))
+    assert "name" in text and "500" in text, text
+    assert "long" not in [b["bank_id"] for b in listed["banks"]]

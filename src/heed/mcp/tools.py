@@ -58,16 +58,22 @@ OnDisconnect = Annotated[
 ]
 #: Items per retain call: the HTTP API's bound is its body size; an MCP call gets a count.
 MAX_RETAIN_ITEMS = 1000
+#: The HTTP API's length limits (heed.api.input_rules, which this layer cannot import; a
+#: test keeps the two equal): a name, and any other free text.
+NAME_CHARS = 500
+TEXT_CHARS = 200_000
+Name = Annotated[str, Field(max_length=NAME_CHARS)]
+Text = Annotated[str, Field(max_length=TEXT_CHARS)]
 
 
 class MemoryItem(BaseModel):
     """One item to retain."""
 
     content: str = Field(min_length=1, description="The text to remember.")
-    context: str | None = Field(default=None, description="Where the text comes from.")
+    context: Text | None = Field(default=None, description="Where the text comes from.")
     timestamp: str | None = Field(default=None, description="When it happened (ISO 8601).")
-    document_id: str | None = Field(default=None, description="Items with one id form a document.")
-    tags: list[str] = Field(default_factory=list)
+    document_id: Name | None = Field(default=None, description="Items with one id form a document.")
+    tags: list[Name] = Field(default_factory=list)
 
 
 class Fact(BaseModel):
@@ -167,8 +173,8 @@ class HeedTools:
         self,
         bank_id: BankId,
         ctx: Context[Any],
-        name: str | None = None,
-        mission: str | None = None,
+        name: Name | None = None,
+        mission: Text | None = None,
     ) -> BankInfo:
         """Create a memory bank (or update the name and mission of an existing one)."""
         async with self._call(ctx):
@@ -190,12 +196,14 @@ class HeedTools:
     async def recall(
         self,
         bank_id: BankId,
-        query: Annotated[str, Field(min_length=1, description="What to look for.")],
+        query: Annotated[
+            str, Field(min_length=1, max_length=TEXT_CHARS, description="What to look for.")
+        ],
         ctx: Context[Any],
         budget: Budget = "mid",
         max_tokens: Annotated[int, Field(ge=1, le=65536)] = 4096,
-        types: list[str] | None = None,
-        tags: list[str] | None = None,
+        types: list[Name] | None = None,
+        tags: list[Name] | None = None,
     ) -> RecallResult:
         """Recall the memories of a bank that best match a query (semantic, keyword,
         graph and temporal retrieval, reranked)."""
@@ -223,7 +231,7 @@ class HeedTools:
         bank_id: BankId,
         items: Annotated[list[MemoryItem], Field(min_length=1, max_length=MAX_RETAIN_ITEMS)],
         ctx: Context[Any],
-        document_tags: list[str] | None = None,
+        document_tags: list[Name] | None = None,
     ) -> RetainResult:
         """Remember items in a bank: facts and entities are extracted and indexed. Reports
         progress per document when the call carries a progress token."""
@@ -246,10 +254,12 @@ class HeedTools:
     async def reflect(
         self,
         bank_id: BankId,
-        query: Annotated[str, Field(min_length=1, description="The question to answer.")],
+        query: Annotated[
+            str, Field(min_length=1, max_length=TEXT_CHARS, description="The question to answer.")
+        ],
         ctx: Context[Any],
         budget: Budget = "low",
-        context: str | None = None,
+        context: Text | None = None,
         max_tokens: Annotated[int | None, Field(ge=1, le=65536)] = None,
         on_disconnect: OnDisconnect = "cancel",
     ) -> ReflectAnswer:
@@ -276,8 +286,8 @@ class HeedTools:
         self,
         message: Annotated[str, Field(min_length=1, max_length=200_000)],
         ctx: Context[Any],
-        session_id: str | None = None,
-        bank_id: str | None = None,
+        session_id: Name | None = None,
+        bank_id: Name | None = None,
         on_disconnect: OnDisconnect = "cancel",
     ) -> TurnAnswer:
         """Send a message to a chat session and return the assistant's answer. Without a
