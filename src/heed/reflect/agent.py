@@ -342,6 +342,7 @@ class _Loop:
                 call = ToolCall(
                     id=f"call_{iteration}_{index}_recall", name="recall", arguments={"query": part}
                 )
+                self.recalled = []  # a recall that fails leaves none, not the last part's
                 await self._tool(call, iteration)
                 units = self.recalled
                 if index:
