@@ -23,11 +23,11 @@ from _server import percentile, serve, write_result
 from _sse import raw_sse
 from heed.runs.model import Phase, Run, new_run_id
 from heed.storage import Database
-from heed.storage.run_store import SqliteRunStore
+from heed.storage.run_store import SqlRunStore
 
 
 def prepare(data_dir: str, events: int) -> str:
-    store = SqliteRunStore(Database(Path(data_dir) / "heed.db"))
+    store = SqlRunStore(Database(Path(data_dir) / "heed.db"))
     store.migrate()
     now = time.time()
     run = Run(

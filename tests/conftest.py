@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from heed.settings import Settings
+from heed.storage import Database, SqlDatabase
+from tests.pg_support import fresh_schema
 
 
 @pytest.fixture
@@ -25,3 +27,22 @@ def make_settings(tmp_path: Path) -> Callable[..., Settings]:
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings]) -> Iterator[Settings]:
     yield make_settings()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlDatabase]:
+    """Each SQL backend in turn: the embedded file, then a fresh PostgreSQL schema."""
+    database: SqlDatabase
+    if request.param == "sqlite":
+        database = Database(tmp_path / "heed.db")
+        yield database
+        database.close()
+        return
+    from heed.storage.postgres import PostgresDatabase
+
+    with fresh_schema() as url:
+        database = PostgresDatabase(url, pool_size=8)
+        try:
+            yield database
+        finally:
+            database.close()

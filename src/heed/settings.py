@@ -28,6 +28,20 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     log_level: str = "info"
 
+    database_url: str | None = Field(
+        default=None,
+        description="postgresql://... to keep runs and sessions in PostgreSQL, shared by "
+        "several heed processes. Unset: the embedded SQLite file in the data dir.",
+    )
+    database_pool_size: int = Field(
+        default=16, ge=1, description="PostgreSQL connections this process may hold."
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="redis://... to carry signals between heed processes (cancels, live "
+        "journal and session events). Unset: in-process signals only.",
+    )
+
     api_keys: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
         description="key=tenant pairs, comma separated. Empty: loopback clients only, no auth.",
@@ -185,6 +199,22 @@ class Settings(BaseSettings):
     def database_path(self) -> Path:
         """The embedded database file inside the data dir."""
         return self.data_dir / "heed.db"
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value and value.split("://", 1)[0] not in ("postgresql", "postgres"):
+            raise ValueError(
+                f"HEED_DATABASE_URL must be a postgresql:// URL (unset for SQLite), got {value!r}"
+            )
+        return value or None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value and value.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+            raise ValueError(f"HEED_REDIS_URL must be a redis:// URL, got {value!r}")
+        return value or None
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

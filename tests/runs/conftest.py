@@ -1,4 +1,5 @@
-"""Fixtures for run-manager tests: a real SQLite store and a manager with test kinds."""
+"""Fixtures for run-manager tests: a real store on each SQL backend and a manager with
+test kinds."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from heed.runs.broker import InProcessBroker
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager
-from heed.storage import Database
-from heed.storage.run_store import SqliteRunStore
+from heed.storage import Database, SqlDatabase
+from heed.storage.run_store import SqlRunStore
 
 
 class Gate:
@@ -49,8 +50,9 @@ async def wedged_work(rc: RunContext) -> dict[str, Any]:
     return {}
 
 
-def build_manager(path: Path, **kwargs: Any) -> RunManager:
-    store = SqliteRunStore(Database(path))
+def build_manager(database: Path | SqlDatabase, **kwargs: Any) -> RunManager:
+    """A manager on *database* (a path: a SQLite file), with the test kinds registered."""
+    store = SqlRunStore(Database(database) if isinstance(database, Path) else database)
     store.migrate()
     options: dict[str, Any] = {
         "unwind_window": 1.0,
@@ -67,9 +69,9 @@ def build_manager(path: Path, **kwargs: Any) -> RunManager:
 
 
 @pytest.fixture
-async def manager(tmp_path: Path) -> AsyncIterator[RunManager]:
+async def manager(sql_database: SqlDatabase) -> AsyncIterator[RunManager]:
     WEDGE_RELEASE.clear()
-    m = build_manager(tmp_path / "heed.db")
+    m = build_manager(sql_database)
     yield m
     WEDGE_RELEASE.set()
     await m.close(grace=2)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 
@@ -12,13 +11,13 @@ from heed.runs.broker import InProcessBroker
 from heed.runs.io import BlockingIO
 from heed.runs.journal import Gap, Heartbeat, Journal
 from heed.runs.model import Run, RunEvent, new_run_id
-from heed.storage import Database
-from heed.storage.run_store import SqliteRunStore
+from heed.storage import SqlDatabase
+from heed.storage.run_store import SqlRunStore
 
 
 @pytest.fixture
-def journal(tmp_path: Path) -> Journal:
-    store = SqliteRunStore(Database(tmp_path / "heed.db"))
+def journal(sql_database: SqlDatabase) -> Journal:
+    store = SqlRunStore(sql_database)
     store.migrate()
     return Journal(store, InProcessBroker(), BlockingIO(), poll_interval=0.2)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +14,7 @@ from heed.runs.reaper import Reaper, reap_once, renew_leases
 from heed.runs.recovery import recover
 from heed.runs.state import is_attachable, is_lifecycle_busy
 from heed.runtime import OperationCancelled
+from heed.storage import SqlDatabase
 
 from .conftest import WEDGE_RELEASE, build_manager
 
@@ -145,8 +145,10 @@ async def test_reaper_never_reclaims_a_live_wedged_worker(manager: RunManager) -
     assert got.lease_expires_at is not None and got.lease_expires_at > time.time()
 
 
-async def test_reaper_reclaims_stale_cancelling_run_without_worker(tmp_path: Path) -> None:
-    manager = build_manager(tmp_path / "heed.db")
+async def test_reaper_reclaims_stale_cancelling_run_without_worker(
+    sql_database: SqlDatabase,
+) -> None:
+    manager = build_manager(sql_database)
     try:
         run = await manager.submit("turn", tenant="t", session_id="s", payload={"n": 1})
         assert run is not None
@@ -172,8 +174,8 @@ async def test_reaper_reclaims_stale_cancelling_run_without_worker(tmp_path: Pat
         await manager.close()
 
 
-async def test_expired_lease_running_run_becomes_interrupted(tmp_path: Path) -> None:
-    manager = build_manager(tmp_path / "heed.db")
+async def test_expired_lease_running_run_becomes_interrupted(sql_database: SqlDatabase) -> None:
+    manager = build_manager(sql_database)
     try:
         run_id = await orphaned_running_run(manager, worker_id="other:1:x")
         finalized = await reap_once(manager)
@@ -183,9 +185,11 @@ async def test_expired_lease_running_run_becomes_interrupted(tmp_path: Path) -> 
         await manager.close()
 
 
-async def test_restart_recovery_interrupts_runs_of_a_dead_process(tmp_path: Path) -> None:
+async def test_restart_recovery_interrupts_runs_of_a_dead_process(
+    sql_database: SqlDatabase,
+) -> None:
     WEDGE_RELEASE.clear()
-    first = build_manager(tmp_path / "heed.db", lease_seconds=60)
+    first = build_manager(sql_database, lease_seconds=60)
     run = await first.submit("wedge", tenant="t", session_id="s")
     queued = await first.submit("turn", tenant="t", session_id="s", strategy="enqueue")
     assert run is not None and queued is not None
@@ -194,7 +198,7 @@ async def test_restart_recovery_interrupts_runs_of_a_dead_process(tmp_path: Path
     first._closing = True
     first.workers.clear()
     # The same pid in a new incarnation: its lease is still valid, yet it is dead.
-    second = build_manager(tmp_path / "heed.db", lease_seconds=60)
+    second = build_manager(sql_database, lease_seconds=60)
     try:
         stale = await second.get(run.id)
         assert stale.lease_expires_at is not None and stale.lease_expires_at > time.time()
@@ -257,11 +261,11 @@ async def test_racing_interrupts_leave_exactly_the_last_one_running(manager: Run
 
 
 async def test_retention_keeps_only_the_terminal_event_and_readers_get_a_gap(
-    tmp_path: Path,
+    sql_database: SqlDatabase,
 ) -> None:
     from heed.runs.journal import Gap
 
-    manager = build_manager(tmp_path / "heed.db", journal_retention=0.3)
+    manager = build_manager(sql_database, journal_retention=0.3)
     try:
         run = await manager.submit("task", tenant="t", payload={"n": 5})
         assert run is not None
@@ -281,9 +285,9 @@ async def test_retention_keeps_only_the_terminal_event_and_readers_get_a_gap(
         await manager.close()
 
 
-async def test_concurrent_reapers_finalize_a_row_once(tmp_path: Path) -> None:
-    one = build_manager(tmp_path / "heed.db")
-    two = build_manager(tmp_path / "heed.db")  # another process on the same database
+async def test_concurrent_reapers_finalize_a_row_once(sql_database: SqlDatabase) -> None:
+    one = build_manager(sql_database)
+    two = build_manager(sql_database)  # another process on the same database
     try:
         run_id = await orphaned_running_run(one, worker_id="dead:1:x")
         results = await asyncio.gather(reap_once(one), reap_once(two), reap_once(one))
@@ -324,9 +328,11 @@ async def test_reaper_loop_survives_a_stray_cancellation(
         await reaper.stop()
 
 
-async def test_a_cancel_written_by_another_process_stops_the_local_worker(tmp_path: Path) -> None:
-    here = build_manager(tmp_path / "heed.db", lease_seconds=60)
-    there = build_manager(tmp_path / "heed.db", lease_seconds=60)
+async def test_a_cancel_written_by_another_process_stops_the_local_worker(
+    sql_database: SqlDatabase,
+) -> None:
+    here = build_manager(sql_database, lease_seconds=60)
+    there = build_manager(sql_database, lease_seconds=60)
     try:
         run = await here.submit("task", tenant="t", payload={"n": 10_000, "delay": 0.05})
         assert run is not None

@@ -1,22 +1,21 @@
-"""The SQLite run store: guarded transitions, gap-free journal, atomic admission."""
+"""The run store on each SQL backend: guarded transitions, gap-free journal, atomic admission."""
 
 from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from heed.runs.model import Phase, Run, new_run_id
 from heed.runs.state import is_lifecycle_busy
-from heed.storage import Database
-from heed.storage.run_store import SqliteRunStore
+from heed.storage import SqlDatabase
+from heed.storage.run_store import SqlRunStore
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> SqliteRunStore:
-    s = SqliteRunStore(Database(tmp_path / "heed.db"))
+def store(sql_database: SqlDatabase) -> SqlRunStore:
+    s = SqlRunStore(sql_database)
     s.migrate()
     return s
 
@@ -32,7 +31,7 @@ def new_run(session_id: str | None = "s1", kind: str = "turn") -> Run:
     )
 
 
-def test_terminal_phases_are_absorbing(store: SqliteRunStore) -> None:
+def test_terminal_phases_are_absorbing(store: SqlRunStore) -> None:
     run = store.create(new_run())
     assert store.transition(run.id, Phase.COMPLETED) is None  # queued -> completed refused
     assert store.transition(run.id, Phase.CANCELLED, fields={"finished_at": 1.0}) is not None
@@ -42,7 +41,7 @@ def test_terminal_phases_are_absorbing(store: SqliteRunStore) -> None:
     assert got is not None and got.phase == "cancelled"
 
 
-def test_transition_appends_terminal_event_atomically(store: SqliteRunStore) -> None:
+def test_transition_appends_terminal_event_atomically(store: SqlRunStore) -> None:
     run = store.create(new_run())
     claimed = store.claim(
         run.id,
@@ -64,7 +63,7 @@ def test_transition_appends_terminal_event_atomically(store: SqliteRunStore) -> 
     assert seqs == [1, 2, 3, 4]
 
 
-def test_worker_guard_refuses_another_worker(store: SqliteRunStore) -> None:
+def test_worker_guard_refuses_another_worker(store: SqlRunStore) -> None:
     run = store.create(new_run())
     store.claim(
         run.id,
@@ -77,7 +76,7 @@ def test_worker_guard_refuses_another_worker(store: SqliteRunStore) -> None:
     assert store.transition(run.id, Phase.COMPLETED, worker_id="w1") is not None
 
 
-def test_journal_seq_is_gap_free_under_concurrent_appends(store: SqliteRunStore) -> None:
+def test_journal_seq_is_gap_free_under_concurrent_appends(store: SqlRunStore) -> None:
     run = store.create(new_run())
 
     def writer() -> None:
@@ -93,7 +92,7 @@ def test_journal_seq_is_gap_free_under_concurrent_appends(store: SqliteRunStore)
     assert seqs == list(range(1, 201))
 
 
-def test_trim_moves_first_seq(store: SqliteRunStore) -> None:
+def test_trim_moves_first_seq(store: SqlRunStore) -> None:
     run = store.create(new_run())
     store.append_events(run.id, [("text_delta", {"i": i}) for i in range(10)])
     assert store.trim_journal(run.id, 6) == 5
@@ -102,7 +101,7 @@ def test_trim_moves_first_seq(store: SqliteRunStore) -> None:
     assert [e.seq for e in store.events_after(run.id, 0)] == [6, 7, 8, 9, 10]
 
 
-def test_admission_is_atomic_across_threads(store: SqliteRunStore) -> None:
+def test_admission_is_atomic_across_threads(store: SqlRunStore) -> None:
     results: list[Run | None] = []
     lock = threading.Lock()
     barrier = threading.Barrier(20)
@@ -128,7 +127,7 @@ def test_admission_is_atomic_across_threads(store: SqliteRunStore) -> None:
     assert len(store.list_runs(session_id="s1")) == 1
 
 
-def test_non_terminal_listing_includes_unknown_phases(store: SqliteRunStore) -> None:
+def test_non_terminal_listing_includes_unknown_phases(store: SqlRunStore) -> None:
     odd = store.create(
         Run(id="run_odd", kind="turn", tenant="t", phase="", created_at=1.0, session_id="s1")
     )
@@ -146,7 +145,7 @@ def test_non_terminal_listing_includes_unknown_phases(store: SqliteRunStore) -> 
     assert ids == [odd.id]
 
 
-def test_event_json_round_trips_without_reencoding(store: SqliteRunStore) -> None:
+def test_event_json_round_trips_without_reencoding(store: SqlRunStore) -> None:
     import json
 
     run = store.create(new_run())

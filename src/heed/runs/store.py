@@ -2,7 +2,7 @@
 
 Stable interface for every kind of run (turns, background tasks, async retain,
 streamed reflect). The SQLite implementation is
-:class:`heed.storage.run_store.SqliteRunStore`; a PostgreSQL one can be added
+:class:`heed.storage.run_store.SqlRunStore`; a PostgreSQL one can be added
 beside it. All methods are blocking and short (indexed reads, one small write
 transaction); async code reaches them through the run manager's I/O executor.
 

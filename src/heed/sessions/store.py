@@ -1,6 +1,6 @@
 """The session store interface: sessions, their transcripts, and pending wakeups.
 
-The SQLite implementation is :class:`heed.storage.session_store.SqliteSessionStore`.
+The SQLite implementation is :class:`heed.storage.session_store.SqlSessionStore`.
 Calls are blocking and short. Calls made inside
 :meth:`heed.runs.store.RunStore.transaction` (same database, same thread) join
 that transaction, which is how a wakeup is recorded atomically with the end of

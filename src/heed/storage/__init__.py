@@ -5,6 +5,6 @@ the SQLite implementations live here. A PostgreSQL implementation can be added
 beside them without touching the engines.
 """
 
-from heed.storage.database import Database, Migration
+from heed.storage.database import Database, Migration, SqlDatabase
 
-__all__ = ["Database", "Migration"]
+__all__ = ["Database", "Migration", "SqlDatabase"]

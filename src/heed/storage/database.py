@@ -19,11 +19,12 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
-__all__ = ["Database", "Migration"]
+__all__ = ["Database", "Migration", "SqlDatabase"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +36,50 @@ class Migration:
     sql: str
 
 
+class SqlDatabase(Protocol):
+    """What a domain store needs of a SQL database; SQLite (:class:`Database`) and
+    PostgreSQL (:class:`heed.storage.postgres.PostgresDatabase`) implement it.
+
+    Stores write one SQL text for both: ``?`` placeholders, standard SQL plus
+    ``RETURNING`` and ``ON CONFLICT``. Where the two must differ, the store asks the
+    database: :attr:`dialect` picks the migrations, :attr:`for_update` is appended to a
+    ``SELECT`` whose rows the transaction is about to change, and :meth:`lock` serialises
+    check-then-write sequences (admission) across connections and processes.
+    """
+
+    #: ``"sqlite"`` or ``"postgresql"``.
+    dialect: str
+    #: ``" FOR UPDATE"`` where row locks exist, else ``""`` (SQLite's writer lock covers it).
+    for_update: str
+
+    def read(self) -> AbstractContextManager[Any]:
+        """A connection for reads; inside :meth:`write` in the same thread, that one."""
+        ...
+
+    def write(self) -> AbstractContextManager[Any]:
+        """One write transaction (nested blocks in the same thread join it)."""
+        ...
+
+    def lock(self, conn: Any, key: str) -> None:
+        """Hold a lock named *key* until the current write transaction ends."""
+        ...
+
+    def migrate(self, migrations: Sequence[Migration]) -> list[Migration]: ...
+
+    def schema_version(self, component: str) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class Database:
-    """A SQLite database file with per-thread connections.
+    """A SQLite database file with per-thread connections (a :class:`SqlDatabase`).
 
     ``":memory:"`` gives a private in-memory database shared by this object's
     threads (a named shared-cache database), for tests.
     """
+
+    dialect = "sqlite"
+    for_update = ""
 
     def __init__(self, path: Path | str, *, busy_timeout_ms: int = 10_000) -> None:
         self.path = str(path)
@@ -100,6 +139,9 @@ class Database:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def lock(self, conn: sqlite3.Connection, key: str) -> None:
+        """Nothing to take: ``BEGIN IMMEDIATE`` already excludes every other writer."""
 
     def close(self) -> None:
         """Close every connection this database opened."""

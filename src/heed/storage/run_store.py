@@ -1,19 +1,23 @@
-"""SQLite implementation of :class:`heed.runs.store.RunStore` (component ``runs``).
+"""The SQL implementation of :class:`heed.runs.store.RunStore` (component ``runs``), on
+SQLite or PostgreSQL (any :class:`~heed.storage.database.SqlDatabase`).
 
 Tables: ``runs`` (the registry, one row per run) and ``run_events`` (the
 journal, primary key ``(run_id, seq)``). Every phase write is a guarded
 ``UPDATE ... WHERE id = ? AND phase IN (...)``; journal appends bump
 ``runs.last_seq`` and insert the events in one transaction, so seqs are
 gap-free and an event is durable before anyone is told about it. Admission and
-claim run inside ``BEGIN IMMEDIATE`` (:meth:`heed.storage.Database.write`),
-which excludes every other writer, including other processes on the same file.
-The SQL is portable apart from ``RETURNING`` (PostgreSQL has it too).
+claim hold the session's lock (:meth:`~heed.storage.database.SqlDatabase.lock`) for
+their transaction: on SQLite ``BEGIN IMMEDIATE`` already excludes every other
+writer, including other processes on the same file; on PostgreSQL it is an advisory
+lock, so two instances admitting a turn for one session at the same moment are
+serialised and the second sees the first's run. (A partial unique index could not
+say "busy": a run that is cancelling stays busy for its unwind window.) A journal
+append row-locks its run (``FOR UPDATE`` where rows lock) before reading ``last_seq``.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,9 +34,9 @@ from heed.runs.model import (
 )
 from heed.runs.state import is_queued
 from heed.runs.store import BlockingCheck, ClaimCheck, Transition
-from heed.storage.database import Database, Migration
+from heed.storage.database import Migration, SqlDatabase
 
-__all__ = ["MIGRATIONS", "SqliteRunStore", "StoredTransition"]
+__all__ = ["MIGRATIONS", "PG_MIGRATIONS", "SqlRunStore"]
 
 MIGRATIONS: Final = [
     Migration(
@@ -75,6 +79,48 @@ MIGRATIONS: Final = [
     )
 ]
 
+#: The same schema in PostgreSQL's types (timestamps are epoch seconds as doubles).
+PG_MIGRATIONS: Final = [
+    Migration(
+        "runs",
+        1,
+        """
+        CREATE TABLE runs (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            session_id TEXT,
+            phase TEXT NOT NULL,
+            source TEXT NOT NULL DEFAULT 'api',
+            created_at DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION,
+            cancelled_at DOUBLE PRECISION,
+            finished_at DOUBLE PRECISION,
+            cancel_reason TEXT,
+            error TEXT,
+            worker_id TEXT,
+            lease_expires_at DOUBLE PRECISION,
+            payload TEXT NOT NULL DEFAULT '{}',
+            result TEXT,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            first_seq INTEGER NOT NULL DEFAULT 1,
+            journal_closed INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX runs_session ON runs (session_id, created_at);
+        CREATE INDEX runs_active ON runs (phase) WHERE phase NOT IN ({terminal});
+        CREATE INDEX runs_tenant ON runs (tenant, created_at);
+        CREATE TABLE run_events (
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            ts DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        );
+        """.replace("{terminal}", ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))),
+    )
+]
+
 _TERMINAL_SQL: Final = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))
 _COLUMNS: Final = (
     "id, kind, tenant, session_id, phase, source, created_at, started_at, cancelled_at,"
@@ -95,11 +141,7 @@ _SETTABLE: Final = frozenset(
 )
 
 
-#: Kept for callers of the first version of this module.
-StoredTransition = Transition
-
-
-def _row_to_run(row: sqlite3.Row) -> Run:
+def _row_to_run(row: Any) -> Run:
     return Run(
         id=row["id"],
         kind=row["kind"],
@@ -123,23 +165,23 @@ def _row_to_run(row: sqlite3.Row) -> Run:
     )
 
 
-def _row_to_event(row: sqlite3.Row) -> RunEvent:
+def _row_to_event(row: Any) -> RunEvent:
     run_id, seq, type_, data, ts = row
     return RunEvent(run_id, seq, type_, ts=ts, data_json=data)
 
 
-class SqliteRunStore:
-    """The run registry and journal on a :class:`~heed.storage.Database`."""
+class SqlRunStore:
+    """The run registry and journal on a :class:`~heed.storage.database.SqlDatabase`."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: SqlDatabase) -> None:
         self.db = database
 
     def migrate(self) -> None:
-        """Apply the ``runs`` component's migrations."""
-        self.db.migrate(MIGRATIONS)
+        """Apply the ``runs`` component's migrations (in the database's dialect)."""
+        self.db.migrate(PG_MIGRATIONS if self.db.dialect == "postgresql" else MIGRATIONS)
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[Any]:
         with self.db.write() as conn:
             yield conn
 
@@ -151,7 +193,7 @@ class SqliteRunStore:
         return run
 
     @staticmethod
-    def _insert(conn: sqlite3.Connection, run: Run) -> None:
+    def _insert(conn: Any, run: Run) -> None:
         conn.execute(
             f"INSERT INTO runs ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
             (
@@ -182,7 +224,7 @@ class SqliteRunStore:
             return self._get(conn, run_id)
 
     @staticmethod
-    def _get(conn: sqlite3.Connection, run_id: str) -> Run | None:
+    def _get(conn: Any, run_id: str) -> Run | None:
         row = conn.execute(f"SELECT {_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else _row_to_run(row)
 
@@ -209,7 +251,7 @@ class SqliteRunStore:
 
     @staticmethod
     def _list(
-        conn: sqlite3.Connection,
+        conn: Any,
         *,
         tenant: str | None = None,
         session_id: str | None = None,
@@ -285,6 +327,8 @@ class SqliteRunStore:
         self, run: Run, blocking: BlockingCheck, *, scope_kinds: Iterable[str]
     ) -> tuple[Run | None, Run | None]:
         with self.db.write() as conn:
+            if run.session_id is not None:
+                self.db.lock(conn, f"session:{run.session_id}")
             siblings = (
                 self._list(conn, session_id=run.session_id, kinds=scope_kinds, non_terminal=True)
                 if run.session_id is not None
@@ -309,6 +353,11 @@ class SqliteRunStore:
             run = self._get(conn, run_id)
             if run is None or not is_queued(run):
                 return None
+            if run.session_id is not None:
+                self.db.lock(conn, f"session:{run.session_id}")
+                run = self._get(conn, run_id)  # as it is now that we hold the lock
+                if run is None or not is_queued(run):
+                    return None
             siblings = (
                 [
                     r
@@ -367,12 +416,12 @@ class SqliteRunStore:
         with self.db.write() as conn:
             return self._append(conn, run_id, events)
 
-    @staticmethod
     def _append(
-        conn: sqlite3.Connection, run_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]
+        self, conn: Any, run_id: str, events: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[RunEvent]:
         row = conn.execute(
-            "SELECT last_seq, journal_closed FROM runs WHERE id = ?", (run_id,)
+            "SELECT last_seq, journal_closed FROM runs WHERE id = ?" + self.db.for_update,
+            (run_id,),
         ).fetchone()
         if row is None or row["journal_closed"]:
             return []
@@ -419,7 +468,7 @@ class SqliteRunStore:
                 "DELETE FROM run_events WHERE run_id = ? AND seq < ?", (run_id, keep_from_seq)
             ).rowcount
             conn.execute(
-                "UPDATE runs SET first_seq = MAX(first_seq, ?) WHERE id = ?",
-                (keep_from_seq, run_id),
+                "UPDATE runs SET first_seq = ? WHERE id = ? AND first_seq < ?",
+                (keep_from_seq, run_id, keep_from_seq),
             )
         return int(deleted)

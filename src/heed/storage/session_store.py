@@ -1,18 +1,22 @@
-"""SQLite implementation of :class:`heed.sessions.store.SessionStore` (component ``sessions``)."""
+"""The SQL implementation of :class:`heed.sessions.store.SessionStore` (component
+``sessions``), on SQLite or PostgreSQL (any :class:`~heed.storage.database.SqlDatabase`).
+
+A message's ``idx`` is the session's next one, read and written under the session's
+transcript lock, so two processes appending to one transcript never take the same idx.
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Final
+from typing import Any, Final
 
 from heed.sessions.store import Message, Session, Wakeup
-from heed.storage.database import Database, Migration
+from heed.storage.database import Migration, SqlDatabase
 
-__all__ = ["MIGRATIONS", "SqliteSessionStore"]
+__all__ = ["MIGRATIONS", "PG_MIGRATIONS", "SqlSessionStore"]
 
 MIGRATIONS: Final = [
     Migration(
@@ -61,8 +65,56 @@ MIGRATIONS: Final = [
     ),
 ]
 
+#: The same schema in PostgreSQL's types (timestamps are epoch seconds as doubles).
+PG_MIGRATIONS: Final = [
+    Migration(
+        "sessions",
+        1,
+        """
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            title TEXT NOT NULL DEFAULT '',
+            bank_id TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX sessions_tenant ON sessions (tenant, updated_at);
+        CREATE TABLE session_messages (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            run_id TEXT,
+            status TEXT NOT NULL DEFAULT 'complete',
+            source TEXT,
+            tool_calls TEXT NOT NULL DEFAULT '[]',
+            tool_call_id TEXT,
+            name TEXT,
+            UNIQUE (session_id, idx)
+        );
+        CREATE TABLE session_wakeups (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            task_run_id TEXT NOT NULL UNIQUE,
+            summary TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            delivered_run_id TEXT
+        );
+        CREATE INDEX session_wakeups_pending ON session_wakeups (session_id, delivered_run_id);
+        """,
+    ),
+    Migration(
+        "sessions",
+        2,
+        "ALTER TABLE sessions ADD COLUMN remember_messages INTEGER NOT NULL DEFAULT 0;",
+    ),
+]
 
-def _session(row: sqlite3.Row) -> Session:
+
+def _session(row: Any) -> Session:
     return Session(
         id=row["id"],
         tenant=row["tenant"],
@@ -74,7 +126,7 @@ def _session(row: sqlite3.Row) -> Session:
     )
 
 
-def _message(row: sqlite3.Row) -> Message:
+def _message(row: Any) -> Message:
     return Message(
         id=row["id"],
         session_id=row["session_id"],
@@ -91,7 +143,7 @@ def _message(row: sqlite3.Row) -> Message:
     )
 
 
-def _wakeup(row: sqlite3.Row) -> Wakeup:
+def _wakeup(row: Any) -> Wakeup:
     return Wakeup(
         id=row["id"],
         session_id=row["session_id"],
@@ -102,14 +154,14 @@ def _wakeup(row: sqlite3.Row) -> Wakeup:
     )
 
 
-class SqliteSessionStore:
-    """Sessions, transcripts and wakeups on a :class:`~heed.storage.Database`."""
+class SqlSessionStore:
+    """Sessions, transcripts and wakeups on a :class:`~heed.storage.database.SqlDatabase`."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: SqlDatabase) -> None:
         self.db = database
 
     def migrate(self) -> None:
-        self.db.migrate(MIGRATIONS)
+        self.db.migrate(PG_MIGRATIONS if self.db.dialect == "postgresql" else MIGRATIONS)
 
     def create(self, session: Session) -> Session:
         with self.db.write() as conn:
@@ -169,6 +221,7 @@ class SqliteSessionStore:
 
     def append_message(self, message: Message) -> Message:
         with self.db.write() as conn:
+            self.db.lock(conn, f"transcript:{message.session_id}")
             row = conn.execute(
                 "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = ?",
                 (message.session_id,),
