@@ -43,7 +43,7 @@ from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
 from heed.memory.recall.rerank import Reranker
 from heed.memory.retain import plan_documents, prepare_documents
 from heed.memory.store import MemoryStore, UnitFilter, WriteResult
-from heed.memory.vectors import BankIndexes, VectorIndex
+from heed.memory.vectors import BankIndexes, StoreVectors, VectorSearch
 from heed.runtime import (
     CancellationToken,
     Lane,
@@ -122,7 +122,9 @@ class MemoryEngine:
             hooks=recall_hooks,
         )
 
-    async def _index_for(self, bank: Bank) -> VectorIndex:
+    async def _index_for(self, bank: Bank) -> VectorSearch:
+        if getattr(self.store, "searches_vectors", False):
+            return StoreVectors(self.store, bank.ref)  # type: ignore[arg-type]
         return await run_in_thread(self.indexes.get, bank.ref)
 
     # -- in-flight work --------------------------------------------------------------

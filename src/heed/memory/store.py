@@ -20,7 +20,7 @@ import numpy as np
 from heed.memory.idempotency import LedgerEntry, RetainKey
 from heed.memory.models import Bank, BankStats, DocumentInfo, PreparedDocument, StoredUnit
 
-__all__ = ["MemoryStore", "UnitFilter", "VectorRows", "WriteResult"]
+__all__ = ["MemoryStore", "UnitFilter", "VectorRows", "VectorSearchingStore", "WriteResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,3 +118,22 @@ class MemoryStore(Protocol):
     ) -> tuple[list[DocumentInfo], int]: ...
     def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None: ...
     def delete_document(self, bank_ref: str, document_id: str) -> list[int] | None: ...
+
+
+class VectorSearchingStore(MemoryStore, Protocol):
+    """A store that searches vectors itself (PostgreSQL with pgvector). The engine uses
+    it instead of loading the bank into an in-process index when ``searches_vectors``
+    is true; ``load_vectors`` then serves only tools such as ``heed migrate``."""
+
+    searches_vectors: bool
+
+    def vector_search(
+        self, bank_ref: str, query: np.ndarray, k: int, types: Sequence[str] | None
+    ) -> list[tuple[int, float]]:
+        """The *k* units of the bank most similar to *query* (unit length) as
+        (seq, cosine), best first; only units of *types* when given."""
+        ...
+
+    def unit_vectors(self, bank_ref: str, seqs: Sequence[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of *seqs* in the bank (those still present)."""
+        ...

@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
@@ -26,11 +26,47 @@ from heed.runtime import raise_if_cancelled
 
 if TYPE_CHECKING:
     from heed.memory.models import PreparedDocument
-    from heed.memory.store import MemoryStore, WriteResult
+    from heed.memory.store import MemoryStore, VectorSearchingStore, WriteResult
 
-__all__ = ["BLOCK_ROWS", "BankIndexes", "VectorIndex"]
+__all__ = ["BLOCK_ROWS", "BankIndexes", "StoreVectors", "VectorIndex", "VectorSearch"]
 
 BLOCK_ROWS = 16_384
+
+
+class VectorSearch(Protocol):
+    """What recall needs of a bank's vectors: the in-process :class:`VectorIndex`, or
+    :class:`StoreVectors` when the store searches them itself (pgvector)."""
+
+    def search(
+        self, query: np.ndarray, k: int, types: Sequence[str] | None = None
+    ) -> list[tuple[int, float]]:
+        """The *k* most similar units as (seq, cosine), best first."""
+        ...
+
+    def vectors_for(self, seqs: Sequence[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of *seqs* (those still present)."""
+        ...
+
+
+class StoreVectors:
+    """A bank's vectors searched where they are stored (see
+    :class:`heed.memory.store.VectorSearchingStore`): nothing is loaded into this process,
+    so every process sharing the database sees every committed write at once."""
+
+    def __init__(self, store: VectorSearchingStore, bank_ref: str) -> None:
+        self._store = store
+        self._bank_ref = bank_ref
+
+    def search(
+        self, query: np.ndarray, k: int, types: Sequence[str] | None = None
+    ) -> list[tuple[int, float]]:
+        raise_if_cancelled()
+        if k <= 0:
+            return []
+        return self._store.vector_search(self._bank_ref, query, k, types)
+
+    def vectors_for(self, seqs: Sequence[int]) -> dict[int, np.ndarray]:
+        return self._store.unit_vectors(self._bank_ref, seqs) if seqs else {}
 
 
 @dataclass(frozen=True, slots=True)

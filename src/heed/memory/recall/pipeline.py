@@ -39,7 +39,7 @@ from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import QueryAnalysis, analyze_query
 from heed.memory.recall.rerank import Candidate, Reranker
 from heed.memory.store import MemoryStore
-from heed.memory.vectors import VectorIndex
+from heed.memory.vectors import VectorSearch
 from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
 
 __all__ = ["BUDGET_SIZES", "RecallDeps", "StageHook", "Tracer", "run_recall"]
@@ -63,7 +63,7 @@ class RecallDeps:
     reranker: Reranker
     tokens: TokenCounter
     lane: Lane
-    index_for: Callable[[Bank], Awaitable[VectorIndex]]
+    index_for: Callable[[Bank], Awaitable[VectorSearch]]
     arm_weights: dict[str, float] = field(
         default_factory=lambda: {"semantic": 1.0, "keyword": 1.0, "graph": 0.5, "temporal": 0.5}
     )
@@ -143,7 +143,7 @@ def _embed_query(deps: RecallDeps, query: str) -> np.ndarray:
 
 
 def _semantic_arm(
-    deps: RecallDeps, index: VectorIndex, qvec: np.ndarray, k: int, q: RecallQuery
+    deps: RecallDeps, index: VectorSearch, qvec: np.ndarray, k: int, q: RecallQuery
 ) -> list[tuple[int, float]]:
     _hook(deps, "retrieval")
     hits = index.search(qvec, k, q.types)
@@ -193,7 +193,7 @@ def _temporal_arm(
 
 
 def _embed_and_search(
-    deps: RecallDeps, index: VectorIndex, q: RecallQuery, k: int
+    deps: RecallDeps, index: VectorSearch, q: RecallQuery, k: int
 ) -> tuple[np.ndarray, list[tuple[int, float]], float]:
     """The query embedding, then the semantic arm (one worker thread; a checkpoint between)."""
     start = time.perf_counter()
@@ -253,7 +253,7 @@ def _tags_ok(unit: StoredUnit, q: RecallQuery) -> bool:
 def _candidates(
     deps: RecallDeps,
     bank: Bank,
-    index: VectorIndex,
+    index: VectorSearch,
     fused: list[tuple[int, float]],
     arms: dict[str, list[tuple[int, float]]],
     q: RecallQuery,
