@@ -244,18 +244,22 @@ def test_phase_changes_are_guarded_dataclass_copy() -> None:
         run.phase = "completed"  # type: ignore[misc]
 
 
+LONGER = {"n": 100, "delay": 0.02}
+
+
 async def test_racing_interrupts_leave_exactly_the_last_one_running(manager: RunManager) -> None:
     busy = await manager.submit("turn", tenant="t", session_id="s", payload={"n": 1000})
     assert busy is not None
     await asyncio.sleep(0.05)
     first, second = await asyncio.gather(
-        manager.submit("turn", tenant="t", session_id="s", strategy="interrupt"),
-        manager.submit("turn", tenant="t", session_id="s", strategy="interrupt"),
+        # Long enough that neither can finish before the other's interrupt reaches it.
+        manager.submit("turn", tenant="t", session_id="s", strategy="interrupt", payload=LONGER),
+        manager.submit("turn", tenant="t", session_id="s", strategy="interrupt", payload=LONGER),
     )
     assert first is not None and second is not None
     last = max((first, second), key=lambda r: (r.created_at, r.id))
     other = first if last is second else second
-    await wait_phase(manager, last.id, "completed")
+    await wait_phase(manager, last.id, "completed", seconds=15)
     assert (await manager.get(other.id)).phase == "cancelled"
     assert (await manager.get(busy.id)).phase == "cancelled"
 

@@ -55,6 +55,12 @@ STOPPED: Final = _Stopped()
 class Subscription(Protocol):
     """One subscriber's view of a topic."""
 
+    async def ready(self, wait_seconds: float = 1.0) -> bool:
+        """Wait (at most *wait_seconds*) until messages other processes publish reach this
+        subscription; ``True`` once they do. Readers call it before replaying the durable
+        source, so nothing committed after the replay is missed. Local messages always do."""
+        ...
+
     async def get(self, wait_seconds: float | None = None) -> object | None:
         """The next message, :data:`LAGGED`, :data:`STOPPED`, or ``None`` after
         *wait_seconds*."""
@@ -92,6 +98,9 @@ class _LocalSubscription:
         self._stopped = False
         self._closed = False
         self.loop = asyncio.get_running_loop()
+
+    async def ready(self, wait_seconds: float = 1.0) -> bool:
+        return True  # one process: every publisher is local
 
     def deliver(self, message: object) -> None:
         if self._closed:

@@ -171,6 +171,7 @@ class Journal:
         handle = token.on_cancel(lambda _reason: sub.stop()) if token is not None else None
         position = _Position(cursor=max(0, after))
         try:
+            await sub.ready()  # other processes' events reach us before we replay
             async with contextlib.aclosing(self._from_store(run_id, position)) as stored:
                 async for item in stored:
                     yield item

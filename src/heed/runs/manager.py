@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from heed.errors import HeedError
-from heed.runs.broker import Broker
+from heed.runs.broker import STOPPED, Broker
 from heed.runs.ending import Step, end_run
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
@@ -86,6 +86,8 @@ Listener = Callable[[Run, str], Awaitable[None]]
 IdleHook = Callable[[str], Awaitable[object]]
 
 SHUTDOWN = "server shutting down"
+#: Broker topic on which a cancel written by any process is announced to the others.
+CANCEL_TOPIC = "runs:cancel"
 
 
 class RunNotFound(HeedError):
@@ -519,6 +521,7 @@ class RunManager:
                 if t is not None:
                     self.journal.publish([t.event])
                     self._cancel_local(run_id, reason)
+                    self.broker.publish(CANCEL_TOPIC, {"run_id": run_id, "reason": reason})
                     await self._notify(t.run, "cancelling")
                     run = t.run
                     break
@@ -534,6 +537,24 @@ class RunManager:
         """:meth:`cancel` in a background task of the manager (awaited at shutdown), for a
         caller that is itself being cancelled: a stream whose client left."""
         self._spawn(self.cancel(run_id, reason), f"cancel-{run_id}")
+
+    def start_cancel_listener(self) -> None:
+        """Follow :data:`CANCEL_TOPIC`: a cancel written by another process sharing the
+        database stops this process's worker at once, instead of at the next lease
+        renewal (which still catches any announcement that was lost)."""
+        self._spawn(self._follow_cancels(), "heed-cancel-listener")
+
+    async def _follow_cancels(self) -> None:
+        sub = self.broker.subscribe(CANCEL_TOPIC)
+        try:
+            while True:
+                message = await sub.get()
+                if message is STOPPED:
+                    return
+                if isinstance(message, dict) and isinstance(message.get("run_id"), str):
+                    self._cancel_local(message["run_id"], str(message.get("reason") or ""))
+        finally:
+            sub.close()
 
     def _cancel_local(self, run_id: str, reason: str) -> None:
         worker = self.workers.get(run_id)

@@ -296,6 +296,7 @@ class SessionService:
         sub = self.manager.broker.subscribe(session_topic(session_id))
         handles = [t.on_cancel(lambda _reason: sub.stop()) for t in (token, shutdown) if t]
         try:
+            await sub.ready()  # other processes' hints reach us before we replay
             for run in await self.manager.session_runs(session_id):
                 if is_attachable(run):
                     yield {

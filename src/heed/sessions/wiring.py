@@ -71,6 +71,7 @@ class RunServices:
         await self.manager.io.call(self.session_store.migrate)
         pending = await self.manager.io.call(self.session_store.pending_wakeups)
         await recover(self.manager, sorted({w.session_id for w in pending}))
+        self.manager.start_cancel_listener()
         self.reaper.start()
 
     async def close(self) -> None:
