@@ -4,8 +4,8 @@ Read top-down, this module is the server: lanes and the offload pool, the databa
 store per domain, signalling and the run manager, the domains, then every kind of run
 registered with the manager. Nothing else constructs these parts; the HTTP layer receives
 them as ``request.app.state.services``, and tests and the CLI build them with
-:class:`Services`. A second storage or signalling backend (PostgreSQL, Redis) is chosen
-here and nowhere else.
+:class:`Services`. The backends are chosen here and nowhere else: SQLite or PostgreSQL
+(``HEED_DATABASE_URL``), in-process or Redis signals (``HEED_REDIS_URL``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 from heed.llm.base import ChatProvider
 from heed.llm.warmup import ModelWarmup
-from heed.memory import MemoryEngine, build_memory_engine
+from heed.memory import MemoryEngine, build_embedder, build_memory_engine
 from heed.memory.operations import RETAIN_KIND, RetainOperations
+from heed.memory.store import MemoryStore
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
-from heed.runs.broker import InProcessBroker
+from heed.runs.broker import Broker, InProcessBroker
 from heed.runs.kinds import KindSpec
 from heed.runs.manager import RunManager
 from heed.runtime import Lane, Lanes
@@ -29,10 +30,10 @@ from heed.sessions.tools import TurnTools
 from heed.sessions.turn import TurnRunner
 from heed.sessions.wiring import ProviderSlot, RunServices
 from heed.settings import Settings
-from heed.storage import Database
+from heed.storage import Database, SqlDatabase
 from heed.storage.memory_store import SqliteMemoryStore
-from heed.storage.run_store import SqliteRunStore
-from heed.storage.session_store import SqliteSessionStore
+from heed.storage.run_store import SqlRunStore
+from heed.storage.session_store import SqlSessionStore
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
@@ -52,6 +53,35 @@ def build_lanes(settings: Settings) -> Lanes:
     )
 
 
+def _database(settings: Settings) -> SqlDatabase:
+    """PostgreSQL when ``HEED_DATABASE_URL`` names it, else the embedded file."""
+    if settings.database_url is None:
+        return Database(settings.database_path())
+    from heed.storage.postgres import PostgresDatabase  # psycopg loads only when used
+
+    return PostgresDatabase(settings.database_url, pool_size=settings.database_pool_size)
+
+
+def _memory_store(database: SqlDatabase, dim: int) -> MemoryStore:
+    """The memory store for *database*'s dialect (pgvector searches on PostgreSQL)."""
+    if isinstance(database, Database):
+        return SqliteMemoryStore(database)
+    from heed.storage.pg_memory_store import PgMemoryStore
+    from heed.storage.postgres import PostgresDatabase
+
+    assert isinstance(database, PostgresDatabase)
+    return PgMemoryStore(database, dim)
+
+
+def _broker(settings: Settings) -> Broker:
+    """Redis pub/sub when ``HEED_REDIS_URL`` is set, else the in-process broker."""
+    if settings.redis_url is None:
+        return InProcessBroker()
+    from heed.runs.redis_broker import RedisBroker  # redis loads only when used
+
+    return RedisBroker(settings.redis_url, prefix=settings.redis_prefix)
+
+
 def _turn_provider(settings: Settings) -> ChatProvider:
     from heed.llm.factory import build_provider  # imports the provider's library on first use
 
@@ -67,7 +97,8 @@ class Services:
 
     settings: Settings
     lanes: Lanes = field(init=False)
-    database: Database = field(init=False)
+    database: SqlDatabase = field(init=False)
+    broker: Broker = field(init=False)
     memory: MemoryEngine = field(init=False)
     reflect: ReflectService = field(init=False)
     reflect_runs: ReflectRuns = field(init=False)
@@ -81,14 +112,18 @@ class Services:
         preload_in_processes("heed.reflect.schema")  # its response_schema validation
         self.lanes = build_lanes(settings)
 
-        # Storage: one embedded database, one store per domain.
-        self.database = Database(settings.database_path())
-        memory_store = SqliteMemoryStore(self.database)
-        run_store = SqliteRunStore(self.database)
-        session_store = SqliteSessionStore(self.database)
+        # Storage: one SQL database, one store per domain: the embedded SQLite file, or
+        # PostgreSQL (pgvector) when HEED_DATABASE_URL names it. Runs and sessions share it
+        # so their writes join one transaction.
+        self.database = _database(settings)
+        embedder = build_embedder(settings)
+        memory_store = _memory_store(self.database, embedder.dim)
+        run_store = SqlRunStore(self.database)
+        session_store = SqlSessionStore(self.database)
 
-        # Signalling and the run machinery.
-        broker = InProcessBroker()
+        # Signalling and the run machinery: in-process, or Redis between processes.
+        broker = _broker(settings)
+        self.broker = broker
         manager = RunManager(
             run_store,
             broker,
@@ -101,7 +136,7 @@ class Services:
         )
 
         # The domains.
-        self.memory = build_memory_engine(settings, memory_store, self.lanes)
+        self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder)
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
@@ -154,6 +189,9 @@ class Services:
 
     async def start(self) -> None:
         """Prepare storage and domain services; called once before serving."""
+        start_broker = getattr(self.broker, "start", None)
+        if start_broker is not None:
+            await start_broker()  # fails fast when Redis is unreachable
         await self.memory.start()
         await self.runs.start()  # after other domains: recovery may start their runs
         self.model_warmup.start()  # in the background: serving does not wait for it
@@ -163,4 +201,11 @@ class Services:
         await self.model_warmup.aclose()
         await self.runs.close()
         await self.reflect.close()
+        await _close_broker(self.broker)
         self.database.close()
+
+
+async def _close_broker(broker: Broker) -> None:
+    close = getattr(broker, "aclose", None)
+    if close is not None:
+        await close()

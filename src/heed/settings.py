@@ -41,6 +41,11 @@ class Settings(BaseSettings):
         description="redis://... to carry signals between heed processes (cancels, live "
         "journal and session events). Unset: in-process signals only.",
     )
+    redis_prefix: str = Field(
+        default="heed:",
+        min_length=1,
+        description="Prefix of heed's Redis channels: clusters sharing one Redis differ here.",
+    )
 
     api_keys: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
