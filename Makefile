@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8700
 
-.PHONY: serve test lint typecheck pytest mutation install bench clean help
+.PHONY: serve serve-cluster test lint typecheck pytest mutation install bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -25,6 +25,9 @@ install: $(STAMP)  ## create .venv and install heed with its test tools
 
 serve: $(STAMP)  ## run the server on embedded defaults (SQLite, local models)
 	$(BIN)/heed serve --host $(HOST) --port $(PORT)
+
+serve-cluster: $(STAMP)  ## two instances as one service: PostgreSQL (pgvector, started here) and Redis
+	$(BIN)/python scripts/serve_cluster.py --host $(HOST)
 
 lint: $(STAMP)  ## ruff lint and format check
 	$(BIN)/ruff check src tests benchmarks scripts
