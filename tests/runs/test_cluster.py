@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.pg_support import fresh_schema
 from tests.support import free_port, wait_for
@@ -156,3 +158,68 @@ async def test_kill_9_of_an_instance_leaves_its_turn_interrupted_by_the_other(
             # and the session takes a new turn at once
             again = client.post(f"/v1/sessions/{sid}/turns", json={"content": "after"})
             assert again.status_code == 202, again.text
+
+
+@contextmanager
+def private_redis(directory: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A ``redis-server`` of this test alone (so the test may kill it)."""
+    port = free_port()
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        ["redis-server", *args, "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+
+        def up() -> bool:
+            try:
+                return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+            except redis.RedisError:
+                return False
+
+        wait_for(up, seconds=10)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+async def test_losing_redis_loses_no_event_and_cancels_still_arrive(tmp_path: Path) -> None:
+    with (
+        private_redis(tmp_path) as (redis_url, redis_proc),
+        cluster(tmp_path, HEED_REDIS_URL=redis_url, HEED_RUN_REAPER_INTERVAL="0.5") as (a, b, _),
+    ):
+        with httpx.Client(base_url=a) as client:
+            sid = new_session(client)
+            words = " ".join(f"w{i}" for i in range(60))  # 3 s of tokens
+            run_id = client.post(f"/v1/sessions/{sid}/turns", json={"content": words}).json()[
+                "run_id"
+            ]
+        seqs: list[int] = []
+        last_event = ""
+        async with (
+            httpx.AsyncClient(timeout=30) as ac,
+            ac.stream("GET", f"{b}/v1/runs/{run_id}/stream") as resp,
+        ):
+            async for frame in sse_frames(resp):
+                if frame.id:
+                    seqs.append(int(frame.id))
+                    last_event = frame.event
+                if len(seqs) == 5:
+                    redis_proc.kill()  # mid-stream: B now learns of A's events by polling
+                if frame.event in ("completed", "failed", "cancelled", "interrupted"):
+                    break
+        assert last_event == "completed"
+        assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > 20
+        with httpx.Client(base_url=b) as client:
+            assert client.get(f"/v1/runs/{run_id}").json()["last_seq"] == seqs[-1]
+            # A cancel sent to B reaches A's worker through the database (lease renewal).
+            long_run = client.post(f"/v1/sessions/{sid}/turns", json={"content": LONG}).json()[
+                "run_id"
+            ]
+            wait_for(lambda: client.get(f"/v1/runs/{long_run}").json()["last_seq"] >= 3)
+            client.post(f"/v1/runs/{long_run}/cancel").raise_for_status()
+            wait_for(lambda: run_phase(client, long_run) == "cancelled", seconds=10)
