@@ -36,6 +36,13 @@ And one for the rule a streamed reflect adds:
 11. ``streamed-reflect-ignores-disconnect``: a reflect stream whose client left does not
     cancel its run (the work would go on for nobody).
 
+And two for heed as several processes (PostgreSQL and Redis):
+
+12. ``admission-without-session-lock``: the run store admits without holding the session's
+    lock (on PostgreSQL, two instances could then both start a turn of one session).
+13. ``cancel-not-announced``: a cancel is not announced on ``runs:cancel`` (a worker in
+    another process would run on until its next lease renewal).
+
 Only the relevant test files run, with ``-x``, so the check stays fast. The same
 selection first runs unmutated and must pass (otherwise "red" would prove
 nothing). Exit status 0 when every mutation is killed; 1 otherwise.
@@ -161,6 +168,26 @@ MUTATIONS = (
             "tests/reflect/test_reflect_runs.py::"
             "test_a_client_that_leaves_cancels_the_run_by_default",
         ),
+    ),
+    Mutation(
+        "admission-without-session-lock",
+        "storage/run_store.py",
+        "            if run.session_id is not None:\n"
+        '                self.db.lock(conn, f"session:{run.session_id}")\n'
+        "            siblings = (\n",
+        "            siblings = (  # MUTATION\n",
+        (
+            "tests/runs/test_store.py::test_admission_is_atomic_across_threads",
+            "tests/runs/test_cluster.py::test_admission_is_atomic_across_instances",
+        ),
+    ),
+    Mutation(
+        "cancel-not-announced",
+        "runs/manager.py",
+        "                    self.broker.publish(CANCEL_TOPIC, "
+        '{"run_id": run_id, "reason": reason})\n',
+        "                    pass  # MUTATION\n",
+        ("tests/runs/test_cluster.py::test_a_turn_on_a_streams_resumes_and_cancels_from_b",),
     ),
 )
 

@@ -107,6 +107,7 @@ def test_admission_is_atomic_across_threads(store: SqlRunStore) -> None:
     barrier = threading.Barrier(20)
 
     def blocking(siblings: object) -> Run | None:
+        time.sleep(0.02)  # a slow check widens the window a missing lock would leave open
         for r in siblings:  # type: ignore[attr-defined]
             if is_lifecycle_busy(r, time.time()):
                 return r  # type: ignore[no-any-return]
