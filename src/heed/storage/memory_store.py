@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,14 @@ from heed.memory.models import (
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
+from heed.storage.memory_rows import (
+    UNIT_COLUMNS,
+    bank_from_row,
+    document_from_row,
+    iso,
+    now_iso,
+    unit_from_row,
+)
 
 __all__ = ["MEMORY_MIGRATIONS", "SqliteMemoryStore"]
 
@@ -150,14 +157,6 @@ MEMORY_MIGRATIONS = [
 ]
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).isoformat() if value is not None else None
-
-
 def bank_token(bank_ref: str) -> str:
     """The FTS token that marks a bank's rows (letters and digits only)."""
     return "bank" + bank_ref.replace("-", "")
@@ -191,15 +190,6 @@ def _interruptible(database: Database) -> Iterator[sqlite3.Connection]:
             conn.set_progress_handler(None, 0)
 
 
-def _json(text: str | None) -> Any:
-    """``json.loads`` with a fast path for the empty objects most units carry."""
-    if text == "{}" or not text:
-        return {}
-    if text == "[]":
-        return []
-    return json.loads(text)
-
-
 def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
@@ -220,27 +210,12 @@ class SqliteMemoryStore:
 
     # -- banks -------------------------------------------------------------------
 
-    @staticmethod
-    def _bank(row: sqlite3.Row) -> Bank:
-        return Bank(
-            tenant=row["tenant"],
-            bank_id=row["bank_id"],
-            ref=row["ref"],
-            name=row["name"],
-            mission=row["mission"],
-            background=row["background"],
-            disposition=json.loads(row["disposition"]),
-            config=json.loads(row["config"]),
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-        )
-
     def get_bank(self, tenant: str, bank_id: str) -> Bank | None:
         with self.db.read() as conn:
             row = conn.execute(
                 "SELECT * FROM memory_banks WHERE tenant = ? AND bank_id = ?", (tenant, bank_id)
             ).fetchone()
-        return self._bank(row) if row else None
+        return bank_from_row(row) if row else None
 
     def list_banks(
         self, tenant: str, limit: int, offset: int
@@ -254,10 +229,10 @@ class SqliteMemoryStore:
                 " FROM memory_banks b WHERE tenant = ? ORDER BY bank_id LIMIT ? OFFSET ?",
                 (tenant, limit, offset),
             ).fetchall()
-        return [(self._bank(r), int(r["n"])) for r in rows], int(total)
+        return [(bank_from_row(r), int(r["n"])) for r in rows], int(total)
 
     def save_bank(self, bank: Bank) -> Bank:
-        now = _now()
+        now = now_iso()
         with self.db.write() as conn:
             row = conn.execute(
                 "SELECT created_at FROM memory_banks WHERE ref = ?", (bank.ref,)
@@ -407,7 +382,7 @@ class SqliteMemoryStore:
         ledger: tuple[RetainKey, int] | None = None,
     ) -> WriteResult:
         """Write one document's chunks, units, entities and links in one transaction."""
-        now = _now()
+        now = now_iso()
         token = bank_token(bank_ref)
         added: list[tuple[int, str]] = []
         with self.db.write() as conn:
@@ -541,9 +516,9 @@ class SqliteMemoryStore:
                 unit.text,
                 unit.fact_type,
                 unit.context,
-                _iso(unit.occurred_start),
-                _iso(unit.occurred_end),
-                _iso(unit.mentioned_at),
+                iso(unit.occurred_start),
+                iso(unit.occurred_end),
+                iso(unit.mentioned_at),
                 json.dumps(unit.metadata),
                 json.dumps(unit.tags),
                 embedding,
@@ -685,32 +660,10 @@ class SqliteMemoryStore:
         self, conn: sqlite3.Connection, where: str, params: Iterable[Any]
     ) -> list[StoredUnit]:
         rows = conn.execute(
-            "SELECT seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
-            " occurred_end, mentioned_at, metadata, tags, created_at, updated_at, token_count"
-            f" FROM memory_units WHERE {where}",
+            f"SELECT {UNIT_COLUMNS} FROM memory_units WHERE {where}",
             tuple(params),
         ).fetchall()
-        units = [
-            StoredUnit(
-                id=r["id"],
-                seq=int(r["seq"]),
-                text=r["text"],
-                fact_type=r["fact_type"],
-                context=r["context"],
-                document_id=r["document_id"],
-                chunk_id=r["chunk_id"],
-                occurred_start=r["occurred_start"],
-                occurred_end=r["occurred_end"],
-                mentioned_at=r["mentioned_at"],
-                metadata=_json(r["metadata"]),
-                tags=_json(r["tags"]),
-                entities=[],
-                created_at=r["created_at"],
-                updated_at=r["updated_at"],
-                token_count=r["token_count"],
-            )
-            for r in rows
-        ]
+        units = [unit_from_row(r) for r in rows]
         if units:
             by_seq = {u.seq: u for u in units}
             marks = _placeholders(len(by_seq))
@@ -832,20 +785,6 @@ class SqliteMemoryStore:
             self._delete_seqs(conn, [int(row[0])])
         return int(row[0])
 
-    @staticmethod
-    def _document(row: sqlite3.Row, with_text: bool) -> DocumentInfo:
-        return DocumentInfo(
-            document_id=row["document_id"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            unit_count=int(row["n"]),
-            text_length=len(row["original_text"]),
-            content_hash=row["content_hash"],
-            metadata=json.loads(row["metadata"]),
-            tags=json.loads(row["tags"]),
-            original_text=row["original_text"] if with_text else None,
-        )
-
     def list_documents(
         self, bank_ref: str, search: str | None, limit: int, offset: int
     ) -> tuple[list[DocumentInfo], int]:
@@ -864,7 +803,7 @@ class SqliteMemoryStore:
                 " ORDER BY d.updated_at DESC, d.document_id LIMIT ? OFFSET ?",
                 (*params, limit, offset),
             ).fetchall()
-        return [self._document(r, False) for r in rows], int(total)
+        return [document_from_row(r, False) for r in rows], int(total)
 
     def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None:
         with self.db.read() as conn:
@@ -876,7 +815,7 @@ class SqliteMemoryStore:
             ).fetchone()
             if row is None:
                 return None
-            info = self._document(row, True)
+            info = document_from_row(row, True)
             info.units_by_type = {
                 str(k): int(v)
                 for k, v in conn.execute(

@@ -70,7 +70,6 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import numpy as np
@@ -90,6 +89,14 @@ from heed.memory.models import (
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
+from heed.storage.memory_rows import (
+    UNIT_COLUMNS,
+    bank_from_row,
+    document_from_row,
+    iso,
+    now_iso,
+    unit_from_row,
+)
 from heed.storage.memory_store import ENTITY_LINKS_PER_ENTITY, bank_token
 from heed.storage.postgres import Connection, PostgresDatabase
 
@@ -285,14 +292,6 @@ PG_MEMORY_MIGRATIONS: Final = pg_memory_migrations(DEFAULT_DIM)
 # -- values --------------------------------------------------------------------------------
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).isoformat() if value is not None else None
-
-
 def _text(value: str) -> str:
     """*value* storable in a PostgreSQL text column, which cannot hold NUL characters."""
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
@@ -300,15 +299,6 @@ def _text(value: str) -> str:
 
 def _opt_text(value: str | None) -> str | None:
     return _text(value) if value is not None else None
-
-
-def _json(text: str | None) -> Any:
-    """``json.loads`` with a fast path for the empty objects most units carry."""
-    if text == "{}" or not text:
-        return {}
-    if text == "[]":
-        return []
-    return json.loads(text)
 
 
 def _vector_literal(vector: Any) -> str:
@@ -501,28 +491,13 @@ class PgMemoryStore:
 
     # -- banks -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _bank(row: Any) -> Bank:
-        return Bank(
-            tenant=row["tenant"],
-            bank_id=row["bank_id"],
-            ref=row["ref"],
-            name=row["name"],
-            mission=row["mission"],
-            background=row["background"],
-            disposition=json.loads(row["disposition"]),
-            config=json.loads(row["config"]),
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-        )
-
     def get_bank(self, tenant: str, bank_id: str) -> Bank | None:
         with self.db.read() as conn:
             row = conn.execute(
                 "SELECT * FROM memory_banks WHERE tenant = ? AND bank_id = ?",
                 (_text(tenant), _text(bank_id)),
             ).fetchone()
-        return self._bank(row) if row else None
+        return bank_from_row(row) if row else None
 
     def list_banks(
         self, tenant: str, limit: int, offset: int
@@ -536,10 +511,10 @@ class PgMemoryStore:
                 " FROM memory_banks b WHERE tenant = ? ORDER BY bank_id LIMIT ? OFFSET ?",
                 (tenant, _limit(limit), max(0, offset)),
             ).fetchall()
-        return [(self._bank(r), int(r["n"])) for r in rows], int(total)
+        return [(bank_from_row(r), int(r["n"])) for r in rows], int(total)
 
     def save_bank(self, bank: Bank) -> Bank:
-        now = _now()
+        now = now_iso()
         with self.db.write() as conn:
             row = conn.execute(
                 "SELECT created_at FROM memory_banks WHERE ref = ? FOR UPDATE", (bank.ref,)
@@ -686,7 +661,7 @@ class PgMemoryStore:
                     f"unit {unit.id} has a {np.size(unit.embedding)}-dimensional embedding; "
                     f"this store holds {self.dim}-dimensional vectors"
                 )
-        now = _now()
+        now = now_iso()
         document_id = _text(document.document_id)
         with self.db.write() as conn:
             self._lock_bank(conn, bank_ref)
@@ -803,9 +778,9 @@ class PgMemoryStore:
             _text(unit.text),
             unit.fact_type,
             _opt_text(unit.context),
-            _iso(unit.occurred_start),
-            _iso(unit.occurred_end),
-            _iso(unit.mentioned_at),
+            iso(unit.occurred_start),
+            iso(unit.occurred_end),
+            iso(unit.mentioned_at),
             json.dumps(unit.metadata),
             json.dumps(unit.tags),
             _vector_literal(unit.embedding) if unit.embedding is not None else None,
@@ -1080,32 +1055,10 @@ class PgMemoryStore:
     @staticmethod
     def _units(conn: _Executor, where: str, params: Iterable[Any]) -> list[StoredUnit]:
         rows = conn.execute(
-            "SELECT seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
-            " occurred_end, mentioned_at, metadata, tags, created_at, updated_at, token_count"
-            f" FROM memory_units WHERE {where}",
+            f"SELECT {UNIT_COLUMNS} FROM memory_units WHERE {where}",
             tuple(params),
         ).fetchall()
-        units = [
-            StoredUnit(
-                id=r["id"],
-                seq=int(r["seq"]),
-                text=r["text"],
-                fact_type=r["fact_type"],
-                context=r["context"],
-                document_id=r["document_id"],
-                chunk_id=r["chunk_id"],
-                occurred_start=r["occurred_start"],
-                occurred_end=r["occurred_end"],
-                mentioned_at=r["mentioned_at"],
-                metadata=_json(r["metadata"]),
-                tags=_json(r["tags"]),
-                entities=[],
-                created_at=r["created_at"],
-                updated_at=r["updated_at"],
-                token_count=r["token_count"],
-            )
-            for r in rows
-        ]
+        units = [unit_from_row(r) for r in rows]
         if units:
             by_seq = {u.seq: u for u in units}
             for seq, name in conn.execute(
@@ -1222,20 +1175,6 @@ class PgMemoryStore:
             ).fetchone()
         return int(row[0]) if row is not None else None
 
-    @staticmethod
-    def _document(row: Any, with_text: bool) -> DocumentInfo:
-        return DocumentInfo(
-            document_id=row["document_id"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            unit_count=int(row["n"]),
-            text_length=len(row["original_text"]),
-            content_hash=row["content_hash"],
-            metadata=json.loads(row["metadata"]),
-            tags=json.loads(row["tags"]),
-            original_text=row["original_text"] if with_text else None,
-        )
-
     def list_documents(
         self, bank_ref: str, search: str | None, limit: int, offset: int
     ) -> tuple[list[DocumentInfo], int]:
@@ -1257,7 +1196,7 @@ class PgMemoryStore:
                 " ORDER BY d.updated_at DESC, d.document_id LIMIT ? OFFSET ?",
                 (*params, _limit(limit), max(0, offset)),
             ).fetchall()
-        return [self._document(r, False) for r in rows], int(total)
+        return [document_from_row(r, False) for r in rows], int(total)
 
     def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None:
         document_id = _text(document_id)
@@ -1270,7 +1209,7 @@ class PgMemoryStore:
             ).fetchone()
             if row is None:
                 return None
-            info = self._document(row, True)
+            info = document_from_row(row, True)
             info.units_by_type = {
                 str(r[0]): int(r[1])
                 for r in conn.execute(

@@ -1,0 +1,104 @@
+"""What the two memory stores share: how a row of the memory tables becomes a model.
+
+SQLite (:mod:`heed.storage.memory_store`) and PostgreSQL
+(:mod:`heed.storage.pg_memory_store`) keep the same columns with the same text (JSON as
+text, timestamps as ISO-8601 text in UTC), so one mapping serves both; rows are anything
+indexable by column name (:class:`sqlite3.Row`, :class:`heed.storage.postgres.Row`).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from heed.memory.models import Bank, DocumentInfo, StoredUnit
+
+__all__ = [
+    "UNIT_COLUMNS",
+    "bank_from_row",
+    "document_from_row",
+    "iso",
+    "loads",
+    "now_iso",
+    "unit_from_row",
+]
+
+#: The ``memory_units`` columns :func:`unit_from_row` reads, for a ``SELECT``.
+UNIT_COLUMNS: Final = (
+    "seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
+    " occurred_end, mentioned_at, metadata, tags, created_at, updated_at, token_count"
+)
+
+
+def now_iso() -> str:
+    """Now, as the stores write timestamps."""
+    return datetime.now(UTC).isoformat()
+
+
+def iso(value: datetime | None) -> str | None:
+    """*value* as the stores write timestamps (``None`` stays ``None``)."""
+    return value.astimezone(UTC).isoformat() if value is not None else None
+
+
+def loads(text: str | None) -> Any:
+    """``json.loads`` with a fast path for the empty objects most units carry."""
+    if text == "{}" or not text:
+        return {}
+    if text == "[]":
+        return []
+    return json.loads(text)
+
+
+def bank_from_row(row: Any) -> Bank:
+    """A ``memory_banks`` row."""
+    return Bank(
+        tenant=row["tenant"],
+        bank_id=row["bank_id"],
+        ref=row["ref"],
+        name=row["name"],
+        mission=row["mission"],
+        background=row["background"],
+        disposition=json.loads(row["disposition"]),
+        config=json.loads(row["config"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def unit_from_row(row: Any) -> StoredUnit:
+    """A ``memory_units`` row of :data:`UNIT_COLUMNS`, without its entities (the caller
+    reads those from ``memory_unit_entities``)."""
+    return StoredUnit(
+        id=row["id"],
+        seq=int(row["seq"]),
+        text=row["text"],
+        fact_type=row["fact_type"],
+        context=row["context"],
+        document_id=row["document_id"],
+        chunk_id=row["chunk_id"],
+        occurred_start=row["occurred_start"],
+        occurred_end=row["occurred_end"],
+        mentioned_at=row["mentioned_at"],
+        metadata=loads(row["metadata"]),
+        tags=loads(row["tags"]),
+        entities=[],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        token_count=row["token_count"],
+    )
+
+
+def document_from_row(row: Any, with_text: bool) -> DocumentInfo:
+    """A ``memory_documents`` row with its unit count ``n``."""
+    return DocumentInfo(
+        document_id=row["document_id"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        unit_count=int(row["n"]),
+        text_length=len(row["original_text"]),
+        content_hash=row["content_hash"],
+        metadata=json.loads(row["metadata"]),
+        tags=json.loads(row["tags"]),
+        original_text=row["original_text"] if with_text else None,
+    )
