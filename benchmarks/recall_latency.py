@@ -31,11 +31,20 @@ DEFAULT_DIR = Path("/tmp/heed-bench-banks")
 
 
 async def _measure(
-    http: httpx.AsyncClient, bank: str, qs: list[str], n: int, clients: int
+    http: httpx.AsyncClient,
+    bank: str,
+    qs: list[str],
+    n: int,
+    clients: int,
+    *,
+    count_shed: bool = False,
 ) -> dict[str, Any]:
+    """Recall latencies of *n* queries from *clients* concurrent clients. With *count_shed*,
+    a 503 (the recall lane shedding an overload) is counted instead of raised."""
     cycle = itertools.cycle(qs)
     todo = [next(cycle) for _ in range(n)]
     latencies: list[float] = []
+    shed = 0
     lock = asyncio.Lock()
 
     async def client() -> None:
@@ -48,6 +57,10 @@ async def _measure(
             response = await http.post(
                 f"/v1/default/banks/{bank}/memories/recall", json={"query": query}
             )
+            if count_shed and response.status_code == 503:
+                nonlocal shed
+                shed += 1
+                continue
             latencies.append(time.perf_counter() - t0)
             response.raise_for_status()
 
@@ -57,6 +70,7 @@ async def _measure(
     return {
         "clients": clients,
         "requests": n,
+        **({"shed_503": shed} if count_shed else {}),
         "p50_ms": round(percentile(latencies, 50) * 1000, 2),
         "p95_ms": round(percentile(latencies, 95) * 1000, 2),
         "p99_ms": round(percentile(latencies, 99) * 1000, 2),
