@@ -545,6 +545,33 @@ def test_keyword_search_takes_any_input(pg_store: PgMemoryStore) -> None:
     assert pg_store.keyword_search(bank.ref, ["coffee"], 0) == []
 
 
+def test_a_large_bank_scores_only_the_rarest_words_matches(pg_store: PgMemoryStore) -> None:
+    """In a bank past the pruning size, a common word no longer brings in every unit it
+    matches: the rare word's units are the candidates, and both words score them."""
+    bank = _bank(pg_store)
+    rng = np.random.default_rng(9)
+    common = [_unit(f"caroline walked the dog number {i}", _unit_vector(rng)) for i in range(300)]
+    rare = [_unit(f"caroline painted a sunrise, picture {i}", _unit_vector(rng)) for i in range(5)]
+    pg_store.write_document(bank.ref, _doc(common + rare))
+    with pg_store.db.write() as conn:
+        conn.execute("ANALYZE memory_units")  # the planner's lexeme statistics
+    exact = pg_store.keyword_search(bank.ref, ["caroline", "sunrise"], 400)
+    assert len(exact) == 305  # every unit holds "caroline"
+    assert pg_store._keyword_plan(bank.ref, ["caroline", "sunrise"]) is None  # a small bank
+
+    pg_store.keyword_prune_above_units = 100
+    pg_store.keyword_candidates = 50
+    pg_store._bank_sizes.clear()
+    plan = pg_store._keyword_plan(bank.ref, ["caroline", "sunrise"])
+    assert plan is not None and plan.selective == {"sunrise"}
+    pruned = pg_store.keyword_search(bank.ref, ["caroline", "sunrise"], 400)
+    rare_seqs = {seq for seq, _ in exact[:5]}
+    assert {seq for seq, _ in pruned} == rare_seqs  # only the rare word's units, all of them
+    assert all(score > 0 for _, score in pruned)
+    # a rare word alone is estimated within the bound: the search stays exact
+    assert pg_store._keyword_plan(bank.ref, ["sunrise"]) is None
+
+
 # -- vectors -------------------------------------------------------------------------------
 
 
