@@ -49,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
         "llm",
         "mcp",
     },
-    "cli": {"api", "mcp", "settings", "version"},
+    # ``storage``: the migrate command works on databases, not through a server.
+    "cli": {"api", "mcp", "settings", "version", "storage"},
 }
 
 

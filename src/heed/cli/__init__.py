@@ -2,7 +2,9 @@
 
 - :mod:`heed.cli.serve`: ``serve`` (the server) and ``version``;
 - :mod:`heed.cli.memory`: ``retain``, ``recall``, ``import-locomo`` (clients of a running server);
-- :mod:`heed.cli.mcp`: ``mcp`` (the MCP server over stdio).
+- :mod:`heed.cli.mcp`: ``mcp`` (the MCP server over stdio);
+- :mod:`heed.cli.migrate`: ``migrate`` (copy a SQLite database into PostgreSQL; works on
+  the databases, not through a server).
 
 Every command reads its defaults from :class:`heed.settings.Settings` (the ``HEED_*``
 environment variables); options override them.
@@ -14,6 +16,7 @@ import click
 
 from heed.cli.mcp import mcp
 from heed.cli.memory import import_locomo, recall, retain
+from heed.cli.migrate import migrate
 from heed.cli.serve import serve, version
 
 __all__ = ["main"]
@@ -28,5 +31,5 @@ def main() -> None:
     """
 
 
-for _command in (serve, version, retain, recall, import_locomo, mcp):
+for _command in (serve, version, retain, recall, import_locomo, mcp, migrate):
     main.add_command(_command)
