@@ -123,7 +123,6 @@ DEFAULT_DIM: Final = 384
 SEQ_BLOCK: Final = 1024
 #: Units inserted per ``executemany`` batch; the token is checked between batches.
 WRITE_BATCH: Final = 256
-#: BM25 parameters (those of SQLite's FTS5 ``bm25()``).
 #: In a bank of more than this many units, a keyword search whose words are estimated to
 #: match more than :data:`KEYWORD_CANDIDATES` units scores only the rarest words' matches.
 #: (Measured on a 1M-unit bank: BM25 over every match of a common name took 0.35-1.2 s, over
@@ -133,6 +132,7 @@ KEYWORD_CANDIDATES: Final = 5_000
 #: How long the planner's lexeme statistics and a bank's unit count are reused (seconds).
 STATS_SECONDS: Final = 60.0
 _LEXEME: Final = re.compile(r"'((?:[^']|'')*)'")
+#: BM25 parameters (those of SQLite's FTS5 ``bm25()``).
 BM25_K1: Final = 1.2
 BM25_B: Final = 0.75
 #: HNSW build parameters (pgvector's defaults, written out).
