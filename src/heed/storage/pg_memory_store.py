@@ -125,10 +125,11 @@ SEQ_BLOCK: Final = 1024
 WRITE_BATCH: Final = 256
 #: In a bank of more than this many units, a keyword search whose words are estimated to
 #: match more than :data:`KEYWORD_CANDIDATES` units scores only the rarest words' matches.
-#: (Measured on a 1M-unit bank: BM25 over every match of a common name took 0.35-1.2 s, over
-#: 5,000 candidates 40-100 ms.)
+#: (Measured on a 1M-unit bank, 2 cores: BM25 over every match of a common name took
+#: 0.35-1.2 s; over 5,000 candidates recall was p50 36 ms with 33 recalls/s at 8 clients,
+#: over 2,000 -- twenty times what the keyword arm returns -- p50 27 ms and 43 recalls/s.)
 KEYWORD_PRUNE_ABOVE_UNITS: Final = 50_000
-KEYWORD_CANDIDATES: Final = 5_000
+KEYWORD_CANDIDATES: Final = 2_000
 #: How long the planner's lexeme statistics and a bank's unit count are reused (seconds).
 STATS_SECONDS: Final = 60.0
 _LEXEME: Final = re.compile(r"'((?:[^']|'')*)'")
