@@ -157,3 +157,12 @@ def test_event_json_round_trips_without_reencoding(store: SqlRunStore) -> None:
         assert stored.data == payload
         assert json.loads(stored.to_json()) == stored.to_public() == fresh.to_public()
         assert "\n" not in stored.to_json()  # one SSE data line
+
+
+def test_an_unreachable_postgresql_is_named_at_start_without_its_password() -> None:
+    from heed.storage.postgres import DatabaseUnavailable, PostgresDatabase
+
+    with pytest.raises(DatabaseUnavailable) as caught:
+        PostgresDatabase("postgresql://heed:s3cret@127.0.0.1:1/heed", connect_timeout=2)
+    assert "127.0.0.1:1/heed" in str(caught.value)
+    assert "s3cret" not in str(caught.value)

@@ -53,7 +53,10 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
     # CPU-bound worker thread; a shorter switch interval shortens that wait.
     sys.setswitchinterval(settings.switch_interval_ms / 1000)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ConnectionError as exc:  # a configured database that cannot be reached
+        raise click.ClickException(str(exc)) from exc
     config = uvicorn.Config(
         app,
         host=settings.host,

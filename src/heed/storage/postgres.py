@@ -33,11 +33,12 @@ from functools import lru_cache
 from typing import Any, Final
 
 import psycopg
+import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
 from heed.storage.database import Migration
 
-__all__ = ["PostgresDatabase", "is_postgres_url"]
+__all__ = ["DatabaseUnavailable", "PostgresDatabase", "is_postgres_url"]
 
 _MIGRATIONS_LOCK: Final = "heed:schema_migrations"
 
@@ -96,10 +97,24 @@ class Connection:
         return cursor
 
 
+class DatabaseUnavailable(ConnectionError):
+    """PostgreSQL could not be reached at start-up; the message names where and why."""
+
+
+def _where(url: str) -> str:
+    """``host:port/dbname`` of *url*, without its password."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "the configured URL (it does not parse)"
+    host = parts.get("host") or "localhost"
+    return f"{host}:{parts.get('port') or 5432}/{parts.get('dbname') or ''}"
+
+
 class PostgresDatabase:
     """A pool of connections to one PostgreSQL database. See the module docstring.
 
-    Raises :class:`psycopg.OperationalError` at construction when the server cannot be
+    Raises :class:`DatabaseUnavailable` at construction when the server cannot be
     reached within *connect_timeout* seconds: a server that cannot store anything
     should not start.
     """
@@ -109,6 +124,13 @@ class PostgresDatabase:
 
     def __init__(self, url: str, *, pool_size: int = 16, connect_timeout: float = 10.0) -> None:
         self.url = url
+        try:  # one direct attempt first: it fails at once, with the server's reason
+            psycopg.connect(url, connect_timeout=max(1, round(connect_timeout))).close()
+        except psycopg.Error as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DatabaseUnavailable(
+                f"cannot reach PostgreSQL at {_where(url)}: {reason}"
+            ) from exc
         self._local = threading.local()
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url,
