@@ -109,7 +109,9 @@ class RunStore(Protocol):
     ) -> tuple[Run | None, Run | None]:
         """Atomically: load the non-terminal runs of ``run.session_id`` whose kind is in
         *scope_kinds*; if ``blocking(siblings)`` names one, insert nothing and return
-        ``(None, blocker)``; else insert *run* and return ``(run, None)``."""
+        ``(None, blocker)``; else insert *run* and return ``(run as stored, None)``. The
+        stored ``created_at`` is taken under the lock and after every sibling's, so within
+        a session it orders runs as they were admitted."""
         ...
 
     def claim(

@@ -17,6 +17,7 @@ append row-locks its run (``FOR UPDATE`` where rows lock) before reading ``last_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -337,6 +338,10 @@ class SqlRunStore:
             blocker = blocking(siblings)
             if blocker is not None:
                 return None, blocker
+            # Stamped under the lock, after every sibling: within a session, created_at
+            # order is admission order, whichever process or clock admitted each run.
+            newest = max((s.created_at for s in siblings), default=0.0)
+            run = dataclasses.replace(run, created_at=max(time.time(), newest + 1e-6))
             self._insert(conn, run)
         return run, None
 
