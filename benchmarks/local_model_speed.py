@@ -1,7 +1,8 @@
 """Local model speed: first token and generation rate of the embedded model on this machine.
 
-Loads the ``local`` provider (SmolLM2-135M-Instruct through llama-cpp-python, the threads
-heed gives it) and streams replies to two prompts, each --runs times: a short question, and
+Loads the ``local`` provider (SmolLM2-135M-Instruct through llama-cpp-python from its F16
+copy, the threads heed gives it; ``--model`` names another GGUF file to evaluate, run as
+given) and streams replies to two prompts, each --runs times: a short question, and
 a grounded question as heed sends it (eight dated memories before the question, the shape
 of a reflect's or a bank-bound turn's prompt). Each run's prompt starts differently, so
 llama.cpp cannot reuse the previous run's evaluated prompt. Prints and records, per prompt,
@@ -9,7 +10,8 @@ the time to the first token (prompt evaluation included) and the generation rate
 it, against the targets of a default model here: first token within 1 s, at least 15
 tokens/s.
 
-Writes ``benchmarks/results/local_model_speed.json``.
+Writes ``benchmarks/results/local_model_speed.json`` (``local_model_speed_<file stem>.json``
+with ``--model``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import argparse
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from _server import percentile, write_result
 from heed.llm import ChatMessage, TextDelta, Usage
 from heed.llm.grounding import ANSWER_FROM_MEMORIES, grounded_question
-from heed.llm.local import LocalProvider, default_threads
+from heed.llm.local import LocalProvider, default_threads, prefill_threads
 
 NAMES = ["Mel", "Jon", "Gina", "Tim", "Ana", "Raj", "Lee", "Sam"]
 MEMORIES = [
@@ -68,14 +71,20 @@ async def one(
     }
 
 
-async def measure(runs: int, tokens: int) -> dict[str, Any]:
-    provider = LocalProvider()
+async def measure(
+    runs: int, tokens: int, model: str | None, prefill: int, cache_dir: Path | None
+) -> dict[str, Any]:
+    provider = LocalProvider(model=model, prefill_threads=prefill, cache_dir=cache_dir)
     loaded_at = time.perf_counter()
     await provider.load()
     load_s = time.perf_counter() - loaded_at
+    threads = default_threads()
     report: dict[str, Any] = {
         "model": provider.model,
-        "threads": default_threads(),
+        "weights": provider.weights_path.name,
+        "threads": threads,
+        "prefill_threads": prefill or prefill_threads(threads),
+        "prefill_threads_rule": "fixed" if prefill else "auto (load average)",
         "load_s": round(load_s, 2),
     }
     for name, messages in PROMPTS.items():
@@ -108,14 +117,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="replies per prompt (default 5)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per reply (default 64)")
+    parser.add_argument(
+        "--model", help="a .gguf file to evaluate instead of the packaged SmolLM2 (run as given)"
+    )
+    parser.add_argument(
+        "--prefill-threads",
+        type=int,
+        default=0,
+        help="threads for prompt evaluation (default 0: heed's rule, from the load average)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="model cache for the F16 copy (default: heed's, ~/.cache/heed/models)",
+    )
     args = parser.parse_args()
-    report = asyncio.run(measure(args.runs, args.tokens))
+    report = asyncio.run(
+        measure(args.runs, args.tokens, args.model, args.prefill_threads, args.cache_dir)
+    )
     grounded = report["grounded"]
     report["targets"] = {"first_token_s": 1.0, "tokens_per_s": 15}
     report["meets_targets"] = (
         grounded["first_token_s"]["p50"] <= 1.0 and grounded["tokens_per_s"]["mean"] >= 15
     )
-    path = write_result("local_model_speed", report)
+    name = "local_model_speed" if not args.model else f"local_model_speed_{Path(args.model).stem}"
+    path = write_result(name, report)
     print(f"wrote {path}")
 
 

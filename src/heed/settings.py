@@ -154,6 +154,17 @@ class Settings(BaseSettings):
         default=None, description="Scripted provider's script: JSON text or a .json file path."
     )
     llm_threads: int = Field(default=0, ge=0, description="Local model threads; 0: half the cores.")
+    llm_prefill_threads: int = Field(
+        default=0,
+        ge=0,
+        description="Local model threads for evaluating a prompt; 0: every core while one is "
+        "spare (1-minute load average), else llm_threads.",
+    )
+    model_cache_dir: Path | None = Field(
+        default=None,
+        description="Where the local model's F16 copy is kept; unset: "
+        "$XDG_CACHE_HOME/heed/models or ~/.cache/heed/models.",
+    )
     reflect_llm_provider: str | None = None
     reflect_llm_model: str | None = None
     reflect_llm_base_url: str | None = None

@@ -115,7 +115,7 @@ async def test_cancel_during_a_long_prompt(provider: LocalProvider) -> None:
 def test_the_decode_abort_hook_is_installed(provider: LocalProvider) -> None:
     from heed.llm.local import _load
 
-    assert _load(provider.model_path, provider.threads).abort is not None
+    assert _load(provider._spec).abort is not None
 
 
 async def test_cancel_before_start_never_generates(provider: LocalProvider) -> None:

@@ -14,6 +14,7 @@ providers (see :mod:`heed.llm.local`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from heed.llm.base import ChatProvider, UnknownProvider
@@ -39,6 +40,8 @@ class ProviderConfig:
     max_tokens: int
     script: str | None
     threads: int
+    prefill_threads: int
+    cache_dir: Path | None
 
 
 def resolve(settings: Settings, operation: Operation) -> ProviderConfig:
@@ -63,6 +66,8 @@ def resolve(settings: Settings, operation: Operation) -> ProviderConfig:
         max_tokens=int(pick("max_tokens")),
         script=None if script is None else str(script),
         threads=settings.llm_threads,
+        prefill_threads=settings.llm_prefill_threads,
+        cache_dir=settings.model_cache_dir,
     )
 
 
@@ -94,7 +99,11 @@ def build_provider(settings: Settings, operation: Operation = "turn") -> ChatPro
         from heed.llm.local import LocalProvider
 
         return LocalProvider(
-            model=config.model or None, threads=config.threads, default_max_tokens=config.max_tokens
+            model=config.model or None,
+            threads=config.threads,
+            prefill_threads=config.prefill_threads,
+            cache_dir=config.cache_dir,
+            default_max_tokens=config.max_tokens,
         )
     setting = f"HEED_{operation.upper()}_LLM_PROVIDER or HEED_LLM_PROVIDER"
     raise UnknownProvider(
