@@ -9,8 +9,10 @@ import pytest
 
 from heed.memory.dates import find_dates, parse_timestamp
 from heed.memory.entities import canonical, extract_entities, query_entity_names
+from heed.memory.models import RetainItem
 from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import analyze_query, keyword_terms
+from heed.memory.retain import plan_documents, prepare_documents
 from heed.memory.units import split_units
 from heed.memory.vectors import VectorIndex
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
@@ -163,3 +165,28 @@ def test_a_sentence_opening_word_is_not_an_entity_but_a_name_there_is() -> None:
     }
     for text, expected in cases.items():
         assert [e.name for e in extract_entities(text)] == expected, text
+
+
+class _ZeroEmbedder:
+    dim = 4
+
+    def embed(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.zeros(4, dtype=np.float32) for _ in texts]
+
+
+def test_a_unit_is_indexed_with_its_neighbours_in_its_document_only() -> None:
+    items = [
+        RetainItem(content="Joanna: What is your favourite dish?", document_id="a"),
+        RetainItem(content="Nate: Coconut milk ice cream.", document_id="a"),
+        RetainItem(content="Nate: I also host a cooking show.", document_id="a"),
+        RetainItem(content="Maria: The shelter needs volunteers.", document_id="b"),
+    ]
+    [first, second] = prepare_documents(plan_documents(items, []), _ZeroEmbedder())  # type: ignore[arg-type]
+    question, answer, show = first.units
+    assert "Coconut" in question.index_text and "cooking" not in question.index_text
+    assert "favourite" in answer.index_text and "cooking" in answer.index_text
+    assert "Coconut" in show.index_text and "favourite" not in show.index_text
+    [alone] = second.units
+    assert "Coconut" not in alone.index_text and "cooking" not in alone.index_text
+    # the text itself, and what is embedded, stay the unit's own
+    assert answer.text == "Nate: Coconut milk ice cream."

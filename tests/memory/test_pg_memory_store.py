@@ -417,6 +417,34 @@ def test_document_replace_append_and_delete_cascade(pg_store: PgMemoryStore) -> 
     assert _count(pg_store, "memory_entities") == 1  # entities outlive their units, as on SQLite
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_append_indexes_its_first_unit_and_the_stored_last_unit_with_each_other(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    store = request.getfixturevalue("sqlite_store" if backend == "sqlite" else "pg_store")
+    bank = _bank(store)
+    rng = np.random.default_rng(3)
+    question = _unit("Joanna: What is your favourite dish from the show?", _unit_vector(rng))
+    other = _unit("Joanna: The weather in Austin is lovely today.", _unit_vector(rng))
+    [seq_q] = [s for s, _ in store.write_document(bank.ref, _doc([question], "talk")).added]
+    store.write_document(bank.ref, _doc([other], "elsewhere"))
+    answer = _unit("Nate: Coconut milk ice cream, smooth and creamy.", _unit_vector(rng))
+    appended = _doc([answer], "talk")
+    appended.replace = False
+    [seq_a] = [s for s, _ in store.write_document(bank.ref, appended).added]
+
+    # the answer is found by the question's words, the question by the answer's
+    assert {s for s, _ in store.keyword_search(bank.ref, ["favourite", "dish"], 10)} == {
+        seq_q,
+        seq_a,
+    }
+    assert {s for s, _ in store.keyword_search(bank.ref, ["coconut"], 10)} == {seq_q, seq_a}
+    # another document's units stay apart; the stored texts are unchanged
+    weather = {s for s, _ in store.keyword_search(bank.ref, ["weather"], 10)}
+    assert len(weather) == 1 and not weather & {seq_q, seq_a}
+    assert store.fetch_units(bank.ref, [seq_a])[seq_a].text == answer.text
+
+
 def test_banks_and_delete_bank_leaves_other_banks_alone(pg_store: PgMemoryStore) -> None:
     rng = np.random.default_rng(2)
     one = _bank(pg_store, "one")

@@ -23,7 +23,7 @@ from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import extract_entities
 from heed.memory.idempotency import document_id_for
 from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
-from heed.memory.units import index_text, split_units
+from heed.memory.units import index_text, split_units, with_neighbour
 from heed.runtime import raise_if_cancelled
 
 __all__ = ["DocumentPlan", "plan_documents", "prepare_documents"]
@@ -101,6 +101,19 @@ def _units_of(
     return units
 
 
+def _index_neighbours(units: list[PreparedUnit]) -> None:
+    """Add each unit's neighbours in its document to its BM25 text (see heed.memory.units).
+
+    An append's first unit and the document's stored last unit are joined by the store,
+    which alone knows that last unit."""
+    texts = [u.text for u in units]
+    for position, unit in enumerate(units):
+        if position > 0:
+            unit.index_text = with_neighbour(unit.index_text, texts[position - 1])
+        if position + 1 < len(units):
+            unit.index_text = with_neighbour(unit.index_text, texts[position + 1])
+
+
 def prepare_documents(
     plans: list[DocumentPlan], embedder: Embedder, tokens: TokenCounter | None = None
 ) -> list[PreparedDocument]:
@@ -114,6 +127,7 @@ def prepare_documents(
         for index, item in enumerate(plan.items):
             chunks.append(Chunk(id=str(uuid.uuid4()), index=index, text=item.content))
             units.extend(_units_of(item, index, plan.tags, now))
+        _index_neighbours(units)
         first = plan.items[0]
         documents.append(
             PreparedDocument(

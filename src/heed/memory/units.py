@@ -6,7 +6,16 @@
 
 One unit per turn keeps evidence exact: a recalled unit points at the turn it
 came from. The BM25 index text adds the speaker, the context and the date
-(month names, year) so that "What did Caroline say in May?" can match.
+(month names, year) so that "What did Caroline say in May?" can match, and the
+text of the units next to it in its document (:func:`with_neighbour`): in a
+dialogue the answer often lacks the question's words ("What's your favourite
+dish from the show?" / "Coconut milk ice cream is at the top of my list"), so
+the answer turn is indexed with the question before it, and the question with
+the answer after it. Measured on LoCoMo (``benchmarks/locomo_recall.py``),
+turn-level recall@10 rose from 0.712 to 0.760; the previous unit alone gave
+0.756, and the neighbours at half weight (a separate FTS column) did worse than
+at full weight. Embeddings keep the unit's own text: with its neighbours
+embedded too, recall fell to 0.740-0.752.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["UnitText", "index_text", "split_units"]
+__all__ = ["UnitText", "index_text", "split_units", "with_neighbour"]
 
 _SPEAKER = re.compile(r"^\s*(?P<speaker>[A-Z][\w .'-]{0,40}?)\s*:\s+(?P<text>\S.*)$")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'“])")
@@ -87,3 +96,8 @@ def index_text(text: str, context: str | None, when: datetime | None) -> str:
     if when is not None:
         parts.append(when.strftime("%d %B %Y %A"))
     return "\n".join(parts)
+
+
+def with_neighbour(index: str, neighbour_text: str) -> str:
+    """*index* (a unit's BM25 text) with the text of an adjacent unit of its document added."""
+    return f"{index}\n{neighbour_text}"

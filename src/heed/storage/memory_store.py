@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from heed.memory.models import (
     StoredUnit,
 )
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
+from heed.memory.units import with_neighbour
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
 from heed.storage.memory_rows import (
@@ -397,9 +399,14 @@ class SqliteMemoryStore:
             text = document.original_text
             created_at = now
             first_chunk = 0
+            units = list(document.units)
             if existing is not None and document.replace:
                 removed = self._remove_document(conn, bank_ref, document.document_id)
             elif existing is not None:
+                if units:
+                    units[0] = self._join_stored_last(
+                        conn, bank_ref, document.document_id, units[0]
+                    )
                 text = existing["original_text"] + "\n" + text
                 created_at = existing["created_at"]
                 first_chunk = conn.execute(
@@ -438,7 +445,7 @@ class SqliteMemoryStore:
                 chunk_ids[c.index] = c.id
             previous_seq: int | None = None
             entity_cache: dict[str, str] = {}
-            for position, unit in enumerate(document.units):
+            for position, unit in enumerate(units):
                 if position % 64 == 0:
                     raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
                 seq = self._insert_unit(conn, bank_ref, document.document_id, unit, chunk_ids, now)
@@ -460,6 +467,33 @@ class SqliteMemoryStore:
                 previous_seq = seq
             conn.execute("UPDATE memory_banks SET last_write_at = ? WHERE ref = ?", (now, bank_ref))
         return WriteResult(removed=removed, added=added)
+
+    @staticmethod
+    def _join_stored_last(
+        conn: sqlite3.Connection, bank_ref: str, document_id: str, first: PreparedUnit
+    ) -> PreparedUnit:
+        """Index an append's *first* unit and the document's stored last unit with each
+        other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
+        last = conn.execute(
+            "SELECT seq, text FROM memory_units WHERE bank_ref = ? AND document_id = ?"
+            " ORDER BY seq DESC LIMIT 1",
+            (bank_ref, document_id),
+        ).fetchone()
+        if last is None:
+            return first
+        conn.execute(
+            "UPDATE memory_fts SET body = ? WHERE rowid = ?",
+            (
+                with_neighbour(
+                    conn.execute(
+                        "SELECT body FROM memory_fts WHERE rowid = ?", (last["seq"],)
+                    ).fetchone()[0],
+                    first.text,
+                ),
+                last["seq"],
+            ),
+        )
+        return replace(first, index_text=with_neighbour(first.index_text, last["text"]))
 
     @staticmethod
     def _record_ledger(

@@ -75,7 +75,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
 import numpy as np
@@ -93,6 +93,7 @@ from heed.memory.models import (
     StoredUnit,
 )
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
+from heed.memory.units import with_neighbour
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
 from heed.storage.memory_rows import (
@@ -706,9 +707,12 @@ class PgMemoryStore:
             text = _text(document.original_text)
             created_at = now
             first_chunk = 0
+            units = list(document.units)
             if existing is not None and document.replace:
                 removed = self._remove_document(conn, bank_ref, document_id)
             elif existing is not None:
+                if units:
+                    units[0] = self._join_stored_last(conn, bank_ref, document_id, units[0])
                 text = existing["original_text"] + "\n" + text
                 created_at = existing["created_at"]
                 first_chunk = _scalar(
@@ -746,7 +750,7 @@ class PgMemoryStore:
                     ],
                 )
             chunk_ids = {c.index: c.id for c in document.chunks}
-            seqs = self._allocate_seqs(conn, len(document.units))
+            seqs = self._allocate_seqs(conn, len(units))
             token = bank_token(bank_ref)
             for start in range(0, len(document.units), WRITE_BATCH):
                 raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
@@ -760,17 +764,38 @@ class PgMemoryStore:
                         self._unit_row(seq, bank_ref, document_id, unit, chunk_ids, token, now)
                         for seq, unit in zip(
                             seqs[start : start + WRITE_BATCH],
-                            document.units[start : start + WRITE_BATCH],
+                            units[start : start + WRITE_BATCH],
                             strict=True,
                         )
                     ],
                 )
             raise_if_cancelled()
-            self._link(conn, bank_ref, seqs, document.units)
+            self._link(conn, bank_ref, seqs, units)
             conn.execute("UPDATE memory_banks SET last_write_at = ? WHERE ref = ?", (now, bank_ref))
         return WriteResult(
-            removed=removed, added=[(s, u.id) for s, u in zip(seqs, document.units, strict=True)]
+            removed=removed, added=[(s, u.id) for s, u in zip(seqs, units, strict=True)]
         )
+
+    @staticmethod
+    def _join_stored_last(
+        conn: Connection, bank_ref: str, document_id: str, first: PreparedUnit
+    ) -> PreparedUnit:
+        """Index an append's *first* unit and the document's stored last unit with each
+        other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
+        last = conn.execute(
+            "SELECT seq, text FROM memory_units WHERE bank_ref = ? AND document_id = ?"
+            " ORDER BY seq DESC LIMIT 1",
+            (bank_ref, document_id),
+        ).fetchone()
+        if last is None:
+            return first
+        addition = _text(first.text)
+        conn.execute(
+            "UPDATE memory_units SET keywords = keywords || to_tsvector('simple', ?)"
+            " || to_tsvector('english', ?) WHERE seq = ?",
+            (addition, addition, last["seq"]),
+        )
+        return replace(first, index_text=with_neighbour(first.index_text, last["text"]))
 
     @staticmethod
     def _allocate_seqs(conn: Connection, n: int) -> list[int]:
