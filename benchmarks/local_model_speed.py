@@ -49,15 +49,15 @@ def _unique(messages: list[ChatMessage], run: int) -> list[ChatMessage]:
     return [marked, *messages[1:]]
 
 
-async def one(
-    provider: LocalProvider, messages: list[ChatMessage], tokens: int
-) -> dict[str, float]:
+async def one(provider: LocalProvider, messages: list[ChatMessage], tokens: int) -> dict[str, Any]:
     started = time.perf_counter()
     first: float | None = None
     usage = Usage()
+    text: list[str] = []
     async for event in provider.stream(messages, max_tokens=tokens, temperature=0.0):
-        if isinstance(event, TextDelta) and first is None:
-            first = time.perf_counter()
+        if isinstance(event, TextDelta):
+            first = first or time.perf_counter()
+            text.append(event.text)
         elif isinstance(event, Usage):
             usage = event
     ended = time.perf_counter()
@@ -68,6 +68,7 @@ async def one(
         "tokens_per_s": generated / (ended - first) if ended > first and generated else 0.0,
         "prompt_tokens": float(usage.prompt_tokens),
         "completion_tokens": float(usage.completion_tokens),
+        "reply": "".join(text).strip(),
     }
 
 
@@ -104,6 +105,7 @@ async def measure(
                 "mean": round(statistics.fmean(rates), 1),
                 "min": round(min(rates), 1),
             },
+            "sample_reply": samples[0]["reply"][:200],
         }
         print(
             f"{name:>8} ({samples[0]['prompt_tokens']:.0f} prompt tokens): first token "
