@@ -9,16 +9,20 @@ indexable by column name (:class:`sqlite3.Row`, :class:`heed.storage.postgres.Ro
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.memory.models import Bank, DocumentInfo, StoredUnit
+from heed.memory.models import Bank, DocumentInfo, PreparedUnit, StoredUnit
+from heed.memory.units import with_neighbour
 
 __all__ = [
+    "LAST_UNIT_OF_DOCUMENT",
     "UNIT_COLUMNS",
     "bank_from_row",
     "document_from_row",
     "iso",
+    "joined_to_last",
     "loads",
     "now_iso",
     "unit_from_row",
@@ -29,6 +33,20 @@ UNIT_COLUMNS: Final = (
     "seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
     " occurred_end, mentioned_at, metadata, tags, created_at, updated_at, token_count"
 )
+
+
+#: A document's stored last unit (``seq, text``), which an append's first unit neighbours;
+#: parameters ``(bank_ref, document_id)``.
+LAST_UNIT_OF_DOCUMENT: Final = (
+    "SELECT seq, text FROM memory_units WHERE bank_ref = ? AND document_id = ?"
+    " ORDER BY seq DESC LIMIT 1"
+)
+
+
+def joined_to_last(first: PreparedUnit, last_text: str) -> PreparedUnit:
+    """An append's *first* unit indexed with the text of the document's stored last unit
+    (the store adds *first*'s text to that unit's index itself; see heed.memory.units)."""
+    return replace(first, index_text=with_neighbour(first.index_text, last_text))
 
 
 def now_iso() -> str:

@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,10 +34,12 @@ from heed.memory.units import with_neighbour
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
 from heed.storage.memory_rows import (
+    LAST_UNIT_OF_DOCUMENT,
     UNIT_COLUMNS,
     bank_from_row,
     document_from_row,
     iso,
+    joined_to_last,
     now_iso,
     unit_from_row,
 )
@@ -474,11 +475,7 @@ class SqliteMemoryStore:
     ) -> PreparedUnit:
         """Index an append's *first* unit and the document's stored last unit with each
         other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
-        last = conn.execute(
-            "SELECT seq, text FROM memory_units WHERE bank_ref = ? AND document_id = ?"
-            " ORDER BY seq DESC LIMIT 1",
-            (bank_ref, document_id),
-        ).fetchone()
+        last = conn.execute(LAST_UNIT_OF_DOCUMENT, (bank_ref, document_id)).fetchone()
         if last is None:
             return first
         conn.execute(
@@ -493,7 +490,7 @@ class SqliteMemoryStore:
                 last["seq"],
             ),
         )
-        return replace(first, index_text=with_neighbour(first.index_text, last["text"]))
+        return joined_to_last(first, last["text"])
 
     @staticmethod
     def _record_ledger(

@@ -75,7 +75,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import numpy as np
@@ -93,14 +93,15 @@ from heed.memory.models import (
     StoredUnit,
 )
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
-from heed.memory.units import with_neighbour
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
 from heed.storage.memory_rows import (
+    LAST_UNIT_OF_DOCUMENT,
     UNIT_COLUMNS,
     bank_from_row,
     document_from_row,
     iso,
+    joined_to_last,
     now_iso,
     unit_from_row,
 )
@@ -782,11 +783,7 @@ class PgMemoryStore:
     ) -> PreparedUnit:
         """Index an append's *first* unit and the document's stored last unit with each
         other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
-        last = conn.execute(
-            "SELECT seq, text FROM memory_units WHERE bank_ref = ? AND document_id = ?"
-            " ORDER BY seq DESC LIMIT 1",
-            (bank_ref, document_id),
-        ).fetchone()
+        last = conn.execute(LAST_UNIT_OF_DOCUMENT, (bank_ref, document_id)).fetchone()
         if last is None:
             return first
         addition = _text(first.text)
@@ -795,7 +792,7 @@ class PgMemoryStore:
             " || to_tsvector('english', ?) WHERE seq = ?",
             (addition, addition, last["seq"]),
         )
-        return replace(first, index_text=with_neighbour(first.index_text, last["text"]))
+        return joined_to_last(first, last["text"])
 
     @staticmethod
     def _allocate_seqs(conn: Connection, n: int) -> list[int]:
