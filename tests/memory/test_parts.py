@@ -13,7 +13,7 @@ from heed.memory.models import RetainItem
 from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import analyze_query, keyword_terms
 from heed.memory.retain import plan_documents, prepare_documents
-from heed.memory.units import split_units
+from heed.memory.units import neighbour_gains, split_units
 from heed.memory.vectors import VectorIndex
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 
@@ -174,19 +174,30 @@ class _ZeroEmbedder:
         return [np.zeros(4, dtype=np.float32) for _ in texts]
 
 
-def test_a_unit_is_indexed_with_its_neighbours_in_its_document_only() -> None:
-    items = [
-        RetainItem(content="Joanna: What is your favourite dish?", document_id="a"),
-        RetainItem(content="Nate: Coconut milk ice cream.", document_id="a"),
-        RetainItem(content="Nate: I also host a cooking show.", document_id="a"),
-        RetainItem(content="Maria: The shelter needs volunteers.", document_id="b"),
+def test_a_unit_is_indexed_with_two_neighbours_each_side_in_its_document_only() -> None:
+    talk = [
+        "Joanna: What is your favourite dish?",
+        "Nate: Coconut milk ice cream.",
+        "Nate: I also host a cooking show.",
+        "Joanna: Which channel is it on?",
     ]
+    items = [RetainItem(content=t, document_id="a") for t in talk]
+    items.append(RetainItem(content="Maria: The shelter needs volunteers.", document_id="b"))
     [first, second] = prepare_documents(plan_documents(items, []), _ZeroEmbedder())  # type: ignore[arg-type]
-    question, answer, show = first.units
-    assert "Coconut" in question.index_text and "cooking" not in question.index_text
-    assert "favourite" in answer.index_text and "cooking" in answer.index_text
-    assert "Coconut" in show.index_text and "favourite" not in show.index_text
+    question, answer, show, channel = first.units
+    assert "Coconut" in question.index_text and "cooking" in question.index_text
+    assert "channel" not in question.index_text  # three units away
+    assert all(w in answer.index_text for w in ("favourite", "cooking", "channel"))
+    assert all(w in show.index_text for w in ("favourite", "Coconut", "channel"))
+    assert "Coconut" in channel.index_text and "favourite" not in channel.index_text
     [alone] = second.units
-    assert "Coconut" not in alone.index_text and "cooking" not in alone.index_text
+    assert not any(w in alone.index_text for w in ("Coconut", "cooking", "favourite"))
     # the text itself, and what is embedded, stay the unit's own
     assert answer.text == "Nate: Coconut milk ice cream."
+
+
+def test_neighbour_gains_across_an_append() -> None:
+    stored, added = ["s1", "s2"], ["a1", "a2", "a3"]
+    gains_stored, gains_added = neighbour_gains(stored, added)
+    assert gains_stored == [["a1"], ["a1", "a2"]]
+    assert gains_added == [["s1", "s2"], ["s2"], []]

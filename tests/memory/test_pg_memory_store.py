@@ -417,32 +417,50 @@ def test_document_replace_append_and_delete_cascade(pg_store: PgMemoryStore) -> 
     assert _count(pg_store, "memory_entities") == 1  # entities outlive their units, as on SQLite
 
 
+TALK = [
+    "Joanna: What is your favourite dish from the show?",
+    "Nate: Coconut milk ice cream, smooth and creamy.",
+    "Joanna: Did you film it in the studio downtown?",
+    "Nate: Yes, with my turtles watching from the tank.",
+    "Joanna: My stuffed dog Tilly sits with me while I write.",
+]
+
+
+def _talk_units(texts: list[str]) -> list[PreparedUnit]:
+    items = [RetainItem(content=t, document_id="talk") for t in texts]
+    [document] = _prepare(items)
+    return document.units
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_an_append_indexes_its_first_unit_and_the_stored_last_unit_with_each_other(
-    backend: str, request: pytest.FixtureRequest
+@pytest.mark.parametrize("split", [[1, 1, 1, 1, 1], [2, 3], [4, 1]])
+def test_an_append_indexes_as_if_the_document_were_retained_whole(
+    backend: str, split: list[int], request: pytest.FixtureRequest
 ) -> None:
     store = request.getfixturevalue("sqlite_store" if backend == "sqlite" else "pg_store")
-    bank = _bank(store)
-    rng = np.random.default_rng(3)
-    question = _unit("Joanna: What is your favourite dish from the show?", _unit_vector(rng))
-    other = _unit("Joanna: The weather in Austin is lovely today.", _unit_vector(rng))
-    [seq_q] = [s for s, _ in store.write_document(bank.ref, _doc([question], "talk")).added]
-    store.write_document(bank.ref, _doc([other], "elsewhere"))
-    answer = _unit("Nate: Coconut milk ice cream, smooth and creamy.", _unit_vector(rng))
-    appended = _doc([answer], "talk")
-    appended.replace = False
-    [seq_a] = [s for s, _ in store.write_document(bank.ref, appended).added]
+    whole, parts = _bank(store, "whole"), _bank(store, "parts")
+    store.write_document(whole.ref, _doc(_talk_units(TALK), "talk"))
+    store.write_document(parts.ref, _doc([_unit("Maria: The shelter needs volunteers.")], "x"))
+    start = 0
+    for size in split:
+        document = _doc(_talk_units(TALK[start : start + size]), "talk")
+        document.replace = start == 0
+        store.write_document(parts.ref, document)
+        start += size
 
-    # the answer is found by the question's words, the question by the answer's
-    assert {s for s, _ in store.keyword_search(bank.ref, ["favourite", "dish"], 10)} == {
-        seq_q,
-        seq_a,
+    def found(bank: Bank, word: str) -> set[str]:
+        seqs = [s for s, _ in store.keyword_search(bank.ref, [word], 20)]
+        return {u.text for u in store.fetch_units(bank.ref, seqs).values()}
+
+    words = ["favourite", "coconut", "studio", "turtles", "tilly", "shelter"]
+    assert {w: found(parts, w) - {"Maria: The shelter needs volunteers."} for w in words} == {
+        w: found(whole, w) for w in words
     }
-    assert {s for s, _ in store.keyword_search(bank.ref, ["coconut"], 10)} == {seq_q, seq_a}
-    # another document's units stay apart; the stored texts are unchanged
-    weather = {s for s, _ in store.keyword_search(bank.ref, ["weather"], 10)}
-    assert len(weather) == 1 and not weather & {seq_q, seq_a}
-    assert store.fetch_units(bank.ref, [seq_a])[seq_a].text == answer.text
+    # two units on either side: the question finds its answer and the next exchange, not more
+    assert found(whole, "favourite") == set(TALK[:3])
+    assert found(whole, "tilly") == set(TALK[2:])
+    units, _ = store.list_units(parts.ref, UnitFilter(document_id="talk"), 10, 0)
+    assert sorted(u.text for u in units) == sorted(TALK)  # the texts stay the units' own
 
 
 def test_banks_and_delete_bank_leaves_other_banks_alone(pg_store: PgMemoryStore) -> None:

@@ -23,7 +23,7 @@ from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import extract_entities
 from heed.memory.idempotency import document_id_for
 from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
-from heed.memory.units import index_text, split_units, with_neighbour
+from heed.memory.units import index_text, neighbour_texts, split_units, with_neighbours
 from heed.runtime import raise_if_cancelled
 
 __all__ = ["DocumentPlan", "plan_documents", "prepare_documents"]
@@ -104,14 +104,11 @@ def _units_of(
 def _index_neighbours(units: list[PreparedUnit]) -> None:
     """Add each unit's neighbours in its document to its BM25 text (see heed.memory.units).
 
-    An append's first unit and the document's stored last unit are joined by the store,
-    which alone knows that last unit."""
+    An append's first units and the document's stored last units are joined by the store,
+    which alone knows those (:func:`heed.memory.units.neighbour_gains`)."""
     texts = [u.text for u in units]
     for position, unit in enumerate(units):
-        if position > 0:
-            unit.index_text = with_neighbour(unit.index_text, texts[position - 1])
-        if position + 1 < len(units):
-            unit.index_text = with_neighbour(unit.index_text, texts[position + 1])
+        unit.index_text = with_neighbours(unit.index_text, neighbour_texts(texts, position))
 
 
 def prepare_documents(

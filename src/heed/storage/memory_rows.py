@@ -9,20 +9,21 @@ indexable by column name (:class:`sqlite3.Row`, :class:`heed.storage.postgres.Ro
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from heed.memory.models import Bank, DocumentInfo, PreparedUnit, StoredUnit
-from heed.memory.units import with_neighbour
+from heed.memory.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
 
 __all__ = [
-    "LAST_UNIT_OF_DOCUMENT",
+    "LAST_UNITS_OF_DOCUMENT",
     "UNIT_COLUMNS",
     "bank_from_row",
     "document_from_row",
     "iso",
-    "joined_to_last",
+    "join_append",
     "loads",
     "now_iso",
     "unit_from_row",
@@ -35,18 +36,32 @@ UNIT_COLUMNS: Final = (
 )
 
 
-#: A document's stored last unit (``seq, text``), which an append's first unit neighbours;
-#: parameters ``(bank_ref, document_id)``.
-LAST_UNIT_OF_DOCUMENT: Final = (
+#: A document's stored last units (``seq, text``, last first), which an append's first units
+#: neighbour; parameters ``(bank_ref, document_id)``.
+LAST_UNITS_OF_DOCUMENT: Final = (
     "SELECT seq, text FROM memory_units WHERE bank_ref = ? AND document_id = ?"
-    " ORDER BY seq DESC LIMIT 1"
+    f" ORDER BY seq DESC LIMIT {NEIGHBOUR_WINDOW}"
 )
 
 
-def joined_to_last(first: PreparedUnit, last_text: str) -> PreparedUnit:
-    """An append's *first* unit indexed with the text of the document's stored last unit
-    (the store adds *first*'s text to that unit's index itself; see heed.memory.units)."""
-    return replace(first, index_text=with_neighbour(first.index_text, last_text))
+def join_append(
+    last_first: Sequence[Any], units: Sequence[PreparedUnit]
+) -> tuple[list[tuple[int, list[str]]], list[PreparedUnit]]:
+    """Join an append's *units* to the document's stored last units (rows of
+    :data:`LAST_UNITS_OF_DOCUMENT`): the ``(seq, texts)`` each stored unit's index gains, for
+    the store to write, and the units with their own gains in their index text."""
+    stored = list(reversed(last_first))
+    gains_stored, gains_added = neighbour_gains(
+        [str(r["text"]) for r in stored], [u.text for u in units]
+    )
+    joined = [
+        replace(u, index_text=with_neighbours(u.index_text, gains)) if gains else u
+        for u, gains in zip(units, gains_added, strict=True)
+    ]
+    updates = [
+        (int(r["seq"]), gains) for r, gains in zip(stored, gains_stored, strict=True) if gains
+    ]
+    return updates, joined
 
 
 def now_iso() -> str:

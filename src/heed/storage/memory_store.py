@@ -30,16 +30,16 @@ from heed.memory.models import (
     StoredUnit,
 )
 from heed.memory.store import UnitFilter, VectorRows, WriteResult
-from heed.memory.units import with_neighbour
+from heed.memory.units import with_neighbours
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
 from heed.storage.memory_rows import (
-    LAST_UNIT_OF_DOCUMENT,
+    LAST_UNITS_OF_DOCUMENT,
     UNIT_COLUMNS,
     bank_from_row,
     document_from_row,
     iso,
-    joined_to_last,
+    join_append,
     now_iso,
     unit_from_row,
 )
@@ -405,9 +405,7 @@ class SqliteMemoryStore:
                 removed = self._remove_document(conn, bank_ref, document.document_id)
             elif existing is not None:
                 if units:
-                    units[0] = self._join_stored_last(
-                        conn, bank_ref, document.document_id, units[0]
-                    )
+                    units = self._join_stored_last(conn, bank_ref, document.document_id, units)
                 text = existing["original_text"] + "\n" + text
                 created_at = existing["created_at"]
                 first_chunk = conn.execute(
@@ -471,26 +469,20 @@ class SqliteMemoryStore:
 
     @staticmethod
     def _join_stored_last(
-        conn: sqlite3.Connection, bank_ref: str, document_id: str, first: PreparedUnit
-    ) -> PreparedUnit:
-        """Index an append's *first* unit and the document's stored last unit with each
+        conn: sqlite3.Connection, bank_ref: str, document_id: str, units: list[PreparedUnit]
+    ) -> list[PreparedUnit]:
+        """Index an append's first units and the document's stored last units with each
         other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
-        last = conn.execute(LAST_UNIT_OF_DOCUMENT, (bank_ref, document_id)).fetchone()
-        if last is None:
-            return first
-        conn.execute(
-            "UPDATE memory_fts SET body = ? WHERE rowid = ?",
-            (
-                with_neighbour(
-                    conn.execute(
-                        "SELECT body FROM memory_fts WHERE rowid = ?", (last["seq"],)
-                    ).fetchone()[0],
-                    first.text,
-                ),
-                last["seq"],
-            ),
-        )
-        return joined_to_last(first, last["text"])
+        last = conn.execute(LAST_UNITS_OF_DOCUMENT, (bank_ref, document_id)).fetchall()
+        updates, joined = join_append(last, units)
+        for seq, texts in updates:
+            body = conn.execute("SELECT body FROM memory_fts WHERE rowid = ?", (seq,)).fetchone()
+            if body is not None:
+                conn.execute(
+                    "UPDATE memory_fts SET body = ? WHERE rowid = ?",
+                    (with_neighbours(body[0], texts), seq),
+                )
+        return joined
 
     @staticmethod
     def _record_ledger(

@@ -96,12 +96,12 @@ from heed.memory.store import UnitFilter, VectorRows, WriteResult
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
 from heed.storage.memory_rows import (
-    LAST_UNIT_OF_DOCUMENT,
+    LAST_UNITS_OF_DOCUMENT,
     UNIT_COLUMNS,
     bank_from_row,
     document_from_row,
     iso,
-    joined_to_last,
+    join_append,
     now_iso,
     unit_from_row,
 )
@@ -713,7 +713,7 @@ class PgMemoryStore:
                 removed = self._remove_document(conn, bank_ref, document_id)
             elif existing is not None:
                 if units:
-                    units[0] = self._join_stored_last(conn, bank_ref, document_id, units[0])
+                    units = self._join_stored_last(conn, bank_ref, document_id, units)
                 text = existing["original_text"] + "\n" + text
                 created_at = existing["created_at"]
                 first_chunk = _scalar(
@@ -779,20 +779,20 @@ class PgMemoryStore:
 
     @staticmethod
     def _join_stored_last(
-        conn: Connection, bank_ref: str, document_id: str, first: PreparedUnit
-    ) -> PreparedUnit:
-        """Index an append's *first* unit and the document's stored last unit with each
+        conn: Connection, bank_ref: str, document_id: str, units: list[PreparedUnit]
+    ) -> list[PreparedUnit]:
+        """Index an append's first units and the document's stored last units with each
         other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
-        last = conn.execute(LAST_UNIT_OF_DOCUMENT, (bank_ref, document_id)).fetchone()
-        if last is None:
-            return first
-        addition = _text(first.text)
-        conn.execute(
-            "UPDATE memory_units SET keywords = keywords || to_tsvector('simple', ?)"
-            " || to_tsvector('english', ?) WHERE seq = ?",
-            (addition, addition, last["seq"]),
-        )
-        return joined_to_last(first, last["text"])
+        last = conn.execute(LAST_UNITS_OF_DOCUMENT, (bank_ref, document_id)).fetchall()
+        updates, joined = join_append(last, units)
+        for seq, texts in updates:
+            addition = _text("\n".join(texts))
+            conn.execute(
+                "UPDATE memory_units SET keywords = keywords || to_tsvector('simple', ?)"
+                " || to_tsvector('english', ?) WHERE seq = ?",
+                (addition, addition, seq),
+            )
+        return joined
 
     @staticmethod
     def _allocate_seqs(conn: Connection, n: int) -> list[int]:
