@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from heed.api.drain import Drain
+from heed.runtime.heap import freeze_long_lived_objects
 from heed.services import Services
 
 __all__ = ["HeedServer", "drain_app"]
@@ -52,6 +53,13 @@ class HeedServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self.heed_app = app
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start-up (the app's lifespan included), then the start-up objects are
+        frozen out of the garbage collector's walks (see :mod:`heed.runtime.heap`)."""
+        await super().startup(sockets)
+        frozen = freeze_long_lived_objects()
+        log.debug("froze %d start-up objects out of the garbage collector", frozen)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         grace = float(self.config.timeout_graceful_shutdown or 5)
