@@ -12,7 +12,7 @@ How it runs:
 - The model is loaded once per process and file (in a worker thread: at start-up by
   :mod:`heed.llm.warmup`, else on first use) and shared by every ``LocalProvider``. The
   packaged model runs from an F16 copy derived once into the model cache, which evaluates
-  a prompt about 3x faster here (see :mod:`heed.llm.local_weights`). One generation runs
+  a prompt 1.4-2x faster here (see :mod:`heed.llm.local_weights`). One generation runs
   at a time per model (a llama context is not thread-safe); waiting for it checks the
   token.
 - Threads: generation uses half the cores (:func:`default_threads`); the prompt's
@@ -224,9 +224,9 @@ def prefill_threads(generation_threads: int) -> int:
     """Threads for evaluating a prompt: every core while one is spare, else *generation_threads*.
 
     A prompt is evaluated in large batches, whose graphs have few barriers per unit of
-    work, so extra threads pay off (F16, 332-token prompt, 2 idle cores: first token 0.76 s
-    with 2 threads, 1.39 s with 1) until the cores are taken (one core busy elsewhere: 1.94 s
-    with 2, 1.56 s with 1). "Spare" is read from the 1-minute load average, which counts
+    work, so extra threads pay off (F16, 332-token prompt, 2 idle cores: first token 0.56 s
+    with 2 threads, 0.89 s with 1) until the cores are taken (measured on a slower machine
+    of the same kind, one core busy elsewhere: 1.94 s with 2, 1.56 s with 1). "Spare" is read from the 1-minute load average, which counts
     this generation's own thread once it runs: below ``cores - 0.5`` a core is free on
     average. The average lags a sudden burst by seconds; the cost of a wrong guess is the
     25% above, in either direction.

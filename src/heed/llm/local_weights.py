@@ -2,10 +2,12 @@
 
 SmolLM2-135M ships as Q4_1 (92 MB). At this size, reading the weights is not what limits a
 prompt's evaluation; unpacking 4-bit blocks is. On 2 cores (``benchmarks/local_model_speed.py``,
-a 332-token grounded prompt), the first token took 2.7-3.0 s from Q4_1 and 0.76 s from an F16
-copy of the same weights (1.74 s from Q8_0), while generation stayed far above its target
-(about 43 tokens/s from F16 against 55 from Q4_1). The replies are those of the same model:
-F16 holds every Q4_1 weight exactly.
+a 332-token grounded prompt), first token p50 from Q4_1 and from an F16 copy of the same
+weights: 1.34 s and 0.89 s on one thread, 0.80 s and 0.56 s on two (on a slower machine of the
+same kind: 2.7-3.0 s and 1.39 s, 1.65 s and 0.76 s; Q8_0 was in between). Generation stays far
+above its 15 tokens/s target (about 85 tokens/s from F16 against 120 from Q4_1: one token
+reads three times the bytes). The replies are those of the same model: F16 holds every Q4_1
+weight exactly.
 
 So the first load derives the F16 copy once (about a second, 260 MB) into the model cache
 (``HEED_MODEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/heed/models`` or ``~/.cache/heed/models``)
