@@ -226,9 +226,10 @@ def prefill_threads(generation_threads: int) -> int:
     A prompt is evaluated in large batches, whose graphs have few barriers per unit of
     work, so extra threads pay off (F16, 332-token prompt, 2 idle cores: first token 0.56 s
     with 2 threads, 0.89 s with 1) until the cores are taken (measured on a slower machine
-    of the same kind, one core busy elsewhere: 1.94 s with 2, 1.56 s with 1). "Spare" is read from the 1-minute load average, which counts
-    this generation's own thread once it runs: below ``cores - 0.5`` a core is free on
-    average. The average lags a sudden burst by seconds; the cost of a wrong guess is the
+    of the same kind, one core busy elsewhere: 1.94 s with 2, 1.56 s with 1). "Spare" is
+    read from the 1-minute load average, which counts this generation's own thread once it
+    runs: below ``cores - 0.5`` a core is free on average. The average lags a sudden burst
+    by seconds; the cost of a wrong guess is the
     25% above, in either direction.
     """
     cores = os.cpu_count() or 1
