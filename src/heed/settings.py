@@ -119,6 +119,12 @@ class Settings(BaseSettings):
         ge=0,
         description="Finished runs' journals keep only their terminal event after this; 0: keep.",
     )
+    malloc_arenas: int = Field(
+        default=2,
+        ge=0,
+        description="glibc malloc arenas for `heed serve` (0: glibc's default, eight per "
+        "core); more only grew the process under load.",
+    )
     switch_interval_ms: float = Field(
         default=1.0,
         gt=0,

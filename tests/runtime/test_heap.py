@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from heed.runtime.heap import freeze_long_lived_objects
+from heed.runtime.heap import freeze_long_lived_objects, limit_malloc_arenas
 
 
 class _Node:
@@ -27,3 +27,9 @@ def test_freezes_what_lives_and_collects_what_does_not() -> None:
     finally:
         gc.unfreeze()
     assert any(o is kept for o in gc.get_objects())
+
+
+def test_malloc_arenas_are_capped_only_when_asked() -> None:
+    assert limit_malloc_arenas(0) is False  # 0 keeps glibc's default
+    # glibc accepts the cap (these machines run glibc); elsewhere the call says it did nothing
+    assert limit_malloc_arenas(8) is True

@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from heed.api.drain import Drain
-from heed.runtime.heap import freeze_long_lived_objects
+from heed.runtime.heap import freeze_long_lived_objects, limit_malloc_arenas
 from heed.services import Services
 
 __all__ = ["HeedServer", "drain_app"]
@@ -53,6 +53,8 @@ class HeedServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self.heed_app = app
+        # before the lifespan starts the worker threads (see heed.runtime.heap)
+        limit_malloc_arenas(app.state.services.settings.malloc_arenas)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start-up (the app's lifespan included), then the start-up objects are

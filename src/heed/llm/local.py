@@ -229,8 +229,7 @@ def prefill_threads(generation_threads: int) -> int:
     of the same kind, one core busy elsewhere: 1.94 s with 2, 1.56 s with 1). "Spare" is
     read from the 1-minute load average, which counts this generation's own thread once it
     runs: below ``cores - 0.5`` a core is free on average. The average lags a sudden burst
-    by seconds; the cost of a wrong guess is the
-    25% above, in either direction.
+    by seconds; the cost of a wrong guess is the 25% above, in either direction.
     """
     cores = os.cpu_count() or 1
     try:
