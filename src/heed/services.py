@@ -41,13 +41,21 @@ LANE_NAMES = ("recall", "reflect", "retain", "turn")
 
 
 def build_lanes(settings: Settings) -> Lanes:
-    """One lane per kind of work, sized from settings."""
+    """One lane per kind of work, sized from settings.
+
+    The recall lane keeps one slot for low-budget recalls (``HEED_RECALL_DEAR_CONCURRENCY``):
+    a client looping high-budget recalls saturates every slot it may take, and without the
+    spare slot every other recall waits for one of its recalls to finish.
+    """
+    recall = settings.recall_concurrency
+    dear = {"recall": settings.recall_dear_concurrency or max(1, recall - 1)}
     return Lanes(
         Lane(
             name,
             getattr(settings, f"{name}_concurrency"),
             getattr(settings, f"{name}_queue"),
             max_wait=getattr(settings, f"{name}_max_wait_seconds"),
+            dear_capacity=dear.get(name),
         )
         for name in LANE_NAMES
     )

@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     # recalls than cores only slow each other down (measured: canary p50 -40% on 2 cores).
     recall_concurrency: int = Field(default_factory=lambda: max(2, os.cpu_count() or 2), ge=1)
     recall_queue: int = Field(default=64, ge=0)
+    recall_dear_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="The most recall slots dearer-than-low-budget recalls may hold at once, "
+        "so a low-budget recall never waits for them (default: all but one).",
+    )
     reflect_concurrency: int = Field(default=2, ge=1)
     reflect_queue: int = Field(default=16, ge=0)
     retain_concurrency: int = Field(default=2, ge=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -252,3 +253,97 @@ async def test_cheap_work_overtakes_a_few_dear_waiters_but_not_all() -> None:
     # the cheap one overtakes the dear one that arrived just before it, not those that
     # have waited longer than their handicap
     assert order == ["dear0", "dear1", "dear2", "cheap", "late-dear"]
+
+
+async def _hold(
+    lane: Lane, name: str, cost: float, release: asyncio.Event, order: list[str]
+) -> None:
+    with use_context(_as("t")):
+        async with lane.slot(cost=cost):
+            order.append(name)
+            await release.wait()
+
+
+async def test_dear_work_leaves_a_slot_for_cheap_work() -> None:
+    lane = Lane("recall", capacity=2, max_queue=100, dear_capacity=1)
+    order: list[str] = []
+    releases = {name: asyncio.Event() for name in ("dear1", "dear2", "cheap")}
+    dear1 = asyncio.create_task(_hold(lane, "dear1", 5.0, releases["dear1"], order))
+    await asyncio.sleep(0)
+    dear2 = asyncio.create_task(_hold(lane, "dear2", 5.0, releases["dear2"], order))
+    await asyncio.sleep(0)
+    # a slot is free, but not for dear work: the second dear request waits
+    assert order == ["dear1"]
+    assert (lane.stats().in_use, lane.stats().queued) == (1, 1)
+    cheap = asyncio.create_task(_hold(lane, "cheap", 1.0, releases["cheap"], order))
+    await asyncio.sleep(0)
+    assert order == ["dear1", "cheap"]  # at once, past the waiting dear request
+    releases["cheap"].set()
+    await cheap
+    assert order == ["dear1", "cheap"]  # the freed slot stays kept for cheap work
+    releases["dear1"].set()
+    await dear1
+    await asyncio.sleep(0)
+    assert order == ["dear1", "cheap", "dear2"]
+    releases["dear2"].set()
+    await dear2
+    assert lane.stats().in_use == 0 and lane.stats().queued == 0
+
+
+async def test_a_freed_slot_skips_dear_waiters_at_their_limit() -> None:
+    lane = Lane("recall", capacity=2, max_queue=100, dear_capacity=1)
+    order: list[str] = []
+    release_dear, release_first, release_rest = (asyncio.Event() for _ in range(3))
+    holders = [
+        asyncio.create_task(_hold(lane, "dear1", 5.0, release_dear, order)),
+        asyncio.create_task(_hold(lane, "cheap1", 1.0, release_first, order)),
+    ]
+    await asyncio.sleep(0)
+    # both slots held; a dear request queues ahead of a cheap one
+    waiting = [
+        asyncio.create_task(_hold(lane, "dear2", 5.0, release_rest, order)),
+        asyncio.create_task(_hold(lane, "cheap2", 1.0, release_rest, order)),
+    ]
+    await asyncio.sleep(0)
+    assert lane.stats().queued == 2
+    release_first.set()  # cheap1's slot frees; dear work is at its limit of one
+    await holders[1]
+    await asyncio.sleep(0)
+    assert order == ["dear1", "cheap1", "cheap2"]
+    release_dear.set()
+    await holders[0]
+    await asyncio.sleep(0)
+    assert order == ["dear1", "cheap1", "cheap2", "dear2"]
+    release_rest.set()
+    await asyncio.gather(*waiting)
+
+
+async def test_without_a_dear_limit_dear_work_takes_every_slot() -> None:
+    lane = Lane("recall", capacity=2, max_queue=100)
+    order: list[str] = []
+    release = asyncio.Event()
+    tasks = [asyncio.create_task(_hold(lane, f"dear{i}", 5.0, release, order)) for i in range(2)]
+    await asyncio.sleep(0)
+    assert order == ["dear0", "dear1"]
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+def test_lane_rejects_a_dear_capacity_below_one() -> None:
+    with pytest.raises(ValueError, match="dear_capacity >= 1"):
+        Lane("recall", capacity=2, max_queue=1, dear_capacity=0)
+
+
+def test_the_recall_lane_keeps_one_slot_for_low_budget_recalls(tmp_path: Path) -> None:
+    from heed.services import build_lanes
+    from heed.settings import Settings
+
+    lanes = build_lanes(Settings(data_dir=tmp_path, recall_concurrency=4))
+    assert (lanes["recall"].capacity, lanes["recall"].dear_capacity) == (4, 3)
+    assert lanes["reflect"].dear_capacity == lanes["reflect"].capacity
+    one = build_lanes(Settings(data_dir=tmp_path, recall_concurrency=1))
+    assert one["recall"].dear_capacity == 1  # nothing to keep aside
+    named = build_lanes(
+        Settings(data_dir=tmp_path, recall_concurrency=4, recall_dear_concurrency=4)
+    )
+    assert named["recall"].dear_capacity == 4

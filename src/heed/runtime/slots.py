@@ -19,6 +19,10 @@ number of slots and a bounded queue. The rules:
   waiter that said its work costs ``cost`` times the usual (a high-budget recall)
   is served as if it had arrived ``(cost - 1)`` x the recent slot hold time later:
   a cheap request overtakes a few dear ones, never an unbounded number.
+- **A slot kept for cheap work.** Dear work (``cost > 1``) holds at most
+  ``dear_capacity`` slots at once; the rest wait for usual work, which takes a
+  free one at once. A lane saturated by dear work (a client looping high-budget
+  recalls) then never makes a cheap request wait for a dear one to finish.
 - **Sheds rather than queues.** A full queue refuses at once, and so does a queue
   whose expected wait (waiters ahead / capacity x the recent slot hold time, an
   exponential moving average) exceeds ``max_wait``; a waiter still waiting after
@@ -76,10 +80,11 @@ class LaneStats:
 
 
 class _Slot:
-    __slots__ = ("granted_at", "token")
+    __slots__ = ("dear", "granted_at", "token")
 
-    def __init__(self, token: CancellationToken | None) -> None:
+    def __init__(self, token: CancellationToken | None, dear: bool) -> None:
         self.token = token
+        self.dear = dear
         self.granted_at = time.monotonic()
 
 
@@ -88,6 +93,7 @@ class _Waiter:
     future: asyncio.Future[_Slot]
     token: CancellationToken | None
     tenant: str
+    dear: bool = False
     #: When it is served, in its tenant's queue: arrival, later for dearer work.
     virtual_at: float = field(default_factory=time.monotonic)
 
@@ -106,9 +112,12 @@ class Lane:
         max_queue: int,
         retry_after: int = 1,
         max_wait: float | None = None,
+        dear_capacity: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"lane {name!r} needs capacity >= 1, got {capacity}")
+        if dear_capacity is not None and dear_capacity < 1:
+            raise ValueError(f"lane {name!r} needs dear_capacity >= 1, got {dear_capacity}")
         if max_queue < 0:
             raise ValueError(f"lane {name!r} needs max_queue >= 0, got {max_queue}")
         if max_wait is not None and max_wait <= 0:
@@ -118,6 +127,8 @@ class Lane:
         self.max_queue = max_queue
         self.retry_after = retry_after
         self.max_wait = max_wait
+        self.dear_capacity = capacity if dear_capacity is None else min(capacity, dear_capacity)
+        self._dear_held = 0
         self._held: set[_Slot] = set()
         #: Waiters per tenant, in arrival order; the dict's order is the round-robin ring.
         self._queues: dict[str, list[_Waiter]] = {}
@@ -144,11 +155,12 @@ class Lane:
             hold_seconds=self._hold_seconds,
         )
 
-    def expected_wait(self) -> float:
-        """Seconds a newcomer would wait now (0 when a slot is free)."""
+    def expected_wait(self, dear: bool = False) -> float:
+        """Seconds a newcomer (dear work if *dear*) would wait now (0 when a slot is free)."""
         if len(self._held) < self.capacity and not self._queued:
             return 0.0
-        return math.ceil((self._queued + 1) / self.capacity) * self._hold_seconds
+        slots = self.dear_capacity if dear else self.capacity
+        return math.ceil((self._queued + 1) / slots) * self._hold_seconds
 
     # -- acquiring ---------------------------------------------------------------
 
@@ -160,7 +172,8 @@ class Lane:
 
         *token* defaults to the active request context's token; the waiter's tenant is
         the active context's; *cost* is how dear the work is relative to the usual (it
-        orders waiters within a tenant, see the module docstring). Raises
+        orders waiters within a tenant, and work with ``cost > 1`` holds at most
+        ``dear_capacity`` slots; see the module docstring). Raises
         :class:`LaneFull` when the lane sheds the work, and :class:`OperationCancelled`
         if the token is cancelled before a slot is granted (the work never starts). The
         slot is released when the block exits, whatever the reason.
@@ -177,9 +190,14 @@ class Lane:
     async def _acquire(self, token: CancellationToken | None, tenant: str, cost: float) -> _Slot:
         if token is not None:
             token.raise_if_cancelled()
-        if len(self._held) < self.capacity and not self._queued:
-            return self._grant(token)
-        expected = self.expected_wait()
+        dear = cost > 1.0
+        # Waiters queue only while no slot they may take is free (see _release), so a free
+        # slot with waiters means they are all dear work at its limit.
+        if len(self._held) < self.capacity and (
+            not dear or (not self._queued and self._dear_held < self.dear_capacity)
+        ):
+            return self._grant(token, dear)
+        expected = self.expected_wait(dear)
         if self.max_wait is not None and expected > self.max_wait:
             self._shed_total += 1
             raise LaneFull(
@@ -192,7 +210,7 @@ class Lane:
             raise LaneFull(self.name, self._retry_after_hint())
 
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), token, tenant)
+        waiter = _Waiter(loop.create_future(), token, tenant, dear)
         waiter.virtual_at += max(0.0, cost - 1.0) * self._hold_seconds
         bisect.insort(self._queues.setdefault(tenant, []), waiter, key=_virtual_at)
         self._queued += 1
@@ -259,15 +277,17 @@ class Lane:
             )
         )
 
-    def _grant(self, token: CancellationToken | None) -> _Slot:
-        slot = _Slot(token)
+    def _grant(self, token: CancellationToken | None, dear: bool) -> _Slot:
+        slot = _Slot(token, dear)
         self._held.add(slot)
+        self._dear_held += dear
         return slot
 
     def _release(self, slot: _Slot) -> None:
         if slot not in self._held:
             return
         self._held.discard(slot)
+        self._dear_held -= slot.dear
         held = time.monotonic() - slot.granted_at
         self._hold_seconds = (
             held
@@ -278,18 +298,27 @@ class Lane:
         # as held from this moment, not from when the waiter resumes.
         while self._queued and len(self._held) < self.capacity:
             waiter = self._next_waiter()
+            if waiter is None:
+                break
             if not waiter.future.done():
-                waiter.future.set_result(self._grant(waiter.token))
+                waiter.future.set_result(self._grant(waiter.token, waiter.dear))
 
-    def _next_waiter(self) -> _Waiter:
-        """The head of the next tenant's queue in the ring; that tenant goes to the back."""
-        tenant, queue = next(iter(self._queues.items()))
-        waiter = queue.pop(0)
-        self._queued -= 1
-        del self._queues[tenant]
-        if queue:
-            self._queues[tenant] = queue  # re-inserted: now last in the ring
-        return waiter
+    def _next_waiter(self) -> _Waiter | None:
+        """The first waiter that may take a slot now, in the next tenant's queue in the ring
+        (its head, or its first cheap waiter while dear work is at its limit); that tenant
+        goes to the back. ``None`` when every waiter is dear work at its limit."""
+        dear_ok = self._dear_held < self.dear_capacity
+        for tenant, queue in self._queues.items():
+            index = next((i for i, w in enumerate(queue) if dear_ok or not w.dear), None)
+            if index is None:
+                continue
+            waiter = queue.pop(index)
+            self._queued -= 1
+            del self._queues[tenant]
+            if queue:
+                self._queues[tenant] = queue  # re-inserted: now last in the ring
+            return waiter
+        return None
 
     def _remove(self, waiter: _Waiter) -> None:
         queue = self._queues.get(waiter.tenant)
