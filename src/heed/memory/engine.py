@@ -125,7 +125,8 @@ class MemoryEngine:
     async def _index_for(self, bank: Bank) -> VectorSearch:
         if getattr(self.store, "searches_vectors", False):
             return StoreVectors(self.store, bank.ref)  # type: ignore[arg-type]
-        return await run_in_thread(self.indexes.get, bank.ref)
+        loaded = self.indexes.peek(bank.ref)  # no thread hop for a loaded index
+        return loaded if loaded is not None else await run_in_thread(self.indexes.get, bank.ref)
 
     # -- in-flight work --------------------------------------------------------------
 

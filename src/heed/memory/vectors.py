@@ -239,6 +239,10 @@ class BankIndexes:
                 self._indexes.move_to_end(bank_ref)
             return index
 
+    def peek(self, bank_ref: str) -> VectorIndex | None:
+        """The bank's index if it is in memory, else ``None``; never blocks on a load."""
+        return self._touch(bank_ref)
+
     def get(self, bank_ref: str) -> VectorIndex:
         """The bank's index, loading it from storage on first use (blocking)."""
         index = self._touch(bank_ref)

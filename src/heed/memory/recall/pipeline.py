@@ -14,6 +14,12 @@ Cancellation, stage by stage:
 - the lane slot is held across all stages and released only when the
   ``async with`` exits, which cannot happen while an offloaded thread runs.
 
+A recall passes through the event loop as few times as it can: the bank's
+loaded index is taken on the loop, the two retrieval branches run side by side
+in two worker threads, and everything after them (fusion to enrichment) in one.
+Every hop back to the loop waits behind whatever else the loop is doing, which
+under a storm of requests is most of the time.
+
 ``hooks`` (tests only) is called in the worker thread with the stage name at
 the start of each offloaded stage and between batches; a hook can block to
 hold a stage open while a test cancels the request.
@@ -105,6 +111,24 @@ class Tracer:
         if count is not None:
             entry["candidates"] = count(result)
         self.stages.append(entry)
+        return result
+
+    def run(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        count: Callable[[T], int] | None = None,
+    ) -> T:
+        """The blocking twin of :meth:`stage`, for stages run in a worker thread."""
+        raise_if_cancelled()
+        start = time.perf_counter()
+        result = fn(*args)
+        if count is None:
+            self.record(name, start)
+        else:
+            self.record(name, start, candidates=count(result))
         return result
 
     def record(self, name: str, start: float, **extra: Any) -> None:
@@ -450,6 +474,63 @@ def _budget(deps: RecallDeps, hits: list[RecallHit], max_tokens: int) -> list[Re
     return kept
 
 
+def _rank_and_fill(
+    deps: RecallDeps,
+    tracer: Tracer,
+    bank: Bank,
+    index: VectorSearch,
+    arms: dict[str, list[tuple[int, float]]],
+    qvec: np.ndarray,
+    q: RecallQuery,
+    analysis: QueryAnalysis,
+    anchor: datetime,
+) -> tuple[list[RecallHit], dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]] | None]:
+    """Fusion, candidates, rerank, boosts, token budget and enrichment (one worker thread;
+    a checkpoint before each stage, and each stage's time in *tracer*)."""
+    rerank_n = BUDGET_SIZES[q.budget][1]
+    if q.trace:
+        tracer.extra["arms"] = _arm_ids(deps, bank, arms, TRACE_ARM_TOP)
+    fused = tracer.run("fusion", reciprocal_rank_fusion, arms, deps.arm_weights, count=len)
+    candidates, units = tracer.run(
+        "candidates",
+        _candidates,
+        deps,
+        bank,
+        index,
+        fused,
+        arms,
+        q,
+        rerank_n,
+        count=lambda r: len(r[0]),
+    )
+    if bank.config.get("enable_reranking", True):
+        scores = tracer.run("rerank", _rerank, deps, q.query, qvec, candidates, count=len)
+    else:
+        top = max((c.fused for c in candidates), default=1.0) or 1.0
+        scores = [c.fused / top for c in candidates]
+    hits = [
+        RecallHit(
+            unit=units[c.seq],
+            final=score,
+            semantic=c.semantic,
+            keyword=c.keyword,
+            reranker=score,
+        )
+        for c, score in zip(candidates, scores, strict=True)
+    ]
+
+    def boost(hits: list[RecallHit]) -> list[RecallHit]:
+        hits = _boost(deps, hits, analysis, anchor)
+        if q.min_final is not None:
+            hits = [h for h in hits if h.final >= q.min_final]
+        return hits
+
+    hits = tracer.run("boost", boost, hits, count=len)
+    hits = tracer.run("budget", _budget, deps, hits, q.max_tokens, count=len)
+    chunks, entities = tracer.run("enrichment", _enrich, deps, bank, hits, q)
+    return hits, chunks, entities
+
+
 # -- the pipeline -------------------------------------------------------------------------
 
 
@@ -491,51 +572,10 @@ async def run_recall(deps: RecallDeps, bank: Bank, q: RecallQuery) -> RecallOutc
         arms = {"semantic": semantic, **lexical_hits}
         tracer.record("retrieval", start, arms={name: len(hits) for name, hits in arms.items()})
 
-        if q.trace:
-            tracer.extra["arms"] = await run_in_thread(_arm_ids, deps, bank, arms, TRACE_ARM_TOP)
-
-        raise_if_cancelled()
-        start = time.perf_counter()
-        fused = reciprocal_rank_fusion(arms, deps.arm_weights)
-        tracer.record("fusion", start, candidates=len(fused))
-
-        candidates, units = await tracer.stage(
-            "candidates",
-            run_in_thread(_candidates, deps, bank, index, fused, arms, q, rerank_n),
-            count=lambda r: len(r[0]),
-        )
-        if config.get("enable_reranking", True):
-            scores = await tracer.stage(
-                "rerank", run_in_thread(_rerank, deps, q.query, qvec, candidates), count=len
-            )
-        else:
-            top = max((c.fused for c in candidates), default=1.0) or 1.0
-            scores = [c.fused / top for c in candidates]
-        hits = [
-            RecallHit(
-                unit=units[c.seq],
-                final=score,
-                semantic=c.semantic,
-                keyword=c.keyword,
-                reranker=score,
-            )
-            for c, score in zip(candidates, scores, strict=True)
-        ]
-
-        raise_if_cancelled()
-        start = time.perf_counter()
-        hits = _boost(deps, hits, analysis, anchor)
-        if q.min_final is not None:
-            hits = [h for h in hits if h.final >= q.min_final]
-        tracer.record("boost", start, candidates=len(hits))
-
-        raise_if_cancelled()
-        start = time.perf_counter()
-        hits = _budget(deps, hits, q.max_tokens)
-        tracer.record("budget", start, candidates=len(hits))
-
-        chunks, entities = await tracer.stage(
-            "enrichment", run_in_thread(_enrich, deps, bank, hits, q)
+        # Everything after the arms in one worker thread: each hop through the event loop
+        # waits behind whatever the loop is doing (under a storm of requests, most of it).
+        hits, chunks, entities = await run_in_thread(
+            _rank_and_fill, deps, tracer, bank, index, arms, qvec, q, analysis, anchor
         )
     tracer.extra["query"] = {
         "terms": analysis.terms,
