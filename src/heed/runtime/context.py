@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextvars
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -34,10 +33,6 @@ __all__ = [
 DEFAULT_TENANT: Final = "default"
 
 
-def _new_request_id() -> str:
-    return uuid.uuid4().hex[:16]
-
-
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """Who a piece of work is for and the token that cancels it.
@@ -50,7 +45,6 @@ class RequestContext:
     principal: str | None = None
     token: CancellationToken = field(default_factory=CancellationToken)
     deadline: float | None = None
-    request_id: str = field(default_factory=_new_request_id)
 
     def raise_if_cancelled(self) -> None:
         """A checkpoint on this context's token."""
