@@ -131,11 +131,16 @@ class Settings(BaseSettings):
         description="glibc malloc arenas for `heed serve` (0: glibc's default, eight per "
         "core); more only grew the process under load.",
     )
+    #: Both ways round: a busy worker thread delays the event loop by up to one interval,
+    #: and a busy event loop (a storm of requests) delays every worker thread by up to one
+    #: interval each time the thread gives the GIL up (a SQLite call, a numpy or ONNX call),
+    #: which it does many times a recall. At 1 ms the storm canary's p99 was 171-250 ms over
+    #: four runs; at 0.25 ms, 111-158 ms over three (benchmarks/disconnect_storm.py).
     switch_interval_ms: float = Field(
-        default=1.0,
+        default=0.25,
         gt=0,
-        description="Python's GIL switch interval for `heed serve`: how long a CPU-bound "
-        "thread may hold the GIL before the event loop gets it back (Python's default is 5).",
+        description="Python's GIL switch interval for `heed serve`: how long a thread may hold "
+        "the GIL while another waits for it (Python's default is 5).",
     )
 
     enable_diagnostics: bool = Field(
