@@ -85,8 +85,8 @@ class Settings(BaseSettings):
     recall_dear_concurrency: int | None = Field(
         default=None,
         ge=1,
-        description="The most recall slots dearer-than-low-budget recalls may hold at once, "
-        "so a low-budget recall never waits for them (default: all but one).",
+        description="The most recall slots high-budget recalls may hold at once, "
+        "so a cheaper recall never waits for them (default: all but one).",
     )
     reflect_concurrency: int = Field(default=2, ge=1)
     reflect_queue: int = Field(default=16, ge=0)

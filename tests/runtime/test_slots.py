@@ -256,10 +256,16 @@ async def test_cheap_work_overtakes_a_few_dear_waiters_but_not_all() -> None:
 
 
 async def _hold(
-    lane: Lane, name: str, cost: float, release: asyncio.Event, order: list[str]
+    lane: Lane,
+    name: str,
+    release: asyncio.Event,
+    order: list[str],
+    *,
+    cost: float = 1.0,
+    dear: bool = False,
 ) -> None:
     with use_context(_as("t")):
-        async with lane.slot(cost=cost):
+        async with lane.slot(cost=cost, dear=dear):
             order.append(name)
             await release.wait()
 
@@ -268,14 +274,14 @@ async def test_dear_work_leaves_a_slot_for_cheap_work() -> None:
     lane = Lane("recall", capacity=2, max_queue=100, dear_capacity=1)
     order: list[str] = []
     releases = {name: asyncio.Event() for name in ("dear1", "dear2", "cheap")}
-    dear1 = asyncio.create_task(_hold(lane, "dear1", 5.0, releases["dear1"], order))
+    dear1 = asyncio.create_task(_hold(lane, "dear1", releases["dear1"], order, cost=5.0, dear=True))
     await asyncio.sleep(0)
-    dear2 = asyncio.create_task(_hold(lane, "dear2", 5.0, releases["dear2"], order))
+    dear2 = asyncio.create_task(_hold(lane, "dear2", releases["dear2"], order, cost=5.0, dear=True))
     await asyncio.sleep(0)
     # a slot is free, but not for dear work: the second dear request waits
     assert order == ["dear1"]
     assert (lane.stats().in_use, lane.stats().queued) == (1, 1)
-    cheap = asyncio.create_task(_hold(lane, "cheap", 1.0, releases["cheap"], order))
+    cheap = asyncio.create_task(_hold(lane, "cheap", releases["cheap"], order))
     await asyncio.sleep(0)
     assert order == ["dear1", "cheap"]  # at once, past the waiting dear request
     releases["cheap"].set()
@@ -295,14 +301,14 @@ async def test_a_freed_slot_skips_dear_waiters_at_their_limit() -> None:
     order: list[str] = []
     release_dear, release_first, release_rest = (asyncio.Event() for _ in range(3))
     holders = [
-        asyncio.create_task(_hold(lane, "dear1", 5.0, release_dear, order)),
-        asyncio.create_task(_hold(lane, "cheap1", 1.0, release_first, order)),
+        asyncio.create_task(_hold(lane, "dear1", release_dear, order, cost=5.0, dear=True)),
+        asyncio.create_task(_hold(lane, "cheap1", release_first, order)),
     ]
     await asyncio.sleep(0)
     # both slots held; a dear request queues ahead of a cheap one
     waiting = [
-        asyncio.create_task(_hold(lane, "dear2", 5.0, release_rest, order)),
-        asyncio.create_task(_hold(lane, "cheap2", 1.0, release_rest, order)),
+        asyncio.create_task(_hold(lane, "dear2", release_rest, order, cost=5.0, dear=True)),
+        asyncio.create_task(_hold(lane, "cheap2", release_rest, order)),
     ]
     await asyncio.sleep(0)
     assert lane.stats().queued == 2
@@ -322,11 +328,39 @@ async def test_without_a_dear_limit_dear_work_takes_every_slot() -> None:
     lane = Lane("recall", capacity=2, max_queue=100)
     order: list[str] = []
     release = asyncio.Event()
-    tasks = [asyncio.create_task(_hold(lane, f"dear{i}", 5.0, release, order)) for i in range(2)]
+    tasks = [
+        asyncio.create_task(_hold(lane, f"dear{i}", release, order, cost=5.0, dear=True))
+        for i in range(2)
+    ]
     await asyncio.sleep(0)
     assert order == ["dear0", "dear1"]
     release.set()
     await asyncio.gather(*tasks)
+
+
+async def test_costly_work_not_marked_dear_takes_the_kept_slot() -> None:
+    # A mid-budget recall costs more than a low one but is not dear: with one dear
+    # recall running, it takes the slot kept from dear work instead of waiting.
+    lane = Lane("recall", capacity=2, max_queue=100, dear_capacity=1)
+    order: list[str] = []
+    release = asyncio.Event()
+    tasks = [
+        asyncio.create_task(_hold(lane, "dear", release, order, cost=5.0, dear=True)),
+        asyncio.create_task(_hold(lane, "mid", release, order, cost=2.0)),
+    ]
+    await asyncio.sleep(0)
+    assert order == ["dear", "mid"]
+    assert (lane.stats().in_use, lane.stats().queued) == (2, 0)
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+def test_only_high_budget_recalls_are_dear() -> None:
+    from heed.memory.recall.pipeline import slot_terms
+
+    (low, low_dear), (mid, mid_dear), (high, high_dear) = map(slot_terms, ("low", "mid", "high"))
+    assert (low_dear, mid_dear, high_dear) == (False, False, True)
+    assert low == 1.0 < mid < high
 
 
 def test_lane_rejects_a_dear_capacity_below_one() -> None:

@@ -19,10 +19,12 @@ number of slots and a bounded queue. The rules:
   waiter that said its work costs ``cost`` times the usual (a high-budget recall)
   is served as if it had arrived ``(cost - 1)`` x the recent slot hold time later:
   a cheap request overtakes a few dear ones, never an unbounded number.
-- **A slot kept for cheap work.** Dear work (``cost > 1``) holds at most
-  ``dear_capacity`` slots at once; the rest wait for usual work, which takes a
-  free one at once. A lane saturated by dear work (a client looping high-budget
-  recalls) then never makes a cheap request wait for a dear one to finish.
+- **A slot kept for cheap work.** Work acquired with ``dear=True`` (a high-budget
+  recall) holds at most ``dear_capacity`` slots at once; the rest wait for usual
+  work, which takes a free one at once. A lane saturated by dear work (a client
+  looping high-budget recalls) then never makes a cheap request wait for a dear
+  one to finish. Whether work is dear is the caller's call, apart from its cost:
+  a mid-budget recall waits a little behind low-budget ones but may take any slot.
 - **Sheds rather than queues.** A full queue refuses at once, and so does a queue
   whose expected wait (waiters ahead / capacity x the recent slot hold time, an
   exponential moving average) exceeds ``max_wait``; a waiter still waiting after
@@ -166,14 +168,18 @@ class Lane:
 
     @asynccontextmanager
     async def slot(
-        self, token: CancellationToken | None = None, *, cost: float = 1.0
+        self,
+        token: CancellationToken | None = None,
+        *,
+        cost: float = 1.0,
+        dear: bool = False,
     ) -> AsyncIterator[None]:
         """Hold a slot for the duration of the block.
 
         *token* defaults to the active request context's token; the waiter's tenant is
         the active context's; *cost* is how dear the work is relative to the usual (it
-        orders waiters within a tenant, and work with ``cost > 1`` holds at most
-        ``dear_capacity`` slots; see the module docstring). Raises
+        orders waiters within a tenant), and *dear* work holds at most
+        ``dear_capacity`` slots (see the module docstring). Raises
         :class:`LaneFull` when the lane sheds the work, and :class:`OperationCancelled`
         if the token is cancelled before a slot is granted (the work never starts). The
         slot is released when the block exits, whatever the reason.
@@ -181,16 +187,17 @@ class Lane:
         ctx = _current.get()
         if token is None and ctx is not None:
             token = ctx.token
-        slot = await self._acquire(token, ctx.tenant if ctx is not None else "", cost)
+        slot = await self._acquire(token, ctx.tenant if ctx is not None else "", cost, dear)
         try:
             yield
         finally:
             self._release(slot)
 
-    async def _acquire(self, token: CancellationToken | None, tenant: str, cost: float) -> _Slot:
+    async def _acquire(
+        self, token: CancellationToken | None, tenant: str, cost: float, dear: bool
+    ) -> _Slot:
         if token is not None:
             token.raise_if_cancelled()
-        dear = cost > 1.0
         # Waiters queue only while no slot they may take is free (see _release), so a free
         # slot with waiters means they are all dear work at its limit.
         if len(self._held) < self.capacity and (

@@ -40,7 +40,7 @@ import numpy as np
 
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import canonical
-from heed.memory.models import Bank, RecallHit, RecallOutcome, RecallQuery, StoredUnit
+from heed.memory.models import Bank, Budget, RecallHit, RecallOutcome, RecallQuery, StoredUnit
 from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import QueryAnalysis, analyze_query
 from heed.memory.recall.rerank import Candidate, Reranker
@@ -534,13 +534,22 @@ def _rank_and_fill(
 # -- the pipeline -------------------------------------------------------------------------
 
 
+def slot_terms(budget: Budget) -> tuple[float, bool]:
+    """How a recall of *budget* asks for a recall-lane slot: its cost relative to a
+    ``low`` one (a dearer budget waits behind cheaper recalls a little), and whether it
+    is dear work, which leaves a slot free for the others (``high`` only: ``mid`` is
+    the default, and limiting it would halve a small machine's recall throughput).
+    See :mod:`heed.runtime.slots`."""
+    return BUDGET_SIZES[budget][1] / BUDGET_SIZES["low"][1], budget == "high"
+
+
 async def run_recall(deps: RecallDeps, bank: Bank, q: RecallQuery) -> RecallOutcome:
     """Run every stage for *q* on *bank*; raises ``OperationCancelled`` at any checkpoint."""
     tracer = Tracer()
     queued_at = time.perf_counter()
-    per_arm, rerank_n = BUDGET_SIZES[q.budget]
-    # A dearer budget waits behind cheaper recalls a little (see heed.runtime.slots).
-    async with deps.lane.slot(cost=rerank_n / BUDGET_SIZES["low"][1]):
+    per_arm = BUDGET_SIZES[q.budget][0]
+    cost, dear = slot_terms(q.budget)
+    async with deps.lane.slot(cost=cost, dear=dear):
         tracer.record("admission", queued_at)
         anchor = q.query_timestamp or datetime.now(UTC)
         analysis = analyze_query(q.query, anchor, q.temporal_window)
