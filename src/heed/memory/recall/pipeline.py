@@ -538,7 +538,7 @@ def slot_terms(budget: Budget) -> tuple[float, bool]:
     """How a recall of *budget* asks for a recall-lane slot: its cost relative to a
     ``low`` one (a dearer budget waits behind cheaper recalls a little), and whether it
     is dear work, which leaves a slot free for the others (``high`` only: ``mid`` is
-    the default, and limiting it would halve a small machine's recall throughput).
+    the default, and holding it to one slot of two cut 8 clients' recalls/s by 17%).
     See :mod:`heed.runtime.slots`."""
     return BUDGET_SIZES[budget][1] / BUDGET_SIZES["low"][1], budget == "high"
 
