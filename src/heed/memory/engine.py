@@ -42,7 +42,7 @@ from heed.memory.models import (
 from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
 from heed.memory.recall.rerank import Reranker
 from heed.memory.retain import plan_documents, prepare_documents
-from heed.memory.store import MemoryStore, UnitFilter, WriteResult
+from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
 from heed.memory.vectors import BankIndexes, StoreVectors, VectorSearch
 from heed.runtime import (
     CancellationToken,
@@ -156,6 +156,18 @@ class MemoryEngine:
             work.done.set()
             self._work.get(bank.ref, set()).discard(work)
 
+    @asynccontextmanager
+    async def _bank_gone_is_not_found(self, bank: Bank) -> AsyncIterator[None]:
+        """Turn a store's :class:`BankGone` (another process deleted the bank after this
+        one looked it up) into :class:`NotFound` naming the bank, and forget what this
+        process keeps of the bank (its cached row and vector index)."""
+        try:
+            yield
+        except BankGone as exc:
+            self._bank_cache.pop((bank.tenant, bank.bank_id), None)
+            self.indexes.drop(bank.ref)
+            raise NotFound(f"bank {bank.bank_id!r} not found (it was deleted)") from exc
+
     def in_flight(self, bank: Bank) -> int:
         """How many pieces of work are running on *bank*."""
         return len(self._work.get(bank.ref, ()))
@@ -219,7 +231,15 @@ class MemoryEngine:
             config = fields.get("config") or {}
             bank.config.update({k: v for k, v in config.items() if v is not None})
             self._bank_cache.pop((tenant, bank_id), None)
-            return await run_in_thread(self.store.save_bank, bank)
+            try:
+                return await run_in_thread(self.store.save_bank, bank)
+            except BankGone as exc:  # deleted by another process since the read above
+                self.indexes.drop(bank.ref)
+                if create:
+                    raise Conflict(
+                        f"bank {bank_id!r} was deleted while this request ran; retry to create it"
+                    ) from exc
+                raise NotFound(f"bank {bank_id!r} not found") from exc
 
     async def list_banks(self, limit: int, offset: int) -> tuple[list[tuple[Bank, int]], int]:
         """The current tenant's banks with their unit counts, and the total."""
@@ -284,13 +304,15 @@ class MemoryEngine:
         batches), and between documents; a document is written whole or not at
         all. Under *idempotency_key* a retry writes only the documents an earlier
         attempt did not (see :mod:`heed.memory.idempotency`). Raises
-        ``OperationCancelled``, :class:`NotFound` if the bank was deleted meanwhile,
-        ``IdempotencyConflict`` when the key was used for a different request.
+        ``OperationCancelled``, :class:`NotFound` if the bank was deleted meanwhile
+        (here, or by another process: then by the first document's write, which
+        writes nothing), ``IdempotencyConflict`` when the key was used for a
+        different request.
         """
         self.validate_items(items)
         tags = document_tags or []
         plans = plan_documents(items, tags, idempotency_key)
-        async with self.track(bank), self.retain_lane.slot():
+        async with self.track(bank), self.retain_lane.slot(), self._bank_gone_is_not_found(bank):
             key: RetainKey | None = None
             recorded: dict[int, LedgerEntry] = {}
             if idempotency_key:

@@ -18,9 +18,43 @@ from typing import Any, Protocol
 import numpy as np
 
 from heed.memory.idempotency import LedgerEntry, RetainKey
-from heed.memory.models import Bank, BankStats, DocumentInfo, PreparedDocument, StoredUnit
+from heed.memory.models import (
+    Bank,
+    BankStats,
+    Conflict,
+    DocumentInfo,
+    NotFound,
+    PreparedDocument,
+    StoredUnit,
+)
 
-__all__ = ["MemoryStore", "UnitFilter", "VectorRows", "VectorSearchingStore", "WriteResult"]
+__all__ = [
+    "BankGone",
+    "BankTaken",
+    "MemoryStore",
+    "UnitFilter",
+    "VectorRows",
+    "VectorSearchingStore",
+    "WriteResult",
+]
+
+
+class BankGone(NotFound):
+    """A write found its bank's row gone: another process or instance deleted the bank
+    after this one looked it up. The write changed nothing (the check runs inside its
+    transaction, before any row is written)."""
+
+    def __init__(self, bank_ref: str) -> None:
+        super().__init__("bank not found: it was deleted while this request ran")
+        self.bank_ref = bank_ref
+
+
+class BankTaken(Conflict):
+    """Creating a bank found its ``(tenant, bank_id)`` taken: another process or instance
+    created it after this one looked. Nothing was written; a retry updates that bank."""
+
+    def __init__(self, bank_id: str) -> None:
+        super().__init__(f"bank {bank_id!r} was created by another request meanwhile; retry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +99,12 @@ class MemoryStore(Protocol):
     def list_banks(
         self, tenant: str, limit: int, offset: int
     ) -> tuple[list[tuple[Bank, int]], int]: ...
-    def save_bank(self, bank: Bank) -> Bank: ...
+    def save_bank(self, bank: Bank) -> Bank:
+        """Create *bank* (``created_at`` empty) or update it. Raises :class:`BankGone` when
+        updating a bank whose row is gone, :class:`BankTaken` when creating a bank whose
+        ``(tenant, bank_id)`` another bank holds."""
+        ...
+
     def delete_bank(self, bank_ref: str) -> int: ...
     def bank_stats(self, bank_ref: str) -> BankStats: ...
 
@@ -78,7 +117,8 @@ class MemoryStore(Protocol):
     ) -> WriteResult:
         """Write one document; with *ledger* (key, document index) also its ledger entry, in
         the same transaction. Raises ``IdempotencyConflict`` when that entry exists already
-        (a concurrent retry of the same key)."""
+        (a concurrent retry of the same key), :class:`BankGone` (writing nothing) when the
+        bank's row is gone."""
         ...
 
     def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from heed.memory.models import Bank, DocumentInfo, PreparedUnit, StoredUnit
+from heed.memory.store import BankGone, BankTaken
 from heed.memory.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
 
 __all__ = [
@@ -22,10 +23,12 @@ __all__ = [
     "UNIT_COLUMNS",
     "bank_from_row",
     "document_from_row",
+    "insert_bank",
     "iso",
     "join_append",
     "loads",
     "now_iso",
+    "require_bank",
     "unit_from_row",
 ]
 
@@ -62,6 +65,29 @@ def join_append(
         (int(r["seq"]), gains) for r, gains in zip(stored, gains_stored, strict=True) if gains
     ]
     return updates, joined
+
+
+def require_bank(conn: Any, bank_ref: str) -> None:
+    """Raise :class:`BankGone` unless the bank's row exists. Called inside a write
+    transaction before its first row, so a write into a bank that another process deleted
+    writes nothing (instead of failing on a foreign key)."""
+    if conn.execute("SELECT 1 FROM memory_banks WHERE ref = ?", (bank_ref,)).fetchone() is None:
+        raise BankGone(bank_ref)
+
+
+def insert_bank(conn: Any, bank: Bank, values: Sequence[Any]) -> None:
+    """Insert a new bank row (*values*: the columns ``ref, tenant, bank_id, name, mission,
+    background, disposition, config, created_at, updated_at``). Raises :class:`BankTaken`
+    when another bank holds ``(tenant, bank_id)``: another process created it after this
+    one looked (the check-then-insert is atomic only within one process)."""
+    cursor = conn.execute(
+        "INSERT INTO memory_banks (ref, tenant, bank_id, name, mission, background,"
+        " disposition, config, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)"
+        " ON CONFLICT (tenant, bank_id) DO NOTHING",
+        tuple(values),
+    )
+    if cursor.rowcount != 1:
+        raise BankTaken(bank.bank_id)
 
 
 def now_iso() -> str:

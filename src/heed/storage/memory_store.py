@@ -29,7 +29,7 @@ from heed.memory.models import (
     PreparedUnit,
     StoredUnit,
 )
-from heed.memory.store import UnitFilter, VectorRows, WriteResult
+from heed.memory.store import BankGone, UnitFilter, VectorRows, WriteResult
 from heed.memory.units import with_neighbours
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
@@ -38,9 +38,11 @@ from heed.storage.memory_rows import (
     UNIT_COLUMNS,
     bank_from_row,
     document_from_row,
+    insert_bank,
     iso,
     join_append,
     now_iso,
+    require_bank,
     unit_from_row,
 )
 
@@ -240,12 +242,12 @@ class SqliteMemoryStore:
             row = conn.execute(
                 "SELECT created_at FROM memory_banks WHERE ref = ?", (bank.ref,)
             ).fetchone()
-            bank.updated_at = now
             if row is None:
-                bank.created_at = now
-                conn.execute(
-                    "INSERT INTO memory_banks (ref, tenant, bank_id, name, mission, background,"
-                    " disposition, config, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                if bank.created_at:
+                    raise BankGone(bank.ref)  # read as existing, deleted since
+                insert_bank(
+                    conn,
+                    bank,
                     (
                         bank.ref,
                         bank.tenant,
@@ -259,7 +261,9 @@ class SqliteMemoryStore:
                         now,
                     ),
                 )
+                bank.created_at = bank.updated_at = now
             else:
+                bank.updated_at = now
                 bank.created_at = row["created_at"]
                 conn.execute(
                     "UPDATE memory_banks SET name = ?, mission = ?, background = ?,"
@@ -389,6 +393,7 @@ class SqliteMemoryStore:
         token = bank_token(bank_ref)
         added: list[tuple[int, str]] = []
         with self.db.write() as conn:
+            require_bank(conn, bank_ref)
             if ledger is not None:
                 self._record_ledger(conn, bank_ref, document, *ledger)
             removed: list[int] = []

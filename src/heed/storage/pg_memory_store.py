@@ -92,7 +92,7 @@ from heed.memory.models import (
     PreparedUnit,
     StoredUnit,
 )
-from heed.memory.store import UnitFilter, VectorRows, WriteResult
+from heed.memory.store import BankGone, UnitFilter, VectorRows, WriteResult
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
 from heed.storage.memory_rows import (
@@ -100,9 +100,11 @@ from heed.storage.memory_rows import (
     UNIT_COLUMNS,
     bank_from_row,
     document_from_row,
+    insert_bank,
     iso,
     join_append,
     now_iso,
+    require_bank,
     unit_from_row,
 )
 from heed.storage.memory_store import ENTITY_LINKS_PER_ENTITY, bank_token
@@ -551,12 +553,12 @@ class PgMemoryStore:
             row = conn.execute(
                 "SELECT created_at FROM memory_banks WHERE ref = ? FOR UPDATE", (bank.ref,)
             ).fetchone()
-            bank.updated_at = now
             if row is None:
-                bank.created_at = now
-                conn.execute(
-                    "INSERT INTO memory_banks (ref, tenant, bank_id, name, mission, background,"
-                    " disposition, config, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                if bank.created_at:
+                    raise BankGone(bank.ref)  # read as existing, deleted since
+                insert_bank(
+                    conn,
+                    bank,
                     (
                         bank.ref,
                         _text(bank.tenant),
@@ -570,7 +572,9 @@ class PgMemoryStore:
                         now,
                     ),
                 )
+                bank.created_at = bank.updated_at = now
             else:
+                bank.updated_at = now
                 bank.created_at = row["created_at"]
                 conn.execute(
                     "UPDATE memory_banks SET name = ?, mission = ?, background = ?,"
@@ -697,6 +701,7 @@ class PgMemoryStore:
         document_id = _text(document.document_id)
         with self.db.write() as conn:
             self._lock_bank(conn, bank_ref)
+            require_bank(conn, bank_ref)  # under the lock delete_bank takes too
             if ledger is not None:
                 self._record_ledger(conn, bank_ref, document, *ledger)
             removed: list[int] = []
