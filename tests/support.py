@@ -12,6 +12,8 @@ from typing import Any, Generic, TypeVar
 
 import uvicorn
 
+from heed.api.server import server_config
+
 AppT = TypeVar("AppT")  # a FastAPI app, or any ASGI app
 
 
@@ -38,7 +40,15 @@ class LiveServer(Generic[AppT]):
 def live_server(app: AppT, *, timeout: float = 20.0) -> Iterator[LiveServer[AppT]]:
     """Serve *app* with uvicorn on 127.0.0.1 in a background thread until the block exits."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    services = getattr(getattr(app, "state", None), "services", None)
+    if services is not None:  # a heed app: served as `heed serve` serves it
+        config = server_config(
+            app, services.settings, host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        )
+    else:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

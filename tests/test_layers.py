@@ -15,9 +15,11 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "version": set(),
     "settings": set(),
+    "redact": set(),
+    "logs": set(),
     "runs": {"runtime", "errors"},
     "llm": {"runtime", "errors", "settings"},
-    "storage": {"runtime", "errors", "memory", "runs", "sessions"},
+    "storage": {"runtime", "errors", "memory", "runs", "sessions", "redact"},
     "memory": {"runtime", "errors", "settings", "runs"},
     "reflect": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
@@ -50,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
         "mcp",
     },
     # ``storage``: the migrate command works on databases, not through a server.
-    "cli": {"api", "mcp", "settings", "version", "storage"},
+    "cli": {"api", "mcp", "settings", "version", "storage", "logs", "redact"},
 }
 
 

@@ -22,7 +22,7 @@ from heed.reflect.service import ReflectService
 from heed.runs.broker import Broker, InProcessBroker
 from heed.runs.kinds import KindSpec
 from heed.runs.manager import RunManager
-from heed.runtime import Lane, Lanes
+from heed.runtime import Lane, Lanes, run_in_thread
 from heed.runtime.offload import configure_thread_pool, preload_in_processes
 from heed.sessions.service import TASK, TURN, SessionService
 from heed.sessions.task import TaskRunner
@@ -32,6 +32,7 @@ from heed.sessions.wiring import ProviderSlot, RunServices
 from heed.settings import Settings
 from heed.storage import Database, SqlDatabase
 from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
 
@@ -113,6 +114,7 @@ class Services:
     retain_operations: RetainOperations = field(init=False)
     runs: RunServices = field(init=False)
     model_warmup: ModelWarmup = field(init=False)
+    revocation_store: SqlRevocationStore = field(init=False)
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -128,6 +130,7 @@ class Services:
         memory_store = _memory_store(self.database, embedder.dim)
         run_store = SqlRunStore(self.database)
         session_store = SqlSessionStore(self.database)
+        self.revocation_store = SqlRevocationStore(self.database)  # UI logouts
 
         # Signalling and the run machinery: in-process, or Redis between processes.
         broker = _broker(settings)
@@ -141,6 +144,8 @@ class Services:
             reaper_interval=settings.run_reaper_interval,
             poll_interval=settings.stream_poll_seconds,
             journal_retention=settings.run_journal_retention_seconds,
+            max_queued_per_session=settings.max_queued_turns_per_session,
+            queue_sweep_interval=settings.run_queue_sweep_seconds,
         )
 
         # The domains.
@@ -201,6 +206,7 @@ class Services:
         if start_broker is not None:
             await start_broker()  # fails fast when Redis is unreachable
         await self.memory.start()
+        await run_in_thread(self.revocation_store.migrate)
         await self.runs.start()  # after other domains: recovery may start their runs
         self.model_warmup.start()  # in the background: serving does not wait for it
 

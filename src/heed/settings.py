@@ -6,10 +6,15 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "default_data_dir"]
+__all__ = ["InvalidSettings", "Settings", "default_data_dir", "load_settings"]
+
+
+class InvalidSettings(ValueError):
+    """Settings that do not validate; the message names each field and never its value
+    (values are keys, passwords and URLs that carry them)."""
 
 
 def default_data_dir() -> Path:
@@ -65,6 +70,27 @@ class Settings(BaseSettings):
         default=12.0, gt=0, description="How long a web UI login lasts."
     )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    # Connections (heed.api.connection): what a client may hold open without sending.
+    max_head_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="Longest request line and headers; past it: 431 and the connection closes.",
+    )
+    head_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this of the connection "
+        "opening (or of the previous response); else 408 and close.",
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest gap in a request body; past it the connection closes and the "
+        "request is abandoned.",
+    )
+    keep_alive_seconds: int = Field(
+        default=5, ge=1, description="An idle kept-alive connection closes after this."
+    )
     max_in_flight: int = Field(
         default=128,
         ge=1,
@@ -75,6 +101,32 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         description="The most of those one tenant may hold (default: three quarters).",
+    )
+    public_max_in_flight: int = Field(
+        default=16,
+        ge=1,
+        description="Requests without credentials to public paths (login, UI files) in "
+        "flight at once, counted apart from the tenants' (with HEED_API_KEYS).",
+    )
+    auth_max_failures: int = Field(
+        default=20,
+        ge=0,
+        description="Failed authentications (401s) one client address may have in "
+        "HEED_AUTH_FAILURE_WINDOW_SECONDS before its key attempts get 429; 0: no limit.",
+    )
+    auth_failure_window_seconds: float = Field(default=60.0, gt=0)
+    # MCP sessions at /mcp (heed.mcp.sessions).
+    mcp_sessions_per_tenant: int = Field(
+        default=100,
+        ge=1,
+        description="Open MCP sessions one tenant may hold at /mcp; opening one more is "
+        "refused with 429 until one ends (DELETE /mcp, or idle expiry).",
+    )
+    mcp_max_sessions: int = Field(
+        default=10_000, ge=1, description="Open MCP sessions in all; past it: 503."
+    )
+    mcp_session_idle_seconds: float = Field(
+        default=1800.0, gt=0, description="An MCP session with no request for this long ends."
     )
 
     # Lanes: concurrent slots and queue length per kind of work.
@@ -112,7 +164,19 @@ class Settings(BaseSettings):
     )
     stream_heartbeat_seconds: float = Field(default=10.0, gt=0)
     stream_poll_seconds: float = Field(
-        default=1.0, gt=0, description="Tailing readers re-check the journal this often."
+        default=20.0,
+        gt=0,
+        description="An idle stream re-reads the journal this often, as a fallback to the "
+        "broker's wake-ups (several processes on one SQLite file without Redis: set ~1).",
+    )
+    run_queue_sweep_seconds: float = Field(
+        default=30.0, gt=0, description="Seconds between the reaper's sweeps for queued runs."
+    )
+    max_queued_turns_per_session: int = Field(
+        default=32, ge=1, description="Queued turns one session may hold (enqueue past it: 429)."
+    )
+    tenant_max_streams: int = Field(
+        default=500, ge=1, description="Open SSE streams one tenant may hold per process (429)."
     )
     turn_max_steps: int = Field(default=6, ge=1, description="Model calls per turn (tool loops).")
     shutdown_grace_seconds: int = Field(
@@ -238,7 +302,8 @@ class Settings(BaseSettings):
     def _check_database_url(cls, value: str | None) -> str | None:
         if value and value.split("://", 1)[0] not in ("postgresql", "postgres"):
             raise ValueError(
-                f"HEED_DATABASE_URL must be a postgresql:// URL (unset for SQLite), got {value!r}"
+                "HEED_DATABASE_URL must be a postgresql:// URL (unset for SQLite), got one "
+                f"starting {value.split(':', 1)[0][:20]!r}"
             )
         return value or None
 
@@ -246,7 +311,10 @@ class Settings(BaseSettings):
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
         if value and value.split("://", 1)[0] not in ("redis", "rediss", "unix"):
-            raise ValueError(f"HEED_REDIS_URL must be a redis:// URL, got {value!r}")
+            raise ValueError(
+                "HEED_REDIS_URL must be a redis://, rediss:// or unix:// URL, got one starting "
+                f"{value.split(':', 1)[0][:20]!r}"
+            )
         return value or None
 
     @field_validator("allowed_hosts", mode="before")
@@ -262,9 +330,28 @@ class Settings(BaseSettings):
         if not isinstance(value, str):
             return value
         keys: dict[str, str] = {}
-        for pair in filter(None, (p.strip() for p in value.split(","))):
+        for number, pair in enumerate(filter(None, (p.strip() for p in value.split(","))), 1):
             key, sep, tenant = pair.partition("=")
             if not sep or not key.strip() or not tenant.strip():
-                raise ValueError(f"HEED_API_KEYS entries look like key=tenant, got {pair!r}")
+                # never the entry itself: it is a key
+                raise ValueError(
+                    f"HEED_API_KEYS entries look like key=tenant; entry {number} does not"
+                )
             keys[key.strip()] = tenant.strip()
         return keys
+
+
+def load_settings(**overrides: object) -> Settings:
+    """:class:`Settings` from the environment and *overrides*.
+
+    Raises :class:`InvalidSettings` naming every field that does not validate, without its
+    value (pydantic's own message quotes the input, which may be a key or a password).
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_input=False, include_url=False):
+            field = ".".join(str(part) for part in error["loc"]) or "settings"
+            problems.append(f"HEED_{field.upper()}: {error['msg']}")
+        raise InvalidSettings("invalid settings: " + "; ".join(problems)) from None

@@ -1,13 +1,20 @@
 """Admission at the edge: how many requests are being worked on, in total and per tenant.
 
-A request is *in flight* from the moment the lifecycle middleware has identified its
-caller until its response starts (the status line is sent) or it ends. That is the part
-that costs CPU -- reading and checking the body, validation, the route's work -- and it is
-what a storm piles up; a long-lived stream that has started answering (an SSE tail, idle
-between events) is not in flight. Past ``max_in_flight`` in total, or past
-``per_tenant`` for the caller's tenant, a request is refused at once with 503 and
-``Retry-After``, before its body is read: the refusal costs a few microseconds, and one
-tenant's storm leaves ``max_in_flight - per_tenant`` places for everybody else.
+A request is *in flight* from the moment its body has arrived until its response starts
+(the status line is sent) or it ends. That is the part that costs CPU -- checking the
+body, validation, the route's work -- and it is what a storm piles up; a long-lived stream
+that has started answering (an SSE tail, idle between events) is not in flight, and
+neither is a request whose client has not finished sending its body (that costs nothing
+but a socket, and the connection's body timeout bounds it: :mod:`heed.api.connection`).
+Past ``max_in_flight`` in total, or past ``per_tenant`` for the caller's tenant, a request
+is refused at once with 503 and ``Retry-After``: checked once before its body is read
+(:meth:`Admission.refusal`, so a storm's refusals cost a few microseconds) and again when
+it takes its place (:meth:`Admission.enter`). One tenant's storm leaves
+``max_in_flight - per_tenant`` places for everybody else.
+
+Requests without credentials to public paths (the login, the UI's files) are one
+anonymous caller; they are counted by an admission of their own, so they can neither
+take the tenants' places nor be locked out by them.
 
 Written by hand: it is two counters and a dict, on the one event loop; no library bounds
 ASGI requests per tenant before the body is read.
@@ -44,8 +51,10 @@ class Admission:
         self._by_tenant: dict[str, int] = {}
         self.refused_total = 0
 
-    def enter(self, tenant: str) -> Ticket | str:
-        """A ticket, or why the request is refused (its 503 detail)."""
+    def refusal(self, tenant: str) -> str | None:
+        """Why a request of *tenant* would be refused now (its 503 detail), or None.
+
+        Takes nothing: a refusal is counted in ``refused_total``."""
         if self.in_flight >= self.max_in_flight:
             self.refused_total += 1
             return f"the server is at capacity ({self.max_in_flight} requests in progress)"
@@ -53,6 +62,14 @@ class Admission:
         if mine >= self.per_tenant:
             self.refused_total += 1
             return f"this tenant has {mine} requests in progress, the most one tenant may have"
+        return None
+
+    def enter(self, tenant: str) -> Ticket | str:
+        """A ticket, or why the request is refused (its 503 detail)."""
+        refused = self.refusal(tenant)
+        if refused is not None:
+            return refused
+        mine = self._by_tenant.get(tenant, 0)
         self.in_flight += 1
         self._by_tenant[tenant] = mine + 1
         return Ticket(tenant)

@@ -16,6 +16,7 @@ from heed.api.errors import install_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
 from heed.api.openapi import install_openapi
+from heed.api.revocations import Revocations
 from heed.api.routes import (
     auth,
     banks,
@@ -29,7 +30,9 @@ from heed.api.routes import (
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
 from heed.api.run_metrics import install_run_metrics
-from heed.mcp import build_mcp_server, http_routes, session_lifespan
+from heed.api.streams import StreamSlots
+from heed.api.throttle import FailureThrottle
+from heed.mcp import build_mcp_server, http_endpoint
 from heed.services import Services
 from heed.settings import Settings
 from heed.version import __version__
@@ -60,25 +63,36 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     """Build the heed app; :class:`RequestLifecycleMiddleware` is outermost."""
     settings = settings or (services.settings if services else Settings())
     services = services or Services(settings)
-    mcp_server = build_mcp_server(services)
+    mcp = http_endpoint(build_mcp_server(services), settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.start()
         try:
-            async with session_lifespan(mcp_server):
+            async with mcp.sessions():
                 yield
         finally:
             await services.close()
 
     # No redirect_slashes: an id ending in "/" would be redirected to another object's URL.
-    app = HeedApp(title="heed", version=__version__, lifespan=lifespan, redirect_slashes=False)
+    # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from a CDN, into heed's
+    # origin; the schema is at /openapi.json for any viewer a client runs itself.
+    app = HeedApp(
+        title="heed",
+        version=__version__,
+        lifespan=lifespan,
+        redirect_slashes=False,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.services = services
     app.state.metrics = Metrics(services.lanes)
     app.state.burn_records = OrderedDict()
     app.state.authenticator = authenticator_of(settings)
     app.state.drain = Drain()
+    app.state.revocations = Revocations(services.revocation_store)
     app.state.admission = Admission(settings.max_in_flight, settings.tenant_max_in_flight)
+    app.state.stream_slots = StreamSlots(settings.tenant_max_streams)
     install_error_handlers(app)
     app.state.retain_operations = services.retain_operations
     for memory_router in (banks, memories, documents, operations, reflect):
@@ -90,7 +104,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_run_metrics(app.state.metrics.registry, services.runs.manager)
     if settings.enable_diagnostics:
         app.include_router(diagnostics.router)
-    app.router.routes.extend(http_routes(mcp_server))  # /mcp: heed's MCP server
+    app.router.routes.extend(mcp.routes)  # /mcp: heed's MCP server
     mount_web(app)
     install_openapi(app)
     app.lifecycle = RequestLifecycleMiddleware(
@@ -100,6 +114,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         max_body_bytes=settings.max_body_bytes,
         drain=app.state.drain,
         admission=app.state.admission,
+        public_admission=Admission(settings.public_max_in_flight),
+        throttle=FailureThrottle(settings.auth_max_failures, settings.auth_failure_window_seconds),
+        revocations=app.state.revocations,
     )
     return app
 

@@ -9,12 +9,14 @@ The model (``docs/security.md`` explains it for operators):
   to 127.0.0.1 sends ``Host: attacker.example`` and is refused.
 - **Keys**: every request carries ``Authorization: Bearer <key>``, which names
   its tenant, or the UI's session cookie. ``POST /v1/auth/login`` with a key sets
-  ``heed_session`` (HttpOnly, SameSite=Strict): the tenant's key hash and a
-  timestamp, signed with the key itself, so every instance can verify it
-  without shared state and removing a key from ``HEED_API_KEYS`` ends its
-  sessions. A cookie-authenticated request that changes something must also
-  send ``X-Heed-CSRF`` equal to the ``heed_csrf`` cookie (double submit; the
-  value is derived from the session, so nothing is stored).
+  ``heed_session`` (HttpOnly, SameSite=Strict): the tenant's key hash, a random
+  session id and a timestamp, signed with the key itself, so every instance can
+  verify it without shared state and removing a key from ``HEED_API_KEYS`` ends
+  its sessions. Logging out ends one session everywhere: its id is recorded in
+  the database and refused from then on (:mod:`heed.api.revocations`). A
+  cookie-authenticated request that changes something must also send
+  ``X-Heed-CSRF`` equal to the ``heed_csrf`` cookie (double submit; the value
+  is derived from the session, so nothing is stored).
 - **Public paths** answer without credentials and reveal nothing: ``/health``,
   the UI's static page and assets, and the login endpoint.
 - ``/metrics`` aggregates every tenant's traffic, so with keys it needs the
@@ -27,6 +29,7 @@ import functools
 import hashlib
 import hmac
 import ipaddress
+import secrets
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
 from typing import Final
@@ -88,6 +91,8 @@ class Identity:
     tenant: str
     principal: str | None
     via_cookie: bool = False
+    #: The UI session's id when the request came with a session cookie.
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,15 +197,18 @@ class Authenticator:
         value = cookies.get(SESSION_COOKIE)
         if not value:
             return None
-        key = self._verify_session(value)
-        if key is None:
+        verified = self._verify_session(value)
+        if verified is None:
             return Refusal(401, "the UI session has expired or its key was revoked; log in again")
+        key, session_id, _ = verified
         if method not in _SAFE_METHODS:
             sent = _header(headers, CSRF_HEADER.encode()) or ""
             # bytes, not str: compare_digest refuses non-ASCII str (a client-chosen 500)
             if not hmac.compare_digest(sent.encode(), self._csrf_for(key, value).encode()):
                 return Refusal(403, "missing or wrong X-Heed-CSRF header for a cookie session")
-        return Identity(self.api_keys[key], principal_of(key), via_cookie=True)
+        return Identity(
+            self.api_keys[key], principal_of(key), via_cookie=True, session_id=session_id
+        )
 
     def _metrics_identity(
         self, headers: list[tuple[bytes, bytes]], client_host: str | None
@@ -225,7 +233,9 @@ class Authenticator:
         tenant = self.api_keys.get(key)
         if tenant is None:
             return None
-        value = self._signer(key).sign(principal_of(key).removeprefix("key:")).decode()
+        session_id = secrets.token_urlsafe(16)
+        payload = f"{principal_of(key).removeprefix('key:')}-{session_id}"
+        value = self._signer(key).sign(payload).decode()
         return UISession(
             tenant=tenant,
             session_cookie=value,
@@ -236,18 +246,31 @@ class Authenticator:
     def csrf_token(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """The CSRF token of the request's valid session cookie, if any."""
         value = _cookies(headers).get(SESSION_COOKIE)
-        key = self._verify_session(value) if value else None
-        return None if key is None or value is None else self._csrf_for(key, value)
+        verified = self._verify_session(value) if value else None
+        return None if verified is None or value is None else self._csrf_for(verified[0], value)
 
-    def _verify_session(self, value: str) -> str | None:
-        key = self._keys_by_principal.get(value.partition(".")[0])
-        if key is None:
+    def session_of(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, float] | None:
+        """The id of the request's valid UI session and when it expires (epoch seconds)."""
+        value = _cookies(headers).get(SESSION_COOKIE)
+        verified = self._verify_session(value) if value else None
+        if verified is None:
             return None
+        _, session_id, signed_at = verified
+        return session_id, signed_at + self.session_seconds
+
+    def _verify_session(self, value: str) -> tuple[str, str, float] | None:
+        """The key, session id and signing time of a session cookie that verifies."""
+        prefix, _, rest = value.partition(".")[0].partition("-")
+        key = self._keys_by_principal.get(prefix)
+        if key is None or not rest:
+            return None  # a cookie from before session ids: log in again
         try:
-            self._signer(key).unsign(value, max_age=self.session_seconds)
+            _, signed_at = self._signer(key).unsign(
+                value, max_age=self.session_seconds, return_timestamp=True
+            )
         except BadSignature:  # SignatureExpired is a BadSignature
             return None
-        return key
+        return key, rest, signed_at.timestamp()
 
     @staticmethod
     def _signer(key: str) -> TimestampSigner:

@@ -4,11 +4,16 @@ A pure ASGI middleware installed outermost, so that nothing can hide the
 client's ``http.disconnect`` from it (Starlette's ``BaseHTTPMiddleware`` does
 exactly that to everything inside it). For each HTTP request it:
 
-1. refuses new work while the server drains for shutdown (503, ``Retry-After``);
-2. authenticates (:mod:`heed.api.auth`: bearer key, UI cookie, Host allow-list);
+1. refuses new work while the server drains for shutdown (503, ``Retry-After``), and a
+   path or query string holding NUL (400, :func:`heed.api.input_rules.url_problem`);
+2. authenticates (:mod:`heed.api.auth`: bearer key, UI cookie, Host allow-list), after
+   the key-guessing throttle (:mod:`heed.api.throttle`: 429 for an address that failed
+   too often; every 401 counts against it);
 3. admits it (:mod:`heed.api.admission`): past the in-flight bound, in total or for the
-   caller's tenant, it is refused with 503 and ``Retry-After`` before its body is read;
-   the place is given back when the response starts;
+   caller's tenant, it is refused with 503 and ``Retry-After`` before its body is read,
+   and it takes its place only once the body has arrived, so a client that never sends
+   its body holds no place; the place is given back when the response starts. Callers
+   without credentials on public paths have an admission of their own;
 4. reads the body, answering 413 once it passes ``max_body_bytes``, and 400 when
    it breaks the text rule (:mod:`heed.api.input_rules`);
 5. creates the request's :class:`~heed.runtime.CancellationToken` and
@@ -18,6 +23,10 @@ exactly that to everything inside it). For each HTTP request it:
    calls are served from what the watcher read;
 7. records the outcome: ``OperationCancelled`` escaping the app becomes 499,
    which is logged with its reason and counted as a cancellation, not a failure.
+
+Every response carries the security headers (:data:`SECURITY_HEADERS`: no framing, a
+same-origin content policy, ``nosniff``). ``HEAD`` is answered as ``GET`` without the
+body (uvicorn drops it); a streaming response is ended after its first chunk.
 
 Routes opt out of cancel-on-disconnect with
 :func:`heed.api.policies.continue_on_disconnect`.
@@ -34,21 +43,37 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from heed.api.admission import Admission
-from heed.api.auth import Authenticator, Identity, Refusal
+from heed.api.admission import Admission, Ticket
+from heed.api.auth import ANONYMOUS_TENANT, Authenticator, Identity, Refusal
 from heed.api.drain import Drain
-from heed.api.input_rules import body_problem
+from heed.api.input_rules import body_problem, url_problem
 from heed.api.metrics import Metrics
+from heed.api.revocations import Revocations
+from heed.api.throttle import FailureThrottle
 from heed.runtime import OperationCancelled, RequestContext, run_in_thread, use_context
 from heed.runtime.cancellation import CancellationToken
 
-__all__ = ["CLIENT_DISCONNECTED", "RequestLifecycleMiddleware"]
+__all__ = ["CLIENT_DISCONNECTED", "SECURITY_HEADERS", "RequestLifecycleMiddleware"]
 
 CLIENT_DISCONNECTED: Final = "client disconnected"
 STATUS_CLIENT_CLOSED: Final = 499
 _OFFLOAD_BODY_BYTES: Final = 64 * 1024
 #: Cheap answers that must stay available under any load (load balancers, scrapers).
 _NOT_ADMITTED: Final = frozenset({"/health", "/metrics"})
+HEAD_ANSWERED: Final = "HEAD answered"
+
+#: On every response. The UI loads nothing from another origin and runs no inline script
+#: or style, so its policy can be ``'self'`` throughout; no page of heed may be framed.
+SECURITY_HEADERS: Final = (
+    (
+        b"content-security-policy",
+        b"default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+        b"form-action 'self'; frame-ancestors 'none'",
+    ),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
 
 log = logging.getLogger("heed.http")
 
@@ -77,6 +102,37 @@ def _detail(message: str) -> str:
 
 class _BodyTooLarge(Exception):
     pass
+
+
+def _leaving_on_start(send: Send, gate: Admission, ticket: Ticket) -> Send:
+    """*send* that gives *ticket*'s place back as the response starts."""
+
+    async def send_then_leave(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            gate.leave(ticket)  # answering: no longer the expensive part
+        await send(message)
+
+    return send_then_leave
+
+
+def _head_only(send: Send, token: CancellationToken) -> Send:
+    """*send* for a HEAD request: the head and an empty body; a longer (streaming) body
+    ends there and its work is cancelled."""
+    finished = False
+
+    async def send_head(message: Message) -> None:
+        nonlocal finished
+        if message["type"] != "http.response.body":
+            await send(message)
+            return
+        if finished:
+            return
+        finished = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if message.get("more_body", False):
+            token.cancel(HEAD_ANSWERED)
+
+    return send_head
 
 
 class _ReceiveOwner:
@@ -149,6 +205,9 @@ class RequestLifecycleMiddleware:
         max_body_bytes: int,
         drain: Drain | None = None,
         admission: Admission | None = None,
+        public_admission: Admission | None = None,
+        throttle: FailureThrottle | None = None,
+        revocations: Revocations | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -156,6 +215,11 @@ class RequestLifecycleMiddleware:
         self.max_body_bytes = max_body_bytes
         self.drain = drain or Drain()
         self.admission = admission
+        self.public_admission = public_admission or (
+            Admission(16) if admission is not None else None
+        )
+        self.throttle = throttle or FailureThrottle()
+        self.revocations = revocations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -164,55 +228,78 @@ class RequestLifecycleMiddleware:
 
         started = time.perf_counter()
         status_holder: dict[str, Any] = {"status": None}
+        if scope["method"] == "HEAD":  # routed as GET; uvicorn leaves out the body
+            scope = {**scope, "method": "GET"}
+            status_holder["head"] = True
 
         async def send_recording(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_holder["status"] = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), *SECURITY_HEADERS]}
             await send(message)
 
+        client = scope.get("client")
+        address = client[0] if client else None
         try:
-            await self._handle(scope, receive, send_recording, status_holder)
+            await self._handle(scope, receive, send_recording, status_holder, address)
         finally:
             self._record(scope, status_holder, time.perf_counter() - started)
+            if status_holder["status"] == 401:
+                self.throttle.failed(address)
 
     async def _handle(
-        self, scope: Scope, receive: Receive, send: Send, status_holder: dict[str, Any]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status_holder: dict[str, Any],
+        address: str | None,
     ) -> None:
         if self.drain.draining:
             await _send_json(
                 send, 503, _detail("the server is shutting down"), [(b"retry-after", b"1")]
             )
             return
-        client = scope.get("client")
-        identity = self.authenticator.identify(
-            scope.get("method", ""),
-            scope.get("path", ""),
-            scope.get("headers", []),
-            client[0] if client else None,
-        )
+        problem = url_problem(scope.get("path", ""), scope.get("query_string", b""))
+        if problem is not None:
+            await _send_json(send, 400, _detail(problem), [])
+            return
+        path = scope.get("path", "")
+        headers = scope.get("headers", [])
+        if self._authenticates(scope["method"], path, headers):
+            wait = self.throttle.retry_after(address)
+            if wait is not None:
+                message = "too many failed authentications from this address; try again later"
+                await _send_json(send, 429, _detail(message), [(b"retry-after", b"%d" % wait)])
+                return
+        identity = self.authenticator.identify(scope["method"], path, headers, address)
         if isinstance(identity, Refusal):
             headers = [(b"www-authenticate", b"Bearer")] if identity.status == 401 else []
             await _send_json(send, identity.status, _detail(identity.message), headers)
             return
-        if self.admission is None or scope.get("path") in _NOT_ADMITTED:
-            await self._admitted(scope, receive, send, status_holder, identity)
-            return
-        ticket = self.admission.enter(identity.tenant)
-        if isinstance(ticket, str):
-            self.metrics.record_overload("in_flight")
-            await _send_json(send, 503, _detail(ticket), [(b"retry-after", b"1")])
-            return
-        admission = self.admission
+        gate = self._gate(path, identity)
+        if gate is not None:
+            refused = gate.refusal(identity.tenant)
+            if refused is not None:
+                self.metrics.record_overload("in_flight")
+                await _send_json(send, 503, _detail(refused), [(b"retry-after", b"1")])
+                return
+        await self._admitted(scope, receive, send, status_holder, identity, gate)
 
-        async def send_then_leave(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                admission.leave(ticket)  # answering: no longer the expensive part
-            await send(message)
+    def _gate(self, path: str, identity: Identity) -> Admission | None:
+        """The admission that counts this request, or None when it is not counted."""
+        if self.admission is None or path in _NOT_ADMITTED:
+            return None
+        if identity.tenant == ANONYMOUS_TENANT and self.authenticator.keys_required:
+            return self.public_admission
+        return self.admission
 
-        try:
-            await self._admitted(scope, receive, send_then_leave, status_holder, identity)
-        finally:
-            admission.leave(ticket)
+    @staticmethod
+    def _authenticates(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether the request tries a key (a bearer header or a login): what is throttled."""
+        if method == "POST" and path == "/v1/auth/login":
+            return True
+        return any(name == b"authorization" for name, _ in headers)
 
     async def _admitted(
         self,
@@ -221,6 +308,7 @@ class RequestLifecycleMiddleware:
         send: Send,
         status_holder: dict[str, Any],
         identity: Identity,
+        gate: Admission | None,
     ) -> None:
         if self._declared_length(scope) > self.max_body_bytes:
             await _send_json(send, 413, _detail(self._too_large_message()), [])
@@ -238,6 +326,37 @@ class RequestLifecycleMiddleware:
         except _BodyTooLarge:
             await _send_json(send, 413, _detail(self._too_large_message()), [])
             return
+        if identity.session_id is not None and self.revocations is not None:
+            with use_context(ctx):
+                revoked = await self.revocations.is_revoked(identity.session_id)
+            if revoked:
+                message = "the UI session has ended (logged out); log in again"
+                await _send_json(send, 401, _detail(message), [])
+                return
+        ticket = gate.enter(identity.tenant) if gate is not None else None
+        if isinstance(ticket, str):
+            self.metrics.record_overload("in_flight")
+            await _send_json(send, 503, _detail(ticket), [(b"retry-after", b"1")])
+            return
+        if ticket is not None and gate is not None:
+            send = _leaving_on_start(send, gate, ticket)
+        if status_holder.get("head"):
+            send = _head_only(send, token)
+        try:
+            await self._run_app(scope, send, status_holder, owner, ctx)
+        finally:
+            if ticket is not None and gate is not None:
+                gate.leave(ticket)
+
+    async def _run_app(
+        self,
+        scope: Scope,
+        send: Send,
+        status_holder: dict[str, Any],
+        owner: _ReceiveOwner,
+        ctx: RequestContext,
+    ) -> None:
+        token = ctx.token
         problem = await self._body_problem(owner.body, ctx)
         if problem is not None:
             await _send_json(send, 400, _detail(problem), [])

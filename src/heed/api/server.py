@@ -20,17 +20,48 @@ from __future__ import annotations
 
 import logging
 import socket
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
+from heed.api.connection import ConnectionLimits, guarded_protocol
 from heed.api.drain import Drain
 from heed.runtime.heap import freeze_long_lived_objects, limit_malloc_arenas
 from heed.services import Services
+from heed.settings import Settings
 
-__all__ = ["HeedServer", "drain_app"]
+__all__ = ["HeedServer", "drain_app", "server_config"]
 
 log = logging.getLogger(__name__)
+
+
+def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """uvicorn's configuration for *app* on *settings*: the guarded protocol with its
+    head bound and timeouts (:mod:`heed.api.connection`), keep-alive and the drain's grace.
+
+    *overrides* are passed to ``uvicorn.Config`` as they are (tests set ``port``)."""
+    limits = ConnectionLimits(
+        max_head_bytes=settings.max_head_bytes,
+        head_timeout=settings.head_timeout_seconds,
+        body_timeout=settings.body_timeout_seconds,
+    )
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level.lower(),
+        "http": guarded_protocol(limits),
+        "ws": "none",  # heed serves no WebSocket; an upgrade request is answered as HTTP
+        "timeout_keep_alive": settings.keep_alive_seconds,
+        # SIGTERM drains first (heed.api.server): streams get their last event and end;
+        # this bounds the wait for whatever still holds a connection after that.
+        "timeout_graceful_shutdown": settings.shutdown_grace_seconds,
+        # heed.logs configures logging (control characters escaped); uvicorn's loggers
+        # propagate to it instead of installing their own handlers.
+        "log_config": None,
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
 
 
 async def drain_app(app: FastAPI, grace: float) -> None:

@@ -9,7 +9,6 @@ protocol: logs go to stderr.
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
@@ -37,11 +36,15 @@ def mcp(
     api_key: str | None, tenant: str | None, data_dir: Path | None, log_level: str | None
 ) -> None:
     """Serve heed's MCP tools (recall, retain, reflect, start_turn, ...) over stdio."""
+    from heed.logs import configure_logging
     from heed.mcp import serve_stdio
-    from heed.settings import Settings
+    from heed.settings import InvalidSettings, load_settings
 
     overrides = {k: v for k, v in {"data_dir": data_dir, "log_level": log_level}.items() if v}
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    try:
+        settings = load_settings(**overrides)
+    except InvalidSettings as exc:
+        raise click.ClickException(str(exc)) from None
     if api_key is not None and tenant is not None:
         raise click.UsageError("give --api-key or --tenant, not both")
     if api_key is not None:
@@ -50,11 +53,7 @@ def mcp(
         tenant = settings.api_keys[api_key]
     elif tenant is None and settings.api_keys:
         raise click.UsageError("HEED_API_KEYS is set: say whose tools these are with --api-key")
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=settings.log_level.upper(),
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, sys.stderr)
     sys.setswitchinterval(settings.switch_interval_ms / 1000)  # as for `heed serve`
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     asyncio.run(serve_stdio(settings, tenant))

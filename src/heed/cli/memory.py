@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import click
 import httpx
@@ -34,6 +35,12 @@ def _default_url() -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{settings.port}"
+
+
+def _bank_path(bank: str, *rest: str) -> str:
+    """``/v1/default/banks/{bank}/...`` with *bank* quoted as one path segment, so a bank
+    id holding ``/``, ``?`` or ``..`` names that bank and nothing else."""
+    return "/".join(["/v1/default/banks", quote(bank, safe=""), *rest])
 
 
 def _client(url: str | None, api_key: str | None, timeout: float = 600.0) -> httpx.Client:
@@ -123,7 +130,7 @@ def retain(
         if tags:
             item["tags"] = list(dict.fromkeys([*item.get("tags", []), *tags]))
     with _client(url, api_key) as http:
-        _check(http.put(f"/v1/default/banks/{bank}", json={}))
+        _check(http.put(_bank_path(bank), json={}))
         units = 0
         operations: list[str] = []
         with click.progressbar(
@@ -132,7 +139,7 @@ def retain(
             for batch in _batches(items, batch_size):
                 body = _check(
                     http.post(
-                        f"/v1/default/banks/{bank}/memories",
+                        _bank_path(bank, "memories"),
                         json={"items": batch, "async": run_async},
                     )
                 )
@@ -170,7 +177,7 @@ def recall(
     with _client(url, api_key, timeout=120) as http:
         body = _check(
             http.post(
-                f"/v1/default/banks/{bank}/memories/recall",
+                _bank_path(bank, "memories", "recall"),
                 json={"query": query, "budget": budget, "max_tokens": max_tokens, "trace": trace},
             )
         )
@@ -242,8 +249,8 @@ def import_locomo(path: Path, url: str | None, api_key: str | None, prefix: str)
         ) as bar,
     ):
         for bank, sessions in plan:
-            _check(http.put(f"/v1/default/banks/{bank}", json={"name": bank}))
+            _check(http.put(_bank_path(bank), json={"name": bank}))
             for items in sessions.values():
-                _check(http.post(f"/v1/default/banks/{bank}/memories", json={"items": items}))
+                _check(http.post(_bank_path(bank, "memories"), json={"items": items}))
                 bar.update(len(items))
     click.echo(f"imported {total} turns into {len(plan)} banks ({prefix}*)")

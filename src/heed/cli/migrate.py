@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from heed.settings import Settings
+from heed.redact import redact, secrets_of
+from heed.settings import InvalidSettings, load_settings
 
 if TYPE_CHECKING:
     from heed.storage.migrate import MigrationSummary, Verification
@@ -175,13 +176,18 @@ def migrate(
     from heed.storage.migrate import migrate as run_migration
     from heed.storage.migrate import verify as run_verification
 
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except InvalidSettings as exc:
+        raise click.ClickException(str(exc)) from None
     source_value = source or str(settings.database_path())
     target_value = target or settings.database_url
     if not target_value:
         raise click.UsageError(
             "give the PostgreSQL database: --to postgresql://... or set HEED_DATABASE_URL"
         )
+    # Every message below may quote a URL or a driver's echo of it: never its password.
+    secrets = [*secrets_of(target_value), *secrets_of(source_value)]
     factory = engine_factory_for(settings) if verify_queries else None
     bars = _Bars()
     try:
@@ -208,11 +214,13 @@ def migrate(
             assert summary.verification is not None
             verification = summary.verification
     except MigrationError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(redact(str(exc), secrets)) from None
     except psycopg.Error as exc:
-        raise click.ClickException(f"PostgreSQL: {exc}") from exc
+        raise click.ClickException(redact(f"PostgreSQL: {exc}", secrets)) from None
     except sqlite3.Error as exc:
-        raise click.ClickException(f"SQLite: {exc}") from exc
+        raise click.ClickException(redact(f"SQLite: {exc}", secrets)) from None
+    except ValueError as exc:  # a URL that does not parse (a bad %-escape, a bad port)
+        raise click.ClickException(redact(f"invalid database URL: {exc}", secrets)) from None
     finally:
         bars.finish()
     if as_json:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,10 @@ __all__ = ["serve", "version"]
 @click.option("--log-level", default=None, help="debug, info, warning or error.")
 def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: str | None) -> None:
     """Run the heed server."""
-    import uvicorn
-
     from heed.api.app import create_app
-    from heed.api.server import HeedServer
-    from heed.settings import Settings
+    from heed.api.server import HeedServer, server_config
+    from heed.logs import configure_logging
+    from heed.settings import InvalidSettings, load_settings
 
     given: dict[str, Any] = {
         "host": host,
@@ -39,10 +37,11 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
         "log_level": log_level,
     }
     overrides = {k: v for k, v in given.items() if v is not None}
-    settings = Settings(**overrides)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        settings = load_settings(**overrides)
+    except InvalidSettings as exc:
+        raise click.ClickException(str(exc)) from None
+    configure_logging(settings.log_level)
     if not settings.api_keys and settings.host not in {"127.0.0.1", "::1", "localhost"}:
         click.echo(
             f"warning: binding {settings.host} without HEED_API_KEYS; only loopback clients "
@@ -57,15 +56,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
         app = create_app(settings)
     except ConnectionError as exc:  # a configured database that cannot be reached
         raise click.ClickException(str(exc)) from exc
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        # SIGTERM drains first (heed.api.server): streams get their last event and end;
-        # this bounds the wait for whatever still holds a connection after that.
-        timeout_graceful_shutdown=settings.shutdown_grace_seconds,
-    )
+    config = server_config(app, settings)
     HeedServer(config, app).run()
 
 

@@ -42,7 +42,7 @@ class DocumentPlan:
 def plan_documents(
     items: list[RetainItem], document_tags: list[str], key: str | None = None
 ) -> list[DocumentPlan]:
-    """Group items into documents (see the module docstring)."""
+    """Group items into documents (see the module docstring). Linear in the items' tags."""
     plans: dict[str, DocumentPlan] = {}
     order: list[DocumentPlan] = []
     for position, item in enumerate(items):
@@ -59,11 +59,8 @@ def plan_documents(
             plans[item.document_id] = plan_or_none
             order.append(plan_or_none)
         plan_or_none.items.append(item)
-    for plan in order:
-        for item in plan.items:
-            for tag in item.tags:
-                if tag not in plan.tags:
-                    plan.tags.append(tag)
+    for plan in order:  # the document's tags: its own, then its items', first seen first
+        plan.tags = list(dict.fromkeys([*plan.tags, *(t for i in plan.items for t in i.tags)]))
     return order
 
 

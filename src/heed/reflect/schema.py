@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
@@ -58,6 +59,7 @@ __all__ = [
 MAX_SCHEMA_BYTES: Final = 32 * 1024
 MAX_SCHEMA_DEPTH: Final = 32
 MAX_SCHEMA_NODES: Final = 2_000
+MAX_PATTERN_CHARS: Final = 1_000
 #: How long validating the model's JSON against the caller's schema may take.
 VALIDATION_SECONDS: Final = 2.0
 
@@ -143,6 +145,24 @@ def _refuse_ref_cycles(root: dict[str, Any], ref_nodes: list[dict[str, Any]]) ->
                 stack.extend(_in_place(node, root))
 
 
+def _check_patterns(node: dict[str, Any], path: str) -> None:
+    """Refuse a ``pattern`` (or ``patternProperties`` key) that is too long or that Python
+    cannot compile: deeply nested groups exhaust the regex parser's recursion, which is
+    not the JSON nesting the depth limit counts."""
+    where = path or "(root)"
+    candidates = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+    if isinstance(node.get("patternProperties"), dict):
+        candidates.extend(node["patternProperties"])
+    for pattern in candidates:
+        if len(pattern) > MAX_PATTERN_CHARS:
+            _refuse(f"a pattern at {where} is longer than {MAX_PATTERN_CHARS} characters")
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            _refuse(f"the pattern at {where} is not a usable regular expression: {reason}")
+
+
 def _check_policy(schema: dict[str, Any]) -> None:
     ref_nodes: list[dict[str, Any]] = []
     for count, (path, value, depth) in enumerate(_walk(schema), start=1):
@@ -152,6 +172,7 @@ def _check_policy(schema: dict[str, Any]) -> None:
             _refuse(f"nested deeper than {MAX_SCHEMA_DEPTH} levels (at {path})")
         if not isinstance(value, dict):
             continue
+        _check_patterns(value, path)
         if path and any(isinstance(value.get(key), str) for key in ("$id", "id")):
             _refuse(f"$id is allowed only at the root (found at {path})")
         for key in _REF_KEYS:
@@ -181,6 +202,8 @@ def check_schema(schema: Any) -> None:
     _check_policy(schema)
     try:
         validator_for(schema).check_schema(schema)
+    except RecursionError:
+        _refuse("nested too deeply to check")
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "(root)"
         _refuse(f"not valid JSON Schema at {where}: {exc.message}")

@@ -36,6 +36,7 @@ import psycopg
 import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
+from heed.redact import redact, secrets_of
 from heed.storage.database import Migration
 
 __all__ = ["DatabaseUnavailable", "PostgresDatabase", "is_postgres_url"]
@@ -128,6 +129,7 @@ class PostgresDatabase:
             psycopg.connect(url, connect_timeout=max(1, round(connect_timeout))).close()
         except psycopg.Error as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = redact(reason, secrets_of(url))  # drivers echo a conninfo they cannot parse
             raise DatabaseUnavailable(
                 f"cannot reach PostgreSQL at {_where(url)}: {reason}"
             ) from exc

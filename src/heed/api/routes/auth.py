@@ -19,6 +19,7 @@ from pydantic import Field
 
 from heed.api.auth import ANONYMOUS_TENANT, CSRF_COOKIE, SESSION_COOKIE, Authenticator
 from heed.api.input_rules import MAX_ID_CHARS, RequestBody
+from heed.api.revocations import Revocations
 from heed.errors import HeedError
 from heed.runtime import current_context
 
@@ -74,8 +75,12 @@ async def login(body: LoginIn, request: Request) -> JSONResponse:
 
 
 @router.post("/logout")
-async def logout() -> JSONResponse:
-    """End the UI session (clears the cookies)."""
+async def logout(request: Request) -> JSONResponse:
+    """End the UI session: refused from now on by every instance, and the cookies cleared."""
+    session = _authenticator(request).session_of(request.scope.get("headers", []))
+    if session is not None:
+        revocations: Revocations = request.app.state.revocations
+        await revocations.revoke(*session)
     response = JSONResponse({"logged_out": True})
     response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
     response.delete_cookie(CSRF_COOKIE, samesite="strict")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.convertors import PathConvertor, register_url_convertor
 
-from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.input_rules import IdPath, Limit, Offset, QueryText
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import engine_of
 
@@ -35,7 +35,7 @@ router = APIRouter(prefix="/v1/default/banks/{bank_id}/documents", tags=["docume
 async def list_documents(
     bank_id: IdPath,
     request: Request,
-    q: str | None = None,
+    q: QueryText | None = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.ListDocumentsResponse:

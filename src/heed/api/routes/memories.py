@@ -13,7 +13,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 
 from heed.api.errors import HeedError
-from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText
 from heed.api.openapi import CONFLICT
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import (
@@ -112,12 +112,12 @@ async def list_memories(
     bank_id: IdPath,
     request: Request,
     type: FactType | None = None,
-    q: str | None = None,
-    document_id: str | None = None,
-    entity_id: str | None = None,
+    q: QueryText | None = None,
+    document_id: QueryId | None = None,
+    entity_id: QueryId | None = None,
     time_field: TimeField | None = None,
-    start_date: str | None = None,
-    end_date: str | None = None,
+    start_date: QueryId | None = None,
+    end_date: QueryId | None = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:

@@ -14,10 +14,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from heed.api.input_rules import (
     JSON_INTEGER,
+    MAX_ENTITIES,
+    MAX_LIST_ITEMS,
+    MAX_MESSAGES,
+    MAX_RETAIN_ITEMS,
     Identifier,
+    MetadataMap,
     Name,
     RequestBody,
     Tag,
+    TagList,
     Text,
     TokenBudget,
 )
@@ -145,22 +151,26 @@ class EntityIn(_In):
     type: Tag | None = None
 
 
+Message = Annotated[dict[str, Any], Field(max_length=MAX_LIST_ITEMS)]
+"""One message of an item's conversation content (``role``, ``content``, ...)."""
+
+
 class MemoryItemIn(_In):
-    content: str | list[dict[str, Any]]
+    content: str | Annotated[list[Message], Field(max_length=MAX_MESSAGES)]
     timestamp: datetime | str | None = None
     context: Text | None = None
-    metadata: dict[Tag, Text] | None = None
+    metadata: MetadataMap | None = None
     document_id: Identifier | None = None
-    entities: list[EntityIn] | None = None
-    tags: list[Tag] | None = None
+    entities: Annotated[list[EntityIn], Field(max_length=MAX_ENTITIES)] | None = None
+    tags: TagList | None = None
     update_mode: Literal["replace", "append"] | None = None
     fact_type: Tag | None = None
 
 
 class RetainRequest(_In):
-    items: list[MemoryItemIn]
+    items: Annotated[list[MemoryItemIn], Field(max_length=MAX_RETAIN_ITEMS)]
     async_: bool = Field(default=False, alias="async")
-    document_tags: list[Tag] | None = None
+    document_tags: TagList | None = None
     operation_id: Identifier | None = None
 
 
@@ -212,15 +222,15 @@ class MinScoresIn(_In):
 
 class RecallRequest(_In):
     query: Text
-    types: list[Tag] | None = None
+    types: TagList | None = None
     budget: Literal["low", "mid", "high"] | None = None
     max_tokens: TokenBudget | None = 4096
     trace: bool | None = False
     query_timestamp: Tag | None = None
     include: IncludeOptions | None = None
-    tags: list[Tag] | None = None
+    tags: TagList | None = None
     tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] | None = "any"
-    tag_groups: list[Any] | None = None
+    tag_groups: Annotated[list[Any], Field(max_length=MAX_LIST_ITEMS)] | None = None
     min_scores: MinScoresIn | None = None
     temporal_window: TemporalWindowIn | None = None
     prefer_observations: bool | None = None

@@ -8,11 +8,11 @@ answer comes as server-sent events (see :mod:`heed.api.routes.reflect`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from heed.api.input_rules import RequestBody, Tag, Text, TokenBudget
+from heed.api.input_rules import MAX_LIST_ITEMS, RequestBody, TagList, Text, TokenBudget
 
 __all__ = [
     "ReflectBasedOn",
@@ -33,7 +33,7 @@ class ToolCallsInclude(RequestBody):
 
 
 class ReflectInclude(RequestBody):
-    facts: dict[str, Any] | None = None
+    facts: Annotated[dict[str, Any], Field(max_length=MAX_LIST_ITEMS)] | None = None
     tool_calls: ToolCallsInclude | None = None
 
 
@@ -44,10 +44,10 @@ class ReflectRequest(RequestBody):
     max_tokens: TokenBudget | None = 4096
     include: ReflectInclude | None = None
     response_schema: dict[str, Any] | None = None
-    tags: list[Tag] | None = None
+    tags: TagList | None = None
     tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] | None = "any"
-    tag_groups: list[Any] | None = None
-    fact_types: list[Tag] | None = None
+    tag_groups: Annotated[list[Any], Field(max_length=MAX_LIST_ITEMS)] | None = None
+    fact_types: TagList | None = None
     stream: bool = False
     on_disconnect: Literal["cancel", "continue"] = "cancel"
 
