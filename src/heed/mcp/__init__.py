@@ -9,9 +9,11 @@ threads and LLM generations, and frees its lane slot before the call ends; long 
 - :mod:`heed.mcp.calls`: one tool call's identity, token, errors, progress and run
   following;
 - :mod:`heed.mcp.tools`: the tools and resources;
-- :mod:`heed.mcp.server`: the server, its HTTP routes and its stdio runner.
+- :mod:`heed.mcp.sessions`: HTTP sessions owned by their key, capped per tenant, never
+  logged;
+- :mod:`heed.mcp.server`: the server, its HTTP endpoint and its stdio runner.
 """
 
-from heed.mcp.server import MCP_PATH, build_mcp_server, http_routes, serve_stdio, session_lifespan
+from heed.mcp.server import MCP_PATH, McpHttp, build_mcp_server, http_endpoint, serve_stdio
 
-__all__ = ["MCP_PATH", "build_mcp_server", "http_routes", "serve_stdio", "session_lifespan"]
+__all__ = ["MCP_PATH", "McpHttp", "build_mcp_server", "http_endpoint", "serve_stdio"]
