@@ -417,6 +417,7 @@ def _try_every_route(world: World, routes: list[Route], bad_id: str) -> None:
 @example(bad_id="%ff")
 @example(bad_id="a\x00b")
 @example(bad_id="a\nb")
+@example(bad_id="abc\n")  # `$` in a Python re.match accepts a final newline
 def test_bad_bank_ids_are_refused_on_every_bank_route(world: World, bad_id: str) -> None:
     _try_every_route(world, BANK_ROUTES, bad_id)
 

@@ -197,16 +197,19 @@ async def test_bad_input_is_a_tool_error_naming_the_problem(server: LiveServer) 
                 "items": [{"content": "x", "timestamp": "not a date"}],
             },
             ("retain", "items"): {"bank_id": bank_id, "items": []},
-            ("create_bank", "invalid bank_id"): {"bank_id": "a/b"},
+            ("create_bank", "invalid bank_id 'a/b'"): {"bank_id": "a/b"},
+            # `$` with re.match accepts a final newline: the bank would look like "abc"
+            ("create_bank", "invalid bank_id 'abc\\n'"): {"bank_id": "abc\n"},
             ("reflect", "bank 'nope' not found"): {"bank_id": "nope", "query": "why?"},
             ("start_turn", "no session"): {"message": "hi", "session_id": "ses_missing"},
         }
         for (tool, expected), arguments in cases.items():
             text = error_text(await client.call_tool(tool, arguments))
             assert expected in text, (tool, text)
-        # nothing half-written: the failed retains stored nothing
+        # nothing half-written: the failed retains stored nothing, no bad bank was created
         banks = data(await client.call_tool("list_banks", {}))
         assert [b["units"] for b in banks["banks"] if b["bank_id"] == bank_id] == [0]
+        assert not [b for b in banks["banks"] if b["bank_id"].startswith(("a/b", "abc"))]
 
 
 async def test_tenants_see_only_their_own_banks_sessions_and_runs(server: LiveServer) -> None:

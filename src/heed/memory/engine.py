@@ -54,15 +54,24 @@ from heed.runtime import (
     use_context,
 )
 
-__all__ = ["BANK_DELETED", "BANK_ID_RE", "MemoryEngine", "RetainSummary"]
+__all__ = ["BANK_DELETED", "BANK_ID_RE", "MemoryEngine", "RetainSummary", "is_bank_id"]
 
 BANK_DELETED: Final = "bank deleted"
 #: How long a bank read is answered from memory (see :meth:`MemoryEngine.get_bank`).
 BANK_CACHE_SECONDS: Final = 1.0
 _BANK_CACHE_SIZE: Final = 4096
 BANK_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+"""The one rule for a new bank's id; the HTTP schema declares its pattern, and every path
+that creates a bank checks it here (:func:`is_bank_id`). Anchored for JSON Schema, whose
+patterns are searched; in Python only ``fullmatch`` is right: with ``match``, ``$`` also
+matches before a final newline, so ``"abc\\n"`` would pass."""
 
 ProgressCallback = Callable[[int, int], None]
+
+
+def is_bank_id(value: str) -> bool:
+    """Whether *value*, all of it, is a valid id for a new bank (:data:`BANK_ID_RE`)."""
+    return BANK_ID_RE.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +219,7 @@ class MemoryEngine:
 
     async def put_bank(self, bank_id: str, fields: dict[str, Any], *, create: bool = True) -> Bank:
         """Create the bank (when *create*) or update the given fields. Returns the bank."""
-        if not BANK_ID_RE.match(bank_id):
+        if not is_bank_id(bank_id):
             raise InvalidInput(
                 f"invalid bank_id {bank_id!r}: use 1-128 letters, digits, '.', '_', ':', '@' or '-'"
             )
