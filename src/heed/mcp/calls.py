@@ -40,6 +40,7 @@ from heed.runtime import OperationCancelled, RequestContext, current_context, se
 
 __all__ = [
     "MCP_CANCELLED",
+    "STOP_WAIT_SECONDS",
     "DisconnectPolicy",
     "Progress",
     "follow_run",
@@ -50,6 +51,9 @@ __all__ = [
 
 #: The cancel reason of work whose MCP call was cancelled (or whose stream closed).
 MCP_CANCELLED: Final = "mcp call cancelled"
+#: How long a call whose run ended waits for the run's worker to stop (the HTTP cancel's
+#: default); a run still not terminal then is reported as it is.
+STOP_WAIT_SECONDS: Final = 30.0
 
 DisconnectPolicy = Literal["cancel", "continue"]
 
@@ -128,7 +132,8 @@ async def follow_run(
     on_disconnect: DisconnectPolicy = "cancel",
     heartbeat: float = 10.0,
 ) -> Run:
-    """Follow run *run_id*'s journal to its end, reporting its steps; returns the ended run.
+    """Follow run *run_id*'s journal to its end, reporting its steps; returns the ended run,
+    once it is terminal (its worker stopped; at most :data:`STOP_WAIT_SECONDS`).
 
     The first report names the run, so a client that loses the call can find it over
     HTTP (``GET /v1/runs/{id}``, ``/stream``, ``/cancel``). If the call is cancelled (the
@@ -156,7 +161,11 @@ async def follow_run(
         if on_disconnect == "cancel":
             await _cancel_and_wait(manager, run_id)
         raise OperationCancelled(token.reason or MCP_CANCELLED)
-    return await manager.get(run_id)
+    # The journal ends at the run's terminal event, which a cancel writes when the run
+    # becomes ``cancelling``, before its worker stopped (at once here, or at its next lease
+    # renewal when the cancel came from another process): wait for the worker, as
+    # ``POST /v1/runs/{id}/cancel?wait=true`` does.
+    return await manager.wait_stopped(run_id, STOP_WAIT_SECONDS)
 
 
 def _step(event: RunEvent) -> str | None:
