@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from heed.api.app import create_app
+from heed.mcp.sessions import McpEndpoint
 from heed.settings import Settings
 from tests.mcp_api.test_mcp_server import (
     LONG,
@@ -253,3 +254,24 @@ async def test_no_session_id_reaches_the_logs(
         "idle timeout",
     ):
         assert any(expected in m and "<session id>" in m for m in messages), (expected, messages)
+
+
+async def test_a_request_without_heed_identity_is_refused_not_served_as_nobody() -> None:
+    """The endpoint mounted outside heed's lifecycle middleware: 401, the SDK never runs."""
+
+    class Unreachable:
+        async def handle_request(self, *args: Any) -> None:
+            raise AssertionError("the SDK was reached")
+
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "state": {}}
+    await McpEndpoint(Unreachable())(scope, receive, send)
+    assert sent[0]["status"] == 401
+    assert b"carries no identity" in sent[1]["body"]
