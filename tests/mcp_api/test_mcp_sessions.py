@@ -32,7 +32,7 @@ from tests.mcp_api.test_mcp_server import (
 from tests.support import LiveServer, live_server
 
 PER_TENANT = 3
-IDLE_SECONDS = 1.5
+IDLE_SECONDS = 2.0
 KEYS = {
     "key-alpha": "alpha",
     "key-alpha-2": "alpha",
@@ -45,19 +45,29 @@ VERSION = "2025-06-18"
 ACCEPT = "application/json, text/event-stream"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    settings = Settings(
+def start(tmp_path_factory: pytest.TempPathFactory, **settings: Any) -> Iterator[LiveServer]:
+    base = Settings(
         data_dir=tmp_path_factory.mktemp("mcp-sessions"),
         llm_provider="scripted",
         api_keys=KEYS,
         stream_heartbeat_seconds=0.5,
         stream_poll_seconds=0.2,
         mcp_sessions_per_tenant=PER_TENANT,
-        mcp_session_idle_seconds=IDLE_SECONDS,
     )
-    with live_server(create_app(settings)) as srv:
+    with live_server(create_app(base.model_copy(update=settings))) as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Sessions never expire during a test here (the default idle time)."""
+    yield from start(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def idle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Sessions expire after IDLE_SECONDS without a request."""
+    yield from start(tmp_path_factory, mcp_session_idle_seconds=IDLE_SECONDS)
 
 
 @asynccontextmanager
@@ -206,8 +216,8 @@ async def test_the_cap_holds_when_opening_requests_race(server: LiveServer) -> N
         assert (await delete(epsilon, again.headers["mcp-session-id"])).status_code == 200
 
 
-async def test_an_idle_session_expires_and_frees_its_place(server: LiveServer) -> None:
-    async with raw(server, "key-beta") as beta:
+async def test_an_idle_session_expires_and_frees_its_place(idle_server: LiveServer) -> None:
+    async with raw(idle_server, "key-beta") as beta:
         opened = [await open_session(beta) for _ in range(PER_TENANT)]
         assert (await initialize(beta)).status_code == 429
         # wait without touching the sessions (a request would keep them alive)
@@ -225,10 +235,10 @@ async def test_an_idle_session_expires_and_frees_its_place(server: LiveServer) -
 
 
 async def test_no_session_id_reaches_the_logs(
-    server: LiveServer, caplog: pytest.LogCaptureFixture
+    idle_server: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    async with raw(server, "key-delta") as delta, raw(server, "key-gamma") as gamma:
+    async with raw(idle_server, "key-delta") as delta, raw(idle_server, "key-gamma") as gamma:
         session_ids = [await open_session(delta) for _ in range(3)]
         assert (await tools_list(delta, session_ids[0])).status_code == 200
         assert (await delete(delta, session_ids[0])).status_code == 200  # terminated
