@@ -31,12 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import http
+import resource
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["ConnectionLimits", "GuardedHttpToolsProtocol", "guarded_protocol"]
+__all__ = [
+    "ConnectionLimits",
+    "GuardedHttpToolsProtocol",
+    "guarded_protocol",
+    "raise_open_files_limit",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +178,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
     """A :class:`GuardedHttpToolsProtocol` class bound to *limits* (for ``uvicorn.Config``)."""
     return type("HeedHttpProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; the new soft limit.
+
+    Each connection is a file descriptor, and the soft limit is often 1,024: past it the
+    server cannot accept even a health check. The timeouts above bound how long a silent
+    client keeps one; this bounds how soon a crowd of them would run out.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft

@@ -25,7 +25,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from heed.api.connection import ConnectionLimits, guarded_protocol
+from heed.api.connection import ConnectionLimits, guarded_protocol, raise_open_files_limit
 from heed.api.drain import Drain
 from heed.runtime.heap import freeze_long_lived_objects, limit_malloc_arenas
 from heed.services import Services
@@ -86,6 +86,7 @@ class HeedServer(uvicorn.Server):
         self.heed_app = app
         # before the lifespan starts the worker threads (see heed.runtime.heap)
         limit_malloc_arenas(app.state.services.settings.malloc_arenas)
+        raise_open_files_limit()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start-up (the app's lifespan included), then the start-up objects are
