@@ -45,6 +45,7 @@ from heed.settings import Settings
 from heed.storage import Database
 from heed.storage.memory_store import SqliteMemoryStore
 from heed.storage.pg_memory_store import (
+    PG_MEMORY_MIGRATIONS,
     SEQ_BLOCK,
     PgMemoryStore,
     SchemaMismatch,
@@ -252,7 +253,7 @@ def test_migrate_is_idempotent_and_refuses_another_dimension(
     pg_store: PgMemoryStore, pg_db: PostgresDatabase
 ) -> None:
     pg_store.migrate()  # again: nothing to do
-    assert pg_db.schema_version("memory") == 3
+    assert pg_db.schema_version("memory") == PG_MEMORY_MIGRATIONS[-1].version
     with pytest.raises(SchemaMismatch, match="384-dimensional vectors but the embedder makes 512"):
         PgMemoryStore(pg_db, 512).migrate()
     bank = _bank(pg_store)
@@ -399,7 +400,8 @@ def test_document_replace_append_and_delete_cascade(pg_store: PgMemoryStore) -> 
 
     assert _count(pg_store, "memory_links") > 0 and _count(pg_store, "memory_unit_entities") > 0
     unit = units[0]
-    assert pg_store.delete_unit(bank.ref, unit.id) == unit.seq
+    deleted = pg_store.delete_unit(bank.ref, unit.id)
+    assert deleted is not None and deleted.removed == [unit.seq]
     assert pg_store.delete_unit(bank.ref, unit.id) is None
     assert pg_store.get_unit(bank.ref, unit.id) is None
     with pg_store.db.read() as conn:
@@ -410,7 +412,7 @@ def test_document_replace_append_and_delete_cascade(pg_store: PgMemoryStore) -> 
     assert left == 0
     assert pg_store.delete_document(bank.ref, "nope") is None
     removed = pg_store.delete_document(bank.ref, "d1")
-    assert removed is not None and len(removed) == 1
+    assert removed is not None and len(removed.removed) == 1
     assert pg_store.get_document(bank.ref, "d1") is None
     for table in ("memory_units", "memory_links", "memory_unit_entities", "memory_chunks"):
         assert _count(pg_store, table) == 0, table

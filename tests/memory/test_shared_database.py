@@ -13,10 +13,15 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import numpy as np
 import pytest
+from mcp import Client
 
+from heed.api.app import create_app
 from heed.memory import MemoryEngine, build_memory_engine
-from heed.memory.models import Bank, Conflict, NotFound, RetainItem
+from heed.memory.models import Bank, Conflict, NotFound, RecallQuery, RetainItem
+from heed.memory.store import UnitFilter
 from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.settings import Settings
@@ -24,7 +29,10 @@ from heed.storage import Database
 from heed.storage.memory_store import SqliteMemoryStore
 from heed.storage.pg_memory_store import PgMemoryStore
 from heed.storage.postgres import PostgresDatabase
+from tests.mcp_api.test_mcp_server import data
+from tests.mcp_api.test_mcp_stdio import heed_mcp
 from tests.pg_support import fresh_schema
+from tests.support import live_server
 
 #: Tables whose rows belong to a bank (by ``bank_ref``).
 BANK_TABLES = (
@@ -133,3 +141,101 @@ async def test_two_instances_creating_one_bank_at_once(
         stored.save_bank(late)
     assert (await b.put_bank("x", {"mission": "from b"})).mission == "from b"  # the retry
     assert (await a.get_bank("x")).ref == (await b.get_bank("x")).ref
+
+
+# -- one SQLite data dir, two processes: every write is found by the other's recall --------
+
+
+async def test_serve_and_mcp_on_one_data_dir_find_each_others_writes(tmp_path: Path) -> None:
+    """The reproduction of issue #28 row 26: ``heed mcp`` (a child process, over stdio) and
+    a server (this process) on one data dir, each having recalled the bank once (so each
+    holds its vector index). A fact retained on one side must be found by a recall on the
+    other whose words share nothing with it: only the semantic arm can find it."""
+    data_dir = tmp_path / "data"
+    settings = Settings(data_dir=data_dir, llm_provider="scripted")
+    with live_server(create_app(settings)) as server:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as http,
+            Client(heed_mcp(data_dir)) as stdio,
+        ):
+            put = await http.put("/v1/default/banks/pets", json={})
+            assert put.status_code in (200, 201), put.text
+
+            async def over_http(query: str) -> list[str]:
+                r = await http.post("/v1/default/banks/pets/memories/recall", json={"query": query})
+                assert r.status_code == 200, r.text
+                return [hit["text"] for hit in r.json()["results"]]
+
+            async def over_stdio(query: str) -> list[str]:
+                found = data(await stdio.call_tool("recall", {"bank_id": "pets", "query": query}))
+                return [hit["text"] for hit in found["results"]]
+
+            seed = await http.post(
+                "/v1/default/banks/pets/memories",
+                json={"items": [{"content": "The weather in Lisbon was mild all week."}]},
+            )
+            assert seed.status_code == 200, seed.text
+            assert await over_http("weather") and await over_stdio("weather")  # both loaded
+
+            data(
+                await stdio.call_tool(
+                    "retain",
+                    {"bank_id": "pets", "items": [{"content": "Ottoline keeps three tabby cats."}]},
+                )
+            )
+            assert any("tabby cats" in t for t in await over_http("feline companions she loves"))
+
+            wrote = await http.post(
+                "/v1/default/banks/pets/memories",
+                json={"items": [{"content": "Bartholomew grows enormous pumpkins."}]},
+            )
+            assert wrote.status_code == 200, wrote.text
+            assert any("pumpkins" in t for t in await over_stdio("giant squash in his garden"))
+
+
+@pytest.mark.parametrize("store_pair", ["sqlite"], indirect=True)
+async def test_an_index_drops_what_another_process_deleted_and_rereads_a_reused_seq(
+    engine_pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    a, b = engine_pair
+    bank = await a.put_bank("x", {})
+    for text, doc in (("Alma rides a red bicycle.", "d1"), ("Alma paints in oils.", "d1")):
+        await a.retain(bank, [RetainItem(content=text, document_id=doc, update_mode="append")])
+    await a.retain(bank, [RetainItem(content="Bruno sails on Sundays.", document_id="d2")])
+    await a.retain(bank, [RetainItem(content="Eva plays the cello.", document_id="d3")])
+    query = RecallQuery(query="hobbies")
+    assert len((await b.recall(bank, query)).hits) == 4
+    index = b.indexes.get(bank.ref)
+    assert len(index) == 4
+
+    await a.delete_document(bank, "d1")
+    await b.recall(bank, query)
+    assert len(index) == 2  # B's index forgot A's deletion
+
+    # SQLite gives the largest rowid again once its row is gone: the same seq, another unit.
+    units = {u.text: u for u in (await a.list_units(bank, UnitFilter(), 10, 0))[0]}
+    eva = units["Eva plays the cello."]
+    await a.delete_unit(bank, eva.id)
+    await a.retain(bank, [RetainItem(content="Chiara collects vintage typewriters.")])
+    units = {u.text: u for u in (await a.list_units(bank, UnitFilter(), 10, 0))[0]}
+    chiara = units["Chiara collects vintage typewriters."]
+    assert chiara.seq == eva.seq
+    hits = (await b.recall(bank, RecallQuery(query="old writing machines"))).hits
+    assert hits[0].unit.text == chiara.text
+    stored = a.store.load_vectors(bank.ref)
+    row = list(stored.seqs).index(chiara.seq)
+    assert np.array_equal(index.vectors_for([chiara.seq])[chiara.seq], stored.matrix[row])
+
+
+@pytest.mark.parametrize("store_pair", ["sqlite"], indirect=True)
+async def test_a_recall_of_a_bank_another_process_deleted_is_not_found(
+    engine_pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    a, b = engine_pair
+    bank = await a.put_bank("x", {})
+    await a.retain(bank, [RetainItem(content="Dora keeps bees.")])
+    await b.recall(bank, RecallQuery(query="bees"))
+    await a.delete_bank("x")
+    with pytest.raises(NotFound, match="'x' not found"):
+        await b.recall(bank, RecallQuery(query="bees"))
+    assert b.indexes.loaded() == []

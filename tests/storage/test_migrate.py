@@ -477,7 +477,7 @@ def test_an_entity_the_target_has_under_another_id_is_reused(source: Source, pg_
     with _pg(pg_url) as pg:
         pg.execute("TRUNCATE memory_banks CASCADE")
         pg.execute(
-            "INSERT INTO memory_banks VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)", tuple(bank)
+            f"INSERT INTO memory_banks VALUES ({', '.join(['%s'] * len(bank))})", tuple(bank)
         )
         pg.execute(
             "INSERT INTO memory_entities (id, bank_ref, canonical, name)"

@@ -43,7 +43,7 @@ from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
 from heed.memory.recall.rerank import Reranker
 from heed.memory.retain import plan_documents, prepare_documents
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
-from heed.memory.vectors import BankIndexes, StoreVectors, VectorSearch
+from heed.memory.vectors import BankIndexes, CurrentIndex, StoreVectors, VectorSearch
 from heed.runtime import (
     CancellationToken,
     Lane,
@@ -134,8 +134,8 @@ class MemoryEngine:
     async def _index_for(self, bank: Bank) -> VectorSearch:
         if getattr(self.store, "searches_vectors", False):
             return StoreVectors(self.store, bank.ref)  # type: ignore[arg-type]
-        loaded = self.indexes.peek(bank.ref)  # no thread hop for a loaded index
-        return loaded if loaded is not None else await run_in_thread(self.indexes.get, bank.ref)
+        # Loaded and caught up with other processes' writes by the search, in its thread.
+        return CurrentIndex(self.indexes, bank.ref)
 
     # -- in-flight work --------------------------------------------------------------
 
@@ -377,7 +377,7 @@ class MemoryEngine:
     async def recall(self, bank: Bank, query: RecallQuery) -> RecallOutcome:
         """Run the recall pipeline (see :mod:`heed.memory.recall.pipeline`)."""
         self.validate_query(query)
-        async with self.track(bank):
+        async with self.track(bank), self._bank_gone_is_not_found(bank):
             return await run_recall(self.recall_deps, bank, query)
 
     # -- memories and documents --------------------------------------------------------
@@ -394,11 +394,11 @@ class MemoryEngine:
         return unit
 
     async def delete_unit(self, bank: Bank, unit_id: str) -> None:
-        async with self.track(bank):
-            seq = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
-            if seq is None:
+        async with self.track(bank), self._bank_gone_is_not_found(bank):
+            result = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
+            if result is None:
                 raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
-            await run_in_thread(self.indexes.apply, bank.ref, WriteResult([seq], []), None)
+            await run_in_thread(self.indexes.apply, bank.ref, result, None)
 
     async def list_documents(
         self, bank: Bank, search: str | None, limit: int, offset: int
@@ -412,9 +412,9 @@ class MemoryEngine:
         return info
 
     async def delete_document(self, bank: Bank, document_id: str) -> int:
-        async with self.track(bank):
-            seqs = await run_in_thread(self.store.delete_document, bank.ref, document_id)
-            if seqs is None:
+        async with self.track(bank), self._bank_gone_is_not_found(bank):
+            result = await run_in_thread(self.store.delete_document, bank.ref, document_id)
+            if result is None:
                 raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
-            await run_in_thread(self.indexes.apply, bank.ref, WriteResult(seqs, []), None)
-            return len(seqs)
+            await run_in_thread(self.indexes.apply, bank.ref, result, None)
+            return len(result.removed)

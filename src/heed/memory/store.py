@@ -33,6 +33,7 @@ __all__ = [
     "BankTaken",
     "MemoryStore",
     "UnitFilter",
+    "VectorChanges",
     "VectorRows",
     "VectorSearchingStore",
     "WriteResult",
@@ -59,19 +60,36 @@ class BankTaken(Conflict):
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """What one document write changed: seqs removed (replace) and (seq, id) added."""
+    """What one write changed: seqs removed (a replace, a delete) and (seq, id) added, and
+    the bank's generation the write made (``None`` when not known)."""
 
     removed: list[int]
     added: list[tuple[int, str]]
+    generation: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class VectorRows:
-    """A bank's vectors: ``seqs[i]`` is the unit of ``matrix[i]``; ``types[i]`` its fact type."""
+    """A bank's vectors: ``seqs[i]`` is the unit of ``matrix[i]``; ``types[i]`` its fact type.
+
+    ``generation`` is the bank's generation read *before* the rows: the rows hold every
+    write up to it (and perhaps some after it)."""
 
     seqs: np.ndarray
     matrix: np.ndarray
     types: list[str]
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VectorChanges:
+    """What changed in a bank's vectors after a generation (see
+    :meth:`MemoryStore.vectors_since`): the rows of the units written later (their
+    ``generation`` is the bank's, read first), and how many units the bank has now (read
+    after them), from which a reader tells whether units were removed."""
+
+    rows: VectorRows
+    unit_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +144,25 @@ class MemoryStore(Protocol):
         ...
 
     # recall
-    def load_vectors(self, bank_ref: str) -> VectorRows: ...
+    def bank_generation(self, bank_ref: str) -> int | None:
+        """The bank's generation: a counter every write that adds or removes units bumps,
+        in the write's transaction (``None`` when the bank does not exist). A primary-key
+        read, cheap enough for every recall."""
+        ...
+
+    def load_vectors(self, bank_ref: str) -> VectorRows:
+        """Every unit vector of the bank, with the generation they hold."""
+        ...
+
+    def vectors_since(self, bank_ref: str, generation: int) -> VectorChanges | None:
+        """The vectors of the units written after *generation* and the bank's unit count
+        (``None`` when the bank does not exist)."""
+        ...
+
+    def unit_seqs(self, bank_ref: str) -> np.ndarray:
+        """The seqs of every unit of the bank (int64)."""
+        ...
+
     def keyword_search(
         self, bank_ref: str, terms: Sequence[str], limit: int
     ) -> list[tuple[int, float]]: ...
@@ -152,12 +188,17 @@ class MemoryStore(Protocol):
         self, bank_ref: str, flt: UnitFilter, limit: int, offset: int
     ) -> tuple[list[StoredUnit], int]: ...
     def get_unit(self, bank_ref: str, unit_id: str) -> StoredUnit | None: ...
-    def delete_unit(self, bank_ref: str, unit_id: str) -> int | None: ...
+    def delete_unit(self, bank_ref: str, unit_id: str) -> WriteResult | None:
+        """Delete one unit; ``None`` when the bank has no unit *unit_id*."""
+        ...
+
     def list_documents(
         self, bank_ref: str, search: str | None, limit: int, offset: int
     ) -> tuple[list[DocumentInfo], int]: ...
     def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None: ...
-    def delete_document(self, bank_ref: str, document_id: str) -> list[int] | None: ...
+    def delete_document(self, bank_ref: str, document_id: str) -> WriteResult | None:
+        """Delete a document and its units; ``None`` when the bank has no such document."""
+        ...
 
 
 class VectorSearchingStore(MemoryStore, Protocol):

@@ -10,6 +10,14 @@ Concurrency: appends write rows past the published count and then publish
 the new count under a lock, so a reader's snapshot never sees a partial row.
 Growth reallocates (amortized doubling); removals clear an ``alive`` flag
 and compaction builds new arrays, leaving old snapshots intact.
+
+Other processes: ``heed serve`` and ``heed mcp`` (or two servers) on one SQLite data
+dir each hold their own index of a bank. An index remembers the bank's generation it
+holds (a counter every write of units bumps in its transaction); every search first
+reads the bank's generation (a primary-key read) and, when another process wrote since,
+reads the units written after the index's generation and drops the units no longer
+stored (:meth:`BankIndexes.current`). So a search sees every write committed before it
+began, whichever process made it.
 """
 
 from __future__ import annotations
@@ -22,13 +30,21 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
+from heed.memory.store import BankGone
 from heed.runtime import raise_if_cancelled
 
 if TYPE_CHECKING:
     from heed.memory.models import PreparedDocument
     from heed.memory.store import MemoryStore, VectorSearchingStore, WriteResult
 
-__all__ = ["BLOCK_ROWS", "BankIndexes", "StoreVectors", "VectorIndex", "VectorSearch"]
+__all__ = [
+    "BLOCK_ROWS",
+    "BankIndexes",
+    "CurrentIndex",
+    "StoreVectors",
+    "VectorIndex",
+    "VectorSearch",
+]
 
 BLOCK_ROWS = 16_384
 
@@ -69,6 +85,27 @@ class StoreVectors:
         return self._store.unit_vectors(self._bank_ref, seqs) if seqs else {}
 
 
+class CurrentIndex:
+    """A bank's in-process index as recall searches it: each search first catches the
+    index up with other processes' writes (:meth:`BankIndexes.current`), in the worker
+    thread that searches, so it costs the event loop nothing."""
+
+    def __init__(self, indexes: BankIndexes, bank_ref: str) -> None:
+        self._indexes = indexes
+        self._bank_ref = bank_ref
+        self._index: VectorIndex | None = None
+
+    def search(
+        self, query: np.ndarray, k: int, types: Sequence[str] | None = None
+    ) -> list[tuple[int, float]]:
+        self._index = self._indexes.current(self._bank_ref)
+        return self._index.search(query, k, types)
+
+    def vectors_for(self, seqs: Sequence[int]) -> dict[int, np.ndarray]:
+        index = self._index or self._indexes.current(self._bank_ref)
+        return index.vectors_for(seqs)
+
+
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     matrix: np.ndarray
@@ -93,6 +130,8 @@ class VectorIndex:
         self._count = 0
         self._dead = 0
         self._row_of: dict[int, int] = {}
+        #: The bank generation whose writes the index holds (see the module docstring).
+        self.generation = 0
 
     def __len__(self) -> int:
         return self._count - self._dead
@@ -166,6 +205,12 @@ class VectorIndex:
         self._count = len(keep)
         self._dead = 0
         self._row_of = {int(s): i for i, s in enumerate(seqs[: len(keep)])}
+
+    def seqs(self) -> np.ndarray:
+        """The seqs of the live rows."""
+        snap = self._snapshot()
+        live: np.ndarray = snap.seqs[: snap.count][snap.alive[: snap.count]]
+        return live.copy()
 
     def vectors_for(self, seqs: Sequence[int]) -> dict[int, np.ndarray]:
         """The stored vectors of *seqs* (those still present), as copies."""
@@ -254,10 +299,56 @@ class BankIndexes:
                 rows = self._store.load_vectors(bank_ref)
                 index = VectorIndex(self._dim, capacity=max(1024, len(rows.seqs)))
                 index.add([int(s) for s in rows.seqs], rows.matrix, rows.types)
+                index.generation = rows.generation
                 with self._guard:
                     self._indexes[bank_ref] = index
                 self._evict(keep=bank_ref)
         return index
+
+    def current(self, bank_ref: str) -> VectorIndex:
+        """The bank's index, loaded on first use and caught up with every write committed
+        so far, by any process (blocking; see the module docstring). Raises
+        :class:`~heed.memory.store.BankGone` (and forgets the index) when the bank no
+        longer exists."""
+        index = self.get(bank_ref)
+        generation = self._store.bank_generation(bank_ref)
+        if generation is None:
+            self.drop(bank_ref)
+            raise BankGone(bank_ref)
+        if generation == index.generation:
+            return index
+        with self._lock(bank_ref):
+            with self._guard:
+                loaded = self._indexes.get(bank_ref)
+            if loaded is not index:  # dropped or replaced meanwhile
+                return self.current(bank_ref)
+            if index.generation != generation:
+                self._catch_up(bank_ref, index)
+        return index
+
+    def _catch_up(self, bank_ref: str, index: VectorIndex) -> None:
+        """Read what other processes wrote into the bank since the index's generation.
+
+        Units written later are (re)read whole: a seq can come back for another unit, as
+        SQLite reuses the largest rowid once its row is deleted. Removals show as a unit
+        count below the index's size; then the index keeps only the seqs still stored.
+        Call with the bank's lock held."""
+        changes = self._store.vectors_since(bank_ref, index.generation)
+        if changes is None:
+            with self._guard:
+                self._indexes.pop(bank_ref, None)
+            raise BankGone(bank_ref)
+        rows = changes.rows
+        if len(rows.seqs):
+            seqs = [int(s) for s in rows.seqs]
+            index.remove(seqs)
+            index.add(seqs, rows.matrix, rows.types)
+        if len(index) != changes.unit_count:
+            raise_if_cancelled()
+            gone = np.setdiff1d(index.seqs(), self._store.unit_seqs(bank_ref))
+            index.remove([int(s) for s in gone])
+        index.generation = rows.generation
+        self._evict(keep=bank_ref)
 
     def _evict(self, keep: str) -> None:
         with self._guard:
@@ -274,12 +365,17 @@ class BankIndexes:
             return list(self._indexes)
 
     def apply(self, bank_ref: str, result: WriteResult, document: PreparedDocument | None) -> None:
-        """Apply a committed write to a loaded index (an unloaded one reads it at load)."""
+        """Apply a committed write of this process to a loaded index (an unloaded one reads
+        it at load). The index takes the write's generation only when it held the one just
+        before: otherwise another process wrote in between, and the next search catches up
+        (:meth:`current`)."""
         with self._lock(bank_ref):
             with self._guard:
                 index = self._indexes.get(bank_ref)
             if index is None:
                 return
+            if result.generation is not None and result.generation == index.generation + 1:
+                index.generation = result.generation
             if result.removed:
                 index.remove(result.removed)
             if document is not None and result.added:

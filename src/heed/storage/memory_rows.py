@@ -28,7 +28,8 @@ __all__ = [
     "join_append",
     "loads",
     "now_iso",
-    "require_bank",
+    "read_generation",
+    "touch_bank",
     "unit_from_row",
 ]
 
@@ -67,12 +68,29 @@ def join_append(
     return updates, joined
 
 
-def require_bank(conn: Any, bank_ref: str) -> None:
-    """Raise :class:`BankGone` unless the bank's row exists. Called inside a write
-    transaction before its first row, so a write into a bank that another process deleted
-    writes nothing (instead of failing on a foreign key)."""
-    if conn.execute("SELECT 1 FROM memory_banks WHERE ref = ?", (bank_ref,)).fetchone() is None:
+def touch_bank(conn: Any, bank_ref: str, last_write_at: str | None = None) -> int:
+    """Bump the bank's generation (and set ``last_write_at`` when given) and return the new
+    generation; raise :class:`BankGone` when the bank's row is gone.
+
+    A write that adds or removes units calls it inside its transaction before its first
+    row: so a write into a bank that another process deleted writes nothing (instead of
+    failing on a foreign key), and every process sees from the generation that the bank's
+    units changed (:meth:`heed.memory.store.MemoryStore.bank_generation`).
+    """
+    row = conn.execute(
+        "UPDATE memory_banks SET generation = generation + 1,"
+        " last_write_at = COALESCE(?, last_write_at) WHERE ref = ? RETURNING generation",
+        (last_write_at, bank_ref),
+    ).fetchone()
+    if row is None:
         raise BankGone(bank_ref)
+    return int(row[0])
+
+
+def read_generation(conn: Any, bank_ref: str) -> int | None:
+    """The bank's generation, ``None`` when the bank does not exist."""
+    row = conn.execute("SELECT generation FROM memory_banks WHERE ref = ?", (bank_ref,)).fetchone()
+    return None if row is None else int(row[0])
 
 
 def insert_bank(conn: Any, bank: Bank, values: Sequence[Any]) -> None:

@@ -29,7 +29,7 @@ from heed.memory.models import (
     PreparedUnit,
     StoredUnit,
 )
-from heed.memory.store import BankGone, UnitFilter, VectorRows, WriteResult
+from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows, WriteResult
 from heed.memory.units import with_neighbours
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
@@ -42,7 +42,8 @@ from heed.storage.memory_rows import (
     iso,
     join_append,
     now_iso,
-    require_bank,
+    read_generation,
+    touch_bank,
     unit_from_row,
 )
 
@@ -157,6 +158,18 @@ MEMORY_MIGRATIONS = [
             PRIMARY KEY (bank_ref, idempotency_key, document_index)
         );
         CREATE INDEX memory_retain_ledger_age ON memory_retain_ledger (created_at);
+        """,
+    ),
+    Migration(
+        "memory",
+        4,
+        # A bank's generation counts the writes that changed its units; a unit keeps the
+        # generation that wrote it. A process's vector index compares the two to catch up
+        # with other processes' writes (heed.memory.vectors.BankIndexes).
+        """
+        ALTER TABLE memory_banks ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE memory_units ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX memory_units_generation ON memory_units (bank_ref, generation);
         """,
     ),
 ]
@@ -393,7 +406,7 @@ class SqliteMemoryStore:
         token = bank_token(bank_ref)
         added: list[tuple[int, str]] = []
         with self.db.write() as conn:
-            require_bank(conn, bank_ref)
+            generation = touch_bank(conn, bank_ref, now)
             if ledger is not None:
                 self._record_ledger(conn, bank_ref, document, *ledger)
             removed: list[int] = []
@@ -452,7 +465,9 @@ class SqliteMemoryStore:
             for position, unit in enumerate(units):
                 if position % 64 == 0:
                     raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
-                seq = self._insert_unit(conn, bank_ref, document.document_id, unit, chunk_ids, now)
+                seq = self._insert_unit(
+                    conn, bank_ref, document.document_id, unit, chunk_ids, now, generation
+                )
                 added.append((seq, unit.id))
                 conn.execute(
                     "INSERT INTO memory_fts (rowid, bank, body) VALUES (?,?,?)",
@@ -469,8 +484,7 @@ class SqliteMemoryStore:
                         ],
                     )
                 previous_seq = seq
-            conn.execute("UPDATE memory_banks SET last_write_at = ? WHERE ref = ?", (now, bank_ref))
-        return WriteResult(removed=removed, added=added)
+        return WriteResult(removed=removed, added=added, generation=generation)
 
     @staticmethod
     def _join_stored_last(
@@ -525,6 +539,7 @@ class SqliteMemoryStore:
         unit: PreparedUnit,
         chunk_ids: dict[int, str],
         now: str,
+        generation: int,
     ) -> int:
         embedding = (
             np.asarray(unit.embedding, dtype=np.float32).tobytes()
@@ -535,7 +550,7 @@ class SqliteMemoryStore:
             "INSERT INTO memory_units (id, bank_ref, document_id, chunk_id, text, fact_type,"
             " context,"
             " occurred_start, occurred_end, mentioned_at, metadata, tags, embedding, created_at,"
-            " token_count) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " token_count, generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 unit.id,
                 bank_ref,
@@ -552,6 +567,7 @@ class SqliteMemoryStore:
                 embedding,
                 now,
                 unit.token_count,
+                generation,
             ),
         )
         seq = cursor.lastrowid
@@ -610,23 +626,56 @@ class SqliteMemoryStore:
 
     # -- recall ------------------------------------------------------------------
 
+    def bank_generation(self, bank_ref: str) -> int | None:
+        with self.db.read() as conn:
+            return read_generation(conn, bank_ref)
+
     def load_vectors(self, bank_ref: str) -> VectorRows:
+        with self.db.read() as conn:
+            generation = read_generation(conn, bank_ref) or 0  # first: see VectorRows
+            return self._vector_rows(conn, bank_ref, generation, None)
+
+    def vectors_since(self, bank_ref: str, generation: int) -> VectorChanges | None:
+        with _interruptible(self.db) as conn:
+            now = read_generation(conn, bank_ref)
+            if now is None:
+                return None
+            rows = self._vector_rows(conn, bank_ref, now, generation)
+            count = conn.execute(
+                "SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,)
+            ).fetchone()[0]
+        return VectorChanges(rows, int(count))
+
+    def unit_seqs(self, bank_ref: str) -> np.ndarray:
+        with _interruptible(self.db) as conn:
+            rows = conn.execute(
+                "SELECT seq FROM memory_units WHERE bank_ref = ?", (bank_ref,)
+            ).fetchall()
+        return np.asarray([r[0] for r in rows], dtype=np.int64)
+
+    @staticmethod
+    def _vector_rows(
+        conn: sqlite3.Connection, bank_ref: str, generation: int, since: int | None
+    ) -> VectorRows:
+        """The bank's vectors (of the units written after generation *since*, if given)."""
         seqs: list[int] = []
         blobs: list[bytes] = []
         types: list[str] = []
-        with self.db.read() as conn:
-            for seq, blob, fact_type in conn.execute(
-                "SELECT seq, embedding, fact_type FROM memory_units"
-                " WHERE bank_ref = ? AND embedding IS NOT NULL ORDER BY seq",
-                (bank_ref,),
-            ):
-                seqs.append(int(seq))
-                blobs.append(blob)
-                types.append(str(fact_type))
+        later = "" if since is None else " AND generation > ?"
+        params = (bank_ref,) if since is None else (bank_ref, since)
+        for seq, blob, fact_type in conn.execute(
+            "SELECT seq, embedding, fact_type FROM memory_units"
+            f" WHERE bank_ref = ?{later} AND embedding IS NOT NULL ORDER BY seq",
+            params,
+        ):
+            seqs.append(int(seq))
+            blobs.append(blob)
+            types.append(str(fact_type))
         if not blobs:
-            return VectorRows(np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.float32), [])
+            empty = np.zeros((0, 0), dtype=np.float32)
+            return VectorRows(np.zeros(0, dtype=np.int64), empty, [], generation)
         matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
-        return VectorRows(np.asarray(seqs, dtype=np.int64), matrix.copy(), types)
+        return VectorRows(np.asarray(seqs, dtype=np.int64), matrix.copy(), types, generation)
 
     def keyword_search(
         self, bank_ref: str, terms: Sequence[str], limit: int
@@ -803,15 +852,16 @@ class SqliteMemoryStore:
             units = self._units(conn, "bank_ref = ? AND id = ?", (bank_ref, unit_id))
         return units[0] if units else None
 
-    def delete_unit(self, bank_ref: str, unit_id: str) -> int | None:
+    def delete_unit(self, bank_ref: str, unit_id: str) -> WriteResult | None:
         with self.db.write() as conn:
             row = conn.execute(
                 "SELECT seq FROM memory_units WHERE bank_ref = ? AND id = ?", (bank_ref, unit_id)
             ).fetchone()
             if row is None:
                 return None
+            generation = touch_bank(conn, bank_ref)
             self._delete_seqs(conn, [int(row[0])])
-        return int(row[0])
+        return WriteResult([int(row[0])], [], generation)
 
     def list_documents(
         self, bank_ref: str, search: str | None, limit: int, offset: int
@@ -855,7 +905,7 @@ class SqliteMemoryStore:
             }
         return info
 
-    def delete_document(self, bank_ref: str, document_id: str) -> list[int] | None:
+    def delete_document(self, bank_ref: str, document_id: str) -> WriteResult | None:
         with self.db.write() as conn:
             exists = conn.execute(
                 "SELECT 1 FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
@@ -863,4 +913,5 @@ class SqliteMemoryStore:
             ).fetchone()
             if exists is None:
                 return None
-            return self._remove_document(conn, bank_ref, document_id)
+            generation = touch_bank(conn, bank_ref)
+            return WriteResult(self._remove_document(conn, bank_ref, document_id), [], generation)

@@ -92,7 +92,7 @@ from heed.memory.models import (
     PreparedUnit,
     StoredUnit,
 )
-from heed.memory.store import BankGone, UnitFilter, VectorRows, WriteResult
+from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows, WriteResult
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
 from heed.storage.memory_rows import (
@@ -104,7 +104,8 @@ from heed.storage.memory_rows import (
     iso,
     join_append,
     now_iso,
-    require_bank,
+    read_generation,
+    touch_bank,
     unit_from_row,
 )
 from heed.storage.memory_store import ENTITY_LINKS_PER_ENTITY, bank_token
@@ -300,6 +301,17 @@ def pg_memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
                 PRIMARY KEY (bank_ref, idempotency_key, document_index)
             );
             CREATE INDEX memory_retain_ledger_age ON memory_retain_ledger (created_at);
+            """,
+        ),
+        Migration(
+            "memory",
+            4,
+            # As on SQLite; nothing here reads the units' generations (no process holds
+            # vectors), but the columns keep the two schemas alike for heed migrate.
+            """
+            ALTER TABLE memory_banks ADD COLUMN generation BIGINT NOT NULL DEFAULT 0;
+            ALTER TABLE memory_units ADD COLUMN generation BIGINT NOT NULL DEFAULT 0;
+            CREATE INDEX memory_units_generation ON memory_units (bank_ref, generation);
             """,
         ),
     ]
@@ -701,7 +713,7 @@ class PgMemoryStore:
         document_id = _text(document.document_id)
         with self.db.write() as conn:
             self._lock_bank(conn, bank_ref)
-            require_bank(conn, bank_ref)  # under the lock delete_bank takes too
+            generation = touch_bank(conn, bank_ref, now)  # under the lock delete_bank takes
             if ledger is not None:
                 self._record_ledger(conn, bank_ref, document, *ledger)
             removed: list[int] = []
@@ -763,11 +775,16 @@ class PgMemoryStore:
                 conn.executemany(
                     "INSERT INTO memory_units (seq, id, bank_ref, document_id, chunk_id, text,"
                     " fact_type, context, occurred_start, occurred_end, mentioned_at, metadata,"
-                    " tags, embedding, keywords, created_at, token_count) VALUES"
+                    " tags, embedding, keywords, created_at, token_count, generation) VALUES"
                     " (?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
-                    " to_tsvector('simple', ?) || to_tsvector('english', ?),?,?)",
+                    " to_tsvector('simple', ?) || to_tsvector('english', ?),?,?,?)",
                     [
-                        self._unit_row(seq, bank_ref, document_id, unit, chunk_ids, token, now)
+                        (
+                            *self._unit_row(
+                                seq, bank_ref, document_id, unit, chunk_ids, token, now
+                            ),
+                            generation,
+                        )
                         for seq, unit in zip(
                             seqs[start : start + WRITE_BATCH],
                             units[start : start + WRITE_BATCH],
@@ -777,9 +794,10 @@ class PgMemoryStore:
                 )
             raise_if_cancelled()
             self._link(conn, bank_ref, seqs, units)
-            conn.execute("UPDATE memory_banks SET last_write_at = ? WHERE ref = ?", (now, bank_ref))
         return WriteResult(
-            removed=removed, added=[(s, u.id) for s, u in zip(seqs, units, strict=True)]
+            removed=removed,
+            added=[(s, u.id) for s, u in zip(seqs, units, strict=True)],
+            generation=generation,
         )
 
     @staticmethod
@@ -958,20 +976,54 @@ class PgMemoryStore:
 
     # -- recall ------------------------------------------------------------------------------
 
+    def bank_generation(self, bank_ref: str) -> int | None:
+        with self.db.read() as conn:
+            return read_generation(conn, bank_ref)
+
     def load_vectors(self, bank_ref: str) -> VectorRows:
         with self._cancellable() as q:
-            rows = q.binary(
-                "SELECT seq, embedding, fact_type FROM memory_units"
-                " WHERE bank_ref = ? AND embedding IS NOT NULL ORDER BY seq",
-                (bank_ref,),
+            generation = read_generation(q, bank_ref) or 0  # first: see VectorRows
+            return self._vector_rows(q, bank_ref, generation, None)
+
+    def vectors_since(self, bank_ref: str, generation: int) -> VectorChanges | None:
+        with self._cancellable() as q:
+            now = read_generation(q, bank_ref)
+            if now is None:
+                return None
+            rows = self._vector_rows(q, bank_ref, now, generation)
+            count = _scalar(
+                q.execute("SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,))
             )
+        return VectorChanges(rows, int(count))
+
+    def unit_seqs(self, bank_ref: str) -> np.ndarray:
+        with self._cancellable() as q:
+            rows = q.execute(
+                "SELECT seq FROM memory_units WHERE bank_ref = ?", (bank_ref,)
+            ).fetchall()
+        return np.asarray([int(r[0]) for r in rows], dtype=np.int64)
+
+    @staticmethod
+    def _vector_rows(
+        q: _Statements, bank_ref: str, generation: int, since: int | None
+    ) -> VectorRows:
+        """The bank's vectors (of the units written after generation *since*, if given)."""
+        later = "" if since is None else " AND generation > ?"
+        params = (bank_ref,) if since is None else (bank_ref, since)
+        rows = q.binary(
+            "SELECT seq, embedding, fact_type FROM memory_units"
+            f" WHERE bank_ref = ?{later} AND embedding IS NOT NULL ORDER BY seq",
+            params,
+        )
         if not rows:
-            return VectorRows(np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.float32), [])
+            empty = np.zeros((0, 0), dtype=np.float32)
+            return VectorRows(np.zeros(0, dtype=np.int64), empty, [], generation)
         matrix = np.stack([_vector_from_binary(r[1]) for r in rows])
         return VectorRows(
             np.asarray([int(r[0]) for r in rows], dtype=np.int64),
             matrix,
             [str(r[2]) for r in rows],
+            generation,
         )
 
     def vector_search(
@@ -1357,14 +1409,16 @@ class PgMemoryStore:
             units = self._units(conn, "bank_ref = ? AND id = ?", (bank_ref, _text(unit_id)))
         return units[0] if units else None
 
-    def delete_unit(self, bank_ref: str, unit_id: str) -> int | None:
+    def delete_unit(self, bank_ref: str, unit_id: str) -> WriteResult | None:
         with self.db.write() as conn:
             self._lock_bank(conn, bank_ref)
             row = conn.execute(
                 "DELETE FROM memory_units WHERE bank_ref = ? AND id = ? RETURNING seq",
                 (bank_ref, _text(unit_id)),
             ).fetchone()
-        return int(row[0]) if row is not None else None
+            if row is None:
+                return None
+            return WriteResult([int(row[0])], [], touch_bank(conn, bank_ref))
 
     def list_documents(
         self, bank_ref: str, search: str | None, limit: int, offset: int
@@ -1411,7 +1465,7 @@ class PgMemoryStore:
             }
         return info
 
-    def delete_document(self, bank_ref: str, document_id: str) -> list[int] | None:
+    def delete_document(self, bank_ref: str, document_id: str) -> WriteResult | None:
         document_id = _text(document_id)
         with self.db.write() as conn:
             self._lock_bank(conn, bank_ref)
@@ -1421,4 +1475,5 @@ class PgMemoryStore:
             ).fetchone()
             if exists is None:
                 return None
-            return self._remove_document(conn, bank_ref, document_id)
+            generation = touch_bank(conn, bank_ref)
+            return WriteResult(self._remove_document(conn, bank_ref, document_id), [], generation)
