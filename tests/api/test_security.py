@@ -40,6 +40,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         llm_provider="scripted",
         api_keys={KEY_A: "a", KEY_B: "b"},
         metrics_key=METRICS_KEY,
+        auth_max_failures=0,  # these tests send wrong keys on purpose, many times
     )
     with live_server(create_app(settings)) as srv:
         yield srv
