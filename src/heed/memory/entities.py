@@ -155,10 +155,10 @@ def extract_entities(
 
 def query_entity_names(query: str) -> list[str]:
     """Canonical entity names mentioned in a query (capitalized phrases, any position)."""
-    names: list[str] = []
+    names: dict[str, None] = {}  # ordered and linear: a long query has many phrases
     for sentence in _sentences(query):
         for phrase in _sentence_phrases(sentence):
             key = canonical(_clean(phrase))
-            if key and key not in _STOP and key not in names:
-                names.append(key)
-    return names
+            if key and key not in _STOP:
+                names[key] = None
+    return list(names)
