@@ -122,7 +122,8 @@ async def _retain_memory(data_dir: Path, db: Database) -> None:
     with use_context(RequestContext(tenant="acme")):
         cooking = await engine.put_bank("cooking", {})
         await engine.retain(cooking, _items(COOKING[:4], "kitchen-notes"))
-        await engine.retain(cooking, _items(COOKING[4:]))
+        # Document tags longer than a reference: stored once, shared by units and documents.
+        await engine.retain(cooking, _items(COOKING[4:]), [f"recipe-box-{i:02d}" for i in range(8)])
 
 
 def _runs_and_sessions(db: Database) -> tuple[str, dict[str, int], str, int]:
@@ -307,9 +308,14 @@ def test_migration_copies_every_table_and_leaves_unfinished_runs_out(
             assert sorted(_rows(pg, sql)) == sorted(_rows(lite, sql)), name
         # Units: same rows apart from seq, in the same seq order; a document's neighbours
         # stay neighbours, and no other units become neighbours.
-        columns = "id, bank_ref, document_id, chunk_id, text, fact_type, context, metadata, tags"
+        columns = (
+            "id, bank_ref, document_id, chunk_id, text, fact_type, context, metadata,"
+            " metadata_ref, tags, tags_ref"
+        )
         order = f"SELECT {columns} FROM memory_units ORDER BY seq"
         assert _rows(pg, order) == _rows(lite, order)
+        shared = "SELECT bank_ref, digest, body FROM memory_values ORDER BY bank_ref, digest"
+        assert _rows(pg, shared) == _rows(lite, shared) != []
         lite_seq = dict(_rows(lite, "SELECT id, seq FROM memory_units"))
         pg_seq = dict(_rows(pg, "SELECT id, seq FROM memory_units"))
         doc = dict(_rows(lite, "SELECT id, document_id FROM memory_units"))

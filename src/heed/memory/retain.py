@@ -70,6 +70,7 @@ def _units_of(
     when: datetime | None = None if item.timestamp_unset else (item.timestamp or now)
     units: list[PreparedUnit] = []
     tags = list(dict.fromkeys([*document_tags, *item.tags]))
+    metadata = dict(item.metadata)  # one object for all the item's units: stored once
     for piece in split_units(item.content):
         dates = find_dates(piece.text, when)
         start: datetime | None
@@ -90,7 +91,7 @@ def _units_of(
                 occurred_start=start,
                 occurred_end=end,
                 mentioned_at=when,
-                metadata=dict(item.metadata),
+                metadata=metadata,
                 tags=tags,
                 entities=extract_entities(piece.text, item.entities, piece.speaker),
             )

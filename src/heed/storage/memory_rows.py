@@ -17,8 +17,10 @@ from typing import Any, Final
 from heed.memory.models import Bank, DocumentInfo, PreparedUnit, StoredUnit
 from heed.memory.store import BankGone, BankTaken
 from heed.memory.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
+from heed.storage.memory_values import value_column
 
 __all__ = [
+    "DOCUMENT_VALUES",
     "LAST_UNITS_OF_DOCUMENT",
     "UNIT_COLUMNS",
     "bank_from_row",
@@ -33,10 +35,17 @@ __all__ = [
     "unit_from_row",
 ]
 
-#: The ``memory_units`` columns :func:`unit_from_row` reads, for a ``SELECT``.
+#: The ``memory_units`` columns :func:`unit_from_row` reads, for a ``SELECT ... FROM
+#: memory_units`` (tags and metadata inline or shared: :mod:`heed.storage.memory_values`).
 UNIT_COLUMNS: Final = (
     "seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
-    " occurred_end, mentioned_at, metadata, tags, created_at, updated_at, token_count"
+    f" occurred_end, mentioned_at, {value_column('memory_units', 'metadata')} AS metadata,"
+    f" {value_column('memory_units', 'tags')} AS tags, created_at, updated_at, token_count"
+)
+
+#: What :func:`document_from_row` reads beside ``d.*`` (``memory_documents d``).
+DOCUMENT_VALUES: Final = (
+    f"{value_column('d', 'metadata')} AS metadata_json, {value_column('d', 'tags')} AS tags_json"
 )
 
 
@@ -167,7 +176,7 @@ def unit_from_row(row: Any) -> StoredUnit:
 
 
 def document_from_row(row: Any, with_text: bool) -> DocumentInfo:
-    """A ``memory_documents`` row with its unit count ``n``."""
+    """A ``memory_documents`` row with :data:`DOCUMENT_VALUES` and its unit count ``n``."""
     return DocumentInfo(
         document_id=row["document_id"],
         created_at=row["created_at"],
@@ -175,7 +184,7 @@ def document_from_row(row: Any, with_text: bool) -> DocumentInfo:
         unit_count=int(row["n"]),
         text_length=len(row["original_text"]),
         content_hash=row["content_hash"],
-        metadata=json.loads(row["metadata"]),
-        tags=json.loads(row["tags"]),
+        metadata=json.loads(row["metadata_json"]),
+        tags=json.loads(row["tags_json"]),
         original_text=row["original_text"] if with_text else None,
     )

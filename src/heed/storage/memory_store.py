@@ -34,6 +34,7 @@ from heed.memory.units import with_neighbours
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
 from heed.storage.memory_rows import (
+    DOCUMENT_VALUES,
     LAST_UNITS_OF_DOCUMENT,
     UNIT_COLUMNS,
     bank_from_row,
@@ -46,6 +47,7 @@ from heed.storage.memory_rows import (
     touch_bank,
     unit_from_row,
 )
+from heed.storage.memory_values import ValueWriter, release
 
 __all__ = ["MEMORY_MIGRATIONS", "SqliteMemoryStore"]
 
@@ -170,6 +172,32 @@ MEMORY_MIGRATIONS = [
         ALTER TABLE memory_banks ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE memory_units ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
         CREATE INDEX memory_units_generation ON memory_units (bank_ref, generation);
+        """,
+    ),
+    Migration(
+        "memory",
+        5,
+        # Tags and metadata longer than a reference, stored once per bank
+        # (heed.storage.memory_values); rows written before keep theirs inline.
+        """
+        CREATE TABLE memory_values (
+            bank_ref TEXT NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+            digest TEXT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (bank_ref, digest)
+        );
+        ALTER TABLE memory_units ADD COLUMN tags_ref TEXT;
+        ALTER TABLE memory_units ADD COLUMN metadata_ref TEXT;
+        ALTER TABLE memory_documents ADD COLUMN tags_ref TEXT;
+        ALTER TABLE memory_documents ADD COLUMN metadata_ref TEXT;
+        CREATE INDEX memory_units_tags_ref ON memory_units (bank_ref, tags_ref)
+            WHERE tags_ref IS NOT NULL;
+        CREATE INDEX memory_units_metadata_ref ON memory_units (bank_ref, metadata_ref)
+            WHERE metadata_ref IS NOT NULL;
+        CREATE INDEX memory_documents_tags_ref ON memory_documents (bank_ref, tags_ref)
+            WHERE tags_ref IS NOT NULL;
+        CREATE INDEX memory_documents_metadata_ref ON memory_documents (bank_ref, metadata_ref)
+            WHERE metadata_ref IS NOT NULL;
         """,
     ),
 ]
@@ -316,6 +344,7 @@ class SqliteMemoryStore:
             )
             conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
             conn.execute("DELETE FROM memory_retain_ledger WHERE bank_ref = ?", (bank_ref,))
+            conn.execute("DELETE FROM memory_values WHERE bank_ref = ?", (bank_ref,))
             conn.execute("DELETE FROM memory_banks WHERE ref = ?", (bank_ref,))
         return int(count)
 
@@ -352,7 +381,9 @@ class SqliteMemoryStore:
 
     def _remove_document(
         self, conn: sqlite3.Connection, bank_ref: str, document_id: str
-    ) -> list[int]:
+    ) -> tuple[list[int], list[str | None]]:
+        """Delete a document's units, chunks and row: the seqs removed, and the shared values
+        the removed rows referenced (for :func:`~heed.storage.memory_values.release`)."""
         seqs = [
             int(r[0])
             for r in conn.execute(
@@ -360,27 +391,38 @@ class SqliteMemoryStore:
                 (bank_ref, document_id),
             )
         ]
-        self._delete_seqs(conn, seqs)
+        refs = self._delete_seqs(conn, seqs)
         conn.execute(
             "DELETE FROM memory_chunks WHERE bank_ref = ? AND document_id = ?",
             (bank_ref, document_id),
         )
-        conn.execute(
-            "DELETE FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
+        for row in conn.execute(
+            "DELETE FROM memory_documents WHERE bank_ref = ? AND document_id = ?"
+            " RETURNING tags_ref, metadata_ref",
             (bank_ref, document_id),
-        )
-        return seqs
+        ).fetchall():
+            refs.extend(row)
+        return seqs, refs
 
     @staticmethod
-    def _delete_seqs(conn: sqlite3.Connection, seqs: Sequence[int]) -> None:
+    def _delete_seqs(conn: sqlite3.Connection, seqs: Sequence[int]) -> list[str | None]:
+        """Delete units and what hangs on them; the shared values they referenced."""
+        refs: list[str | None] = []
         for start in range(0, len(seqs), 500):
             part = list(seqs[start : start + 500])
             marks = _placeholders(len(part))
+            for row in conn.execute(
+                f"SELECT tags_ref, metadata_ref FROM memory_units WHERE seq IN ({marks})"
+                " AND (tags_ref IS NOT NULL OR metadata_ref IS NOT NULL)",
+                part,
+            ).fetchall():
+                refs.extend(row)
             conn.execute(f"DELETE FROM memory_fts WHERE rowid IN ({marks})", part)
             conn.execute(f"DELETE FROM memory_links WHERE from_seq IN ({marks})", part)
             conn.execute(f"DELETE FROM memory_links WHERE to_seq IN ({marks})", part)
             conn.execute(f"DELETE FROM memory_unit_entities WHERE unit_seq IN ({marks})", part)
             conn.execute(f"DELETE FROM memory_units WHERE seq IN ({marks})", part)
+        return refs
 
     def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
         with self.db.write() as conn:
@@ -405,13 +447,15 @@ class SqliteMemoryStore:
         now = now_iso()
         token = bank_token(bank_ref)
         added: list[tuple[int, str]] = []
+        values = ValueWriter()
+        released: list[str | None] = []  # shared values of rows replaced or overwritten
         with self.db.write() as conn:
             generation = touch_bank(conn, bank_ref, now)
             if ledger is not None:
                 self._record_ledger(conn, bank_ref, document, *ledger)
             removed: list[int] = []
             existing = conn.execute(
-                "SELECT original_text, created_at FROM memory_documents"
+                "SELECT original_text, created_at, tags_ref, metadata_ref FROM memory_documents"
                 " WHERE bank_ref = ? AND document_id = ?",
                 (bank_ref, document.document_id),
             ).fetchone()
@@ -420,8 +464,9 @@ class SqliteMemoryStore:
             first_chunk = 0
             units = list(document.units)
             if existing is not None and document.replace:
-                removed = self._remove_document(conn, bank_ref, document.document_id)
+                removed, released = self._remove_document(conn, bank_ref, document.document_id)
             elif existing is not None:
+                released = [existing["tags_ref"], existing["metadata_ref"]]
                 if units:
                     units = self._join_stored_last(conn, bank_ref, document.document_id, units)
                 text = existing["original_text"] + "\n" + text
@@ -433,18 +478,20 @@ class SqliteMemoryStore:
                 ).fetchone()[0]
             conn.execute(
                 "INSERT INTO memory_documents (bank_ref, document_id, original_text, content_hash,"
-                " metadata, tags, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?)"
+                " metadata, metadata_ref, tags, tags_ref, created_at, updated_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?)"
                 " ON CONFLICT (bank_ref, document_id) DO UPDATE SET"
                 " original_text = excluded.original_text,"
                 " content_hash = excluded.content_hash, metadata = excluded.metadata,"
-                " tags = excluded.tags, updated_at = excluded.updated_at",
+                " metadata_ref = excluded.metadata_ref, tags = excluded.tags,"
+                " tags_ref = excluded.tags_ref, updated_at = excluded.updated_at",
                 (
                     bank_ref,
                     document.document_id,
                     text,
                     hashlib.sha256(text.encode()).hexdigest(),
-                    json.dumps(document.metadata),
-                    json.dumps(document.tags),
+                    *values.encode(document.metadata),
+                    *values.encode(document.tags),
                     created_at,
                     now,
                 ),
@@ -466,7 +513,7 @@ class SqliteMemoryStore:
                 if position % 64 == 0:
                     raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
                 seq = self._insert_unit(
-                    conn, bank_ref, document.document_id, unit, chunk_ids, now, generation
+                    conn, bank_ref, document.document_id, unit, chunk_ids, now, generation, values
                 )
                 added.append((seq, unit.id))
                 conn.execute(
@@ -484,6 +531,8 @@ class SqliteMemoryStore:
                         ],
                     )
                 previous_seq = seq
+            values.store(conn, bank_ref)
+            release(conn, bank_ref, released)
         return WriteResult(removed=removed, added=added, generation=generation)
 
     @staticmethod
@@ -540,6 +589,7 @@ class SqliteMemoryStore:
         chunk_ids: dict[int, str],
         now: str,
         generation: int,
+        values: ValueWriter,
     ) -> int:
         embedding = (
             np.asarray(unit.embedding, dtype=np.float32).tobytes()
@@ -549,8 +599,9 @@ class SqliteMemoryStore:
         cursor = conn.execute(
             "INSERT INTO memory_units (id, bank_ref, document_id, chunk_id, text, fact_type,"
             " context,"
-            " occurred_start, occurred_end, mentioned_at, metadata, tags, embedding, created_at,"
-            " token_count, generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " occurred_start, occurred_end, mentioned_at, metadata, metadata_ref, tags, tags_ref,"
+            " embedding, created_at, token_count, generation)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 unit.id,
                 bank_ref,
@@ -562,8 +613,8 @@ class SqliteMemoryStore:
                 iso(unit.occurred_start),
                 iso(unit.occurred_end),
                 iso(unit.mentioned_at),
-                json.dumps(unit.metadata),
-                json.dumps(unit.tags),
+                *values.encode(unit.metadata),
+                *values.encode(unit.tags),
                 embedding,
                 now,
                 unit.token_count,
@@ -860,7 +911,7 @@ class SqliteMemoryStore:
             if row is None:
                 return None
             generation = touch_bank(conn, bank_ref)
-            self._delete_seqs(conn, [int(row[0])])
+            release(conn, bank_ref, self._delete_seqs(conn, [int(row[0])]))
         return WriteResult([int(row[0])], [], generation)
 
     def list_documents(
@@ -876,7 +927,8 @@ class SqliteMemoryStore:
                 f"SELECT COUNT(*) FROM memory_documents d WHERE {where}", params
             ).fetchone()[0]
             rows = conn.execute(
-                "SELECT d.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = d.bank_ref"
+                f"SELECT d.*, {DOCUMENT_VALUES}, (SELECT COUNT(*) FROM memory_units u"
+                " WHERE u.bank_ref = d.bank_ref"
                 f" AND u.document_id = d.document_id) AS n FROM memory_documents d WHERE {where}"
                 " ORDER BY d.updated_at DESC, d.document_id LIMIT ? OFFSET ?",
                 (*params, limit, offset),
@@ -886,7 +938,8 @@ class SqliteMemoryStore:
     def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None:
         with self.db.read() as conn:
             row = conn.execute(
-                "SELECT d.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = d.bank_ref"
+                f"SELECT d.*, {DOCUMENT_VALUES}, (SELECT COUNT(*) FROM memory_units u"
+                " WHERE u.bank_ref = d.bank_ref"
                 " AND u.document_id = d.document_id) AS n FROM memory_documents d"
                 " WHERE d.bank_ref = ? AND d.document_id = ?",
                 (bank_ref, document_id),
@@ -914,4 +967,6 @@ class SqliteMemoryStore:
             if exists is None:
                 return None
             generation = touch_bank(conn, bank_ref)
-            return WriteResult(self._remove_document(conn, bank_ref, document_id), [], generation)
+            seqs, refs = self._remove_document(conn, bank_ref, document_id)
+            release(conn, bank_ref, refs)
+            return WriteResult(seqs, [], generation)

@@ -616,10 +616,12 @@ MEMORY_PLAIN_TABLES: Final = (
         "ref, tenant, bank_id, name, mission, background, disposition, config, created_at,"
         " updated_at, last_write_at",
     ),
+    # Tags and metadata shared by units and documents (heed.storage.memory_values).
+    _plain("memory_values", "bank_ref, digest, body"),
     _plain(
         "memory_documents",
-        "bank_ref, document_id, original_text, content_hash, metadata, tags, created_at,"
-        " updated_at",
+        "bank_ref, document_id, original_text, content_hash, metadata, metadata_ref, tags,"
+        " tags_ref, created_at, updated_at",
     ),
     _plain("memory_chunks", "id, bank_ref, document_id, chunk_index, text"),
     _plain("memory_entities", "id, bank_ref, canonical, name, type"),
@@ -641,6 +643,7 @@ _COMPONENT_OF: Final = {
 #: The memory tables (what verification counts per bank).
 BANK_TABLES: Final = (
     "memory_banks",
+    "memory_values",
     "memory_documents",
     "memory_chunks",
     "memory_units",
@@ -652,8 +655,8 @@ BANK_TABLES: Final = (
 
 _UNIT_COLUMNS: Final = (
     "seq, id, bank_ref, document_id, chunk_id, text, fact_type, context, occurred_start,"
-    " occurred_end, mentioned_at, metadata, tags, embedding, keywords, created_at, updated_at,"
-    " token_count"
+    " occurred_end, mentioned_at, metadata, metadata_ref, tags, tags_ref, embedding, keywords,"
+    " created_at, updated_at, token_count"
 )
 
 #: Values per ``IN (...)`` list on SQLite (older builds allow 999 parameters).
@@ -683,7 +686,13 @@ def _source_bank_counts(src: _Source) -> dict[str, dict[str, int]]:
 def _bank_count_queries(where: str) -> dict[str, str]:
     """``SELECT bank_ref, COUNT(*) ... GROUP BY bank_ref`` per table; *where* filters refs."""
     out = {}
-    for table in ("memory_documents", "memory_chunks", "memory_entities", "memory_retain_ledger"):
+    for table in (
+        "memory_values",
+        "memory_documents",
+        "memory_chunks",
+        "memory_entities",
+        "memory_retain_ledger",
+    ):
         out[table] = (
             f"SELECT bank_ref, COUNT(*) FROM {table} t {where.format(ref='t.bank_ref')}"
             " GROUP BY bank_ref"
@@ -808,8 +817,8 @@ class _Copier:
     def copy_memory(self) -> None:
         if not self.src.has("memory"):
             return
-        banks, documents, chunks, entities, ledger = MEMORY_PLAIN_TABLES
-        for spec in (banks, documents, chunks):
+        banks, values, documents, chunks, entities, ledger = MEMORY_PLAIN_TABLES
+        for spec in (banks, values, documents, chunks):
             self._copy_plain(spec)
         self._copy_units()
         self._copy_plain(entities)
@@ -822,7 +831,8 @@ class _Copier:
         select = (
             "SELECT u.seq AS _k, u.id, u.bank_ref, u.document_id, u.chunk_id, u.text,"
             " u.fact_type, u.context, u.occurred_start, u.occurred_end, u.mentioned_at,"
-            " u.metadata, u.tags, u.embedding, u.created_at, u.updated_at, u.token_count, f.body"
+            " u.metadata, u.metadata_ref, u.tags, u.tags_ref, u.embedding, u.created_at,"
+            " u.updated_at, u.token_count, f.body"
             " FROM memory_units u LEFT JOIN memory_fts f ON f.rowid = u.seq WHERE 1 = 1"
         )
         run: list[sqlite3.Row] = []
@@ -888,7 +898,7 @@ class _Copier:
             if rows:
                 inserted = conn.executemany(
                     f"INSERT INTO memory_units ({_UNIT_COLUMNS}) VALUES"
-                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
+                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
                     " to_tsvector('simple', ?) || to_tsvector('english', ?),?,?,?)"
                     " ON CONFLICT DO NOTHING",
                     rows,
@@ -1026,7 +1036,9 @@ def _unit_row(seq: int, unit: sqlite3.Row) -> tuple[Any, ...]:
         unit["occurred_end"],
         unit["mentioned_at"],
         _clean(unit["metadata"]),
+        unit["metadata_ref"],
         _clean(unit["tags"]),
+        unit["tags_ref"],
         _vector(unit["embedding"]),
         bank_token(ref),
         _clean(body),

@@ -96,6 +96,7 @@ from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows, W
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
 from heed.storage.memory_rows import (
+    DOCUMENT_VALUES,
     LAST_UNITS_OF_DOCUMENT,
     UNIT_COLUMNS,
     bank_from_row,
@@ -109,6 +110,7 @@ from heed.storage.memory_rows import (
     unit_from_row,
 )
 from heed.storage.memory_store import ENTITY_LINKS_PER_ENTITY, bank_token
+from heed.storage.memory_values import ValueWriter, release
 from heed.storage.postgres import Connection, PostgresDatabase
 
 __all__ = [
@@ -312,6 +314,32 @@ def pg_memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
             ALTER TABLE memory_banks ADD COLUMN generation BIGINT NOT NULL DEFAULT 0;
             ALTER TABLE memory_units ADD COLUMN generation BIGINT NOT NULL DEFAULT 0;
             CREATE INDEX memory_units_generation ON memory_units (bank_ref, generation);
+            """,
+        ),
+        Migration(
+            "memory",
+            5,
+            # As on SQLite: heed.storage.memory_values.
+            """
+            CREATE TABLE memory_values (
+                bank_ref TEXT COLLATE "C" NOT NULL
+                    REFERENCES memory_banks (ref) ON DELETE CASCADE,
+                digest TEXT COLLATE "C" NOT NULL,
+                body TEXT NOT NULL,
+                PRIMARY KEY (bank_ref, digest)
+            );
+            ALTER TABLE memory_units ADD COLUMN tags_ref TEXT COLLATE "C";
+            ALTER TABLE memory_units ADD COLUMN metadata_ref TEXT COLLATE "C";
+            ALTER TABLE memory_documents ADD COLUMN tags_ref TEXT COLLATE "C";
+            ALTER TABLE memory_documents ADD COLUMN metadata_ref TEXT COLLATE "C";
+            CREATE INDEX memory_units_tags_ref ON memory_units (bank_ref, tags_ref)
+                WHERE tags_ref IS NOT NULL;
+            CREATE INDEX memory_units_metadata_ref ON memory_units (bank_ref, metadata_ref)
+                WHERE metadata_ref IS NOT NULL;
+            CREATE INDEX memory_documents_tags_ref ON memory_documents (bank_ref, tags_ref)
+                WHERE tags_ref IS NOT NULL;
+            CREATE INDEX memory_documents_metadata_ref
+                ON memory_documents (bank_ref, metadata_ref) WHERE metadata_ref IS NOT NULL;
             """,
         ),
     ]
@@ -625,6 +653,7 @@ class PgMemoryStore:
             conn.execute("DELETE FROM memory_chunks WHERE bank_ref = ?", (bank_ref,))
             conn.execute("DELETE FROM memory_documents WHERE bank_ref = ?", (bank_ref,))
             conn.execute("DELETE FROM memory_retain_ledger WHERE bank_ref = ?", (bank_ref,))
+            conn.execute("DELETE FROM memory_values WHERE bank_ref = ?", (bank_ref,))
             conn.execute("DELETE FROM memory_banks WHERE ref = ?", (bank_ref,))
         return int(count)
 
@@ -664,24 +693,29 @@ class PgMemoryStore:
     # -- retain ------------------------------------------------------------------------------
 
     @staticmethod
-    def _remove_document(conn: Connection, bank_ref: str, document_id: str) -> list[int]:
-        """Delete a document's units (their links and entity rows cascade), chunks and row."""
-        seqs = sorted(
-            int(r[0])
-            for r in conn.execute(
-                "DELETE FROM memory_units WHERE bank_ref = ? AND document_id = ? RETURNING seq",
-                (bank_ref, document_id),
-            ).fetchall()
-        )
+    def _remove_document(
+        conn: Connection, bank_ref: str, document_id: str
+    ) -> tuple[list[int], list[str | None]]:
+        """Delete a document's units (their links and entity rows cascade), chunks and row:
+        the seqs removed, and the shared values the removed rows referenced (for
+        :func:`~heed.storage.memory_values.release`)."""
+        rows = conn.execute(
+            "DELETE FROM memory_units WHERE bank_ref = ? AND document_id = ?"
+            " RETURNING seq, tags_ref, metadata_ref",
+            (bank_ref, document_id),
+        ).fetchall()
+        refs: list[str | None] = [ref for r in rows for ref in (r[1], r[2])]
         conn.execute(
             "DELETE FROM memory_chunks WHERE bank_ref = ? AND document_id = ?",
             (bank_ref, document_id),
         )
-        conn.execute(
-            "DELETE FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
+        for row in conn.execute(
+            "DELETE FROM memory_documents WHERE bank_ref = ? AND document_id = ?"
+            " RETURNING tags_ref, metadata_ref",
             (bank_ref, document_id),
-        )
-        return seqs
+        ).fetchall():
+            refs.extend(row)
+        return sorted(int(r[0]) for r in rows), refs
 
     def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
         with self.db.write() as conn:
@@ -711,6 +745,8 @@ class PgMemoryStore:
                 )
         now = now_iso()
         document_id = _text(document.document_id)
+        values = ValueWriter()
+        released: list[str | None] = []  # shared values of rows replaced or overwritten
         with self.db.write() as conn:
             self._lock_bank(conn, bank_ref)
             generation = touch_bank(conn, bank_ref, now)  # under the lock delete_bank takes
@@ -718,7 +754,7 @@ class PgMemoryStore:
                 self._record_ledger(conn, bank_ref, document, *ledger)
             removed: list[int] = []
             existing = conn.execute(
-                "SELECT original_text, created_at FROM memory_documents"
+                "SELECT original_text, created_at, tags_ref, metadata_ref FROM memory_documents"
                 " WHERE bank_ref = ? AND document_id = ?",
                 (bank_ref, document_id),
             ).fetchone()
@@ -727,8 +763,9 @@ class PgMemoryStore:
             first_chunk = 0
             units = list(document.units)
             if existing is not None and document.replace:
-                removed = self._remove_document(conn, bank_ref, document_id)
+                removed, released = self._remove_document(conn, bank_ref, document_id)
             elif existing is not None:
+                released = [existing["tags_ref"], existing["metadata_ref"]]
                 if units:
                     units = self._join_stored_last(conn, bank_ref, document_id, units)
                 text = existing["original_text"] + "\n" + text
@@ -742,18 +779,20 @@ class PgMemoryStore:
                 )
             conn.execute(
                 "INSERT INTO memory_documents (bank_ref, document_id, original_text, content_hash,"
-                " metadata, tags, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?)"
+                " metadata, metadata_ref, tags, tags_ref, created_at, updated_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?)"
                 " ON CONFLICT (bank_ref, document_id) DO UPDATE SET"
                 " original_text = excluded.original_text,"
                 " content_hash = excluded.content_hash, metadata = excluded.metadata,"
-                " tags = excluded.tags, updated_at = excluded.updated_at",
+                " metadata_ref = excluded.metadata_ref, tags = excluded.tags,"
+                " tags_ref = excluded.tags_ref, updated_at = excluded.updated_at",
                 (
                     bank_ref,
                     document_id,
                     text,
                     hashlib.sha256(text.encode()).hexdigest(),
-                    json.dumps(document.metadata),
-                    json.dumps(document.tags),
+                    *values.encode(document.metadata),
+                    *values.encode(document.tags),
                     created_at,
                     now,
                 ),
@@ -775,13 +814,13 @@ class PgMemoryStore:
                 conn.executemany(
                     "INSERT INTO memory_units (seq, id, bank_ref, document_id, chunk_id, text,"
                     " fact_type, context, occurred_start, occurred_end, mentioned_at, metadata,"
-                    " tags, embedding, keywords, created_at, token_count, generation) VALUES"
-                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
+                    " metadata_ref, tags, tags_ref, embedding, keywords, created_at, token_count,"
+                    " generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
                     " to_tsvector('simple', ?) || to_tsvector('english', ?),?,?,?)",
                     [
                         (
                             *self._unit_row(
-                                seq, bank_ref, document_id, unit, chunk_ids, token, now
+                                seq, bank_ref, document_id, unit, chunk_ids, token, now, values
                             ),
                             generation,
                         )
@@ -794,6 +833,8 @@ class PgMemoryStore:
                 )
             raise_if_cancelled()
             self._link(conn, bank_ref, seqs, units)
+            values.store(conn, bank_ref)
+            release(conn, bank_ref, released)
         return WriteResult(
             removed=removed,
             added=[(s, u.id) for s, u in zip(seqs, units, strict=True)],
@@ -843,6 +884,7 @@ class PgMemoryStore:
         chunk_ids: dict[int, str],
         token: str,
         now: str,
+        values: ValueWriter,
     ) -> tuple[Any, ...]:
         return (
             seq,
@@ -856,8 +898,8 @@ class PgMemoryStore:
             iso(unit.occurred_start),
             iso(unit.occurred_end),
             iso(unit.mentioned_at),
-            json.dumps(unit.metadata),
-            json.dumps(unit.tags),
+            *values.encode(unit.metadata),
+            *values.encode(unit.tags),
             _vector_literal(unit.embedding) if unit.embedding is not None else None,
             token,
             _text(unit.index_text),
@@ -1413,11 +1455,13 @@ class PgMemoryStore:
         with self.db.write() as conn:
             self._lock_bank(conn, bank_ref)
             row = conn.execute(
-                "DELETE FROM memory_units WHERE bank_ref = ? AND id = ? RETURNING seq",
+                "DELETE FROM memory_units WHERE bank_ref = ? AND id = ?"
+                " RETURNING seq, tags_ref, metadata_ref",
                 (bank_ref, _text(unit_id)),
             ).fetchone()
             if row is None:
                 return None
+            release(conn, bank_ref, [row[1], row[2]])
             return WriteResult([int(row[0])], [], touch_bank(conn, bank_ref))
 
     def list_documents(
@@ -1436,7 +1480,8 @@ class PgMemoryStore:
                 conn.execute(f"SELECT COUNT(*) FROM memory_documents d WHERE {where}", params)
             )
             rows = conn.execute(
-                "SELECT d.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = d.bank_ref"
+                f"SELECT d.*, {DOCUMENT_VALUES}, (SELECT COUNT(*) FROM memory_units u"
+                " WHERE u.bank_ref = d.bank_ref"
                 f" AND u.document_id = d.document_id) AS n FROM memory_documents d WHERE {where}"
                 " ORDER BY d.updated_at DESC, d.document_id LIMIT ? OFFSET ?",
                 (*params, _limit(limit), max(0, offset)),
@@ -1447,7 +1492,8 @@ class PgMemoryStore:
         document_id = _text(document_id)
         with self.db.read() as conn:
             row = conn.execute(
-                "SELECT d.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = d.bank_ref"
+                f"SELECT d.*, {DOCUMENT_VALUES}, (SELECT COUNT(*) FROM memory_units u"
+                " WHERE u.bank_ref = d.bank_ref"
                 " AND u.document_id = d.document_id) AS n FROM memory_documents d"
                 " WHERE d.bank_ref = ? AND d.document_id = ?",
                 (bank_ref, document_id),
@@ -1476,4 +1522,6 @@ class PgMemoryStore:
             if exists is None:
                 return None
             generation = touch_bank(conn, bank_ref)
-            return WriteResult(self._remove_document(conn, bank_ref, document_id), [], generation)
+            seqs, refs = self._remove_document(conn, bank_ref, document_id)
+            release(conn, bank_ref, refs)
+            return WriteResult(seqs, [], generation)

@@ -1,0 +1,96 @@
+"""Tags and metadata stored once per bank, however many units and documents carry them.
+
+A retain copies lists onto what it writes: a request's ``document_tags`` onto every
+document and every unit, an item's tags and metadata onto each of its units. Stored as
+JSON on every row, 1,000 items with 64 document tags made 2,000 copies of the same 16 KB,
+and one item of 2,800 dialogue turns with 128 KB of metadata 358 MB. So a value (a tag
+list or a metadata object, as JSON text) longer than :data:`INLINE_MAX` characters is
+stored once per bank in ``memory_values``, keyed by a digest of its text, and the row
+holds the digest in ``tags_ref`` / ``metadata_ref`` with an empty ``tags`` / ``metadata``;
+a shorter value (most are ``[]`` or ``{}``) stays inline, where it costs less than a
+reference. Readers select :func:`value_column`, which gives the JSON either way.
+
+A value is deleted with the last row that references it (:func:`release`), in the
+transaction that removes that row: ``memory_values`` holds nothing no row needs.
+
+Both memory stores (SQLite and PostgreSQL) use this module; the SQL is portable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any, Final
+
+__all__ = ["INLINE_MAX", "ValueWriter", "release", "value_column"]
+
+#: JSON values up to this many characters stay in their row; longer ones are shared.
+INLINE_MAX: Final = 64
+#: Hex digits of the SHA-256 digest that keys a shared value (128 bits).
+_DIGEST_CHARS: Final = 32
+
+#: Deletes a bank's value unless a unit or a document still references it (the partial
+#: indexes on the ``*_ref`` columns answer each ``NOT EXISTS``).
+_RELEASE: Final = (
+    "DELETE FROM memory_values WHERE bank_ref = ? AND digest = ?"
+    " AND NOT EXISTS (SELECT 1 FROM memory_units WHERE bank_ref = ? AND tags_ref = ?)"
+    " AND NOT EXISTS (SELECT 1 FROM memory_units WHERE bank_ref = ? AND metadata_ref = ?)"
+    " AND NOT EXISTS (SELECT 1 FROM memory_documents WHERE bank_ref = ? AND tags_ref = ?)"
+    " AND NOT EXISTS (SELECT 1 FROM memory_documents WHERE bank_ref = ? AND metadata_ref = ?)"
+)
+
+
+def value_column(table: str, column: str) -> str:
+    """SQL for the JSON text of *column* (``tags`` or ``metadata``) of the row *table*
+    names (a table or an alias), inline or shared."""
+    return (
+        f"CASE WHEN {table}.{column}_ref IS NULL THEN {table}.{column} ELSE"
+        f" (SELECT v.body FROM memory_values v WHERE v.bank_ref = {table}.bank_ref"
+        f" AND v.digest = {table}.{column}_ref) END"
+    )
+
+
+class ValueWriter:
+    """The tags and metadata of one write transaction: :meth:`encode` gives each value's
+    column text and reference, :meth:`store` writes the shared ones.
+
+    A value object met again (the tag list all units of an item share) is encoded once.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Any, str, str | None]] = {}
+        self._bodies: dict[str, str] = {}
+
+    def encode(self, value: Any) -> tuple[str, str | None]:
+        """``(column text, reference)``: the JSON inline and ``None``, or ``""`` and the
+        digest of a value stored by :meth:`store`."""
+        seen = self._seen.get(id(value))
+        if seen is not None and seen[0] is value:
+            return seen[1], seen[2]
+        text = json.dumps(value)
+        if len(text) <= INLINE_MAX:
+            inline, ref = text, None
+        else:
+            ref = hashlib.sha256(text.encode()).hexdigest()[:_DIGEST_CHARS]
+            self._bodies[ref] = text
+            inline = ""
+        self._seen[id(value)] = (value, inline, ref)
+        return inline, ref
+
+    def store(self, conn: Any, bank_ref: str) -> None:
+        """Insert the shared values encoded so far that the bank does not hold yet."""
+        if self._bodies:
+            conn.executemany(
+                "INSERT INTO memory_values (bank_ref, digest, body) VALUES (?,?,?)"
+                " ON CONFLICT (bank_ref, digest) DO NOTHING",
+                [(bank_ref, digest, body) for digest, body in self._bodies.items()],
+            )
+
+
+def release(conn: Any, bank_ref: str, refs: Iterable[str | None]) -> None:
+    """After rows referencing *refs* were deleted (in this transaction): delete the values
+    no row references any more."""
+    digests = sorted({ref for ref in refs if ref})
+    if digests:
+        conn.executemany(_RELEASE, [(bank_ref, d) * 5 for d in digests])
