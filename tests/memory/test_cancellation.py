@@ -187,21 +187,21 @@ async def test_cancel_inside_the_document_transaction_rolls_it_back(
     engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bank = await _bank(engine, n=1)
-    original = SqliteMemoryStore._insert_unit
-    inserted = {"n": 0}
+    original = SqliteMemoryStore._link
+    linking = {"n": 0}
 
-    def insert_then_cancel(*args: Any, **kwargs: Any) -> int:
-        inserted["n"] += 1
-        if inserted["n"] == 100:
-            current_context().token.cancel("client disconnected")
-        return original(*args, **kwargs)
+    def cancel_then_link(conn: Any, *args: Any, **kwargs: Any) -> None:
+        # The units are in (two batches of them), uncommitted; the links come next.
+        linking["n"] = conn.execute("SELECT COUNT(*) FROM memory_units").fetchone()[0]
+        current_context().token.cancel("client disconnected")
+        original(conn, *args, **kwargs)
 
-    monkeypatch.setattr(SqliteMemoryStore, "_insert_unit", staticmethod(insert_then_cancel))
+    monkeypatch.setattr(SqliteMemoryStore, "_link", staticmethod(cancel_then_link))
     transcript = "\n".join(f"Alice: line {i} of a long transcript" for i in range(300))
     ctx = RequestContext()
     with use_context(ctx), pytest.raises(OperationCancelled):
         await engine.retain(bank, [RetainItem(content=transcript, document_id="long")])
-    assert inserted["n"] >= 100
+    assert linking["n"] == 301
     with use_context(RequestContext()):
         with pytest.raises(NotFound):
             await engine.get_document(bank, "long")

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from heed.memory.dates import find_dates
 from heed.memory.embeddings import Embedder, TokenCounter
-from heed.memory.entities import extract_entities
+from heed.memory.entities import assign_given, extract_entities
 from heed.memory.idempotency import document_id_for
 from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
 from heed.memory.units import index_text, neighbour_texts, split_units, with_neighbours
@@ -71,7 +71,9 @@ def _units_of(
     units: list[PreparedUnit] = []
     tags = list(dict.fromkeys([*document_tags, *item.tags]))
     metadata = dict(item.metadata)  # one object for all the item's units: stored once
-    for piece in split_units(item.content):
+    pieces = split_units(item.content)
+    given = assign_given([piece.text for piece in pieces], item.entities)
+    for piece, entities in zip(pieces, given, strict=True):
         dates = find_dates(piece.text, when)
         start: datetime | None
         end: datetime | None
@@ -93,7 +95,7 @@ def _units_of(
                 mentioned_at=when,
                 metadata=metadata,
                 tags=tags,
-                entities=extract_entities(piece.text, item.entities, piece.speaker),
+                entities=extract_entities(piece.text, entities, piece.speaker),
             )
         )
     return units

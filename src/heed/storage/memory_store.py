@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from heed.memory.entities import canonical
 from heed.memory.idempotency import KEY_TTL_SECONDS, IdempotencyConflict, LedgerEntry, RetainKey
 from heed.memory.models import (
     Bank,
@@ -33,6 +32,7 @@ from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows, W
 from heed.memory.units import with_neighbours
 from heed.runtime import OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Database, Migration
+from heed.storage.memory_links import ENTITY_LINKS_PER_ENTITY, first_mentions, plan_links
 from heed.storage.memory_rows import (
     DOCUMENT_VALUES,
     LAST_UNITS_OF_DOCUMENT,
@@ -51,8 +51,8 @@ from heed.storage.memory_values import ValueWriter, release
 
 __all__ = ["MEMORY_MIGRATIONS", "SqliteMemoryStore"]
 
-#: Links to at most this many earlier units per shared entity, per new unit.
-ENTITY_LINKS_PER_ENTITY = 3
+#: Units inserted per bulk insert; the token is checked between batches.
+WRITE_BATCH = 256
 
 MEMORY_MIGRATIONS = [
     Migration(
@@ -443,11 +443,22 @@ class SqliteMemoryStore:
         document: PreparedDocument,
         ledger: tuple[RetainKey, int] | None = None,
     ) -> WriteResult:
-        """Write one document's chunks, units, entities and links in one transaction."""
+        """Write one document's chunks, units, entities and links in one transaction.
+
+        The rows are built before the writer lock is taken, and go in with bulk inserts
+        of :data:`WRITE_BATCH` units, the token checked between batches (a cancel rolls
+        the whole document back); entities and links cost a statement per entity the bank
+        knows already (:mod:`heed.storage.memory_links`), not one per unit and entity.
+        """
         now = now_iso()
         token = bank_token(bank_ref)
-        added: list[tuple[int, str]] = []
         values = ValueWriter()
+        chunk_ids = {c.index: c.id for c in document.chunks}
+        rows = [
+            self._unit_row(bank_ref, document.document_id, unit, chunk_ids, now, values)
+            for unit in document.units
+        ]
+        first = first_mentions(document.units)
         released: list[str | None] = []  # shared values of rows replaced or overwritten
         with self.db.write() as conn:
             generation = touch_bank(conn, bank_ref, now)
@@ -496,7 +507,6 @@ class SqliteMemoryStore:
                     now,
                 ),
             )
-            chunk_ids: dict[int, str] = {}
             conn.executemany(
                 "INSERT INTO memory_chunks (id, bank_ref, document_id, chunk_index, text)"
                 " VALUES (?,?,?,?,?)",
@@ -505,35 +515,38 @@ class SqliteMemoryStore:
                     for c in document.chunks
                 ],
             )
-            for c in document.chunks:
-                chunk_ids[c.index] = c.id
-            previous_seq: int | None = None
-            entity_cache: dict[str, str] = {}
-            for position, unit in enumerate(units):
-                if position % 64 == 0:
-                    raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
-                seq = self._insert_unit(
-                    conn, bank_ref, document.document_id, unit, chunk_ids, now, generation, values
+            # Seqs as SQLite's rowids would be (the largest plus one), known before the insert.
+            last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM memory_units").fetchone()
+            after = int(last[0])
+            seqs = list(range(after + 1, after + 1 + len(units)))
+            for start in range(0, len(units), WRITE_BATCH):
+                raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
+                end = start + WRITE_BATCH
+                conn.executemany(
+                    "INSERT INTO memory_units (seq, id, bank_ref, document_id, chunk_id, text,"
+                    " fact_type, context, occurred_start, occurred_end, mentioned_at, metadata,"
+                    " metadata_ref, tags, tags_ref, embedding, created_at, token_count, generation)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        (seq, *row, generation)
+                        for seq, row in zip(seqs[start:end], rows[start:end], strict=True)
+                    ],
                 )
-                added.append((seq, unit.id))
-                conn.execute(
+                conn.executemany(
                     "INSERT INTO memory_fts (rowid, bank, body) VALUES (?,?,?)",
-                    (seq, token, unit.index_text),
+                    [
+                        (seq, token, unit.index_text)
+                        for seq, unit in zip(seqs[start:end], units[start:end], strict=True)
+                    ],
                 )
-                self._link_entities(conn, bank_ref, seq, unit, entity_cache)
-                if previous_seq is not None:
-                    conn.executemany(
-                        "INSERT OR IGNORE INTO memory_links (from_seq, to_seq, link_type, weight)"
-                        " VALUES (?,?,?,?)",
-                        [
-                            (seq, previous_seq, "temporal", 1.0),
-                            (previous_seq, seq, "temporal", 1.0),
-                        ],
-                    )
-                previous_seq = seq
+            self._link(conn, bank_ref, seqs, units, first)
             values.store(conn, bank_ref)
             release(conn, bank_ref, released)
-        return WriteResult(removed=removed, added=added, generation=generation)
+        return WriteResult(
+            removed=removed,
+            added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
+            generation=generation,
+        )
 
     @staticmethod
     def _join_stored_last(
@@ -581,98 +594,91 @@ class SqliteMemoryStore:
             ) from exc
 
     @staticmethod
-    def _insert_unit(
-        conn: sqlite3.Connection,
+    def _unit_row(
         bank_ref: str,
         document_id: str,
         unit: PreparedUnit,
         chunk_ids: dict[int, str],
         now: str,
-        generation: int,
         values: ValueWriter,
-    ) -> int:
+    ) -> tuple[Any, ...]:
+        """A ``memory_units`` row of *unit*, without its seq and generation."""
         embedding = (
             np.asarray(unit.embedding, dtype=np.float32).tobytes()
             if unit.embedding is not None
             else None
         )
-        cursor = conn.execute(
-            "INSERT INTO memory_units (id, bank_ref, document_id, chunk_id, text, fact_type,"
-            " context,"
-            " occurred_start, occurred_end, mentioned_at, metadata, metadata_ref, tags, tags_ref,"
-            " embedding, created_at, token_count, generation)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                unit.id,
-                bank_ref,
-                document_id,
-                chunk_ids.get(unit.chunk_index),
-                unit.text,
-                unit.fact_type,
-                unit.context,
-                iso(unit.occurred_start),
-                iso(unit.occurred_end),
-                iso(unit.mentioned_at),
-                *values.encode(unit.metadata),
-                *values.encode(unit.tags),
-                embedding,
-                now,
-                unit.token_count,
-                generation,
-            ),
+        return (
+            unit.id,
+            bank_ref,
+            document_id,
+            chunk_ids.get(unit.chunk_index),
+            unit.text,
+            unit.fact_type,
+            unit.context,
+            iso(unit.occurred_start),
+            iso(unit.occurred_end),
+            iso(unit.mentioned_at),
+            *values.encode(unit.metadata),
+            *values.encode(unit.tags),
+            embedding,
+            now,
+            unit.token_count,
         )
-        seq = cursor.lastrowid
-        assert seq is not None
-        return int(seq)
 
     @staticmethod
-    def _link_entities(
+    def _link(
         conn: sqlite3.Connection,
         bank_ref: str,
-        seq: int,
-        unit: PreparedUnit,
-        cache: dict[str, str],
+        seqs: Sequence[int],
+        units: Sequence[PreparedUnit],
+        first: dict[str, tuple[str, str | None]],
     ) -> None:
-        links: dict[int, float] = {}
-        for entity in unit.entities:
-            key = canonical(entity.name)
-            if not key:
-                continue
-            entity_id = cache.get(key)
-            if entity_id is None:
-                row = conn.execute(
-                    "SELECT id FROM memory_entities WHERE bank_ref = ? AND canonical = ?",
-                    (bank_ref, key),
-                ).fetchone()
-                if row is None:
-                    entity_id = str(uuid.uuid4())
-                    conn.execute(
-                        "INSERT INTO memory_entities (id, bank_ref, canonical, name, type)"
-                        " VALUES (?,?,?,?,?)",
-                        (entity_id, bank_ref, key, entity.name, entity.type),
-                    )
-                else:
-                    entity_id = str(row[0])
-                cache[key] = entity_id
-            for (other,) in conn.execute(
-                "SELECT unit_seq FROM memory_unit_entities WHERE entity_id = ?"
-                " ORDER BY unit_seq DESC LIMIT ?",
-                (entity_id, ENTITY_LINKS_PER_ENTITY),
+        """Entities, memberships and links of the new units (see
+        :mod:`heed.storage.memory_links`), in bulk, the token checked between batches."""
+        entity_ids: dict[str, str] = {}
+        keys = list(first)
+        for start in range(0, len(keys), 500):
+            part = keys[start : start + 500]
+            for key, entity_id in conn.execute(
+                "SELECT canonical, id FROM memory_entities WHERE bank_ref = ?"
+                f" AND canonical IN ({_placeholders(len(part))})",
+                (bank_ref, *part),
             ):
-                links[int(other)] = links.get(int(other), 0.0) + 1.0
-            conn.execute(
+                entity_ids[str(key)] = str(entity_id)
+        recent: dict[str, list[int]] = {}
+        for entity_id in entity_ids.values():  # entities the bank knew: their latest units
+            recent[entity_id] = [
+                int(r[0])
+                for r in conn.execute(
+                    "SELECT unit_seq FROM memory_unit_entities WHERE entity_id = ?"
+                    " ORDER BY unit_seq DESC LIMIT ?",
+                    (entity_id, ENTITY_LINKS_PER_ENTITY),
+                )
+            ]
+        new = [
+            (str(uuid.uuid4()), bank_ref, key, name, kind)
+            for key, (name, kind) in first.items()
+            if key not in entity_ids
+        ]
+        raise_if_cancelled()
+        conn.executemany(
+            "INSERT INTO memory_entities (id, bank_ref, canonical, name, type) VALUES (?,?,?,?,?)",
+            new,
+        )
+        entity_ids.update((row[2], row[0]) for row in new)
+        memberships, links = plan_links(seqs, units, entity_ids, recent)
+        for start in range(0, max(len(memberships), len(links)), 4 * WRITE_BATCH):
+            raise_if_cancelled()
+            end = start + 4 * WRITE_BATCH
+            conn.executemany(
                 "INSERT OR IGNORE INTO memory_unit_entities (unit_seq, entity_id) VALUES (?,?)",
-                (seq, entity_id),
+                memberships[start:end],
             )
-        rows: list[tuple[int, int, str, float]] = []
-        for other, weight in links.items():
-            rows.append((seq, other, "entity", weight))
-            rows.append((other, seq, "entity", weight))
-        if rows:
             conn.executemany(
                 "INSERT OR IGNORE INTO memory_links (from_seq, to_seq, link_type, weight)"
                 " VALUES (?,?,?,?)",
-                rows,
+                links[start:end],
             )
 
     # -- recall ------------------------------------------------------------------

@@ -82,7 +82,6 @@ import numpy as np
 import psycopg
 import psycopg.errors
 
-from heed.memory.entities import canonical
 from heed.memory.idempotency import KEY_TTL_SECONDS, IdempotencyConflict, LedgerEntry, RetainKey
 from heed.memory.models import (
     Bank,
@@ -95,6 +94,7 @@ from heed.memory.models import (
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows, WriteResult
 from heed.runtime import CancellationToken, OperationCancelled, current_token, raise_if_cancelled
 from heed.storage.database import Migration
+from heed.storage.memory_links import ENTITY_LINKS_PER_ENTITY, first_mentions, plan_links
 from heed.storage.memory_rows import (
     DOCUMENT_VALUES,
     LAST_UNITS_OF_DOCUMENT,
@@ -109,7 +109,7 @@ from heed.storage.memory_rows import (
     touch_bank,
     unit_from_row,
 )
-from heed.storage.memory_store import ENTITY_LINKS_PER_ENTITY, bank_token
+from heed.storage.memory_store import bank_token
 from heed.storage.memory_values import ValueWriter, release
 from heed.storage.postgres import Connection, PostgresDatabase
 
@@ -939,19 +939,10 @@ class PgMemoryStore:
     def _link(
         conn: Connection, bank_ref: str, seqs: Sequence[int], units: Sequence[PreparedUnit]
     ) -> None:
-        """Entities, entity links and temporal links of a document's new units.
-
-        The same links as SQLite's unit-by-unit loop: each unit links to the latest
-        :data:`ENTITY_LINKS_PER_ENTITY` units (earlier in this document included) naming
-        each of its entities, one weight per shared entity, both ways; and to the unit
-        before it, both ways. Entities are created on first mention (first name wins).
-        """
-        first: dict[str, tuple[str, str | None]] = {}
-        for unit in units:
-            for entity in unit.entities:
-                key = canonical(entity.name)
-                if key and key not in first:
-                    first[key] = (entity.name, entity.type)
+        """Entities, memberships and links of a document's new units, as on SQLite (see
+        :mod:`heed.storage.memory_links`). Entities are created on first mention (first
+        name wins; another process's concurrent creation is kept)."""
+        first = first_mentions(units)
         entity_ids: dict[str, str] = {}
         recent: dict[str, list[int]] = {}
         if first:
@@ -978,30 +969,8 @@ class PgMemoryStore:
                 (list(entity_ids.values()), ENTITY_LINKS_PER_ENTITY),
             ).fetchall():
                 recent.setdefault(str(row[0]), []).append(int(row[1]))
-        memberships: list[tuple[int, str]] = []
-        links: list[tuple[int, int, str, float]] = []
-        previous: int | None = None
-        for seq, unit in zip(seqs, units, strict=True):
-            weights: dict[int, float] = {}
-            for entity in unit.entities:
-                key = canonical(entity.name)
-                if not key:
-                    continue
-                entity_id = entity_ids[key]
-                latest = recent.setdefault(entity_id, [])
-                for other in latest[:ENTITY_LINKS_PER_ENTITY]:
-                    weights[other] = weights.get(other, 0.0) + 1.0
-                if not latest or latest[0] != seq:
-                    memberships.append((seq, entity_id))
-                    latest.insert(0, seq)
-                    del latest[ENTITY_LINKS_PER_ENTITY:]
-            for other, weight in weights.items():
-                links.append((seq, other, "entity", weight))
-                links.append((other, seq, "entity", weight))
-            if previous is not None:
-                links.append((seq, previous, "temporal", 1.0))
-                links.append((previous, seq, "temporal", 1.0))
-            previous = seq
+        memberships, links = plan_links(seqs, units, entity_ids, recent)
+        raise_if_cancelled()
         if memberships:
             conn.execute(
                 "INSERT INTO memory_unit_entities (unit_seq, entity_id)"
