@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["HeedError"]
+__all__ = ["NUL", "HeedError", "InvalidText", "refuse_nul"]
+
+#: The one character no text heed stores may hold (see :class:`InvalidText`).
+NUL = "\x00"
 
 
 class HeedError(Exception):
@@ -30,3 +33,21 @@ class HeedError(Exception):
         self.headers: dict[str, str] = dict(headers or {})
         if status_code is not None:
             self.status_code = status_code
+
+
+class InvalidText(HeedError, ValueError):
+    """Text holding a NUL character (U+0000), which heed does not store (HTTP 400).
+
+    PostgreSQL's ``text`` cannot hold NUL and SQLite can, so rather than let the two
+    databases disagree, no store writes it: the HTTP edge refuses it in a request, each
+    domain in its inputs (naming the field), and the stores, whatever path text reaches
+    them by, refuse it before they write anything, on both databases alike.
+    """
+
+    status_code = 400
+
+
+def refuse_nul(value: str | None, what: str) -> None:
+    """Raise :class:`InvalidText` naming *what* when *value* holds NUL."""
+    if value is not None and NUL in value:
+        raise InvalidText(f"{what} holds a NUL character (U+0000), which heed does not store")

@@ -19,11 +19,12 @@ import asyncio
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
+from heed.errors import NUL
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
 from heed.memory.models import (
@@ -72,6 +73,28 @@ ProgressCallback = Callable[[int, int], None]
 def is_bank_id(value: str) -> bool:
     """Whether *value*, all of it, is a valid id for a new bank (:data:`BANK_ID_RE`)."""
     return BANK_ID_RE.fullmatch(value) is not None
+
+
+def _refuse_nul(value: str | None, what: str) -> None:
+    """The memory domain's NUL rule (see :class:`heed.errors.InvalidText`): an
+    :class:`InvalidInput` naming the field."""
+    if value is not None and NUL in value:
+        raise InvalidInput(f"{what} holds a NUL character (U+0000), which heed does not store")
+
+
+def _refuse_nul_in_item(item: RetainItem, where: str) -> None:
+    _refuse_nul(item.content, f"{where}.content")
+    _refuse_nul(item.context, f"{where}.context")
+    _refuse_nul(item.document_id, f"{where}.document_id")
+    _refuse_nul(item.fact_type, f"{where}.fact_type")
+    for i, tag in enumerate(item.tags):
+        _refuse_nul(tag, f"{where}.tags[{i}]")
+    for key, value in item.metadata.items():
+        _refuse_nul(key, f"a key of {where}.metadata")
+        _refuse_nul(value, f"{where}.metadata[{key!r}]")
+    for i, entity in enumerate(item.entities):
+        _refuse_nul(entity.name, f"{where}.entities[{i}].text")
+        _refuse_nul(entity.type, f"{where}.entities[{i}].type")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +257,7 @@ class MemoryEngine:
                 bank = Bank(tenant=tenant, bank_id=bank_id, ref=str(uuid.uuid4()), name=bank_id)
             for key in ("name", "mission", "background"):
                 if fields.get(key) is not None:
+                    _refuse_nul(fields[key], key)
                     setattr(bank, key, fields[key])
             if fields.get("disposition"):
                 bank.disposition.update(fields["disposition"])
@@ -285,10 +309,13 @@ class MemoryEngine:
 
     # -- retain ------------------------------------------------------------------------
 
-    def validate_items(self, items: list[RetainItem]) -> None:
-        """Refuse empty or oversized items with a message naming the item."""
+    def validate_items(self, items: list[RetainItem], document_tags: Sequence[str] = ()) -> None:
+        """Refuse empty or oversized items, and text holding NUL (which no store keeps:
+        :class:`heed.errors.InvalidText`), with a message naming the item and field."""
         if not items:
             raise InvalidInput("items is empty: send at least one item")
+        for i, tag in enumerate(document_tags):
+            _refuse_nul(tag, f"document_tags[{i}]")
         for i, item in enumerate(items):
             if not item.content.strip():
                 raise InvalidInput(f"items[{i}].content is empty")
@@ -297,6 +324,7 @@ class MemoryEngine:
                     f"items[{i}].content has {len(item.content)} characters; "
                     f"the limit is {self.max_item_chars}"
                 )
+            _refuse_nul_in_item(item, f"items[{i}]")
 
     async def retain(
         self,
@@ -318,7 +346,7 @@ class MemoryEngine:
         writes nothing), ``IdempotencyConflict`` when the key was used for a
         different request.
         """
-        self.validate_items(items)
+        self.validate_items(items, document_tags or ())
         tags = document_tags or []
         plans = plan_documents(items, tags, idempotency_key)
         async with self.track(bank), self.retain_lane.slot(), self._bank_gone_is_not_found(bank):
@@ -362,7 +390,10 @@ class MemoryEngine:
     # -- recall ------------------------------------------------------------------------
 
     def validate_query(self, query: RecallQuery) -> None:
-        """Refuse empty, wordless and over-long queries."""
+        """Refuse empty, wordless and over-long queries, and NUL in the query or its tags."""
+        _refuse_nul(query.query, "query")
+        for i, tag in enumerate(query.tags or ()):
+            _refuse_nul(tag, f"tags[{i}]")
         text = query.query.strip()
         if not text:
             raise InvalidInput("query is empty")
@@ -385,15 +416,19 @@ class MemoryEngine:
     async def list_units(
         self, bank: Bank, flt: UnitFilter, limit: int, offset: int
     ) -> tuple[list[StoredUnit], int]:
+        for name in ("fact_type", "document_id", "search", "entity_id", "start", "end"):
+            _refuse_nul(getattr(flt, name), name)
         return await run_in_thread(self.store.list_units, bank.ref, flt, limit, offset)
 
     async def get_unit(self, bank: Bank, unit_id: str) -> StoredUnit:
+        _refuse_nul(unit_id, "the memory id")
         unit = await run_in_thread(self.store.get_unit, bank.ref, unit_id)
         if unit is None:
             raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
         return unit
 
     async def delete_unit(self, bank: Bank, unit_id: str) -> None:
+        _refuse_nul(unit_id, "the memory id")
         async with self.track(bank), self._bank_gone_is_not_found(bank):
             result = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
             if result is None:
@@ -403,15 +438,18 @@ class MemoryEngine:
     async def list_documents(
         self, bank: Bank, search: str | None, limit: int, offset: int
     ) -> tuple[list[DocumentInfo], int]:
+        _refuse_nul(search, "search")
         return await run_in_thread(self.store.list_documents, bank.ref, search, limit, offset)
 
     async def get_document(self, bank: Bank, document_id: str) -> DocumentInfo:
+        _refuse_nul(document_id, "document_id")
         info = await run_in_thread(self.store.get_document, bank.ref, document_id)
         if info is None:
             raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
         return info
 
     async def delete_document(self, bank: Bank, document_id: str) -> int:
+        _refuse_nul(document_id, "document_id")
         async with self.track(bank), self._bank_gone_is_not_found(bank):
             result = await run_in_thread(self.store.delete_document, bank.ref, document_id)
             if result is None:

@@ -14,7 +14,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.memory.models import Bank, DocumentInfo, PreparedUnit, StoredUnit
+from heed.errors import refuse_nul
+from heed.memory.models import Bank, DocumentInfo, PreparedDocument, PreparedUnit, StoredUnit
 from heed.memory.store import BankGone, BankTaken
 from heed.memory.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
 from heed.storage.memory_values import value_column
@@ -31,6 +32,8 @@ __all__ = [
     "loads",
     "now_iso",
     "read_generation",
+    "refuse_nul_in_bank",
+    "refuse_nul_in_document",
     "touch_bank",
     "unit_from_row",
 ]
@@ -115,6 +118,62 @@ def insert_bank(conn: Any, bank: Bank, values: Sequence[Any]) -> None:
     )
     if cursor.rowcount != 1:
         raise BankTaken(bank.bank_id)
+
+
+def _refuse_nul_in_value(value: Any, what: str) -> None:
+    """NUL in a tag list or a metadata map (keys and values)."""
+    if isinstance(value, str):
+        refuse_nul(value, what)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            refuse_nul(str(key), f"a key of {what}")
+            _refuse_nul_in_value(item, f"{what}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _refuse_nul_in_value(item, what)
+
+
+def refuse_nul_in_document(document: PreparedDocument, ledger_key: str | None = None) -> None:
+    """Raise :class:`~heed.errors.InvalidText` when any text of *document* holds NUL.
+
+    Both stores call it before a write begins, so SQLite and PostgreSQL refuse the same
+    documents (PostgreSQL's ``text`` cannot hold NUL; SQLite's can) and nothing is half
+    written. The engine refuses such input earlier, naming the item's field; this covers
+    every other way to a store."""
+    refuse_nul(document.document_id, "document_id")
+    refuse_nul(ledger_key, "the Idempotency-Key")
+    refuse_nul(document.original_text, f"the text of document {document.document_id!r}")
+    seen: set[int] = set()
+    for value, what in ((document.tags, "tags"), (document.metadata, "metadata")):
+        _refuse_nul_in_value(value, what)
+        seen.add(id(value))
+    for unit in document.units:
+        refuse_nul(unit.text, "a memory's text")
+        refuse_nul(unit.index_text, "a memory's index text")
+        refuse_nul(unit.context, "context")
+        refuse_nul(unit.fact_type, "fact_type")
+        for entity in unit.entities:
+            refuse_nul(entity.name, "an entity name")
+            refuse_nul(entity.type, "an entity type")
+        for value, what in ((unit.tags, "tags"), (unit.metadata, "metadata")):
+            if id(value) not in seen:  # an item's units share their lists: check once
+                _refuse_nul_in_value(value, what)
+                seen.add(id(value))
+
+
+def refuse_nul_in_bank(bank: Bank) -> None:
+    """Raise :class:`~heed.errors.InvalidText` when a text of *bank* holds NUL (see
+    :func:`refuse_nul_in_document`)."""
+    for value, what in (
+        (bank.tenant, "tenant"),
+        (bank.bank_id, "bank_id"),
+        (bank.name, "name"),
+        (bank.mission, "mission"),
+        (bank.background, "background"),
+    ):
+        refuse_nul(value, what)
+    _refuse_nul_in_value(bank.config, "config")
+    _refuse_nul_in_value(bank.disposition, "disposition")
 
 
 def now_iso() -> str:

@@ -44,6 +44,8 @@ from heed.storage.memory_rows import (
     join_append,
     now_iso,
     read_generation,
+    refuse_nul_in_bank,
+    refuse_nul_in_document,
     touch_bank,
     unit_from_row,
 )
@@ -278,6 +280,7 @@ class SqliteMemoryStore:
         return [(bank_from_row(r), int(r["n"])) for r in rows], int(total)
 
     def save_bank(self, bank: Bank) -> Bank:
+        refuse_nul_in_bank(bank)
         now = now_iso()
         with self.db.write() as conn:
             row = conn.execute(
@@ -450,6 +453,7 @@ class SqliteMemoryStore:
         the whole document back); entities and links cost a statement per entity the bank
         knows already (:mod:`heed.storage.memory_links`), not one per unit and entity.
         """
+        refuse_nul_in_document(document, ledger[0].key if ledger is not None else None)
         now = now_iso()
         token = bank_token(bank_ref)
         values = ValueWriter()

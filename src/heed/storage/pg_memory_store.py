@@ -106,6 +106,8 @@ from heed.storage.memory_rows import (
     join_append,
     now_iso,
     read_generation,
+    refuse_nul_in_bank,
+    refuse_nul_in_document,
     touch_bank,
     unit_from_row,
 )
@@ -353,7 +355,9 @@ PG_MEMORY_MIGRATIONS: Final = pg_memory_migrations(DEFAULT_DIM)
 
 
 def _text(value: str) -> str:
-    """*value* storable in a PostgreSQL text column, which cannot hold NUL characters."""
+    """*value* as a parameter PostgreSQL accepts: NUL replaced by U+FFFD. Writes refuse
+    NUL before they begin (:func:`~heed.storage.memory_rows.refuse_nul_in_document`), so
+    this serves lookups and search terms, and keeps the writes' parameters safe."""
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
@@ -588,6 +592,7 @@ class PgMemoryStore:
         return [(bank_from_row(r), int(r["n"])) for r in rows], int(total)
 
     def save_bank(self, bank: Bank) -> Bank:
+        refuse_nul_in_bank(bank)
         now = now_iso()
         with self.db.write() as conn:
             row = conn.execute(
@@ -737,6 +742,7 @@ class PgMemoryStore:
         ledger: tuple[RetainKey, int] | None = None,
     ) -> WriteResult:
         """Write one document's chunks, units, entities and links in one transaction."""
+        refuse_nul_in_document(document, ledger[0].key if ledger is not None else None)
         for unit in document.units:
             if unit.embedding is not None and np.size(unit.embedding) != self.dim:
                 raise ValueError(

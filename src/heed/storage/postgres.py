@@ -27,7 +27,7 @@ instances starting together apply each step once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Final
@@ -36,6 +36,7 @@ import psycopg
 import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
+from heed.errors import NUL, InvalidText
 from heed.redact import redact, secrets_of
 from heed.storage.database import Migration
 
@@ -81,8 +82,30 @@ def _row_factory(cursor: Any) -> Any:
     return make
 
 
+def _holds_nul(values: Iterable[Any]) -> bool:
+    """Whether a text among *values* (or in a list among them, an array parameter) holds
+    NUL."""
+    for value in values:
+        if isinstance(value, str):
+            if NUL in value:
+                return True
+        elif isinstance(value, list | tuple) and _holds_nul(value):
+            return True
+    return False
+
+
+def _refuse_nul() -> InvalidText:
+    return InvalidText("a text holds a NUL character (U+0000), which heed does not store")
+
+
 class Connection:
-    """A psycopg connection speaking the stores' dialect (``?`` placeholders)."""
+    """A psycopg connection speaking the stores' dialect (``?`` placeholders).
+
+    A parameter holding NUL, which a PostgreSQL ``text`` cannot hold, is refused here with
+    :class:`~heed.errors.InvalidText` (400) before it reaches the server, never as the
+    driver's ``DataError`` (a 500, or a failed turn's text). The stores refuse such text
+    earlier, naming the field, and alike on SQLite; this is the net under them.
+    """
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
@@ -90,9 +113,13 @@ class Connection:
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[Any]:
         if params is None:
             return self.raw.execute(sql)
+        if _holds_nul(params):
+            raise _refuse_nul()
         return self.raw.execute(_pg_sql(sql), params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        if any(_holds_nul(row) for row in rows):
+            raise _refuse_nul()
         cursor = self.raw.cursor()
         cursor.executemany(_pg_sql(sql), rows)
         return cursor

@@ -3,6 +3,10 @@
 
 A message's ``idx`` is the session's next one, read and written under the session's
 transcript lock, so two processes appending to one transcript never take the same idx.
+
+NUL (see :class:`heed.errors.InvalidText`), alike on both databases: a session id
+holding it names no session (``None``, nothing, ``False``), and a title or message
+holding it is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final
 
+from heed.errors import NUL, refuse_nul
 from heed.sessions.store import Message, Session, Wakeup
 from heed.storage.database import Migration, SqlDatabase
 
@@ -164,6 +169,10 @@ class SqlSessionStore:
         self.db.migrate(PG_MIGRATIONS if self.db.dialect == "postgresql" else MIGRATIONS)
 
     def create(self, session: Session) -> Session:
+        refuse_nul(session.id, "the session id")
+        refuse_nul(session.tenant, "the tenant")
+        refuse_nul(session.title, "the session title")
+        refuse_nul(session.bank_id, "bank_id")
         with self.db.write() as conn:
             conn.execute(
                 "INSERT INTO sessions (id, tenant, title, bank_id, created_at, updated_at,"
@@ -181,11 +190,15 @@ class SqlSessionStore:
         return session
 
     def get(self, session_id: str) -> Session | None:
+        if NUL in session_id:
+            return None
         with self.db.read() as conn:
             row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         return None if row is None else _session(row)
 
     def list_sessions(self, tenant: str, limit: int = 100) -> list[Session]:
+        if NUL in tenant:
+            return []
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT * FROM sessions WHERE tenant = ? ORDER BY updated_at DESC LIMIT ?",
@@ -200,6 +213,9 @@ class SqlSessionStore:
         title: str | None = None,
         remember_messages: bool | None = None,
     ) -> Session | None:
+        if NUL in session_id:
+            return None
+        refuse_nul(title, "the session title")
         changes: dict[str, object] = {"updated_at": time.time()}
         if title is not None:
             changes["title"] = title
@@ -213,6 +229,8 @@ class SqlSessionStore:
         return self.get(session_id)
 
     def delete(self, session_id: str) -> bool:
+        if NUL in session_id:
+            return False
         with self.db.write() as conn:
             gone = conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount
             conn.execute("DELETE FROM session_messages WHERE session_id = ?", (session_id,))
@@ -220,6 +238,18 @@ class SqlSessionStore:
         return bool(gone)
 
     def append_message(self, message: Message) -> Message:
+        for value, what in (
+            (message.id, "the message id"),
+            (message.session_id, "the session id"),
+            (message.role, "the message role"),
+            (message.content, "the message content"),
+            (message.run_id, "the run id"),
+            (message.status, "the message status"),
+            (message.source, "the message source"),
+            (message.tool_call_id, "tool_call_id"),
+            (message.name, "the tool name"),
+        ):
+            refuse_nul(value, what)
         with self.db.write() as conn:
             self.db.lock(conn, f"transcript:{message.session_id}")
             row = conn.execute(
@@ -253,6 +283,8 @@ class SqlSessionStore:
         return stored
 
     def messages(self, session_id: str) -> list[Message]:
+        if NUL in session_id:
+            return []
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT * FROM session_messages WHERE session_id = ? ORDER BY idx", (session_id,)
@@ -277,6 +309,8 @@ class SqlSessionStore:
     def pending_wakeups(self, session_id: str | None = None) -> list[Wakeup]:
         sql = "SELECT * FROM session_wakeups WHERE delivered_run_id IS NULL"
         args: tuple[str, ...] = ()
+        if session_id is not None and NUL in session_id:
+            return []
         if session_id is not None:
             sql += " AND session_id = ?"
             args = (session_id,)
