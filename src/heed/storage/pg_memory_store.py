@@ -5,9 +5,10 @@ Implements :class:`heed.memory.store.VectorSearchingStore` with the same contrac
 the same ISO timestamp text, the same ordering. What differs is how recall searches, and
 that several processes may write at once.
 
-Tables (component ``"memory"``, :func:`pg_memory_migrations`, versions 1-3 as on SQLite):
+Tables (component ``"memory"``, :func:`pg_memory_migrations`, versions 1-5 as on SQLite):
 ``memory_banks``, ``memory_documents``, ``memory_chunks``, ``memory_units``,
-``memory_entities``, ``memory_unit_entities``, ``memory_links``, ``memory_retain_ledger``.
+``memory_entities``, ``memory_unit_entities``, ``memory_links``, ``memory_retain_ledger``,
+``memory_values`` (:mod:`heed.storage.memory_values`).
 Text that is compared or sorted (ids, timestamps, canonical names) is ``COLLATE "C"``, so
 comparisons are bytewise as on SQLite whatever the database's locale. Two columns of
 ``memory_units`` replace SQLite's side structures:
