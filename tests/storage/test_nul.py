@@ -35,6 +35,7 @@ from heed.memory.models import (
     RetainItem,
 )
 from heed.memory.store import UnitFilter
+from heed.runs.model import Phase, Run
 from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.sessions.store import Message, Session
@@ -43,6 +44,7 @@ from heed.storage import SqlDatabase
 from heed.storage.memory_store import SqliteMemoryStore
 from heed.storage.pg_memory_store import PgMemoryStore
 from heed.storage.postgres import PostgresDatabase
+from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
 from tests.pg_support import fresh_schema
 
@@ -204,3 +206,26 @@ def test_postgres_refuses_nul_in_any_parameter_before_the_server_sees_it() -> No
                 assert conn.execute("SELECT ?::text", ("fine",)).fetchone()[0] == "fine"
         finally:
             database.close()
+
+
+def test_the_run_store_finds_nothing_by_a_key_holding_nul_and_always_records_an_ending(
+    sql_database: SqlDatabase,
+) -> None:
+    """A run's ending must be stored whatever its description holds: an exception's text
+    with NUL ends the run ``failed`` with U+FFFD in its place, on both databases (on
+    PostgreSQL the transition used to fail, leaving the run to the reaper)."""
+    store = SqlRunStore(sql_database)
+    store.migrate()
+    store.create(Run(id="run_1", kind="turn", tenant="t", phase="queued", created_at=time.time()))
+    assert store.get("run\x001") is None
+    assert store.events_after("run\x001", 0) == []
+    assert store.list_runs(session_id="ses\x00") == []
+    ended = store.transition(
+        "run_1", Phase.FAILED, fields={"error": "upstream said a\x00b"}, event=("failed", {})
+    )
+    assert ended is not None and ended.run.error == "upstream said a\ufffdb"
+    stored = store.get("run_1")
+    assert stored is not None and (stored.phase, stored.error) == (
+        "failed",
+        "upstream said a\ufffdb",
+    )

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
+from heed.errors import NUL
 from heed.runs.events import EventType
 from heed.runs.model import (
     TERMINAL_EVENT_TYPES,
@@ -221,6 +222,8 @@ class SqlRunStore:
         )
 
     def get(self, run_id: str) -> Run | None:
+        if NUL in run_id:
+            return None  # no run id holds NUL (heed.errors.InvalidText): the same on both
         with self.db.read() as conn:
             return self._get(conn, run_id)
 
@@ -239,6 +242,8 @@ class SqlRunStore:
         non_terminal: bool = False,
         limit: int = 1000,
     ) -> list[Run]:
+        if session_id is not None and NUL in session_id:
+            return []
         with self.db.read() as conn:
             return self._list(
                 conn,
@@ -302,6 +307,12 @@ class SqlRunStore:
         if not sources:
             return None
         fields = dict(fields or {})
+        for name in ("error", "cancel_reason"):
+            # Descriptions the server writes (an exception's text, a reason): a run's ending
+            # must be recorded whatever they hold, so NUL, which no store keeps, becomes U+FFFD.
+            value = fields.get(name)
+            if isinstance(value, str) and NUL in value:
+                fields[name] = value.replace(NUL, "\ufffd")
         unknown = set(fields) - _SETTABLE
         if unknown:
             raise ValueError(f"transition cannot set {sorted(unknown)}")
@@ -450,6 +461,8 @@ class SqlRunStore:
         return written
 
     def events_after(self, run_id: str, after: int, limit: int = 1000) -> list[RunEvent]:
+        if NUL in run_id:
+            return []
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT run_id, seq, type, data, ts FROM run_events"
