@@ -16,11 +16,13 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from mcp import Client
 
 from heed.errors import InvalidText
 from heed.memory import MemoryEngine, build_memory_engine
@@ -46,6 +48,8 @@ from heed.storage.pg_memory_store import PgMemoryStore
 from heed.storage.postgres import PostgresDatabase
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
+from tests.mcp_api.test_mcp_server import data, error_text
+from tests.mcp_api.test_mcp_stdio import heed_mcp
 from tests.pg_support import fresh_schema
 
 MEMORY_TABLES = ("memory_documents", "memory_chunks", "memory_units", "memory_entities")
@@ -229,3 +233,35 @@ def test_the_run_store_finds_nothing_by_a_key_holding_nul_and_always_records_an_
         "failed",
         "upstream said a\ufffdb",
     )
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+async def test_over_mcp_stdio_nul_is_a_tool_error_naming_the_field(
+    tmp_path: Path, database: str
+) -> None:
+    """``heed mcp`` over stdio has no HTTP edge in front of it: the domains and the stores
+    refuse NUL there, on both databases, with an error naming what held it."""
+    with ExitStack() as stack:
+        env = (
+            {"HEED_DATABASE_URL": stack.enter_context(fresh_schema())}
+            if database != "sqlite"
+            else {}
+        )
+        async with Client(heed_mcp(tmp_path / "data", **env)) as client:
+            data(await client.call_tool("create_bank", {"bank_id": "notes"}))
+            refused = await client.call_tool(
+                "retain",
+                {"bank_id": "notes", "items": [{"content": "Fine.", "tags": ["a", "b\x00"]}]},
+            )
+            assert "items[0].tags[1] holds a NUL character" in error_text(refused)
+            found = await client.call_tool("recall", {"bank_id": "notes", "query": "cats\x00"})
+            assert "query holds a NUL character" in error_text(found)
+            session_id = data(await client.call_tool("start_turn", {"message": "hello"}))[
+                "session_id"
+            ]
+            turn = await client.call_tool(
+                "start_turn", {"message": "hi\x00there", "session_id": session_id}
+            )
+            assert "the message holds a NUL character" in error_text(turn)
+            nobody = await client.call_tool("start_turn", {"message": "hi", "session_id": "a\x00b"})
+            assert "no session with id" in error_text(nobody)

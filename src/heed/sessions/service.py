@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
-from heed.errors import HeedError
+from heed.errors import HeedError, refuse_nul
 from heed.runs.broker import LAGGED, STOPPED
 from heed.runs.journal import HEARTBEAT, Heartbeat
 from heed.runs.manager import AdmissionAborted, RunManager, Strategy
@@ -146,6 +146,7 @@ class SessionService:
         """Admit a turn (see :meth:`RunManager.submit`): 404 for an unknown session,
         :class:`~heed.runs.manager.RunConflict` (409) for ``reject`` on a busy one."""
         await self.get(session_id, tenant)
+        refuse_nul(content, "the message")  # refused here, not by the turn's transcript write
         run = await self.manager.submit(
             TURN,
             tenant=tenant,
