@@ -158,6 +158,8 @@ async def test_the_memory_engine_names_the_field_holding_nul(engine: MemoryEngin
             await engine.retain(bank, items)
     with pytest.raises(InvalidInput, match=r"document_tags\[0\] holds a NUL"):
         await engine.retain(bank, [RetainItem("fine")], ["\x00"])
+    with pytest.raises(InvalidInput, match=r"document_tags\[1\] holds a NUL"):
+        engine.validate_items([RetainItem("fine")], ["ok", "\x00"])  # async retain's check
     with pytest.raises(InvalidInput, match="query holds a NUL"):
         await engine.recall(bank, RecallQuery(query="cats\x00"))
     with pytest.raises(InvalidInput, match="mission holds a NUL"):

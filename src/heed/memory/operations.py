@@ -113,7 +113,7 @@ class RetainOperations:
         submit with a different body; the operation then retains under the key, so a
         re-run after a restart skips what the first run wrote.
         """
-        self.engine.validate_items(items)
+        self.engine.validate_items(items, document_tags)
         key = (
             await run_in_thread(retain_key, idempotency_key, items, document_tags)
             if idempotency_key
