@@ -239,3 +239,20 @@ async def test_a_recall_of_a_bank_another_process_deleted_is_not_found(
     with pytest.raises(NotFound, match="'x' not found"):
         await b.recall(bank, RecallQuery(query="bees"))
     assert b.indexes.loaded() == []
+
+
+async def test_a_recall_finds_what_the_other_engine_just_retained(
+    engine_pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    """Both databases: on SQLite through the generation check, on PostgreSQL because no
+    engine holds vectors (pgvector searches them)."""
+    a, b = engine_pair
+    bank = await a.put_bank("x", {})
+    await a.retain(bank, [RetainItem(content="The weather in Lisbon was mild all week.")])
+    assert len((await b.recall(bank, RecallQuery(query="weather"))).hits) == 1  # B is loaded
+    await a.retain(bank, [RetainItem(content="Ottoline keeps three tabby cats.")])
+    found = await b.recall(bank, RecallQuery(query="feline companions she loves", trace=True))
+    assert found.trace is not None
+    semantic = found.trace["arms"]["semantic"]
+    texts = {h.unit.text for h in found.hits}
+    assert "Ottoline keeps three tabby cats." in texts and len(semantic) == 2
