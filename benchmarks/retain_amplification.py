@@ -15,6 +15,7 @@ metadata keys, 256 entities per item, 256-character tags):
 - ``items_1000_document_tags_64``: 1,000 items, 64 document tags of 256 characters;
 - ``turns_2800_metadata_64x2k``: one item of 2,800 dialogue turns (one unit each) whose
   metadata holds 64 values of 2,000 characters;
+- ``turns_2800_context_100k``: the same turns with a context of 100,000 characters;
 - ``sentences_2800_entities_256``: one item of 2,800 sentences with 256 given entities;
 - ``sentences_2800_entities_5000``: the same with 5,000 given entities (the issue's
   reproduction, past today's edge limit: the engine's own cost).
@@ -80,6 +81,11 @@ def turns_2800_metadata_64x2k() -> tuple[list[RetainItem], list[str]]:
     return [RetainItem(content=turns, metadata=metadata)], []
 
 
+def turns_2800_context_100k() -> tuple[list[RetainItem], list[str]]:
+    turns = "\n".join(f"{('Ann', 'Bob')[i % 2]}: line {i} of the talk" for i in range(2800))
+    return [RetainItem(content=turns, context="c" * 99_985 + " words about it")], []
+
+
 def _sentences(n: int) -> str:
     return " ".join(f"Sentence {i} mentions nothing in particular." for i in range(n))
 
@@ -101,6 +107,7 @@ SCENARIOS: dict[str, Callable[[], tuple[list[RetainItem], list[str]]]] = {
     for f in (
         items_1000_document_tags_64,
         turns_2800_metadata_64x2k,
+        turns_2800_context_100k,
         sentences_2800_entities_256,
         sentences_2800_entities_5000,
     )

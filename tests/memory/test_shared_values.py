@@ -44,11 +44,11 @@ async def engine(sql_database: SqlDatabase, tmp_path: Path) -> AsyncIterator[Mem
         yield eng
 
 
-def _stored_chars(engine: MemoryEngine, column: str) -> int:
-    """Characters of *column* (``tags`` or ``metadata``) held for the units and documents,
-    shared values included."""
+def _stored_chars(engine: MemoryEngine, column: str, tables: tuple[str, ...] = ROW_TABLES) -> int:
+    """Characters of *column* (``tags``, ``metadata``, ``context``) held for the units and
+    documents (*tables*), shared values included."""
     db: Any = engine.store.db  # type: ignore[attr-defined]
-    sums = [f"SELECT COALESCE(SUM(LENGTH({column})), 0) FROM {t}" for t in ROW_TABLES]
+    sums = [f"SELECT COALESCE(SUM(LENGTH({column})), 0) FROM {t}" for t in tables]
     with db.read() as conn:
         total = sum(int(conn.execute(sql).fetchone()[0]) for sql in sums)
         shared = "SELECT COALESCE(SUM(LENGTH(body)), 0) FROM memory_values"
@@ -97,6 +97,22 @@ async def test_an_items_metadata_is_stored_once_for_all_its_units(engine: Memory
     assert (await engine.get_unit(bank, units[0].id)).metadata == metadata
 
 
+async def test_an_items_context_is_stored_once_and_indexed_in_part(engine: MemoryEngine) -> None:
+    bank = await engine.put_bank("b", {})
+    context = "Holiday in Japan with the family. " + "filler " * 3000 + "zanzibar"
+    talk = "\n".join(f"{('Ann', 'Bob')[i % 2]}: line {i} of the talk" for i in range(300))
+    await engine.retain(bank, [RetainItem(content=talk, context=context)])
+
+    # Before: the 21 KB context on each of the 300 units (6.3 MB), and in each one's index.
+    assert _stored_chars(engine, "context", ("memory_units",)) < 2 * len(context)
+    units, _ = await engine.list_units(bank, UnitFilter(), 1000, 0)
+    assert len(units) == 300 and all(u.context == context for u in units)
+    trace: Any = (await engine.recall(bank, RecallQuery(query="Japan", trace=True))).trace
+    assert trace["arms"]["keyword"]  # the context's start is indexed with each unit
+    trace = (await engine.recall(bank, RecallQuery(query="zanzibar", trace=True))).trace
+    assert not trace["arms"].get("keyword")  # what is past INDEX_CONTEXT_CHARS is not
+
+
 async def test_a_shared_value_goes_with_the_last_row_that_uses_it(engine: MemoryEngine) -> None:
     bank: Bank = await engine.put_bank("b", {})
     other = [f"other-{i:02d}-" + "y" * 60 for i in range(4)]
@@ -110,13 +126,16 @@ async def test_a_shared_value_goes_with_the_last_row_that_uses_it(engine: Memory
     assert (await engine.get_document(bank, "b")).tags == other
 
     metadata = {"note": "z" * 100}
-    two = RetainItem(content="Gamma one.\n\nDelta two.", document_id="c", metadata=metadata)
+    two = RetainItem(
+        content="Gamma one.\n\nDelta two.", document_id="c", metadata=metadata, context="k" * 99
+    )
     await engine.retain(bank, [two])
     units, _ = await engine.list_units(bank, UnitFilter(document_id="c"), 10, 0)
-    assert len(units) == 2 and _values(engine) == 2
+    assert len(units) == 2 and _values(engine) == 3
     await engine.delete_unit(bank, units[0].id)
+    assert _values(engine) == 3
     await engine.delete_unit(bank, units[1].id)
-    assert _values(engine) == 2  # the document itself still carries the metadata
+    assert _values(engine) == 2  # the context went; the document itself carries the metadata
     await engine.delete_document(bank, "c")
     await engine.delete_document(bank, "b")
     assert _values(engine) == 0

@@ -108,6 +108,7 @@ async def _retain_memory(data_dir: Path, db: Database) -> None:
         travel = await engine.put_bank("travel", {"mission": "remember trips"})
         trip = _items(TRAVEL, "trip-2024")
         trip[0].entities = [EntityRef("Ana", "person")]
+        trip[1].context = "Notes written up after the trip, from the diary: " + "d" * 40  # shared
         await engine.retain(travel, trip)
         for text, fact_type in SINGLES[:4]:
             [item] = _items([text], fact_type=fact_type)
@@ -309,8 +310,8 @@ def test_migration_copies_every_table_and_leaves_unfinished_runs_out(
         # Units: same rows apart from seq, in the same seq order; a document's neighbours
         # stay neighbours, and no other units become neighbours.
         columns = (
-            "id, bank_ref, document_id, chunk_id, text, fact_type, context, metadata,"
-            " metadata_ref, tags, tags_ref"
+            "id, bank_ref, document_id, chunk_id, text, fact_type, context, context_ref,"
+            " metadata, metadata_ref, tags, tags_ref"
         )
         order = f"SELECT {columns} FROM memory_units ORDER BY seq"
         assert _rows(pg, order) == _rows(lite, order)

@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Final
 
 __all__ = [
+    "INDEX_CONTEXT_CHARS",
     "NEIGHBOUR_WINDOW",
     "UnitText",
     "index_text",
@@ -42,6 +43,8 @@ __all__ = [
 
 #: How many units on each side of a unit, in its document, join its BM25 text.
 NEIGHBOUR_WINDOW: Final = 2
+#: How much of an item's context joins each of its units' BM25 text (see :func:`index_text`).
+INDEX_CONTEXT_CHARS: Final = 500
 
 _SPEAKER = re.compile(r"^\s*(?P<speaker>[A-Z][\w .'-]{0,40}?)\s*:\s+(?P<text>\S.*)$")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'“])")
@@ -106,9 +109,18 @@ def split_units(content: str, max_chars: int = 800) -> list[UnitText]:
 
 
 def index_text(text: str, context: str | None, when: datetime | None) -> str:
-    """What BM25 indexes for a unit: its text, its context and its date in words."""
+    """What BM25 indexes for a unit: its text, its context and its date in words.
+
+    The context is the item's, the same for each of its units, so at most its first
+    :data:`INDEX_CONTEXT_CHARS` characters (cut at a space) join each: an item of 2,800
+    turns with a 100 KB context indexed 280 MB of copies. A context is a short description
+    ("trip to Japan"); what a longer one says past that stays in the unit's ``context``.
+    """
     parts = [text]
     if context:
+        if len(context) > INDEX_CONTEXT_CHARS:
+            cut = context.rfind(" ", 0, INDEX_CONTEXT_CHARS + 1)
+            context = context[: cut if cut > 0 else INDEX_CONTEXT_CHARS]
         parts.append(context)
     if when is not None:
         parts.append(when.strftime("%d %B %Y %A"))

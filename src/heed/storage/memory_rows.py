@@ -39,9 +39,11 @@ __all__ = [
 ]
 
 #: The ``memory_units`` columns :func:`unit_from_row` reads, for a ``SELECT ... FROM
-#: memory_units`` (tags and metadata inline or shared: :mod:`heed.storage.memory_values`).
+#: memory_units`` (context, tags and metadata inline or shared:
+#: :mod:`heed.storage.memory_values`).
 UNIT_COLUMNS: Final = (
-    "seq, id, text, fact_type, context, document_id, chunk_id, occurred_start,"
+    f"seq, id, text, fact_type, {value_column('memory_units', 'context')} AS context,"
+    " document_id, chunk_id, occurred_start,"
     f" occurred_end, mentioned_at, {value_column('memory_units', 'metadata')} AS metadata,"
     f" {value_column('memory_units', 'tags')} AS tags, created_at, updated_at, token_count"
 )

@@ -202,6 +202,16 @@ MEMORY_MIGRATIONS = [
             WHERE metadata_ref IS NOT NULL;
         """,
     ),
+    Migration(
+        "memory",
+        6,
+        # An item's context, copied onto each of its units, shared the same way.
+        """
+        ALTER TABLE memory_units ADD COLUMN context_ref TEXT;
+        CREATE INDEX memory_units_context_ref ON memory_units (bank_ref, context_ref)
+            WHERE context_ref IS NOT NULL;
+        """,
+    ),
 ]
 
 
@@ -415,8 +425,9 @@ class SqliteMemoryStore:
             part = list(seqs[start : start + 500])
             marks = _placeholders(len(part))
             for row in conn.execute(
-                f"SELECT tags_ref, metadata_ref FROM memory_units WHERE seq IN ({marks})"
-                " AND (tags_ref IS NOT NULL OR metadata_ref IS NOT NULL)",
+                "SELECT tags_ref, metadata_ref, context_ref FROM memory_units"
+                f" WHERE seq IN ({marks}) AND (tags_ref IS NOT NULL"
+                " OR metadata_ref IS NOT NULL OR context_ref IS NOT NULL)",
                 part,
             ).fetchall():
                 refs.extend(row)
@@ -534,9 +545,9 @@ class SqliteMemoryStore:
                 end = start + WRITE_BATCH
                 conn.executemany(
                     "INSERT INTO memory_units (seq, id, bank_ref, document_id, chunk_id, text,"
-                    " fact_type, context, occurred_start, occurred_end, mentioned_at, metadata,"
-                    " metadata_ref, tags, tags_ref, embedding, created_at, token_count, generation)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " fact_type, context, context_ref, occurred_start, occurred_end, mentioned_at,"
+                    " metadata, metadata_ref, tags, tags_ref, embedding, created_at, token_count,"
+                    " generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [
                         (seq, *row, generation)
                         for seq, row in zip(seqs[start:end], rows[start:end], strict=True)
@@ -625,7 +636,7 @@ class SqliteMemoryStore:
             chunk_ids.get(unit.chunk_index),
             unit.text,
             unit.fact_type,
-            unit.context,
+            *values.encode_text(unit.context),
             iso(unit.occurred_start),
             iso(unit.occurred_end),
             iso(unit.mentioned_at),

@@ -1,14 +1,16 @@
 """Tags and metadata stored once per bank, however many units and documents carry them.
 
 A retain copies lists onto what it writes: a request's ``document_tags`` onto every
-document and every unit, an item's tags and metadata onto each of its units. Stored as
-JSON on every row, 1,000 items with 64 document tags made 2,000 copies of the same 16 KB,
-and one item of 2,800 dialogue turns with 128 KB of metadata 358 MB. So a value (a tag
-list or a metadata object, as JSON text) longer than :data:`INLINE_MAX` characters is
-stored once per bank in ``memory_values``, keyed by a digest of its text, and the row
-holds the digest in ``tags_ref`` / ``metadata_ref`` with an empty ``tags`` / ``metadata``;
-a shorter value (most are ``[]`` or ``{}``) stays inline, where it costs less than a
-reference. Readers select :func:`value_column`, which gives the JSON either way.
+document and every unit, an item's tags, metadata and context onto each of its units.
+Stored on every row, 1,000 items with 64 document tags made 2,000 copies of the same
+16 KB, one item of 2,800 dialogue turns with 128 KB of metadata 358 MB, and with a 100 KB
+context 280 MB. So a value (a tag list or a metadata object as JSON text, a context as
+itself) longer than :data:`INLINE_MAX` characters is stored once per bank in
+``memory_values``, keyed by a digest of its text, and the row holds the digest in
+``tags_ref`` / ``metadata_ref`` / ``context_ref`` with an empty ``tags`` / ``metadata`` /
+``context``; a shorter value (most are ``[]``, ``{}`` or no context) stays inline, where
+it costs less than a reference. Readers select :func:`value_column`, which gives the
+text either way.
 
 A value is deleted with the last row that references it (:func:`release`), in the
 transaction that removes that row: ``memory_values`` holds nothing no row needs.
@@ -36,14 +38,15 @@ _RELEASE: Final = (
     "DELETE FROM memory_values WHERE bank_ref = ? AND digest = ?"
     " AND NOT EXISTS (SELECT 1 FROM memory_units WHERE bank_ref = ? AND tags_ref = ?)"
     " AND NOT EXISTS (SELECT 1 FROM memory_units WHERE bank_ref = ? AND metadata_ref = ?)"
+    " AND NOT EXISTS (SELECT 1 FROM memory_units WHERE bank_ref = ? AND context_ref = ?)"
     " AND NOT EXISTS (SELECT 1 FROM memory_documents WHERE bank_ref = ? AND tags_ref = ?)"
     " AND NOT EXISTS (SELECT 1 FROM memory_documents WHERE bank_ref = ? AND metadata_ref = ?)"
 )
 
 
 def value_column(table: str, column: str) -> str:
-    """SQL for the JSON text of *column* (``tags`` or ``metadata``) of the row *table*
-    names (a table or an alias), inline or shared."""
+    """SQL for the text of *column* (``tags``, ``metadata`` or ``context``) of the row
+    *table* names (a table or an alias), inline or shared."""
     return (
         f"CASE WHEN {table}.{column}_ref IS NULL THEN {table}.{column} ELSE"
         f" (SELECT v.body FROM memory_values v WHERE v.bank_ref = {table}.bank_ref"
@@ -63,20 +66,25 @@ class ValueWriter:
         self._bodies: dict[str, str] = {}
 
     def encode(self, value: Any) -> tuple[str, str | None]:
-        """``(column text, reference)``: the JSON inline and ``None``, or ``""`` and the
-        digest of a value stored by :meth:`store`."""
+        """``(column text, reference)`` of a JSON value: the JSON inline and ``None``, or
+        ``""`` and the digest of a value stored by :meth:`store`."""
         seen = self._seen.get(id(value))
         if seen is not None and seen[0] is value:
             return seen[1], seen[2]
-        text = json.dumps(value)
-        if len(text) <= INLINE_MAX:
-            inline, ref = text, None
-        else:
-            ref = hashlib.sha256(text.encode()).hexdigest()[:_DIGEST_CHARS]
-            self._bodies[ref] = text
-            inline = ""
+        inline, ref = self._share(json.dumps(value))
         self._seen[id(value)] = (value, inline, ref)
         return inline, ref
+
+    def encode_text(self, text: str | None) -> tuple[str | None, str | None]:
+        """``(column text, reference)`` of a plain text (``None`` stays ``None``)."""
+        return (None, None) if text is None else self._share(text)
+
+    def _share(self, text: str) -> tuple[str, str | None]:
+        if len(text) <= INLINE_MAX:
+            return text, None
+        ref = hashlib.sha256(text.encode()).hexdigest()[:_DIGEST_CHARS]
+        self._bodies[ref] = text
+        return "", ref
 
     def store(self, conn: Any, bank_ref: str) -> None:
         """Insert the shared values encoded so far that the bank does not hold yet."""
@@ -93,4 +101,4 @@ def release(conn: Any, bank_ref: str, refs: Iterable[str | None]) -> None:
     no row references any more."""
     digests = sorted({ref for ref in refs if ref})
     if digests:
-        conn.executemany(_RELEASE, [(bank_ref, d) * 5 for d in digests])
+        conn.executemany(_RELEASE, [(bank_ref, d) * 6 for d in digests])

@@ -654,9 +654,9 @@ BANK_TABLES: Final = (
 )
 
 _UNIT_COLUMNS: Final = (
-    "seq, id, bank_ref, document_id, chunk_id, text, fact_type, context, occurred_start,"
-    " occurred_end, mentioned_at, metadata, metadata_ref, tags, tags_ref, embedding, keywords,"
-    " created_at, updated_at, token_count"
+    "seq, id, bank_ref, document_id, chunk_id, text, fact_type, context, context_ref,"
+    " occurred_start, occurred_end, mentioned_at, metadata, metadata_ref, tags, tags_ref,"
+    " embedding, keywords, created_at, updated_at, token_count"
 )
 
 #: Values per ``IN (...)`` list on SQLite (older builds allow 999 parameters).
@@ -830,7 +830,8 @@ class _Copier:
         """The units in seq order, cut into runs (see the module docstring)."""
         select = (
             "SELECT u.seq AS _k, u.id, u.bank_ref, u.document_id, u.chunk_id, u.text,"
-            " u.fact_type, u.context, u.occurred_start, u.occurred_end, u.mentioned_at,"
+            " u.fact_type, u.context, u.context_ref, u.occurred_start, u.occurred_end,"
+            " u.mentioned_at,"
             " u.metadata, u.metadata_ref, u.tags, u.tags_ref, u.embedding, u.created_at,"
             " u.updated_at, u.token_count, f.body"
             " FROM memory_units u LEFT JOIN memory_fts f ON f.rowid = u.seq WHERE 1 = 1"
@@ -898,7 +899,7 @@ class _Copier:
             if rows:
                 inserted = conn.executemany(
                     f"INSERT INTO memory_units ({_UNIT_COLUMNS}) VALUES"
-                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
+                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
                     " to_tsvector('simple', ?) || to_tsvector('english', ?),?,?,?)"
                     " ON CONFLICT DO NOTHING",
                     rows,
@@ -1032,6 +1033,7 @@ def _unit_row(seq: int, unit: sqlite3.Row) -> tuple[Any, ...]:
         _clean(unit["text"]),
         _clean(unit["fact_type"]),
         _clean(unit["context"]),
+        unit["context_ref"],
         unit["occurred_start"],
         unit["occurred_end"],
         unit["mentioned_at"],

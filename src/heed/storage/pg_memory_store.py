@@ -5,7 +5,7 @@ Implements :class:`heed.memory.store.VectorSearchingStore` with the same contrac
 the same ISO timestamp text, the same ordering. What differs is how recall searches, and
 that several processes may write at once.
 
-Tables (component ``"memory"``, :func:`pg_memory_migrations`, versions 1-5 as on SQLite):
+Tables (component ``"memory"``, :func:`pg_memory_migrations`, versions 1-6 as on SQLite):
 ``memory_banks``, ``memory_documents``, ``memory_chunks``, ``memory_units``,
 ``memory_entities``, ``memory_unit_entities``, ``memory_links``, ``memory_retain_ledger``,
 ``memory_values`` (:mod:`heed.storage.memory_values`).
@@ -343,6 +343,15 @@ def pg_memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
                 WHERE tags_ref IS NOT NULL;
             CREATE INDEX memory_documents_metadata_ref
                 ON memory_documents (bank_ref, metadata_ref) WHERE metadata_ref IS NOT NULL;
+            """,
+        ),
+        Migration(
+            "memory",
+            6,
+            """
+            ALTER TABLE memory_units ADD COLUMN context_ref TEXT COLLATE "C";
+            CREATE INDEX memory_units_context_ref ON memory_units (bank_ref, context_ref)
+                WHERE context_ref IS NOT NULL;
             """,
         ),
     ]
@@ -707,10 +716,10 @@ class PgMemoryStore:
         :func:`~heed.storage.memory_values.release`)."""
         rows = conn.execute(
             "DELETE FROM memory_units WHERE bank_ref = ? AND document_id = ?"
-            " RETURNING seq, tags_ref, metadata_ref",
+            " RETURNING seq, tags_ref, metadata_ref, context_ref",
             (bank_ref, document_id),
         ).fetchall()
-        refs: list[str | None] = [ref for r in rows for ref in (r[1], r[2])]
+        refs: list[str | None] = [ref for r in rows for ref in (r[1], r[2], r[3])]
         conn.execute(
             "DELETE FROM memory_chunks WHERE bank_ref = ? AND document_id = ?",
             (bank_ref, document_id),
@@ -820,9 +829,9 @@ class PgMemoryStore:
                 raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
                 conn.executemany(
                     "INSERT INTO memory_units (seq, id, bank_ref, document_id, chunk_id, text,"
-                    " fact_type, context, occurred_start, occurred_end, mentioned_at, metadata,"
-                    " metadata_ref, tags, tags_ref, embedding, keywords, created_at, token_count,"
-                    " generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
+                    " fact_type, context, context_ref, occurred_start, occurred_end, mentioned_at,"
+                    " metadata, metadata_ref, tags, tags_ref, embedding, keywords, created_at,"
+                    " token_count, generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?::vector,"
                     " to_tsvector('simple', ?) || to_tsvector('english', ?),?,?,?)",
                     [
                         (
@@ -901,7 +910,7 @@ class PgMemoryStore:
             chunk_ids.get(unit.chunk_index),
             _text(unit.text),
             unit.fact_type,
-            _opt_text(unit.context),
+            *values.encode_text(unit.context),
             iso(unit.occurred_start),
             iso(unit.occurred_end),
             iso(unit.mentioned_at),
@@ -1432,12 +1441,12 @@ class PgMemoryStore:
             self._lock_bank(conn, bank_ref)
             row = conn.execute(
                 "DELETE FROM memory_units WHERE bank_ref = ? AND id = ?"
-                " RETURNING seq, tags_ref, metadata_ref",
+                " RETURNING seq, tags_ref, metadata_ref, context_ref",
                 (bank_ref, _text(unit_id)),
             ).fetchone()
             if row is None:
                 return None
-            release(conn, bank_ref, [row[1], row[2]])
+            release(conn, bank_ref, [row[1], row[2], row[3]])
             return WriteResult([int(row[0])], [], touch_bank(conn, bank_ref))
 
     def list_documents(
