@@ -17,6 +17,8 @@ What heed answers besides success, and who answers it:
 - **422** ``{"detail": [{"loc", "msg", "type", ...}, ...]}``: the request does
   not match this document (FastAPI's validation-error shape; heed's own 422s use
   it too).
+- **429** ``{"detail": str}`` with ``Retry-After``: a per-session or per-tenant bound
+  (declared by the routes that answer it, with :data:`TOO_MANY`).
 - **502** ``{"detail": str}``: the LLM upstream failed (declared with :data:`UPSTREAM`).
 - **503** ``{"detail": str}``, usually with ``Retry-After``: a full lane queue,
   or a server draining for shutdown.
@@ -48,6 +50,7 @@ __all__ = [
     "CONFLICT",
     "NOT_FOUND",
     "SSE_EVENT_SCHEMA",
+    "TOO_MANY",
     "UPSTREAM",
     "ErrorDetail",
     "Overloaded",
@@ -137,6 +140,16 @@ BUSY_SESSION: Final[dict[int | str, dict[str, Any]]] = {
     }
 }
 """For the chat turn route."""
+
+TOO_MANY: Final[dict[int | str, dict[str, Any]]] = {
+    429: {
+        "model": ErrorDetail,
+        "description": "A per-session or per-tenant bound is reached: ``detail`` names the "
+        "limit (``HEED_MAX_QUEUED_TURNS_PER_SESSION``, ``HEED_TENANT_MAX_STREAMS``).",
+        "headers": _RETRY_AFTER,
+    }
+}
+"""For the routes that a bound refuses with 429 (queued turns, open streams)."""
 
 UPSTREAM: Final[dict[int | str, dict[str, Any]]] = {
     502: {"model": ErrorDetail, "description": "The LLM upstream failed or answered nonsense."}

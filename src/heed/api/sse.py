@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from heed.runs.journal import Gap, Heartbeat, Journal
 from heed.runs.model import RunEvent
@@ -143,18 +144,38 @@ async def journal_frames(
             yield event_frames(item)
 
 
+class _StreamResponse(StreamingResponse):
+    """A streaming response that calls *release* once it has ended, however it ended."""
+
+    def __init__(self, *args: Any, release: Callable[[], None] | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._release is not None:
+                self._release()
+
+
 def sse_response(
-    source: AsyncIterator[str], headers: dict[str, str] | None = None
+    source: AsyncIterator[str],
+    headers: dict[str, str] | None = None,
+    *,
+    release: Callable[[], None] | None = None,
 ) -> StreamingResponse:
     """Stream *source*'s frames as ``text/event-stream`` until it ends or the client leaves.
 
     Contract: *source* must end promptly once the request token is cancelled,
     even while it waits (the journal and the session channel do: their broker
     subscription is stopped by the token). Between frames the token is checked
-    here as well.
+    here as well. *release* (a stream slot's, :mod:`heed.api.streams`) is called once
+    the response has ended.
     """
-    return StreamingResponse(
+    return _StreamResponse(
         _frames(source, current_token()),
         media_type="text/event-stream",
         headers={**_HEADERS, **(headers or {})},
+        release=release,
     )

@@ -14,8 +14,10 @@ Readers call :meth:`Journal.follow`, which yields what a resumable stream needs:
 3. then tails: a broker message with ``seq == cursor + 1`` is yielded, one at or
    below the cursor is dropped (it was already replayed: no duplicate at the
    seam), one beyond ``cursor + 1`` or a lag signal triggers a re-read from the
-   store (no gap). Every ``poll_interval`` without news it also checks the store,
-   which covers writers in other processes.
+   store (no gap). An idle reader waits on the broker alone: only every
+   ``poll_interval`` without news (a fallback, 20 s by default) does it check the
+   store, which covers a lost hint and writers in other processes whose hints no
+   broker carries (SQLite without Redis). Heartbeats read nothing.
 4. It stops after yielding a terminal event, and at once when the journal is
    closed and the cursor is already at (or past) its end: nothing can follow.
    Otherwise it yields :data:`HEARTBEAT` every ``heartbeat`` seconds of silence
@@ -84,7 +86,7 @@ class Journal:
         broker: Broker,
         io: BlockingIO,
         *,
-        poll_interval: float = 1.0,
+        poll_interval: float = 20.0,
         read_io: BlockingIO | None = None,
     ) -> None:
         self.store = store
@@ -177,12 +179,16 @@ class Journal:
                     yield item
             if position.ended:
                 return
-            last_output = time.monotonic()
+            last_output = last_read = time.monotonic()
             while True:
-                wait = min(self.poll_interval, max(0.0, last_output + heartbeat - time.monotonic()))
-                message = await sub.get(wait)
+                due = min(last_read + self.poll_interval, last_output + heartbeat)
+                message = await sub.get(max(0.0, due - time.monotonic()))
                 if message is STOPPED:
                     return
+                if message is None and time.monotonic() < last_read + self.poll_interval:
+                    last_output = time.monotonic()  # only the heartbeat is due: no store read
+                    yield HEARTBEAT
+                    continue
                 if isinstance(message, RunEvent):
                     if message.seq <= position.cursor:
                         continue
@@ -208,7 +214,8 @@ class Journal:
                         if more_message is STOPPED:
                             return
                         # out of order or lagged: fall through to re-read the store
-                # A hole, a lag, or a quiet spell: the store is the truth.
+                # A hole, a lag, or the fallback poll: the store is the truth.
+                last_read = time.monotonic()
                 caught_up = False
                 async with contextlib.aclosing(self._from_store(run_id, position)) as stored:
                     async for item in stored:

@@ -12,7 +12,11 @@
   after the cursor, then tails live with no gap and no duplicate at the seam;
   a cursor older than the retained range gets an ``event: gap`` frame first;
   the stream ends after the terminal event; ``: heartbeat`` comments keep idle
-  connections alive.
+  connections alive. An idle stream waits on the broker and reads nothing; past
+  ``HEED_TENANT_MAX_STREAMS`` open streams of the tenant a new one gets 429.
+
+Runs are shown without their payload (their input, read only by the worker that executes
+them); ``summary`` is the small part of it each kind chooses to show.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import StreamingResponse
 
 from heed.api.input_rules import MAX_ID_CHARS, MAX_REASON_CHARS, IdPath, Limit
-from heed.api.openapi import event_stream
+from heed.api.openapi import TOO_MANY, event_stream
 from heed.api.sse import journal_frames, parse_cursor, sse_response
+from heed.api.streams import open_stream
 from heed.memory.operations import RETAIN_KIND
 from heed.reflect.runs import REFLECT_KIND
 from heed.runtime import current_context
@@ -93,21 +98,26 @@ async def cancel_run(
 @router.get(
     "/{run_id}/stream",
     response_class=StreamingResponse,
-    responses=event_stream(
-        "The run's journal: one event per journal entry (`id`: its seq, `event`: its type, "
-        "data: the event JSON), `gap` when the cursor is older than what is retained, and "
-        "`: heartbeat` comments; ends after the terminal event."
-    ),
+    responses={
+        **event_stream(
+            "The run's journal: one event per journal entry (`id`: its seq, `event`: its "
+            "type, data: the event JSON), `gap` when the cursor is older than what is "
+            "retained, and `: heartbeat` comments; ends after the terminal event."
+        ),
+        **TOO_MANY,
+    },
 )
 async def stream_run(
     run_id: IdPath,
     request: Request,
-    after: str | None = None,
+    after: Annotated[str | None, Query(max_length=MAX_ID_CHARS)] = None,
     last_event_id: str | None = Header(default=None),
 ) -> Any:
     """The run's journal as SSE; see the module docstring."""
     services = _runs(request)
-    await services.manager.get(run_id, tenant=current_context().tenant)  # 404 first
+    tenant = current_context().tenant
+    await services.manager.get(run_id, tenant=tenant)  # 404 first
+    release = open_stream(request, tenant)  # 429 past HEED_TENANT_MAX_STREAMS
     frames = journal_frames(
         services.manager.journal,
         run_id,
@@ -115,4 +125,4 @@ async def stream_run(
         heartbeat=services.settings.stream_heartbeat_seconds,
         token=current_context().token,
     )
-    return sse_response(frames)
+    return sse_response(frames, release=release)

@@ -7,13 +7,16 @@
 - ``POST /v1/sessions/{id}/turns`` ``{content, multitask_strategy}``: 202 with
   ``{run, run_id, stream_url, events_url}``. ``message`` is an alias of ``content``;
   sending neither is a 422 like any missing field. ``reject`` (default) answers 409 naming
-  the busy run with ``Retry-After``; ``enqueue`` queues; ``interrupt`` cancels the
-  busy run and starts once it has stopped. Unknown or deleted session: 404.
+  the busy run with ``Retry-After``; ``enqueue`` queues (429 naming
+  ``HEED_MAX_QUEUED_TURNS_PER_SESSION`` once the session holds that many queued turns);
+  ``interrupt`` cancels the busy run and starts once it has stopped. Unknown or deleted
+  session: 404.
 - ``GET /v1/sessions/{id}/status``: ``busy`` (lifecycle) and ``active_run_id``
   (attachable runs only), for hidden-tab polling.
 - ``GET /v1/sessions/{id}/events``: the session channel (SSE): ``turn_started``
   (replayed on subscribe only for attachable runs), ``session_updated``,
-  ``task_complete``; heartbeat comments.
+  ``task_complete``; heartbeat comments. Past ``HEED_TENANT_MAX_STREAMS`` open streams of
+  the tenant (channels and run streams together): 429.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from pydantic import ConfigDict, Field
 from starlette.responses import StreamingResponse
 
 from heed.api.input_rules import Identifier, IdPath, Limit, Name, RequestBody
-from heed.api.openapi import BUSY_SESSION, CONFLICT, NOT_FOUND, event_stream
+from heed.api.openapi import BUSY_SESSION, CONFLICT, NOT_FOUND, TOO_MANY, event_stream
 from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
+from heed.api.streams import open_stream
 from heed.errors import HeedError
 from heed.runs.journal import Heartbeat
 from heed.runs.manager import RunConflict
@@ -148,7 +152,7 @@ async def delete_session(session_id: IdPath, request: Request) -> dict[str, Any]
     return {"deleted": True, "id": session_id}
 
 
-@router.post("/{session_id}/turns", status_code=202, responses=BUSY_SESSION)
+@router.post("/{session_id}/turns", status_code=202, responses={**BUSY_SESSION, **TOO_MANY})
 async def start_turn(session_id: IdPath, body: TurnIn, request: Request) -> Any:
     content = body.content if body.content is not None else body.message
     if content is None:
@@ -194,14 +198,19 @@ async def session_status(session_id: IdPath, request: Request) -> dict[str, Any]
 @router.get(
     "/{session_id}/events",
     response_class=StreamingResponse,
-    responses=event_stream(
-        "The session channel: `turn_started`, `session_updated` and `task_complete` events "
-        "(data: the event JSON) and `: heartbeat` comments, until the client leaves."
-    ),
+    responses={
+        **event_stream(
+            "The session channel: `turn_started`, `session_updated` and `task_complete` "
+            "events (data: the event JSON) and `: heartbeat` comments, until the client "
+            "leaves."
+        ),
+        **TOO_MANY,
+    },
 )
 async def session_events(session_id: IdPath, request: Request) -> Any:
     service = _sessions(request)
     await service.get(session_id, _tenant())
+    release = open_stream(request, _tenant())  # 429 past HEED_TENANT_MAX_STREAMS
     heartbeat = _services(request).settings.stream_heartbeat_seconds
     token = current_token()
 
@@ -215,4 +224,4 @@ async def session_events(session_id: IdPath, request: Request) -> Any:
             else:
                 yield named_frame(str(item["type"]), item)
 
-    return sse_response(frames())
+    return sse_response(frames(), release=release)
