@@ -29,8 +29,8 @@ class Gate:
 
 async def echo_work(rc: RunContext) -> dict[str, Any]:
     """Emits `n` tokens (default 3) with a small delay, checking the token."""
-    n = int(rc.run.payload.get("n", 3))
-    delay = float(rc.run.payload.get("delay", 0.01))
+    n = int(rc.payload.get("n", 3))
+    delay = float(rc.payload.get("delay", 0.01))
     for i in range(n):
         rc.token.raise_if_cancelled()
         await rc.emit(EventType.TEXT_DELTA, {"text": f"t{i} "})

@@ -220,7 +220,7 @@ async def test_wakeups_deferred_while_busy_and_delivered_once(
         wait_for(lambda: [r for r in wakeups() if r.phase == "completed"])
         time.sleep(1.0)  # several reaper passes: nothing is delivered twice
         assert len(wakeups()) == 1
-        assert len(wakeups()[0].payload["wakeups"]) == 3
+        assert wakeups()[0].summary["wakeups"] == 3
         assert client.get(f"/v1/sessions/{sid}/status").json()["pending_wakeups"] == 0
         messages = client.get(f"/v1/sessions/{sid}").json()["messages"]
         assert [m["source"] for m in messages if m["role"] == "user"] == ["user", "wakeup"]

@@ -312,11 +312,11 @@ async def test_reaper_loop_survives_a_stray_cancellation(
     real = reaper_module.reap_once
     calls = {"n": 0}
 
-    async def flaky(m: RunManager) -> list[object]:
+    async def flaky(m: RunManager, **options: bool) -> list[object]:
         calls["n"] += 1
         if calls["n"] == 1:
             raise OperationCancelled("stray")
-        return await real(m)  # type: ignore[return-value]
+        return await real(m, **options)  # type: ignore[return-value]
 
     monkeypatch.setattr(reaper_module, "reap_once", flaky)
     manager.reaper_interval = 0.01

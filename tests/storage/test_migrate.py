@@ -157,8 +157,8 @@ def _runs_and_sessions(db: Database) -> tuple[str, dict[str, int], str, int]:
                 phase="queued",
                 created_at=time.time(),
                 session_id=session.id,
-                payload={"message": "hi"},
-            )
+            ),
+            payload={"message": "hi"},
         )
         claimed = runs.claim(
             r.id, worker_id="w", lease_seconds=60, may_start=lambda *_: True, scope_kinds=["x"]

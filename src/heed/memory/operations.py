@@ -1,9 +1,11 @@
 """Async retain operations, built as runs of kind ``"retain"`` on :mod:`heed.runs`.
 
 ``POST .../memories`` with ``async: true`` submits a run whose payload holds
-the validated items; the run manager starts it (its token is the run's, never
-the HTTP request's), and the executor calls :meth:`MemoryEngine.retain` with a
-progress callback that records progress in the run's journal.
+the validated items (read by its worker alone; listings see its summary: the item
+count and the keys a retry is matched by); the run manager starts it (its token
+is the run's, never the HTTP request's), and the executor calls
+:meth:`MemoryEngine.retain` with a progress callback that records progress in the
+run's journal.
 
 Runs are grouped per bank with ``session_id = "bank:<ref>"`` (non-exclusive:
 operations of one bank run side by side, bounded by the retain lane). Phases
@@ -26,10 +28,17 @@ from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
-from heed.runs.model import Phase, Run
+from heed.runs.model import Phase, Run, parse_phase
 from heed.runtime import OperationCancelled, run_in_thread
 
-__all__ = ["RETAIN_KIND", "RetainOperations", "bank_session", "cancel_bank_runs", "status_of"]
+__all__ = [
+    "RETAIN_KIND",
+    "RetainOperations",
+    "bank_session",
+    "cancel_bank_runs",
+    "status_of",
+    "status_of_phase",
+]
 
 RETAIN_KIND: Final = "retain"
 
@@ -46,8 +55,13 @@ _STATUS = {
 
 def status_of(run: Run) -> str:
     """Hindsight's status for a run phase (``cancelling`` is still ``processing``)."""
-    phase = run.phase_enum
-    return _STATUS.get(phase, "failed") if phase is not None else "failed"
+    return status_of_phase(run.phase)
+
+
+def status_of_phase(phase: str) -> str:
+    """Hindsight's status for a stored phase string (unknown or blank: ``failed``)."""
+    parsed = parse_phase(phase)
+    return _STATUS.get(parsed, "failed") if parsed is not None else "failed"
 
 
 def _item_payload(item: RetainItem) -> dict[str, Any]:
@@ -119,15 +133,21 @@ class RetainOperations:
             if idempotency_key
             else None
         )
-        if client_operation_id or idempotency_key:
-            for existing in await self.list(bank):
-                if client_operation_id and (
-                    existing.payload.get("client_operation_id") == client_operation_id
-                ):
-                    return existing
-                if key is not None and existing.payload.get("idempotency_key") == key.key:
-                    check_fingerprint(key, existing.payload.get("fingerprint"))
-                    return existing
+        if client_operation_id:
+            existing = await self._keyed(bank, "client_operation_id", client_operation_id)
+            if existing is not None:
+                return existing
+        if key is not None:
+            existing = await self._keyed(bank, "idempotency_key", key.key)
+            if existing is not None:
+                check_fingerprint(key, existing.summary.get("fingerprint"))
+                return existing
+        summary = {
+            "items_count": len(items),
+            "client_operation_id": client_operation_id,
+            "idempotency_key": idempotency_key,
+            "fingerprint": key.fingerprint if key is not None else None,
+        }
         run = await self.manager.submit(
             RETAIN_KIND,
             tenant=bank.tenant,
@@ -137,17 +157,29 @@ class RetainOperations:
                 "bank_ref": bank.ref,
                 "items": [_item_payload(i) for i in items],
                 "document_tags": document_tags,
-                "items_count": len(items),
-                "client_operation_id": client_operation_id,
-                "idempotency_key": idempotency_key,
-                "fingerprint": key.fingerprint if key is not None else None,
+                **summary,
             },
+            summary=summary,
         )
         assert run is not None
         return run
 
+    async def _keyed(self, bank: Bank, field: str, value: str) -> Run | None:
+        """The bank's newest operation whose summary names *value* as its *field*."""
+        runs = await self.manager.io.call(
+            lambda: self.manager.store.list_runs(
+                tenant=bank.tenant,
+                session_id=bank_session(bank),
+                kind=RETAIN_KIND,
+                summary_equals={field: value},
+                newest_first=True,
+                limit=1,
+            )
+        )
+        return runs[0] if runs else None
+
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
-        payload = rc.run.payload
+        payload = rc.payload
         bank = await self.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
         if bank.ref != payload["bank_ref"]:
             raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
@@ -182,19 +214,46 @@ class RetainOperations:
             "document_ids": summary.document_ids,
         }
 
-    async def list(self, bank: Bank, status: str | None = None) -> list[Run]:
-        """The bank's operations, newest first, optionally of one Hindsight status."""
-        runs = await self.manager.io.call(
-            self.manager.store.list_runs,
-            tenant=bank.tenant,
-            session_id=bank_session(bank),
-            kind=RETAIN_KIND,
-            limit=10_000,
+    async def _by_phase(self, bank: Bank) -> dict[str, int]:
+        """How many operations the bank has per stored phase (counted by the store)."""
+        return await self.manager.io.call(
+            lambda: self.manager.store.count_runs(
+                tenant=bank.tenant, session_id=bank_session(bank), kind=RETAIN_KIND
+            )
         )
-        runs = sorted(runs, key=lambda r: -r.created_at)
-        if status is not None:
-            runs = [r for r in runs if status_of(r) == status]
-        return runs
+
+    async def counts(self, bank: Bank) -> dict[str, int]:
+        """How many operations the bank has, per Hindsight status."""
+        by_phase = await self._by_phase(bank)
+        counts: dict[str, int] = {}
+        for phase, n in by_phase.items():
+            status = status_of_phase(phase)
+            counts[status] = counts.get(status, 0) + n
+        return counts
+
+    async def list(
+        self, bank: Bank, status: str | None = None, *, offset: int = 0, limit: int = 100
+    ) -> tuple[int, list[Run]]:
+        """``(total, page)``: how many operations the bank has (of one Hindsight status, when
+        given), and those from *offset*, at most *limit*, newest first (no payloads)."""
+        by_phase = await self._by_phase(bank)
+        # The stored phase strings that have this status (unknown ones count as failed).
+        phases = [p for p in by_phase if status is None or status_of_phase(p) == status]
+        total = sum(by_phase[p] for p in phases)
+        if total == 0 or offset >= total:
+            return total, []
+        runs = await self.manager.io.call(
+            lambda: self.manager.store.list_runs(
+                tenant=bank.tenant,
+                session_id=bank_session(bank),
+                kind=RETAIN_KIND,
+                phases=None if status is None else phases,
+                newest_first=True,
+                offset=offset,
+                limit=limit,
+            )
+        )
+        return total, runs
 
     async def get(self, bank: Bank, operation_id: str) -> Run:
         """The operation; :class:`NotFound` when it is not this bank's."""

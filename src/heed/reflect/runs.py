@@ -66,12 +66,13 @@ class ReflectRuns:
                 "request": asdict(request),
                 "shape": asdict(shape),
             },
+            summary={"bank_id": bank.bank_id},
         )
         assert run is not None  # only strategy "idle" or an aborted admission return None
         return run
 
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
-        payload = rc.run.payload
+        payload = rc.payload
         try:
             bank = await self.service.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
         except NotFound as exc:

@@ -6,7 +6,11 @@ can register ``"retain"`` to run async retains as runs, getting cancel, the
 journal, leases, the reaper and restart recovery for free::
 
     manager.register("retain", KindSpec(execute=do_retain, lane="retain"))
-    run = await manager.submit("retain", tenant=..., payload={...})
+    run = await manager.submit("retain", tenant=..., payload={...}, summary={...})
+
+``payload`` is the run's input, which only the worker reads (``rc.payload``);
+``summary`` is the small part of it that listings show (see
+:class:`~heed.runs.model.Run`).
 
 ``execute(rc)`` does the work. It runs under ``rc.ctx`` (a
 :class:`~heed.runtime.RequestContext` whose token is the run's token, also the
@@ -36,11 +40,13 @@ __all__ = ["Executor", "KindSpec", "RunContext", "TerminalHook"]
 
 @dataclass
 class RunContext:
-    """What an executor gets: its run, its token and context, and the journal."""
+    """What an executor gets: its run, its input (``payload``, read from the store for
+    this worker alone), its token and context, and the journal."""
 
     run: Run
     ctx: RequestContext
     journal: Journal
+    payload: dict[str, Any] = field(default_factory=dict)
     closed: bool = field(default=False)
 
     @property

@@ -9,9 +9,12 @@ fan-out. Promises:
   the session's runs and applies :func:`~heed.runs.state.is_lifecycle_busy`, so
   two concurrent starts -- in this process or another sharing the database --
   never both pass: ``reject`` raises :class:`RunConflict` naming the busy run;
-  ``enqueue`` queues; ``interrupt`` queues and cancels the busy runs. A queued
+  ``enqueue`` queues, at most ``max_queued_per_session`` runs per session
+  (:class:`QueueFull`, 429, past it; counted in the same transaction);
+  ``interrupt`` queues and cancels the busy runs. A queued
   run starts (``claim``, again one transaction) only when no older sibling is
-  lifecycle-busy.
+  lifecycle-busy. A run's ``payload`` is stored apart from its row and read only
+  by the worker that executes it; everything else sees its ``summary``.
 - **cancel** (:meth:`RunManager.cancel`) is idempotent and returns the run.
   ``queued`` becomes ``cancelled`` (it never starts); ``running`` becomes
   ``cancelling`` with a terminal ``cancelled`` journal event appended in the
@@ -51,7 +54,7 @@ from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.journal import Journal
 from heed.runs.kinds import KindSpec, RunContext
-from heed.runs.model import Phase, Run, Source, new_run_id
+from heed.runs.model import Phase, Run, Source, new_run_id, summary_json
 from heed.runs.state import (
     DEFAULT_UNWIND_WINDOW,
     is_lifecycle_busy,
@@ -72,6 +75,7 @@ from heed.runtime import (
 
 __all__ = [
     "AdmissionAborted",
+    "QueueFull",
     "RunConflict",
     "RunManager",
     "RunNotFound",
@@ -110,6 +114,21 @@ class RunConflict(HeedError):
         self.busy = busy
 
 
+class QueueFull(HeedError):
+    """A session already holds as many queued turns as it may: 429 naming the limit."""
+
+    status_code = 429
+
+    def __init__(self, session_id: str, queued: int, limit: int, retry_after: int = 5) -> None:
+        super().__init__(
+            f"session {session_id} already has {queued} queued turns, the most a session may "
+            f"hold (HEED_MAX_QUEUED_TURNS_PER_SESSION={limit}); wait until some have run, or "
+            "cancel some",
+            headers={"Retry-After": str(retry_after)},
+        )
+        self.limit = limit
+
+
 class AdmissionAborted(Exception):
     """Raised by an ``on_admitted`` callback to roll the admission back."""
 
@@ -139,8 +158,10 @@ class RunManager:
         unwind_window: float = DEFAULT_UNWIND_WINDOW,
         lease_seconds: float = 15.0,
         reaper_interval: float = 2.0,
-        poll_interval: float = 1.0,
+        poll_interval: float = 20.0,
         journal_retention: float = 0.0,
+        max_queued_per_session: int = 32,
+        queue_sweep_interval: float = 30.0,
         io: BlockingIO | None = None,
     ) -> None:
         self.store = store
@@ -151,6 +172,11 @@ class RunManager:
         self.reaper_interval = reaper_interval
         #: Seconds after which a finished run's journal keeps only its terminal event (0: keep).
         self.journal_retention = journal_retention
+        #: Queued runs of exclusive kinds one session may hold (``enqueue`` past it: 429).
+        self.max_queued_per_session = max_queued_per_session
+        #: Seconds between the reaper's sweeps for queued runs nobody started (a safety net:
+        #: every path that frees a session dispatches it at once).
+        self.queue_sweep_interval = queue_sweep_interval
         self.io = io or BlockingIO()
         self.read_io = BlockingIO(4, name="heed-runs-read")
         self.journal = Journal(
@@ -237,6 +263,7 @@ class RunManager:
         *,
         tenant: str,
         payload: Mapping[str, Any] | None = None,
+        summary: Mapping[str, Any] | None = None,
         session_id: str | None = None,
         source: Source | str = Source.API,
         strategy: Strategy = "enqueue",
@@ -245,7 +272,11 @@ class RunManager:
     ) -> Run | None:
         """Create a run and start it when allowed; see the module docstring.
 
-        Raises :class:`RunConflict` (``reject`` on a busy session) and
+        *payload* is the run's input (stored apart, read by its worker alone); *summary*
+        the small part of it that readers see (at most
+        :data:`~heed.runs.model.MAX_SUMMARY_BYTES` as JSON, else ``ValueError``).
+        Raises :class:`RunConflict` (``reject`` on a busy session), :class:`QueueFull`
+        (``enqueue`` on a session whose queue is full) and
         :class:`HeedError` 400 for an unknown kind. ``strategy="idle"`` returns
         ``None`` instead of raising when the session is busy, and so does an
         ``on_admitted`` callback (run inside the admission transaction) that
@@ -264,19 +295,28 @@ class RunManager:
             created_at=time.time(),
             session_id=session_id,
             source=str(source),
-            payload=dict(payload or {}),
+            summary=dict(summary or {}),
         )
+        summary_json(run.summary)  # refuses an oversized summary before anything is written
         exclusive = spec.exclusive and session_id is not None
 
         def blocking(siblings: Any) -> Run | None:
             if strategy in ("reject", "idle"):
                 return self.is_busy(list(siblings))
+            if exclusive and strategy == "enqueue":
+                queued = sum(1 for s in siblings if is_queued(s))
+                if queued >= self.max_queued_per_session:
+                    assert session_id is not None
+                    raise QueueFull(session_id, queued, self.max_queued_per_session)
             return None
 
         def admit() -> tuple[Run | None, Run | None]:
             with self.store.transaction():
                 admitted, blocker = self.store.admit(
-                    run, blocking, scope_kinds=self.exclusive_kinds if exclusive else [kind]
+                    run,
+                    blocking,
+                    scope_kinds=self.exclusive_kinds if exclusive else [kind],
+                    payload=payload,
                 )
                 if admitted is not None and on_admitted is not None:
                     on_admitted(admitted)
@@ -370,20 +410,28 @@ class RunManager:
                     reraise_cancellation(exc)
                     log.exception("idle hook failed for session %s", session_id)
 
-    async def start_queued(self) -> None:
-        """Start every queued run that may start (after recovery, and from the reaper)."""
-        runs = await self.io.call(self.store.list_runs, phases=[Phase.QUEUED])
-        sessions: set[str] = set()
-        for run in runs:
-            spec = self.kinds.get(run.kind)
-            if spec is None:
-                continue
-            if spec.exclusive and run.session_id is not None:
-                sessions.add(run.session_id)
-            elif run.id not in self.workers:
-                await self._claim_and_start(run)
-        for session_id in sessions:
-            await self.dispatch(session_id)
+    async def start_queued(self, batch: int = 500) -> None:
+        """Start every queued run that may start (after recovery, and from the reaper's
+        sweep), reading the queued rows (never their payloads) in batches of *batch*."""
+        after = ""
+        while not self._closing:
+            runs = await self.io.call(
+                self.store.runs_in_phases, [Phase.QUEUED], after_id=after, limit=batch
+            )
+            sessions: set[str] = set()
+            for run in runs:
+                spec = self.kinds.get(run.kind)
+                if spec is None:
+                    continue
+                if spec.exclusive and run.session_id is not None:
+                    sessions.add(run.session_id)
+                elif run.id not in self.workers:
+                    await self._claim_and_start(run)
+            for session_id in sorted(sessions):
+                await self.dispatch(session_id)
+            if len(runs) < batch:
+                return
+            after = runs[-1].id
 
     # -- the worker ------------------------------------------------------------------
 
@@ -396,6 +444,8 @@ class RunManager:
         status: int | None = None
         reason: str | None = None
         try:
+            payload = await self.io.call(self.store.payload, run.id)
+            rc.payload = payload or {}
             with use_context(ctx):
                 if spec.lane is not None and self.lanes is not None:
                     async with self.lanes[spec.lane].slot(worker.token):

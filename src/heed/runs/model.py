@@ -36,6 +36,7 @@ from typing import Any, Final
 from heed.runs.events import TERMINAL_EVENT_TYPES
 
 __all__ = [
+    "MAX_SUMMARY_BYTES",
     "TERMINAL_EVENT_TYPES",
     "TERMINAL_PHASES",
     "TRANSITIONS",
@@ -46,6 +47,7 @@ __all__ = [
     "allowed_sources",
     "new_run_id",
     "parse_phase",
+    "summary_json",
 ]
 
 
@@ -107,6 +109,22 @@ def parse_phase(value: object) -> Phase | None:
         return None
 
 
+#: The largest :attr:`Run.summary`, as compact JSON (UTF-8 bytes).
+MAX_SUMMARY_BYTES: Final = 4096
+
+
+def summary_json(summary: dict[str, Any]) -> str:
+    """*summary* as the compact JSON the store keeps; ``ValueError`` past
+    :data:`MAX_SUMMARY_BYTES` (a kind that summarises its input too generously is a bug:
+    the summary is read by every listing)."""
+    text = json.dumps(summary, separators=(",", ":"), ensure_ascii=False)
+    if len(text.encode()) > MAX_SUMMARY_BYTES:
+        raise ValueError(
+            f"a run summary is {len(text.encode())} bytes; at most {MAX_SUMMARY_BYTES}"
+        )
+    return text
+
+
 def new_run_id() -> str:
     """A fresh run id (``run_`` + 24 hex digits)."""
     return "run_" + uuid.uuid4().hex[:24]
@@ -116,8 +134,13 @@ def new_run_id() -> str:
 class Run:
     """One row of the run registry (immutable snapshot; the store holds the truth).
 
-    ``payload`` is the run's input (a turn's message, a task's arguments) and
-    ``result`` its output once finished; both are JSON objects owned by the
+    The run's input (its *payload*: a turn's message, a retain's items, up to the
+    body limit) is not part of the row: the store keeps it apart and only the
+    worker that executes the run reads it (:meth:`~heed.runs.store.RunStore.payload`),
+    so listings, the reaper and admission never load it. ``summary`` is what
+    readers see of it instead: a small JSON object the run's kind chooses (at most
+    :data:`MAX_SUMMARY_BYTES` as JSON), e.g. a retain's item count and its
+    idempotency key. ``result`` is the output once finished; both are owned by the
     run's kind. ``last_seq`` is the journal's highest seq (0 when empty) and
     ``first_seq`` the lowest still retained (1 unless trimmed);
     ``journal_closed`` is true once a terminal event was appended.
@@ -137,7 +160,7 @@ class Run:
     error: str | None = None
     worker_id: str | None = None
     lease_expires_at: float | None = None
-    payload: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] | None = None
     last_seq: int = 0
     first_seq: int = 1

@@ -18,10 +18,19 @@ is a guarded transition, so at most one reclaimer wins each row):
      once: it is never re-run.
 3. **Count** wedged runs (:func:`~heed.runs.state.is_wedged`) for the
    ``heed_runs_wedged`` gauge.
-4. **Dispatch** queued runs and idle sessions (covers other processes' exits).
-5. **Retention** (only with ``manager.journal_retention`` seconds > 0): journals of
+4. **Retention** (only with ``manager.journal_retention`` seconds > 0): journals of
    runs finished longer ago than that keep only their terminal event; a reader
    resuming before it gets an explicit ``gap`` and reloads the transcript.
+5. **Dispatch** the sessions of the runs it ended (the next queued turn or pending
+   wakeups go).
+6. **Sweep** (every ``manager.queue_sweep_interval`` seconds, not every pass): start
+   queued runs nobody started. Every path that frees a session dispatches it at once,
+   so this is only a safety net (a dispatch that failed).
+
+What a pass reads is bounded by the work that holds workers, never by the queue:
+steps 2 and 3 read only ``running`` and ``cancelling`` rows
+(:data:`~heed.runs.state.WORKER_PHASES`), in batches of :data:`BATCH` by id, and no
+step reads a payload.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Final
 
 from heed.runs.ending import Step, end_run
@@ -37,6 +47,7 @@ from heed.runs.events import EventType
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
 from heed.runs.state import (
+    WORKER_PHASES,
     ending_for_lost_worker,
     is_interrupted,
     is_wedged,
@@ -45,7 +56,7 @@ from heed.runs.state import (
 )
 from heed.runtime import OperationCancelled, reraise_cancellation
 
-__all__ = ["Reaper", "finalize", "reap_once"]
+__all__ = ["BATCH", "Reaper", "finalize", "reap_once", "worker_runs"]
 
 log = logging.getLogger("heed.runs.reaper")
 
@@ -64,6 +75,23 @@ async def renew_leases(manager: RunManager) -> None:
 
 
 WORKER_LOST: Final = "worker lost (lease expired or process restarted)"
+
+#: Rows read per query when a pass scans the runs that hold workers.
+BATCH: Final = 500
+
+
+async def worker_runs(manager: RunManager, batch: int = BATCH) -> AsyncIterator[list[Run]]:
+    """The ``running`` and ``cancelling`` runs (without payloads), batch by batch by id."""
+    after = ""
+    while True:
+        runs = await manager.io.call(
+            manager.store.runs_in_phases, WORKER_PHASES, after_id=after, limit=batch
+        )
+        if runs:
+            yield runs
+        if len(runs) < batch:
+            return
+        after = runs[-1].id
 
 
 async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
@@ -113,28 +141,26 @@ async def trim_finished(manager: RunManager, cutoff: float) -> int:
     return trimmed
 
 
-async def reap_once(manager: RunManager) -> list[Run]:
-    """One pass; returns the runs it finalized."""
+async def reap_once(manager: RunManager, *, sweep: bool = True) -> list[Run]:
+    """One pass; returns the runs it finalized. ``sweep=False`` skips step 6."""
     await renew_leases(manager)
     now = time.time()
-    runs = await manager.io.call(manager.store.list_runs, non_terminal=True, limit=100_000)
     finalized: list[Run] = []
     wedged = 0
-    sessions: set[str] = set()
-    for run in runs:
-        if is_wedged(run, now, manager.unwind_window):
-            wedged += 1
-        done = await reclaim(manager, run, now)
-        if done is not None:
-            finalized.append(done)
-        if run.session_id is not None:
-            sessions.add(run.session_id)
+    async for runs in worker_runs(manager):
+        for run in runs:
+            if is_wedged(run, now, manager.unwind_window):
+                wedged += 1
+            done = await reclaim(manager, run, now)
+            if done is not None:
+                finalized.append(done)
     manager.wedged = wedged
     if manager.journal_retention > 0:
         await trim_finished(manager, time.time() - manager.journal_retention)
-    await manager.start_queued()
-    for session_id in sessions:
+    for session_id in sorted({r.session_id for r in finalized if r.session_id is not None}):
         await manager.dispatch(session_id)
+    if sweep:
+        await manager.start_queued()
     return finalized
 
 
@@ -145,6 +171,7 @@ class Reaper:
         self.manager = manager
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        self._last_sweep = time.monotonic()  # start-up recovery has just swept
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="heed-run-reaper")
@@ -154,8 +181,11 @@ class Reaper:
         the next one runs: the loop is the only thing renewing this process's leases."""
         while True:
             await asyncio.sleep(self.manager.reaper_interval)
+            sweep = time.monotonic() - self._last_sweep >= self.manager.queue_sweep_interval
+            if sweep:
+                self._last_sweep = time.monotonic()
             try:
-                await reap_once(self.manager)
+                await reap_once(self.manager, sweep=sweep)
             except OperationCancelled as exc:
                 # Nobody cancels the reaper by token (stop() cancels its task), so this came
                 # from a call it made; ending the loop here would let every lease expire.

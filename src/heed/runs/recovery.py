@@ -13,8 +13,11 @@ incarnation -- containers restart as pid 1):
   terminal ``cancelled`` event; the user asked for a cancel, so that is the
   honest final phase);
 - ``queued`` runs are kept and started (a queued message is not lost);
-- then every session is dispatched, which delivers pending wakeups, so no
-  session stays busy.
+- then every session it touched is dispatched, which delivers pending wakeups, so
+  no session stays busy.
+
+It reads only ``running`` and ``cancelling`` rows in batches (then the queued ones,
+to start them), never a payload.
 
 Runs held by live workers of other processes sharing the database are left
 alone.
@@ -26,7 +29,7 @@ import time
 
 from heed.runs.manager import RunManager
 from heed.runs.model import Run
-from heed.runs.reaper import finalize
+from heed.runs.reaper import finalize, worker_runs
 from heed.runs.state import ending_for_lost_worker, worker_is_dead
 
 __all__ = ["recover", "worker_is_dead"]
@@ -39,20 +42,20 @@ async def recover(manager: RunManager, session_ids: list[str] | None = None) -> 
     Returns the runs finalized.
     """
     now = time.time()
-    runs = await manager.io.call(manager.store.list_runs, non_terminal=True, limit=100_000)
     finalized: list[Run] = []
     sessions = set(session_ids or [])
-    for run in runs:
-        if run.session_id is not None:
-            sessions.add(run.session_id)
-        if run.id in manager.workers or not worker_is_dead(run, now, manager.worker_id):
-            continue
-        target = ending_for_lost_worker(run)
-        if target is None:
-            continue
-        done = await finalize(manager, run, target)
-        if done is not None:
-            finalized.append(done)
+    async for runs in worker_runs(manager):
+        for run in runs:
+            if run.id in manager.workers or not worker_is_dead(run, now, manager.worker_id):
+                continue
+            target = ending_for_lost_worker(run)
+            if target is None:
+                continue
+            done = await finalize(manager, run, target)
+            if done is not None:
+                finalized.append(done)
+                if done.session_id is not None:
+                    sessions.add(done.session_id)
     await manager.start_queued()
     for session_id in sorted(sessions):
         await manager.dispatch(session_id)

@@ -53,6 +53,7 @@ from heed.runs.model import TERMINAL_PHASES, Phase, Run, parse_phase
 
 __all__ = [
     "DEFAULT_UNWIND_WINDOW",
+    "WORKER_PHASES",
     "cancel_age",
     "cancel_is_stale",
     "ending_for_lost_worker",
@@ -72,6 +73,11 @@ __all__ = [
 
 #: Seconds a cancelling worker is given to unwind before it may be reclaimed.
 DEFAULT_UNWIND_WINDOW: Final = 180.0
+
+#: The phases of a run a worker holds (or held before it died): the only runs
+#: :func:`reaper_may_end` and :func:`ending_for_lost_worker` can end, so the only rows the
+#: reaper and restart recovery read (never the queue, however long it is).
+WORKER_PHASES: Final = (Phase.RUNNING, Phase.CANCELLING)
 
 _ATTACHABLE: Final = frozenset({Phase.QUEUED, Phase.RUNNING})
 

@@ -23,6 +23,12 @@ Promises every implementation keeps:
   never both pass the check.
 - :meth:`RunStore.transaction` is a unit of work: store calls made inside it
   (in the same thread) join it and commit or roll back together.
+- **Payloads apart.** A run's input (up to the body limit: a retain's items) is
+  stored beside its registry row, written with it (``create``, ``admit``) and read
+  only by :meth:`RunStore.payload`. Every other read -- ``get``, ``list_runs``,
+  ``runs_in_phases``, ``claim``, ``transition`` -- returns rows without it (their
+  :attr:`~heed.runs.model.Run.summary` instead), so a listing, the reaper or an
+  admission costs the same whatever the runs carry.
 """
 
 from __future__ import annotations
@@ -64,8 +70,13 @@ class RunStore(Protocol):
 
     # -- registry ------------------------------------------------------------------
 
-    def create(self, run: Run) -> Run:
-        """Insert a new run (its id must be new); returns it as stored."""
+    def create(self, run: Run, payload: Mapping[str, Any] | None = None) -> Run:
+        """Insert a new run (its id must be new) with its *payload*; returns it as stored."""
+        ...
+
+    def payload(self, run_id: str) -> dict[str, Any] | None:
+        """The run's input as submitted (``{}`` when it had none); ``None`` when the run is
+        unknown. For the worker that executes the run: nothing else needs it."""
         ...
 
     def get(self, run_id: str) -> Run | None:
@@ -80,13 +91,31 @@ class RunStore(Protocol):
         kind: str | None = None,
         phases: Iterable[str] | None = None,
         non_terminal: bool = False,
+        summary_equals: Mapping[str, str] | None = None,
+        newest_first: bool = False,
+        offset: int = 0,
         limit: int = 1000,
     ) -> list[Run]:
-        """Runs matching every given filter, oldest first.
+        """Runs matching every given filter, oldest first (``newest_first``: the reverse),
+        skipping *offset*, at most *limit*.
 
         ``non_terminal=True`` returns rows whose phase is not terminal,
-        including unknown or blank phases.
+        including unknown or blank phases. ``summary_equals`` keeps runs whose summary
+        has each given key set to the given string.
         """
+        ...
+
+    def runs_in_phases(
+        self, phases: Iterable[str], *, after_id: str = "", limit: int = 500
+    ) -> list[Run]:
+        """Runs in *phases* whose id sorts after *after_id*, by id, at most *limit*: one
+        bounded batch of a scan (pass the last id of a batch to get the next)."""
+        ...
+
+    def count_runs(
+        self, *, tenant: str | None = None, session_id: str | None = None, kind: str | None = None
+    ) -> dict[str, int]:
+        """How many runs match, per stored phase string (unknown phases included)."""
         ...
 
     def transition(
@@ -105,13 +134,19 @@ class RunStore(Protocol):
         ...
 
     def admit(
-        self, run: Run, blocking: BlockingCheck, *, scope_kinds: Iterable[str]
+        self,
+        run: Run,
+        blocking: BlockingCheck,
+        *,
+        scope_kinds: Iterable[str],
+        payload: Mapping[str, Any] | None = None,
     ) -> tuple[Run | None, Run | None]:
         """Atomically: load the non-terminal runs of ``run.session_id`` whose kind is in
         *scope_kinds*; if ``blocking(siblings)`` names one, insert nothing and return
-        ``(None, blocker)``; else insert *run* and return ``(run as stored, None)``. The
-        stored ``created_at`` is taken under the lock and after every sibling's, so within
-        a session it orders runs as they were admitted."""
+        ``(None, blocker)``; else insert *run* with its *payload* and return ``(run as
+        stored, None)``. An exception ``blocking`` raises rolls the admission back and
+        propagates. The stored ``created_at`` is taken under the lock and after every
+        sibling's, so within a session it orders runs as they were admitted."""
         ...
 
     def claim(

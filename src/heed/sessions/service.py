@@ -48,6 +48,15 @@ def session_topic(session_id: str) -> str:
     return f"session:{session_id}"
 
 
+#: The longest task title or action a run's summary keeps (the model chooses them).
+_SUMMARY_CHARS: Final = 200
+
+
+def _short(value: object) -> str | None:
+    """*value* as a summary string, cut to :data:`_SUMMARY_CHARS`; ``None`` when absent."""
+    return None if value is None else str(value)[:_SUMMARY_CHARS]
+
+
 def stream_url(run_id: str) -> str:
     return f"/v1/runs/{run_id}/stream"
 
@@ -144,7 +153,8 @@ class SessionService:
         source: Source = Source.USER,
     ) -> Run:
         """Admit a turn (see :meth:`RunManager.submit`): 404 for an unknown session,
-        :class:`~heed.runs.manager.RunConflict` (409) for ``reject`` on a busy one."""
+        :class:`~heed.runs.manager.RunConflict` (409) for ``reject`` on a busy one,
+        :class:`~heed.runs.manager.QueueFull` (429) for ``enqueue`` on a full queue."""
         await self.get(session_id, tenant)
         refuse_nul(content, "the message")  # refused here, not by the turn's transcript write
         run = await self.manager.submit(
@@ -152,6 +162,7 @@ class SessionService:
             tenant=tenant,
             session_id=session_id,
             payload={"content": content},
+            summary={"chars": len(content)},
             source=source,
             strategy=strategy,
         )
@@ -161,7 +172,15 @@ class SessionService:
     async def start_task(self, session_id: str, tenant: str, payload: dict[str, Any]) -> str:
         """Start a background ``task`` run owned by the session; returns its id."""
         run = await self.manager.submit(
-            TASK, tenant=tenant, session_id=session_id, payload=payload, source=Source.API
+            TASK,
+            tenant=tenant,
+            session_id=session_id,
+            payload=payload,
+            summary={
+                "title": _short(payload.get("title")),
+                "action": _short(payload.get("action")),
+            },
+            source=Source.API,
         )
         assert run is not None
         return run.id
@@ -177,7 +196,7 @@ class SessionService:
         summary = {
             "task_run_id": run.id,
             "phase": run.phase,
-            "title": run.payload.get("title") or run.payload.get("action"),
+            "title": run.summary.get("title") or run.summary.get("action"),
             "result": run.result,
             "error": run.error,
         }
@@ -218,6 +237,7 @@ class SessionService:
             tenant=session.tenant,
             session_id=session_id,
             payload={"content": content, "wakeups": [w.summary for w in pending]},
+            summary={"chars": len(content), "wakeups": len(pending)},
             source=Source.WAKEUP,
             strategy="idle",
             on_admitted=on_admitted,

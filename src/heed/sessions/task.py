@@ -33,7 +33,7 @@ class TaskRunner:
         self._bank_of = bank_of  # async (session_id) -> bank_id | None
 
     async def execute(self, rc: RunContext) -> dict[str, Any]:
-        payload = rc.run.payload
+        payload = rc.payload
         action = str(payload.get("action", "wait"))
         title = str(payload.get("title") or action)
         await rc.emit(EventType.PROGRESS, {"title": title, "action": action})

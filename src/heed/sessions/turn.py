@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from heed.llm.base import (
@@ -91,9 +91,10 @@ def _message_id() -> str:
     return "msg_" + uuid.uuid4().hex[:20]
 
 
-def turn_text(run: Run) -> str:
-    """The user-visible text a turn starts from (a user message, or a wakeup note)."""
-    payload = run.payload
+def turn_text(payload: Mapping[str, Any] | None) -> str:
+    """The user-visible text a turn starts from (a user message, or a wakeup note), read
+    from the turn's payload."""
+    payload = payload or {}
     text = payload.get("content") or payload.get("message")
     if isinstance(text, str):
         return text
@@ -161,7 +162,7 @@ class TurnRunner:
         if session is None:
             raise LookupError(f"session {run.session_id} was deleted")
         history = await self.io.call(self.sessions.messages, run.session_id)
-        content = turn_text(run)
+        content = turn_text(rc.payload)
         await self._store(run, "user", content, source=run.source)
         await rc.emit(EventType.USER_MESSAGE, {"text": content, "source": run.source})
         provider = self.provider()
@@ -394,5 +395,6 @@ class TurnRunner:
         if any(m.run_id == run.id and m.status == "interrupted" for m in stored):
             return
         if not any(m.run_id == run.id for m in stored) and run.source != Source.WAKEUP:
-            await self._store(run, "user", turn_text(run), source=run.source)
+            payload = await self.io.call(self.runs.payload, run.id)
+            await self._store(run, "user", turn_text(payload), source=run.source)
         await self._store(run, "assistant", "".join(parts), status="interrupted")

@@ -8,9 +8,11 @@ What is copied
     Memory: banks, documents, chunks, units (with their vectors and keyword text),
     entities, unit-entity memberships, links and the retain ledger. Sessions with their
     transcripts and wakeups. Runs whose phase is terminal (completed, failed, cancelled,
-    interrupted), with their journals. Runs that are not terminal are left out and
-    counted in :attr:`MigrationSummary.left_out`: the server that owned them is stopped,
-    so they are stale (a transcript keeps whatever messages they had already stored).
+    interrupted), with their journals and summaries but not their payloads (a run's
+    input, read only by the worker that executes it). Runs that are not terminal are left
+    out and counted in :attr:`MigrationSummary.left_out`: the server that owned them is
+    stopped, so they are stale (a transcript keeps whatever messages they had already
+    stored).
     The source is opened read-only and read in one transaction: a consistent snapshot.
     The copier takes no locks in the target: servers may use it meanwhile, but none should
     write to the banks, sessions or runs being copied.
@@ -597,7 +599,7 @@ PLAIN_TABLES: Final = (
     _plain(
         "runs",
         "id, kind, tenant, session_id, phase, source, created_at, started_at, cancelled_at,"
-        " finished_at, cancel_reason, error, worker_id, lease_expires_at, payload, result,"
+        " finished_at, cancel_reason, error, worker_id, lease_expires_at, summary, result,"
         " last_seq, first_seq, journal_closed",
         where=f"t.{_TERMINAL_RUN}",
     ),

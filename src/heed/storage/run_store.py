@@ -13,12 +13,19 @@ lock, so two instances admitting a turn for one session at the same moment are
 serialised and the second sees the first's run. (A partial unique index could not
 say "busy": a run that is cancelling stays busy for its unwind window.) A journal
 append row-locks its run (``FOR UPDATE`` where rows lock) before reading ``last_seq``.
+
+A run's payload (its input, up to the body limit) lives in ``run_payloads``, written in
+the transaction that inserts the run and read only by :meth:`SqlRunStore.payload`: no
+other query touches that table, so listing, reaping or admitting runs never reads a
+payload, however large (on SQLite a large value in the row itself would be read by any
+query needing a column stored after it). The row keeps the kind's small ``summary``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,6 +40,7 @@ from heed.runs.model import (
     Run,
     RunEvent,
     allowed_sources,
+    summary_json,
 )
 from heed.runs.state import is_queued
 from heed.runs.store import BlockingCheck, ClaimCheck, Transition
@@ -78,7 +86,32 @@ MIGRATIONS: Final = [
             PRIMARY KEY (run_id, seq)
         );
         """,
-    )
+    ),
+    # Payloads move out of the registry row (see the module docstring). The summaries of
+    # runs that may still be looked up by key (retain operations) or that still report
+    # (tasks' wakeups) are derived from their payloads, as their kinds now write them.
+    Migration(
+        "runs",
+        2,
+        """
+        CREATE TABLE run_payloads (
+            run_id TEXT PRIMARY KEY,
+            payload TEXT NOT NULL
+        );
+        INSERT INTO run_payloads (run_id, payload) SELECT id, payload FROM runs;
+        ALTER TABLE runs ADD COLUMN summary TEXT NOT NULL DEFAULT '{}';
+        UPDATE runs SET summary = json_object(
+            'items_count', json_extract(payload, '$.items_count'),
+            'client_operation_id', json_extract(payload, '$.client_operation_id'),
+            'idempotency_key', json_extract(payload, '$.idempotency_key'),
+            'fingerprint', json_extract(payload, '$.fingerprint'))
+        WHERE kind = 'retain';
+        UPDATE runs SET summary = json_object(
+            'title', json_extract(payload, '$.title'), 'action', json_extract(payload, '$.action'))
+        WHERE kind = 'task';
+        ALTER TABLE runs DROP COLUMN payload;
+        """,
+    ),
 ]
 
 #: The same schema in PostgreSQL's types (timestamps are epoch seconds as doubles).
@@ -120,15 +153,38 @@ PG_MIGRATIONS: Final = [
             PRIMARY KEY (run_id, seq)
         );
         """.replace("{terminal}", ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))),
-    )
+    ),
+    Migration(
+        "runs",
+        2,
+        """
+        CREATE TABLE run_payloads (
+            run_id TEXT PRIMARY KEY,
+            payload TEXT NOT NULL
+        );
+        INSERT INTO run_payloads (run_id, payload) SELECT id, payload FROM runs;
+        ALTER TABLE runs ADD COLUMN summary TEXT NOT NULL DEFAULT '{}';
+        UPDATE runs SET summary = jsonb_build_object(
+            'items_count', payload::jsonb -> 'items_count',
+            'client_operation_id', payload::jsonb -> 'client_operation_id',
+            'idempotency_key', payload::jsonb -> 'idempotency_key',
+            'fingerprint', payload::jsonb -> 'fingerprint')::text
+        WHERE kind = 'retain';
+        UPDATE runs SET summary = jsonb_build_object(
+            'title', payload::jsonb -> 'title', 'action', payload::jsonb -> 'action')::text
+        WHERE kind = 'task';
+        ALTER TABLE runs DROP COLUMN payload;
+        """,
+    ),
 ]
 
 _TERMINAL_SQL: Final = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))
 _COLUMNS: Final = (
     "id, kind, tenant, session_id, phase, source, created_at, started_at, cancelled_at,"
-    " finished_at, cancel_reason, error, worker_id, lease_expires_at, payload, result,"
+    " finished_at, cancel_reason, error, worker_id, lease_expires_at, summary, result,"
     " last_seq, first_seq, journal_closed"
 )
+_SUMMARY_KEY: Final = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 _SETTABLE: Final = frozenset(
     {
         "started_at",
@@ -159,7 +215,7 @@ def _row_to_run(row: Any) -> Run:
         error=row["error"],
         worker_id=row["worker_id"],
         lease_expires_at=row["lease_expires_at"],
-        payload=json.loads(row["payload"] or "{}"),
+        summary=json.loads(row["summary"] or "{}"),
         result=None if row["result"] is None else json.loads(row["result"]),
         last_seq=row["last_seq"],
         first_seq=row["first_seq"],
@@ -189,13 +245,17 @@ class SqlRunStore:
 
     # -- registry ------------------------------------------------------------------
 
-    def create(self, run: Run) -> Run:
+    def create(self, run: Run, payload: Mapping[str, Any] | None = None) -> Run:
         with self.db.write() as conn:
-            self._insert(conn, run)
+            self._insert(conn, run, payload)
         return run
 
     @staticmethod
-    def _insert(conn: Any, run: Run) -> None:
+    def _insert(conn: Any, run: Run, payload: Mapping[str, Any] | None) -> None:
+        conn.execute(
+            "INSERT INTO run_payloads (run_id, payload) VALUES (?, ?)",
+            (run.id, json.dumps(dict(payload or {}))),
+        )
         conn.execute(
             f"INSERT INTO runs ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
             (
@@ -213,13 +273,23 @@ class SqlRunStore:
                 run.error,
                 run.worker_id,
                 run.lease_expires_at,
-                json.dumps(run.payload),
+                summary_json(run.summary),
                 None if run.result is None else json.dumps(run.result),
                 run.last_seq,
                 run.first_seq,
                 int(run.journal_closed),
             ),
         )
+
+    def payload(self, run_id: str) -> dict[str, Any] | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT payload FROM run_payloads WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        if row is None:
+            return None
+        value = json.loads(row[0] or "{}")
+        return value if isinstance(value, dict) else {}
 
     def get(self, run_id: str) -> Run | None:
         if NUL in run_id:
@@ -240,10 +310,15 @@ class SqlRunStore:
         kind: str | None = None,
         phases: Iterable[str] | None = None,
         non_terminal: bool = False,
+        summary_equals: Mapping[str, str] | None = None,
+        newest_first: bool = False,
+        offset: int = 0,
         limit: int = 1000,
     ) -> list[Run]:
         if session_id is not None and NUL in session_id:
             return []
+        if any(NUL in value for value in (summary_equals or {}).values()):
+            return []  # a key a client sent (an operation id): nothing holds NUL
         with self.db.read() as conn:
             return self._list(
                 conn,
@@ -252,11 +327,22 @@ class SqlRunStore:
                 kinds=None if kind is None else [kind],
                 phases=phases,
                 non_terminal=non_terminal,
+                summary_equals=summary_equals,
+                newest_first=newest_first,
+                offset=offset,
                 limit=limit,
             )
 
-    @staticmethod
+    def _summary_field(self, key: str) -> str:
+        """SQL for the string value of the summary's *key* (a fixed identifier)."""
+        if not _SUMMARY_KEY.fullmatch(key):
+            raise ValueError(f"not a summary key: {key!r}")
+        if self.db.dialect == "postgresql":
+            return f"(summary::jsonb ->> '{key}')"
+        return f"json_extract(summary, '$.{key}')"
+
     def _list(
+        self,
         conn: Any,
         *,
         tenant: str | None = None,
@@ -264,6 +350,9 @@ class SqlRunStore:
         kinds: Iterable[str] | None = None,
         phases: Iterable[str] | None = None,
         non_terminal: bool = False,
+        summary_equals: Mapping[str, str] | None = None,
+        newest_first: bool = False,
+        offset: int = 0,
         limit: int = 1000,
     ) -> list[Run]:
         where: list[str] = []
@@ -280,16 +369,52 @@ class SqlRunStore:
             args.extend(kind_list)
         if phases is not None:
             phase_list = [str(p) for p in phases]
+            if not phase_list:
+                return []
             where.append(f"phase IN ({', '.join('?' * len(phase_list))})")
             args.extend(phase_list)
         if non_terminal:
             where.append(f"phase NOT IN ({_TERMINAL_SQL})")
+        for key, value in (summary_equals or {}).items():
+            where.append(f"{self._summary_field(key)} = ?")
+            args.append(value)
         sql = f"SELECT {_COLUMNS} FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at, id LIMIT ?"
-        args.append(limit)
+        sql += " ORDER BY created_at DESC, id DESC" if newest_first else " ORDER BY created_at, id"
+        sql += " LIMIT ? OFFSET ?"
+        args.extend((limit, max(0, offset)))
         return [_row_to_run(row) for row in conn.execute(sql, args)]
+
+    def runs_in_phases(
+        self, phases: Iterable[str], *, after_id: str = "", limit: int = 500
+    ) -> list[Run]:
+        phase_list = [str(p) for p in phases]
+        if not phase_list:
+            return []
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM runs WHERE phase IN ({', '.join('?' * len(phase_list))})"
+                " AND id > ? ORDER BY id LIMIT ?",
+                (*phase_list, after_id, limit),
+            ).fetchall()
+        return [_row_to_run(row) for row in rows]
+
+    def count_runs(
+        self, *, tenant: str | None = None, session_id: str | None = None, kind: str | None = None
+    ) -> dict[str, int]:
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (("tenant", tenant), ("session_id", session_id), ("kind", kind)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        sql = "SELECT phase, COUNT(*) FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self.db.read() as conn:
+            rows = conn.execute(sql + " GROUP BY phase", args).fetchall()
+        return {str(row[0]): int(row[1]) for row in rows}
 
     def transition(
         self,
@@ -336,7 +461,12 @@ class SqlRunStore:
         return Transition(run, appended[0] if appended else None)
 
     def admit(
-        self, run: Run, blocking: BlockingCheck, *, scope_kinds: Iterable[str]
+        self,
+        run: Run,
+        blocking: BlockingCheck,
+        *,
+        scope_kinds: Iterable[str],
+        payload: Mapping[str, Any] | None = None,
     ) -> tuple[Run | None, Run | None]:
         with self.db.write() as conn:
             if run.session_id is not None:
@@ -353,7 +483,7 @@ class SqlRunStore:
             # order is admission order, whichever process or clock admitted each run.
             newest = max((s.created_at for s in siblings), default=0.0)
             run = dataclasses.replace(run, created_at=max(time.time(), newest + 1e-6))
-            self._insert(conn, run)
+            self._insert(conn, run, payload)
         return run, None
 
     def claim(

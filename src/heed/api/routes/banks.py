@@ -12,7 +12,7 @@ from heed.api.policies import continue_on_disconnect
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import bank_fields, engine_of, profile_of
 from heed.memory.engine import BANK_ID_RE
-from heed.memory.operations import RetainOperations, status_of
+from heed.memory.operations import RetainOperations
 
 router = APIRouter(prefix="/v1/default/banks", tags=["banks"])
 
@@ -109,9 +109,7 @@ async def bank_stats(bank_id: IdPath, request: Request) -> wire.BankStatsRespons
     by_status: dict[str, int] = {}
     operations: RetainOperations | None = getattr(request.app.state, "retain_operations", None)
     if operations is not None:
-        for run in await operations.list(bank):
-            status = status_of(run)
-            by_status[status] = by_status.get(status, 0) + 1
+        by_status = await operations.counts(bank)
     return wire.BankStatsResponse(
         bank_id=bank.bank_id,
         total_nodes=sum(stats.units_by_type.values()),

@@ -76,10 +76,10 @@ async def list_operations(
     """The bank's operations, newest first."""
     bank = await engine_of(request).get_bank(bank_id)
     operations = _operations(request)
-    runs = await operations.list(bank, status)
+    total, runs = await operations.list(bank, status, offset=offset, limit=limit)
     return wire.OperationsListResponse(
         bank_id=bank_id,
-        total=len(runs),
+        total=total,
         limit=limit,
         offset=offset,
         operations=[
@@ -88,14 +88,14 @@ async def list_operations(
                 task_type="retain",
                 operation_id=run.id,
                 operation_type="retain",
-                items_count=int(run.payload.get("items_count", 0)),
+                items_count=int(run.summary.get("items_count") or 0),
                 created_at=_iso(run.created_at) or "",
                 updated_at=_updated(run),
                 status=status_of(run),
                 error_message=_error(run),
                 progress=await _progress(operations, run),
             )
-            for run in runs[offset : offset + limit]
+            for run in runs
         ],
     )
 
