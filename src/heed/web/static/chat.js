@@ -486,8 +486,10 @@ export class ChatView {
           this.updateControls();
           // Ask the status endpoint again after Retry-After; an idle answer drains the queue.
           setTimeout(() => generation === this.generation && this.pollStatus(), wait * 1000);
-        } else if (error.status === 503) {
-          showNotice("send", `Server overloaded (503): your message is queued; retrying in ${wait} s.`, "warn");
+        } else if (error.status === 503 || error.status === 429) {
+          // 429: a bound of this session or tenant (its detail names it); it frees up as work ends.
+          const why = error.status === 503 ? "Server overloaded (503)" : `Too many requests (429: ${error.detail})`;
+          showNotice("send", `${why}: your message is queued; retrying in ${wait} s.`, "warn");
           this.scheduleDrain(wait * 1000);
         } else if (error.status === 0) {
           showNotice("send", "Network lost: your message is queued and will be sent when it is back.", "warn");
