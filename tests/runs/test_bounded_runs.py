@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -436,3 +437,35 @@ async def test_open_streams_are_bounded_per_tenant(make_settings: Callable[..., 
                     frames.append(frame)
             assert frames and frames[-1].event == "completed"
             wait_for(released)  # a stream that ended released its place too
+
+
+async def test_waiting_for_a_remote_worker_to_stop_backs_off(sql_database: SqlDatabase) -> None:
+    """A sibling of row 11: ``cancel?wait=true`` on a run whose worker is in another process
+    re-reads the run with a growing interval (at most 1 s), not 20 times a second."""
+    manager = build_manager(sql_database)
+    try:
+        run_id = new_run_id()
+        manager.store.create(dataclasses.replace(_queued(run_id), kind="task", session_id=None))
+        claimed = manager.store.claim(
+            run_id,
+            worker_id="elsewhere:1:abc",
+            lease_seconds=600,
+            may_start=lambda r, s: True,
+            scope_kinds=["task"],
+        )
+        assert claimed is not None
+        reads = {"n": 0}
+        real = manager.store.get
+
+        def counted(run_id: str) -> Run | None:
+            reads["n"] += 1
+            return real(run_id)
+
+        manager.store.get = counted  # type: ignore[method-assign]
+        started = time.monotonic()
+        run = await manager.cancel(run_id, wait=True, wait_timeout=3.0)
+        assert run.phase == "cancelling"  # its worker never stopped: the wait ran out
+        assert time.monotonic() - started >= 3.0
+        assert reads["n"] <= 12, reads
+    finally:
+        await manager.close(grace=2)

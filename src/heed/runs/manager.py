@@ -613,17 +613,24 @@ class RunManager:
 
     async def wait_stopped(self, run_id: str, seconds: float) -> Run:
         """Wait until the run is terminal (its worker stopped), at most *seconds*;
-        returns the run as it then is."""
+        returns the run as it then is.
+
+        A worker of this process is awaited; one of another process is seen by re-reading
+        the run, at intervals that grow from 50 ms to 1 s (the end of a cancelled run
+        publishes nothing: its terminal event was written when the cancel was)."""
         deadline = time.monotonic() + seconds
         worker = self.workers.get(run_id)
         if worker is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.done.wait(), seconds)
+        interval = 0.05
         while True:
             run = await self.get(run_id)
-            if is_terminal(run) or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if is_terminal(run) or left <= 0:
                 return run
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(min(interval, left))
+            interval = min(1.0, interval * 2)
 
     async def after_interrupted(self, run: Run) -> None:
         """Run the kind's ``on_interrupted`` hook (errors logged), then tell listeners."""
