@@ -166,8 +166,14 @@ class Settings(BaseSettings):
     stream_poll_seconds: float = Field(
         default=20.0,
         gt=0,
-        description="An idle stream re-reads the journal this often, as a fallback to the "
-        "broker's wake-ups (several processes on one SQLite file without Redis: set ~1).",
+        description="An idle stream re-reads the journal this often, a fallback for a lost "
+        "broker hint.",
+    )
+    stream_watch_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Without Redis: how often one query checks every followed run for events "
+        "another process sharing the database wrote (0: never).",
     )
     run_queue_sweep_seconds: float = Field(
         default=30.0, gt=0, description="Seconds between the reaper's sweeps for queued runs."

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,10 +28,18 @@ from heed.runs.reaper import Reaper, reap_once
 from heed.settings import Settings
 from heed.storage import SqlDatabase
 from heed.storage.run_store import MIGRATIONS, PG_MIGRATIONS, SqlRunStore
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 from .conftest import build_manager
-from .http_support import SLOW_SCRIPT, new_session, run_phase, run_server, run_settings, sse_frames
+from .http_support import (
+    SLOW_SCRIPT,
+    new_session,
+    run_phase,
+    run_server,
+    run_settings,
+    server_process,
+    sse_frames,
+)
 
 BIG = "x" * 1_000_000  # one payload of 1 MB
 
@@ -357,6 +366,14 @@ async def test_an_idle_stream_reads_nothing_and_wakes_on_the_broker(
         queued_id = queued.json()["run_id"]
         store = server.app.state.services.runs.manager.store
         reads: list[str] = []
+        watch_reads = {"n": 0}
+        real_last_seqs = store.last_seqs
+
+        def watched(run_ids: list[str]) -> dict[str, int]:
+            watch_reads["n"] += 1
+            return real_last_seqs(run_ids)
+
+        store.last_seqs = watched
         for name in ("get", "events_after"):
             real = getattr(store, name)
 
@@ -379,9 +396,11 @@ async def test_an_idle_stream_reads_nothing_and_wakes_on_the_broker(
                     heartbeats += 1
                     if heartbeats == 1:
                         reads.clear()  # what the replay read is done; from here on: idle
+                        watch_reads["n"] = 0
                     if heartbeats >= 12:  # about 3.6 s idle
                         break
             assert reads == [], reads
+            assert watch_reads["n"] <= 6, watch_reads  # the process's one watch: 1 query/s
             cancelled_at = time.monotonic()
             assert client.post(f"/v1/runs/{queued_id}/cancel").status_code == 200
             events = []
@@ -469,3 +488,36 @@ async def test_waiting_for_a_remote_worker_to_stop_backs_off(sql_database: SqlDa
         assert reads["n"] <= 12, reads
     finally:
         await manager.close(grace=2)
+
+
+async def test_another_process_streams_a_run_promptly_without_polling_each_stream(
+    tmp_path: Path,
+) -> None:
+    """Two processes on one SQLite file, no Redis, the default 20 s fallback: a stream on B
+    of a run A executes still follows it live, woken by B's one journal watch (1 s)."""
+    data = tmp_path / "data"
+    port_a, port_b = free_port(), free_port()
+    slow = {"HEED_STREAM_POLL_SECONDS": "20", "HEED_STREAM_HEARTBEAT_SECONDS": "10"}
+    with server_process(data, port_a, **slow), server_process(data, port_b, **slow):
+        a, b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+        with httpx.Client(base_url=a, timeout=30) as client:
+            sid = new_session(client)
+            run_id = client.post(
+                f"/v1/sessions/{sid}/turns", json={"content": " ".join(["w"] * 60)}
+            ).json()["run_id"]  # 60 words at 50 ms each: 3 s, executed by A
+        started = time.monotonic()
+        seqs: list[int] = []
+        arrivals: list[float] = []
+        async with (
+            httpx.AsyncClient(timeout=30) as ac,
+            ac.stream("GET", f"{b}/v1/runs/{run_id}/stream") as response,
+        ):
+            async for frame in sse_frames(response):
+                if frame.id:
+                    seqs.append(int(frame.id))
+                    arrivals.append(time.monotonic() - started)
+                if frame.event == "completed":
+                    break
+        assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > 10
+        assert arrivals[-1] < 10.0, arrivals[-1]  # not at the 20 s fallback
+        assert arrivals[len(arrivals) // 2] < arrivals[-1] - 0.5  # live, not in one burst

@@ -16,8 +16,7 @@ Readers call :meth:`Journal.follow`, which yields what a resumable stream needs:
    seam), one beyond ``cursor + 1`` or a lag signal triggers a re-read from the
    store (no gap). An idle reader waits on the broker alone: only every
    ``poll_interval`` without news (a fallback, 20 s by default) does it check the
-   store, which covers a lost hint and writers in other processes whose hints no
-   broker carries (SQLite without Redis). Heartbeats read nothing.
+   store itself, which covers a lost hint. Heartbeats read nothing.
 4. It stops after yielding a terminal event, and at once when the journal is
    closed and the cursor is already at (or past) its end: nothing can follow.
    Otherwise it yields :data:`HEARTBEAT` every ``heartbeat`` seconds of silence
@@ -26,25 +25,38 @@ Readers call :meth:`Journal.follow`, which yields what a resumable stream needs:
 
 Events are yielded in batches (lists) so a replay of a long run can be written
 to a socket in few sends.
+
+**The watch** (``watch_interval`` > 0; for a broker that carries no hints between
+processes, the in-process one): writers in other processes sharing the database publish
+nothing this process hears. So while anyone here follows a run, one task reads the
+``last_seq`` of every followed run in one query every ``watch_interval`` seconds and, for
+each run whose journal grew by events this process did not publish, publishes
+:data:`~heed.runs.broker.LAGGED` on its topic: its readers re-read the store. That costs
+one query per interval for the whole process, however many streams are open, and
+nothing at all once nobody follows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from heed.runs.broker import STOPPED, Broker
+from heed.runs.broker import LAGGED, STOPPED, Broker
 from heed.runs.io import BlockingIO
 from heed.runs.model import RunEvent
 from heed.runs.store import RunStore
-from heed.runtime import CancellationToken
+from heed.runtime import CancellationToken, reraise_cancellation
 
 __all__ = ["HEARTBEAT", "Gap", "Heartbeat", "Journal", "run_topic"]
 
 _BATCH: Final = 1000
+
+log = logging.getLogger("heed.runs.journal")
 
 
 def run_topic(run_id: str) -> str:
@@ -87,6 +99,7 @@ class Journal:
         io: BlockingIO,
         *,
         poll_interval: float = 20.0,
+        watch_interval: float = 0.0,
         read_io: BlockingIO | None = None,
     ) -> None:
         self.store = store
@@ -95,6 +108,13 @@ class Journal:
         #: Readers use their own threads, so a storm of replays never delays appends.
         self.read_io = read_io or io
         self.poll_interval = poll_interval
+        #: Seconds between the watch's reads (0: no watch); see the module docstring.
+        self.watch_interval = watch_interval
+        self._followers: dict[str, int] = {}  # run id -> readers in this process
+        self._published: dict[str, int] = {}  # followed run id -> highest seq published here
+        self._seen: dict[str, int] = {}  # followed run id -> last_seq the watch last read
+        self._watch: asyncio.Task[None] | None = None
+        self._closed = False
 
     async def append(self, run_id: str, type_: str, data: Mapping[str, Any]) -> RunEvent | None:
         """Append one event durably, then publish it; ``None`` if the journal is closed."""
@@ -113,7 +133,60 @@ class Journal:
         """Fan out already-committed events to live subscribers."""
         for event in events:
             if event is not None:
+                if event.run_id in self._followers:
+                    known = self._published.get(event.run_id, 0)
+                    self._published[event.run_id] = max(known, event.seq)
                 self.broker.publish(run_topic(event.run_id), event)
+
+    # -- the watch (see the module docstring) ----------------------------------------
+
+    def _follow_started(self, run_id: str) -> None:
+        self._followers[run_id] = self._followers.get(run_id, 0) + 1
+        if self.watch_interval > 0 and not self._closed and self._watch is None:
+            self._watch = asyncio.create_task(self._watch_loop(), name="heed-journal-watch")
+
+    def _follow_ended(self, run_id: str) -> None:
+        left = self._followers.get(run_id, 0) - 1
+        if left > 0:
+            self._followers[run_id] = left
+            return
+        self._followers.pop(run_id, None)
+        self._published.pop(run_id, None)
+        self._seen.pop(run_id, None)
+
+    async def _watch_loop(self) -> None:
+        """Every ``watch_interval``: wake the readers of runs that other processes wrote to.
+        Ends once nobody follows a run (the next reader starts it again)."""
+        try:
+            while self._followers and not self._closed:
+                await asyncio.sleep(self.watch_interval)
+                run_ids = list(self._followers)
+                if not run_ids:
+                    return
+                try:
+                    last_seqs = await self.read_io.call(self.store.last_seqs, run_ids)
+                except Exception as exc:
+                    reraise_cancellation(exc)
+                    log.exception("the journal watch could not read the runs; it goes on")
+                    continue
+                for run_id, last_seq in last_seqs.items():
+                    if run_id not in self._followers:
+                        continue
+                    seen = self._seen.get(run_id, -1)
+                    self._seen[run_id] = last_seq
+                    if last_seq > seen and last_seq > self._published.get(run_id, 0):
+                        self.broker.publish(run_topic(run_id), LAGGED)
+        finally:
+            self._watch = None
+
+    async def aclose(self) -> None:
+        """Stop the watch (readers still open end with their requests). Idempotent."""
+        self._closed = True
+        task = self._watch
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _read(
         self, run_id: str, cursor: int
@@ -172,6 +245,7 @@ class Journal:
         sub = self.broker.subscribe(run_topic(run_id))
         handle = token.on_cancel(lambda _reason: sub.stop()) if token is not None else None
         position = _Position(cursor=max(0, after))
+        self._follow_started(run_id)
         try:
             await sub.ready()  # other processes' events reach us before we replay
             async with contextlib.aclosing(self._from_store(run_id, position)) as stored:
@@ -229,6 +303,7 @@ class Journal:
                     last_output = time.monotonic()
                     yield HEARTBEAT
         finally:
+            self._follow_ended(run_id)
             if handle is not None:
                 handle.remove()
             sub.close()

@@ -159,6 +159,7 @@ class RunManager:
         lease_seconds: float = 15.0,
         reaper_interval: float = 2.0,
         poll_interval: float = 20.0,
+        watch_interval: float = 0.0,
         journal_retention: float = 0.0,
         max_queued_per_session: int = 32,
         queue_sweep_interval: float = 30.0,
@@ -180,7 +181,12 @@ class RunManager:
         self.io = io or BlockingIO()
         self.read_io = BlockingIO(4, name="heed-runs-read")
         self.journal = Journal(
-            store, broker, self.io, poll_interval=poll_interval, read_io=self.read_io
+            store,
+            broker,
+            self.io,
+            poll_interval=poll_interval,
+            watch_interval=watch_interval,
+            read_io=self.read_io,
         )
         self.worker_id = make_worker_id()
         self.kinds: dict[str, KindSpec] = {}
@@ -684,6 +690,7 @@ class RunManager:
     async def close(self, grace: float = 5.0) -> None:
         """:meth:`stop_runs`, then release the store threads. Idempotent."""
         await self.stop_runs(grace)
+        await self.journal.aclose()
         if self._io_closed:
             return
         self._io_closed = True

@@ -179,6 +179,10 @@ class RunStore(Protocol):
         same call are dropped)."""
         ...
 
+    def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """``last_seq`` of each known run of *run_ids* (unknown ones are left out)."""
+        ...
+
     def events_after(self, run_id: str, after: int, limit: int = 1000) -> list[RunEvent]:
         """Retained events with ``seq > after``, in order, at most *limit*."""
         ...

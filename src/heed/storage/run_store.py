@@ -590,6 +590,19 @@ class SqlRunStore:
         )
         return written
 
+    def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
+        ids = [run_id for run_id in run_ids if NUL not in run_id]
+        found: dict[str, int] = {}
+        with self.db.read() as conn:
+            for start in range(0, len(ids), 500):
+                part = ids[start : start + 500]
+                rows = conn.execute(
+                    f"SELECT id, last_seq FROM runs WHERE id IN ({', '.join('?' * len(part))})",
+                    part,
+                ).fetchall()
+                found.update((str(row[0]), int(row[1])) for row in rows)
+        return found
+
     def events_after(self, run_id: str, after: int, limit: int = 1000) -> list[RunEvent]:
         if NUL in run_id:
             return []
