@@ -244,6 +244,37 @@ async def test_run_listings_and_operations_carry_no_payload(
         assert len(one.content) < 5_000 and marker not in one.text
 
 
+async def test_a_listing_leaves_results_out(make_settings: Callable[..., Settings]) -> None:
+    """A sibling of row 6: a run's result (a retain's 5,000 document ids) is read by the run's
+    own GET, never by a listing."""
+    with (
+        run_server(run_settings(make_settings)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        store = server.app.state.services.runs.manager.store
+        ids = []
+        for _ in range(3):
+            run = store.create(dataclasses.replace(_queued(new_run_id()), tenant="default"))
+            claimed = store.claim(
+                run.id,
+                worker_id="w",
+                lease_seconds=5,
+                may_start=lambda r, s: True,
+                scope_kinds=["retain"],
+            )
+            assert claimed is not None
+            result = {"document_ids": [f"resultmarker-{i:032d}" for i in range(5_000)]}
+            done = store.transition(run.id, Phase.COMPLETED, fields={"result": result})
+            assert done is not None
+            ids.append(run.id)
+        listing = client.get("/v1/runs")
+        assert [r["id"] for r in listing.json()["runs"]] == ids
+        assert len(listing.content) < 10_000 and "resultmarker" not in listing.text
+        assert all("result" not in r for r in listing.json()["runs"])
+        one = client.get(f"/v1/runs/{ids[0]}").json()
+        assert len(one["result"]["document_ids"]) == 5_000
+
+
 # -- row 10: a bounded queue, and reaper passes that never read it -----------------------
 
 

@@ -95,13 +95,15 @@ class RunStore(Protocol):
         newest_first: bool = False,
         offset: int = 0,
         limit: int = 1000,
+        with_result: bool = True,
     ) -> list[Run]:
         """Runs matching every given filter, oldest first (``newest_first``: the reverse),
         skipping *offset*, at most *limit*.
 
         ``non_terminal=True`` returns rows whose phase is not terminal,
         including unknown or blank phases. ``summary_equals`` keeps runs whose summary
-        has each given key set to the given string.
+        has each given key set to the given string. ``with_result=False`` leaves every
+        ``result`` ``None`` (not read: a listing that does not show it).
         """
         ...
 
@@ -194,5 +196,5 @@ class RunStore(Protocol):
 
     def finished_before(self, cutoff: float, limit: int = 1000) -> list[Run]:
         """Terminal runs finished before *cutoff* that still retain more than their last
-        event (retention candidates), oldest first."""
+        event (retention candidates), oldest first; their ``result`` is not read."""
         ...

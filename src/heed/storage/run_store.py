@@ -184,6 +184,8 @@ _COLUMNS: Final = (
     " finished_at, cancel_reason, error, worker_id, lease_expires_at, summary, result,"
     " last_seq, first_seq, journal_closed"
 )
+#: The row without its result (``NULL``): for reads that never look at it.
+_WITHOUT_RESULT: Final = _COLUMNS.replace(" result,", " NULL AS result,")
 _SUMMARY_KEY: Final = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 _SETTABLE: Final = frozenset(
     {
@@ -314,6 +316,7 @@ class SqlRunStore:
         newest_first: bool = False,
         offset: int = 0,
         limit: int = 1000,
+        with_result: bool = True,
     ) -> list[Run]:
         if session_id is not None and NUL in session_id:
             return []
@@ -331,6 +334,7 @@ class SqlRunStore:
                 newest_first=newest_first,
                 offset=offset,
                 limit=limit,
+                with_result=with_result,
             )
 
     def _summary_field(self, key: str) -> str:
@@ -354,6 +358,7 @@ class SqlRunStore:
         newest_first: bool = False,
         offset: int = 0,
         limit: int = 1000,
+        with_result: bool = True,
     ) -> list[Run]:
         where: list[str] = []
         args: list[Any] = []
@@ -378,7 +383,7 @@ class SqlRunStore:
         for key, value in (summary_equals or {}).items():
             where.append(f"{self._summary_field(key)} = ?")
             args.append(value)
-        sql = f"SELECT {_COLUMNS} FROM runs"
+        sql = f"SELECT {_COLUMNS if with_result else _WITHOUT_RESULT} FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, id DESC" if newest_first else " ORDER BY created_at, id"
@@ -617,7 +622,7 @@ class SqlRunStore:
     def finished_before(self, cutoff: float, limit: int = 1000) -> list[Run]:
         with self.db.read() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM runs WHERE phase IN ({_TERMINAL_SQL})"
+                f"SELECT {_WITHOUT_RESULT} FROM runs WHERE phase IN ({_TERMINAL_SQL})"
                 " AND finished_at < ? AND first_seq < last_seq ORDER BY finished_at LIMIT ?",
                 (cutoff, limit),
             ).fetchall()

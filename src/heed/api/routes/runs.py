@@ -16,7 +16,8 @@
   ``HEED_TENANT_MAX_STREAMS`` open streams of the tenant a new one gets 429.
 
 Runs are shown without their payload (their input, read only by the worker that executes
-them); ``summary`` is the small part of it each kind chooses to show.
+them); ``summary`` is the small part of it each kind chooses to show. A listing leaves out
+each run's ``result`` too; the run's own ``GET`` has it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ async def list_runs(
     active: bool = False,
     limit: Limit = 100,
 ) -> dict[str, Any]:
-    """The caller's runs, oldest first; ``active=true``: only those not yet terminal."""
+    """The caller's runs, oldest first; ``active=true``: only those not yet terminal.
+    Without their results (``GET /v1/runs/{id}`` has it): a listing's size follows the
+    number of runs, not what each one produced."""
     manager = _runs(request).manager
     runs = await manager.io.call(
         manager.store.list_runs,
@@ -67,8 +70,14 @@ async def list_runs(
         session_id=session_id,
         non_terminal=active,
         limit=limit,
+        with_result=False,
     )
-    return {"runs": [run.to_public() for run in runs]}
+    listed = []
+    for run in runs:
+        public = run.to_public()
+        del public["result"]
+        listed.append(public)
+    return {"runs": listed}
 
 
 @router.get("/{run_id}")
