@@ -672,7 +672,9 @@ class RunManager:
                     Step(
                         Phase.INTERRUPTED,
                         (Phase.RUNNING,),
-                        {"finished_at": time.time(), "error": SHUTDOWN},
+                        # the reason too: a lease renewal that reads the row before the
+                        # token below is cancelled stops the worker with the row's reason
+                        {"finished_at": time.time(), "error": SHUTDOWN, "cancel_reason": SHUTDOWN},
                         (EventType.INTERRUPTED, {"reason": SHUTDOWN}),
                         self.worker_id,
                     )
