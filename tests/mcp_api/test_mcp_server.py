@@ -446,9 +446,10 @@ def test_the_tools_length_limits_are_the_http_apis() -> None:
     from heed.api import input_rules
     from heed.mcp import tools
 
-    assert (tools.NAME_CHARS, tools.TEXT_CHARS) == (
+    assert (tools.NAME_CHARS, tools.TEXT_CHARS, tools.LIST_ITEMS) == (
         input_rules.MAX_NAME_CHARS,
         input_rules.MAX_TEXT_CHARS,
+        input_rules.MAX_LIST_ITEMS,
     )
 
 

@@ -62,8 +62,11 @@ MAX_RETAIN_ITEMS = 1000
 #: test keeps the two equal): a name, and any other free text.
 NAME_CHARS = 500
 TEXT_CHARS = 200_000
+#: The HTTP API's count limit of a list of tags or names (and a test keeps it equal too).
+LIST_ITEMS = 64
 Name = Annotated[str, Field(max_length=NAME_CHARS)]
 Text = Annotated[str, Field(max_length=TEXT_CHARS)]
+Names = Annotated[list[Name], Field(max_length=LIST_ITEMS)]
 
 
 class MemoryItem(BaseModel):
@@ -73,7 +76,7 @@ class MemoryItem(BaseModel):
     context: Text | None = Field(default=None, description="Where the text comes from.")
     timestamp: str | None = Field(default=None, description="When it happened (ISO 8601).")
     document_id: Name | None = Field(default=None, description="Items with one id form a document.")
-    tags: list[Name] = Field(default_factory=list)
+    tags: Names = Field(default_factory=list)
 
 
 class Fact(BaseModel):
@@ -202,8 +205,8 @@ class HeedTools:
         ctx: Context[Any],
         budget: Budget = "mid",
         max_tokens: Annotated[int, Field(ge=1, le=65536)] = 4096,
-        types: list[Name] | None = None,
-        tags: list[Name] | None = None,
+        types: Names | None = None,
+        tags: Names | None = None,
     ) -> RecallResult:
         """Recall the memories of a bank that best match a query (semantic, keyword,
         graph and temporal retrieval, reranked)."""
@@ -231,7 +234,7 @@ class HeedTools:
         bank_id: BankId,
         items: Annotated[list[MemoryItem], Field(min_length=1, max_length=MAX_RETAIN_ITEMS)],
         ctx: Context[Any],
-        document_tags: list[Name] | None = None,
+        document_tags: Names | None = None,
     ) -> RetainResult:
         """Remember items in a bank: facts and entities are extracted and indexed. Reports
         progress per document when the call carries a progress token."""
