@@ -453,3 +453,44 @@ def test_health_stays_responsive_during_an_abusive_retain(server: LiveServer) ->
         poller.join()
     assert slowest and max(slowest) < 2.0  # before: 11.8 s
     wait_for(lambda: _health_seconds(server) < 1)
+
+
+# -- no work proportional to a body's size on the event loop -----------------------------------
+
+
+def test_every_api_route_parses_large_json_bodies_off_the_loop(server: LiveServer) -> None:
+    from fastapi.routing import APIRoute
+
+    from heed.api.routing import HeedRoute
+
+    routes = [r for r in server.app.router.routes if isinstance(r, APIRoute)]
+    assert routes and all(isinstance(r, HeedRoute) for r in routes), [
+        r.path for r in routes if not isinstance(r, HeedRoute)
+    ]
+
+
+async def test_a_large_json_body_is_parsed_in_a_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from heed.api import routing
+    from heed.api.input_rules import OFFLOAD_BODY_BYTES
+
+    threads: list[int] = []
+
+    async def recording(fn: Any, *args: Any) -> Any:
+        threads.append(len(args[0]))
+        return fn(*args)
+
+    monkeypatch.setattr(routing, "run_in_thread", recording)
+
+    def request_of(body: bytes) -> routing.OffloadedJsonRequest:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return routing.OffloadedJsonRequest({"type": "http", "method": "POST"}, receive)
+
+    small = json.dumps({"x": "a"}).encode()
+    large = json.dumps({"x": "a" * OFFLOAD_BODY_BYTES}).encode()
+    assert await request_of(small).json() == {"x": "a"}
+    assert (await request_of(large).json())["x"] == "a" * OFFLOAD_BODY_BYTES
+    assert threads == [len(large)]

@@ -29,6 +29,7 @@ from heed.api.routes import (
 )
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
+from heed.api.routing import HeedRoute
 from heed.api.run_metrics import install_run_metrics
 from heed.api.streams import StreamSlots
 from heed.api.throttle import FailureThrottle
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         docs_url=None,
         redoc_url=None,
     )
+    app.router.route_class = HeedRoute  # routes the app adds itself (the UI's index) too
     app.state.services = services
     app.state.metrics = Metrics(services.lanes)
     app.state.burn_records = OrderedDict()

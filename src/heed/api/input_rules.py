@@ -56,6 +56,7 @@ __all__ = [
     "MAX_TAG_CHARS",
     "MAX_TEXT_CHARS",
     "MAX_TOKENS",
+    "OFFLOAD_BODY_BYTES",
     "IdPath",
     "Identifier",
     "Limit",
@@ -96,6 +97,9 @@ MAX_RETAIN_ITEMS: Final = 5_000
 """Most items in one retain request (each becomes at least one document or part of one)."""
 MAX_MESSAGES: Final = 10_000
 """Most messages in one item's conversation content."""
+OFFLOAD_BODY_BYTES: Final = 64 * 1024
+"""A request body this large or larger is checked and parsed in a worker thread, not on the
+event loop (the text rule here, the JSON parse in :mod:`heed.api.routing`)."""
 MAX_QUERY_CHARS: Final = 2_000
 """Longest free-text query parameter (``?q=``); ids and dates in the query string are ids."""
 

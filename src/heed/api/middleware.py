@@ -46,7 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from heed.api.admission import Admission, Ticket
 from heed.api.auth import ANONYMOUS_TENANT, Authenticator, Identity, Refusal
 from heed.api.drain import Drain
-from heed.api.input_rules import body_problem, url_problem
+from heed.api.input_rules import OFFLOAD_BODY_BYTES, body_problem, url_problem
 from heed.api.metrics import Metrics
 from heed.api.revocations import Revocations
 from heed.api.throttle import FailureThrottle
@@ -57,7 +57,6 @@ __all__ = ["CLIENT_DISCONNECTED", "SECURITY_HEADERS", "RequestLifecycleMiddlewar
 
 CLIENT_DISCONNECTED: Final = "client disconnected"
 STATUS_CLIENT_CLOSED: Final = 499
-_OFFLOAD_BODY_BYTES: Final = 64 * 1024
 #: Cheap answers that must stay available under any load (load balancers, scrapers).
 _NOT_ADMITTED: Final = frozenset({"/health", "/metrics"})
 HEAD_ANSWERED: Final = "HEAD answered"
@@ -381,7 +380,7 @@ class RequestLifecycleMiddleware:
 
     @staticmethod
     async def _body_problem(body: bytes, ctx: RequestContext) -> str | None:
-        if len(body) < _OFFLOAD_BODY_BYTES:
+        if len(body) < OFFLOAD_BODY_BYTES:
             return body_problem(body)
         with use_context(ctx):  # a large body is parsed off the loop
             return await run_in_thread(body_problem, body)

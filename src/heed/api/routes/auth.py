@@ -20,10 +20,11 @@ from pydantic import Field
 from heed.api.auth import ANONYMOUS_TENANT, CSRF_COOKIE, SESSION_COOKIE, Authenticator
 from heed.api.input_rules import MAX_ID_CHARS, RequestBody
 from heed.api.revocations import Revocations
+from heed.api.routing import HeedRoute
 from heed.errors import HeedError
 from heed.runtime import current_context
 
-router = APIRouter(prefix="/v1/auth", tags=["auth"])
+router = APIRouter(prefix="/v1/auth", tags=["auth"], route_class=HeedRoute)
 
 
 class LoginIn(RequestBody):

@@ -9,12 +9,13 @@ from fastapi import APIRouter, Depends, Path, Request
 from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset
 from heed.api.openapi import CONFLICT
 from heed.api.policies import continue_on_disconnect
+from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import bank_fields, engine_of, profile_of
 from heed.memory.engine import BANK_ID_RE
 from heed.memory.operations import RetainOperations
 
-router = APIRouter(prefix="/v1/default/banks", tags=["banks"])
+router = APIRouter(prefix="/v1/default/banks", tags=["banks"], route_class=HeedRoute)
 
 NewBankId = Annotated[
     str,

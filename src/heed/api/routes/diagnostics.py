@@ -16,9 +16,10 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from heed.api.input_rules import IdPath
+from heed.api.routing import HeedRoute
 from heed.runtime import current_context, raise_if_cancelled, run_in_thread
 
-router = APIRouter(prefix="/v1/_diag", tags=["diagnostics"])
+router = APIRouter(prefix="/v1/_diag", tags=["diagnostics"], route_class=HeedRoute)
 
 _MAX_RECORDS = 10_000
 

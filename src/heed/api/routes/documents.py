@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from heed.api.input_rules import IdPath, Limit, Offset, QueryText
+from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import engine_of
 
@@ -28,7 +29,9 @@ class DocumentPathConvertor(PathConvertor):
 
 register_url_convertor("document_path", DocumentPathConvertor())
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"])
+router = APIRouter(
+    prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"], route_class=HeedRoute
+)
 
 
 @router.get("")

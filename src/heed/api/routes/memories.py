@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from heed.api.errors import HeedError
 from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText
 from heed.api.openapi import CONFLICT
+from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import (
     engine_of,
@@ -28,7 +29,9 @@ from heed.memory.models import FACT_TYPES
 from heed.memory.operations import RetainOperations
 from heed.memory.store import UnitFilter
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"])
+router = APIRouter(
+    prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=HeedRoute
+)
 
 FactType = Literal["world", "experience", "observation"]
 """:data:`heed.memory.models.FACT_TYPES` as a type, so the schema lists them."""

@@ -14,13 +14,16 @@ from fastapi import APIRouter, Request
 
 from heed.api.errors import HeedError
 from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import engine_of
 from heed.memory.operations import RetainOperations, status_of
 from heed.runs.model import Run
 from heed.runs.state import is_terminal
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"])
+router = APIRouter(
+    prefix="/v1/default/banks/{bank_id}/operations", tags=["operations"], route_class=HeedRoute
+)
 
 OperationStatus = Literal["pending", "processing", "completed", "failed", "cancelled"]
 

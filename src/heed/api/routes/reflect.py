@@ -33,6 +33,7 @@ from starlette.responses import Response
 from heed.api.input_rules import IdPath
 from heed.api.openapi import UPSTREAM, event_stream
 from heed.api.policies import DisconnectPolicy
+from heed.api.routing import HeedRoute
 from heed.api.sse import journal_frames, sse_response
 from heed.api.wire import reflect as wire
 from heed.api.wire.memory_convert import engine_of
@@ -43,7 +44,7 @@ from heed.runtime import current_context, run_in_thread
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/default/banks/{bank_id}", tags=["reflect"])
+router = APIRouter(prefix="/v1/default/banks/{bank_id}", tags=["reflect"], route_class=HeedRoute)
 
 
 async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:

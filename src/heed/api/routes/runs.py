@@ -29,6 +29,7 @@ from starlette.responses import StreamingResponse
 
 from heed.api.input_rules import MAX_ID_CHARS, MAX_REASON_CHARS, IdPath, Limit
 from heed.api.openapi import TOO_MANY, event_stream
+from heed.api.routing import HeedRoute
 from heed.api.sse import journal_frames, parse_cursor, sse_response
 from heed.api.streams import open_stream
 from heed.memory.operations import RETAIN_KIND
@@ -37,7 +38,7 @@ from heed.runtime import current_context
 from heed.sessions.service import TASK, TURN
 from heed.sessions.wiring import RunServices
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=HeedRoute)
 
 
 def _runs(request: Request) -> RunServices:

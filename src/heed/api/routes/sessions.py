@@ -32,6 +32,7 @@ from starlette.responses import StreamingResponse
 
 from heed.api.input_rules import Identifier, IdPath, Limit, Name, RequestBody
 from heed.api.openapi import BUSY_SESSION, CONFLICT, NOT_FOUND, TOO_MANY, event_stream
+from heed.api.routing import HeedRoute
 from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
 from heed.api.streams import open_stream
 from heed.errors import HeedError
@@ -41,7 +42,7 @@ from heed.runtime import current_context, current_token
 from heed.sessions.service import SessionService, stream_url
 from heed.sessions.wiring import RunServices
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=HeedRoute)
 
 
 class SessionIn(RequestBody):

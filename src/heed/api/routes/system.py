@@ -6,9 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from heed.api.routing import HeedRoute
 from heed.version import API_VERSION, __version__
 
-router = APIRouter(tags=["system"])
+router = APIRouter(tags=["system"], route_class=HeedRoute)
 
 
 @router.get("/health")
