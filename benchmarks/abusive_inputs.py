@@ -18,6 +18,12 @@ Scenarios (the issue's reproductions):
 - ``stalled_bodies``: 96 ``POST /v1/auth/login`` and 32 ``POST /v1/sessions`` (tenant A)
   announcing 100 bytes of body and sending none; measured: a login and tenant B's request
   served meanwhile, and when the stalled ones were dropped (the body timeout, 30 s);
+- ``run_listing``: 20 async retains of 4.9 MB, each cancelled, then ``GET /v1/runs?limit=100``
+  four times in parallel; measured: the listing's size and time, the server's RSS growth;
+- ``queued_turns``: 40 turns of 198 KB enqueued behind a long turn of one session; measured:
+  how many were queued before the 429, the enqueue latency, server CPU while they wait;
+- ``idle_streams``: 3,000 ``GET /v1/runs/{queued}/stream`` opened by one tenant; measured: how
+  many were served before the 429, server CPU and RSS while they sit idle for 10 s;
 - ``key_guessing``: 300 wrong keys to ``/v1/auth/login``; measured: 401s before the 429s.
 
 Writes ``benchmarks/results/abusive_inputs.json``.
@@ -26,6 +32,7 @@ Writes ``benchmarks/results/abusive_inputs.json``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import socket
@@ -37,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from _server import Server, percentile, serve, write_result
+from _server import Server, percentile, scripted_env, serve, write_result
 
 KEY_A, KEY_B = "bench-key-a-0123456789", "bench-key-b-0123456789"
 A = {"Authorization": f"Bearer {KEY_A}"}
@@ -268,22 +275,148 @@ def key_guessing(server: Server) -> dict[str, Any]:
     return _during(server, work)
 
 
+def _rss_mb(server: Server) -> float:
+    for line in open(f"/proc/{server.proc.pid}/status").read().splitlines():  # noqa: SIM115
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_listing(server: Server) -> dict[str, Any]:
+    item = {"content": "Ottoline keeps three tabby cats. " * 150}  # ~4.9 KB
+    body = json.dumps({"items": [item] * 1_000, "async": True}).encode()  # ~4.9 MB
+
+    def work() -> dict[str, Any]:
+        with httpx.Client(base_url=server.url, headers=A, timeout=120) as http:
+            http.put("/v1/default/banks/bulky", json={})
+            for _ in range(20):
+                answer = http.post(
+                    "/v1/default/banks/bulky/memories",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                ).json()
+                http.delete(f"/v1/default/banks/bulky/operations/{answer['operation_id']}")
+            rss_before = _rss_mb(server)
+            started = time.perf_counter()
+            listing = http.get("/v1/runs", params={"limit": 100})
+            listing_ms = (time.perf_counter() - started) * 1000
+
+            def four() -> list[int]:
+                with httpx.Client(base_url=server.url, headers=A, timeout=120) as c:
+                    return [len(c.get("/v1/runs", params={"limit": 100}).content)]
+
+            threads = [threading.Thread(target=four) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        return {
+            "request_body_bytes": len(body),
+            "listing_status": listing.status_code,
+            "listing_bytes": len(listing.content),
+            "listing_runs": len(listing.json().get("runs", [])),
+            "listing_ms": round(listing_ms, 1),
+            "rss_growth_4_parallel_listings_mb": round(_rss_mb(server) - rss_before, 1),
+        }
+
+    return _during(server, work)
+
+
+def _long_turn(http: httpx.Client) -> str:
+    session = http.post("/v1/sessions", json={"title": "abuse"}).json()["id"]
+    words = " ".join(f"w{i}" for i in range(3_000))  # 0.05 s a word: longer than the scenario
+    assert http.post(f"/v1/sessions/{session}/turns", json={"content": words}).status_code == 202
+    return session
+
+
+def queued_turns(server: Server) -> dict[str, Any]:
+    def work() -> dict[str, Any]:
+        content = "word " * 39_600  # 198 KB
+        statuses: dict[int, int] = {}
+        latencies = []
+        with httpx.Client(base_url=server.url, headers=A, timeout=60) as http:
+            session = _long_turn(http)
+            for _ in range(40):
+                started = time.perf_counter()
+                status = http.post(
+                    f"/v1/sessions/{session}/turns",
+                    json={"content": content, "multitask_strategy": "enqueue"},
+                ).status_code
+                latencies.append((time.perf_counter() - started) * 1000)
+                statuses[status] = statuses.get(status, 0) + 1
+            cpu_before = server.cpu_seconds()
+            time.sleep(5)
+            waiting_cpu = (server.cpu_seconds() - cpu_before) / 5
+        return {
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "enqueue_p50_ms": round(percentile(latencies, 50), 1),
+            "enqueue_max_ms": round(max(latencies), 1),
+            "server_cores_while_queued_and_one_turn_streams": round(waiting_cpu, 3),
+        }
+
+    return _during(server, work)
+
+
+async def _open_streams(server: Server, run_id: str, count: int) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=count + 10, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=server.url, headers=B, timeout=60, limits=limits) as c:
+        opened: list[Any] = []
+        statuses: dict[int, int] = {}
+        for _ in range(count):
+            request = c.build_request("GET", f"/v1/runs/{run_id}/stream")
+            response = await c.send(request, stream=True)
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            if response.status_code == 200:
+                opened.append(response)
+            else:
+                await response.aclose()
+        await asyncio.sleep(1)
+        rss_before = _rss_mb(server)
+        cpu_before = server.cpu_seconds()
+        await asyncio.sleep(10)
+        idle_cores = (server.cpu_seconds() - cpu_before) / 10
+        rss_after = _rss_mb(server)
+        for response in opened:
+            await response.aclose()
+    return {
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "server_cores_while_idle": round(idle_cores, 3),
+        "rss_mb_while_idle": round(rss_after, 1),
+        "rss_growth_over_10s_idle_mb": round(rss_after - rss_before, 1),
+    }
+
+
+def idle_streams(server: Server) -> dict[str, Any]:
+    def work() -> dict[str, Any]:
+        with httpx.Client(base_url=server.url, headers=B, timeout=60) as http:
+            session = _long_turn(http)
+            queued = http.post(
+                f"/v1/sessions/{session}/turns",
+                json={"content": "later", "multitask_strategy": "enqueue"},
+            ).json()["run_id"]
+            rss_before = _rss_mb(server)
+        result = asyncio.run(_open_streams(server, queued, 3_000))
+        return {**result, "rss_growth_mb": round(result["rss_mb_while_idle"] - rss_before, 1)}
+
+    return _during(server, work)
+
+
 SCENARIOS: dict[str, Callable[[Server], dict[str, Any]]] = {
     "tags_60000": tags_60000,
     "retain_1000_items_64_tags": retain_1000_items,
     "header_150mb": header_150mb,
     "idle_1100": idle_1100,
     "stalled_bodies": stalled_bodies,
+    "run_listing": run_listing,
+    "queued_turns": queued_turns,
+    "idle_streams": idle_streams,
     "key_guessing": key_guessing,  # last: it throttles this address for a minute
 }
 
 
 @contextlib.contextmanager
 def _server() -> Iterator[Server]:
-    env = {
-        "HEED_LLM_PROVIDER": "scripted",
-        "HEED_API_KEYS": f"{KEY_A}=a,{KEY_B}=b",
-    }
+    env = {**scripted_env(0.05), "HEED_API_KEYS": f"{KEY_A}=a,{KEY_B}=b"}
     with tempfile.TemporaryDirectory(prefix="heed-abuse-") as data_dir, serve(data_dir, env) as s:
         yield s
 
