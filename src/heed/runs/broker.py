@@ -82,6 +82,15 @@ class Subscription(Protocol):
 class Broker(Protocol):
     """Publish/subscribe of hints about committed state. See the module docstring."""
 
+    async def start(self) -> None:
+        """Connect, before the server serves; raises when the broker cannot be reached (so a
+        server fails fast rather than serving without its signals)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what :meth:`start` opened; idempotent."""
+        ...
+
     def publish(self, topic: str, message: object) -> None: ...
 
     def subscribe(self, topic: str, *, maxsize: int = 4096) -> Subscription: ...
@@ -161,6 +170,12 @@ class InProcessBroker:
     def __init__(self) -> None:
         self._topics: dict[str, set[_LocalSubscription]] = defaultdict(set)
         self._lock = threading.Lock()
+
+    async def start(self) -> None:
+        """Nothing to connect: every subscriber is in this process."""
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
 
     def subscribe(self, topic: str, *, maxsize: int = 4096) -> _LocalSubscription:
         """Must be called on an event loop; messages are delivered on that loop."""

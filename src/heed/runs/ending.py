@@ -20,6 +20,25 @@ Steps are tried in order and each is guarded by its source phases, so a sequence
 "complete it, or if it was being cancelled meanwhile, finish the cancel" without reading the
 phase first: a step whose source does not match writes nothing. When no step matches (another
 writer ended the run first), :func:`end_run` returns ``None`` and does nothing else.
+
+The step lists themselves are built here too, one builder per way a run ends, so every
+caller states *how* it ends, never *which rows to write*:
+
+- :func:`as_completed`, :func:`as_failed`: the worker's own end, from ``running``; if the run
+  was being cancelled meanwhile, the cancel is finished instead (``cancelled``);
+- :func:`as_cancelled`: from ``queued`` (it never starts), from ``running`` (its worker was
+  cancelled without the cancel API: a deadline, a shutdown; through ``cancelling``), or from
+  ``cancelling`` (a stale cancel the reaper or recovery finishes);
+- :func:`as_interrupted`: from ``running``, when the server drains or the worker was lost.
+
+Every terminal step stamps ``finished_at`` and releases the lease (a terminal run holds no
+worker) and carries the phase's terminal journal event: ``completed {result}``,
+``failed {error, status}``, ``cancelled {reason}``, ``interrupted {reason}``. The journal is
+closed by the first terminal event, so the event of a step that finishes a cancel (whose
+``cancelled`` event was written with ``cancelling``) is dropped by the store. A step written
+for a worker of this process (``worker_id``) also requires the row to be held by it, and
+records the reason as the run's ``cancel_reason``: a lease renewal that reads the row before
+the worker's token is cancelled then stops the worker with that reason.
 """
 
 from __future__ import annotations
@@ -27,17 +46,32 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from heed.runs.events import EventType
 from heed.runs.model import Phase, Run, RunEvent
 from heed.runs.state import is_interrupted, is_terminal
 
 if TYPE_CHECKING:
     from heed.runs.manager import RunManager
 
-__all__ = ["Step", "end_run"]
+__all__ = [
+    "SHUTDOWN",
+    "WORKER_LOST",
+    "Step",
+    "as_cancelled",
+    "as_completed",
+    "as_failed",
+    "as_interrupted",
+    "end_run",
+]
 
 log = logging.getLogger("heed.runs.ending")
+
+#: The reason a run is interrupted (or its worker cancelled) when the server shuts down.
+SHUTDOWN: Final = "server shutting down"
+#: The error of a run whose worker was lost (its lease expired, its process restarted).
+WORKER_LOST: Final = "worker lost (lease expired or process restarted)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +133,83 @@ async def end_run(
     if is_interrupted(final) and worker_gone:
         await manager.after_interrupted(final)
     else:
-        await manager._notify(final, "finished")
-    if dispatch and final.session_id is not None and not manager._closing:
+        await manager.notify(final, "finished")
+    if dispatch and final.session_id is not None and not manager.closing:
         await manager.dispatch(final.session_id)
     return final
+
+
+# -- how a run ends as X: the step lists (see the module docstring) ----------------------
+
+
+def _terminal(
+    to: Phase,
+    source: Phase,
+    event: tuple[str, dict[str, Any]],
+    fields: dict[str, Any],
+    now: float,
+    worker_id: str | None,
+) -> Step:
+    """A step from *source* to the terminal phase *to*: ``finished_at`` stamped, the lease
+    released, *event* appended (unless the journal is already closed)."""
+    done = {"finished_at": now, "lease_expires_at": None, **fields}
+    return Step(to, (source,), done, event, worker_id)
+
+
+def _finish_cancel(now: float, worker_id: str | None) -> Step:
+    """``cancelling -> cancelled``: the cancel wrote its terminal event with ``cancelling``."""
+    done = {"finished_at": now, "lease_expires_at": None}
+    return Step(Phase.CANCELLED, (Phase.CANCELLING,), done, None, worker_id)
+
+
+def as_completed(result: dict[str, Any] | None, *, worker_id: str, now: float) -> list[Step]:
+    """The worker returned *result*: ``completed``, or the cancel finished if one came first."""
+    event = (EventType.COMPLETED, {"result": result})
+    return [
+        _terminal(Phase.COMPLETED, Phase.RUNNING, event, {"result": result}, now, worker_id),
+        _finish_cancel(now, worker_id),
+    ]
+
+
+def as_failed(error: str, status: int | None, *, worker_id: str, now: float) -> list[Step]:
+    """The worker raised: ``failed`` with *error* and its HTTP *status* (500 when it has
+    none), or the cancel finished if one came first."""
+    event = (EventType.FAILED, {"error": error, "status": status or 500})
+    return [
+        _terminal(Phase.FAILED, Phase.RUNNING, event, {"error": error}, now, worker_id),
+        _finish_cancel(now, worker_id),
+    ]
+
+
+def as_cancelled(
+    reason: str, *, source: Phase, now: float, worker_id: str | None = None
+) -> list[Step]:
+    """``cancelled`` for *reason*, from *source*: ``queued`` (it never starts), ``running``
+    (its worker of this process, *worker_id*, stopped on a token cancelled without the
+    cancel API: through ``cancelling``, whose event ends the journal) or ``cancelling`` (a
+    stale cancel finished for a worker that is gone)."""
+    event = (EventType.CANCELLED, {"reason": reason})
+    if source is Phase.QUEUED:
+        fields = {"cancelled_at": now, "cancel_reason": reason}
+        return [_terminal(Phase.CANCELLED, Phase.QUEUED, event, fields, now, worker_id)]
+    if source is Phase.RUNNING:
+        assert worker_id is not None, "only a run's own worker ends it from running"
+        fields = {"cancelled_at": now, "cancel_reason": reason}
+        cancelling = Step(Phase.CANCELLING, (Phase.RUNNING,), fields, event, worker_id)
+        return [cancelling, _finish_cancel(now, worker_id)]
+    if source is Phase.CANCELLING:
+        return [_terminal(Phase.CANCELLED, Phase.CANCELLING, event, {}, now, worker_id)]
+    raise ValueError(f"a run is not cancelled from {source}")
+
+
+def as_interrupted(
+    reason: str, *, error: str, now: float, worker_id: str | None = None
+) -> list[Step]:
+    """``interrupted`` from ``running`` for *reason* (the journal's), with *error* on the row:
+    the server drains (*worker_id*: its own worker, which unwinds after this), or the worker
+    was lost (no *worker_id*: whoever held it is gone)."""
+    fields: dict[str, Any] = {"error": error}
+    if worker_id is not None:
+        fields["cancel_reason"] = reason
+    event = (EventType.INTERRUPTED, {"reason": reason})
+    return [_terminal(Phase.INTERRUPTED, Phase.RUNNING, event, fields, now, worker_id)]

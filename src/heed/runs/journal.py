@@ -50,7 +50,7 @@ from heed.runs.broker import LAGGED, STOPPED, Broker
 from heed.runs.io import BlockingIO
 from heed.runs.model import RunEvent
 from heed.runs.store import RunStore
-from heed.runtime import CancellationToken, reraise_cancellation
+from heed.runtime import CancellationToken, reraise_cancellation, settle
 
 __all__ = ["HEARTBEAT", "Gap", "Heartbeat", "Journal", "run_topic"]
 
@@ -184,9 +184,7 @@ class Journal:
         self._closed = True
         task = self._watch
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await settle(task)
 
     async def _read(
         self, run_id: str, cursor: int

@@ -49,7 +49,14 @@ from typing import Any, Literal
 
 from heed.errors import HeedError
 from heed.runs.broker import STOPPED, Broker
-from heed.runs.ending import Step, end_run
+from heed.runs.ending import (
+    SHUTDOWN,
+    as_cancelled,
+    as_completed,
+    as_failed,
+    as_interrupted,
+    end_run,
+)
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.journal import Journal
@@ -89,7 +96,6 @@ Strategy = Literal["reject", "enqueue", "interrupt", "idle"]
 Listener = Callable[[Run, str], Awaitable[None]]
 IdleHook = Callable[[str], Awaitable[object]]
 
-SHUTDOWN = "server shutting down"
 #: Broker topic on which a cancel written by any process is announced to the others.
 CANCEL_TOPIC = "runs:cancel"
 
@@ -219,10 +225,17 @@ class RunManager:
         self._idle_hooks.append(hook)
 
     @property
+    def closing(self) -> bool:
+        """True once :meth:`stop_runs` began: no run is admitted, started or dispatched."""
+        return self._closing
+
+    @property
     def exclusive_kinds(self) -> list[str]:
         return [kind for kind, spec in self.kinds.items() if spec.exclusive]
 
-    async def _notify(self, run: Run, change: str) -> None:
+    async def notify(self, run: Run, change: str) -> None:
+        """Tell every listener (:meth:`add_listener`) that *run* changed, after the commit;
+        a listener's failure is logged, never propagated."""
         for listener in self._listeners:
             try:
                 await listener(run, change)
@@ -337,7 +350,7 @@ class RunManager:
             if strategy == "idle":
                 return None
             raise RunConflict(blocker, retry_after)
-        await self._notify(admitted, "queued")
+        await self.notify(admitted, "queued")
         if exclusive and strategy == "interrupt":
             assert session_id is not None
             mine = (admitted.created_at, admitted.id)
@@ -387,7 +400,7 @@ class RunManager:
         worker = _Worker(started.id, CancellationToken())
         self.workers[started.id] = worker
         worker.task = asyncio.create_task(self._work(started, spec, worker), name=started.id)
-        await self._notify(started, "started")
+        await self.notify(started, "started")
         return True
 
     async def dispatch(self, session_id: str) -> None:
@@ -491,42 +504,13 @@ class RunManager:
         """Record how the worker ended (see :mod:`heed.runs.ending`). A run that was being
         cancelled meanwhile ends ``cancelled``; one already terminal (interrupted by
         recovery or shutdown) is left as it is. The caller dispatches the session."""
-        now = time.time()
-        done = {"finished_at": now, "lease_expires_at": None}
-        mine = self.worker_id
-        steps: list[Step]
+        now, mine = time.time(), self.worker_id
         if outcome == "completed":
-            steps = [
-                Step(
-                    Phase.COMPLETED,
-                    (Phase.RUNNING,),
-                    {**done, "result": result},
-                    (EventType.COMPLETED, {"result": result}),
-                    mine,
-                )
-            ]
+            steps = as_completed(result, worker_id=mine, now=now)
         elif outcome == "failed":
-            steps = [
-                Step(
-                    Phase.FAILED,
-                    (Phase.RUNNING,),
-                    {**done, "error": error},
-                    (EventType.FAILED, {"error": error, "status": status or 500}),
-                    mine,
-                )
-            ]
-        else:
-            # Cancelled without the cancel API (deadline, shutdown): the same two steps.
-            steps = [
-                Step(
-                    Phase.CANCELLING,
-                    (Phase.RUNNING,),
-                    {"cancelled_at": now, "cancel_reason": reason},
-                    (EventType.CANCELLED, {"reason": reason}),
-                    mine,
-                )
-            ]
-        steps.append(Step(Phase.CANCELLED, (Phase.CANCELLING,), done, None, mine))
+            steps = as_failed(error or "", status, worker_id=mine, now=now)
+        else:  # cancelled without the cancel API (a deadline, a shutdown)
+            steps = as_cancelled(reason or "", source=Phase.RUNNING, worker_id=mine, now=now)
         try:
             await end_run(self, run.id, steps, dispatch=False)
         except Exception as exc:
@@ -551,18 +535,8 @@ class RunManager:
                 return run
             now = time.time()
             if is_queued(run):
-                cancelled = await end_run(
-                    self,
-                    run_id,
-                    [
-                        Step(
-                            Phase.CANCELLED,
-                            (Phase.QUEUED,),
-                            {"cancelled_at": now, "finished_at": now, "cancel_reason": reason},
-                            (EventType.CANCELLED, {"reason": reason}),
-                        )
-                    ],
-                )
+                steps = as_cancelled(reason, source=Phase.QUEUED, now=now)
+                cancelled = await end_run(self, run_id, steps)
                 if cancelled is not None:
                     return cancelled
             elif is_running(run):
@@ -576,13 +550,13 @@ class RunManager:
                 )
                 if t is not None:
                     self.journal.publish([t.event])
-                    self._cancel_local(run_id, reason)
+                    self.cancel_local(run_id, reason)
                     self.broker.publish(CANCEL_TOPIC, {"run_id": run_id, "reason": reason})
-                    await self._notify(t.run, "cancelling")
+                    await self.notify(t.run, "cancelling")
                     run = t.run
                     break
             else:  # cancelling already, or an unknown phase: nothing to write
-                self._cancel_local(run_id, run.cancel_reason or reason)
+                self.cancel_local(run_id, run.cancel_reason or reason)
                 break
             run = await self.get(run_id)  # raced with a start or finish: look again
         if wait:
@@ -608,11 +582,13 @@ class RunManager:
                 if message is STOPPED:
                     return
                 if isinstance(message, dict) and isinstance(message.get("run_id"), str):
-                    self._cancel_local(message["run_id"], str(message.get("reason") or ""))
+                    self.cancel_local(message["run_id"], str(message.get("reason") or ""))
         finally:
             sub.close()
 
-    def _cancel_local(self, run_id: str, reason: str) -> None:
+    def cancel_local(self, run_id: str, reason: str) -> None:
+        """Cancel the token of this process's worker of *run_id*, if it has one; writes
+        nothing (the caller has seen, or written, the run's cancel or end)."""
         worker = self.workers.get(run_id)
         if worker is not None:
             worker.token.cancel(reason)
@@ -647,7 +623,7 @@ class RunManager:
             except Exception as exc:
                 reraise_cancellation(exc)
                 log.exception("on_interrupted failed for run %s", run.id)
-        await self._notify(run, "finished")
+        await self.notify(run, "finished")
 
     # -- shutdown --------------------------------------------------------------------
 
@@ -665,22 +641,10 @@ class RunManager:
         for task in list(self._background):
             task.cancel()
         for run_id, worker in list(self.workers.items()):
-            await end_run(
-                self,
-                run_id,
-                [
-                    Step(
-                        Phase.INTERRUPTED,
-                        (Phase.RUNNING,),
-                        # the reason too: a lease renewal that reads the row before the
-                        # token below is cancelled stops the worker with the row's reason
-                        {"finished_at": time.time(), "error": SHUTDOWN, "cancel_reason": SHUTDOWN},
-                        (EventType.INTERRUPTED, {"reason": SHUTDOWN}),
-                        self.worker_id,
-                    )
-                ],
-                worker_gone=False,
+            steps = as_interrupted(
+                SHUTDOWN, error=SHUTDOWN, worker_id=self.worker_id, now=time.time()
             )
+            await end_run(self, run_id, steps, worker_gone=False)
             # The worker unwinds on its own (a turn keeps its partial output, marked
             # interrupted: the token's reason is SHUTDOWN); on_interrupted is for workers
             # that died without unwinding (restart recovery, lost leases).

@@ -36,14 +36,12 @@ step reads a payload.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Final
 
-from heed.runs.ending import Step, end_run
-from heed.runs.events import EventType
+from heed.runs.ending import WORKER_LOST, as_cancelled, as_interrupted, end_run
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
 from heed.runs.state import (
@@ -54,7 +52,7 @@ from heed.runs.state import (
     reaper_may_end,
     worker_should_stop,
 )
-from heed.runtime import OperationCancelled, reraise_cancellation
+from heed.runtime import OperationCancelled, reraise_cancellation, settle
 
 __all__ = ["BATCH", "Reaper", "finalize", "reap_once", "worker_runs"]
 
@@ -71,10 +69,8 @@ async def renew_leases(manager: RunManager) -> None:
     )
     for row in rows:
         if worker_should_stop(row):
-            manager._cancel_local(row.id, row.cancel_reason or "cancelled")
+            manager.cancel_local(row.id, row.cancel_reason or "cancelled")
 
-
-WORKER_LOST: Final = "worker lost (lease expired or process restarted)"
 
 #: Rows read per query when a pass scans the runs that hold workers.
 BATCH: Final = 500
@@ -100,21 +96,11 @@ async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
     another writer ended it first."""
     now = time.time()
     if to == Phase.CANCELLED:
-        step = Step(
-            Phase.CANCELLED,
-            (Phase.CANCELLING,),
-            {"finished_at": now, "lease_expires_at": None},
-            (EventType.CANCELLED, {"reason": run.cancel_reason or "reclaimed"}),
-        )
+        steps = as_cancelled(run.cancel_reason or "reclaimed", source=Phase.CANCELLING, now=now)
     else:
-        step = Step(
-            Phase.INTERRUPTED,
-            (Phase.RUNNING,),
-            {"finished_at": now, "lease_expires_at": None, "error": WORKER_LOST},
-            (EventType.INTERRUPTED, {"reason": "worker lost"}),
-        )
+        steps = as_interrupted("worker lost", error=WORKER_LOST, now=now)
     # The reaper and recovery dispatch every session after their pass.
-    final = await end_run(manager, run.id, [step], dispatch=False)
+    final = await end_run(manager, run.id, steps, dispatch=False)
     if final is not None:
         if is_interrupted(final):
             manager.interrupted_total += 1
@@ -196,8 +182,7 @@ class Reaper:
             self.passes += 1
 
     async def stop(self) -> None:
+        """Cancel the loop and return once it has finished (:func:`heed.runtime.settle`)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await settle(self._task)
             self._task = None
