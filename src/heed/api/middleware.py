@@ -35,7 +35,6 @@ Routes opt out of cancel-on-disconnect with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -50,7 +49,7 @@ from heed.api.input_rules import OFFLOAD_BODY_BYTES, body_problem, url_problem
 from heed.api.metrics import Metrics
 from heed.api.revocations import Revocations
 from heed.api.throttle import FailureThrottle
-from heed.runtime import OperationCancelled, RequestContext, run_in_thread, use_context
+from heed.runtime import OperationCancelled, RequestContext, run_in_thread, settle, use_context
 from heed.runtime.cancellation import CancellationToken
 
 __all__ = ["CLIENT_DISCONNECTED", "SECURITY_HEADERS", "RequestLifecycleMiddleware"]
@@ -167,10 +166,9 @@ class _ReceiveOwner:
         self._watcher = asyncio.create_task(self._watch(), name="heed-disconnect-watcher")
 
     async def stop_watching(self) -> None:
-        if self._watcher is not None and not self._watcher.done():
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        """Stop the watcher and return once it has finished (:func:`heed.runtime.settle`)."""
+        if self._watcher is not None:
+            await settle(self._watcher)
 
     async def _watch(self) -> None:
         while True:

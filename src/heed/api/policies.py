@@ -16,7 +16,7 @@ from typing import Literal
 
 from starlette.requests import Request
 
-from heed.runtime.context import _current, detached
+from heed.runtime import detached, set_context
 
 __all__ = ["DisconnectPolicy", "continue_on_disconnect"]
 
@@ -26,6 +26,6 @@ DisconnectPolicy = Literal["cancel", "continue"]
 async def continue_on_disconnect(request: Request) -> None:
     """FastAPI dependency: run this route's work under a token detached from the client."""
     ctx = detached()
-    _current.set(ctx)
+    set_context(ctx)
     request.state.disconnect_policy = "continue"
     request.state.request_context = ctx

@@ -174,7 +174,7 @@ class _AbortFlag:
         self._buffer = ctypes.create_string_buffer(2)
         self._callback = llama_cpp.ggml_abort_callback(address)  # kept alive with the model
         llama_cpp.llama_set_abort_callback(
-            llm._ctx.ctx, self._callback, ctypes.cast(self._buffer, ctypes.c_void_p)
+            llm.ctx, self._callback, ctypes.cast(self._buffer, ctypes.c_void_p)
         )
 
     def set(self, _reason: str = "") -> None:
@@ -524,7 +524,7 @@ class LocalProvider:
 
         threads = self.threads or default_threads()
         batch_threads = self.prefill_threads or prefill_threads(threads)
-        llama_cpp.llama_set_n_threads(llm._ctx.ctx, threads, batch_threads)
+        llama_cpp.llama_set_n_threads(llm.ctx, threads, batch_threads)
 
     def _tokenize(self, llm: Any, turns: list[tuple[str, str]]) -> list[int]:
         tokens: list[int] = []

@@ -18,6 +18,7 @@ from heed.runtime.context import (
     current_token,
     detached,
     raise_if_cancelled,
+    set_context,
     use_context,
 )
 from heed.runtime.offload import WorkerProcessDied, run_blocking, run_in_process, run_in_thread
@@ -45,6 +46,7 @@ __all__ = [
     "run_blocking",
     "run_in_process",
     "run_in_thread",
+    "set_context",
     "settle",
     "use_context",
 ]

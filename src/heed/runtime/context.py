@@ -27,6 +27,7 @@ __all__ = [
     "current_token",
     "detached",
     "raise_if_cancelled",
+    "set_context",
     "use_context",
 ]
 
@@ -92,6 +93,16 @@ def use_context(ctx: RequestContext) -> Iterator[RequestContext]:
         yield ctx
     finally:
         _current.reset(reset)
+
+
+def set_context(ctx: RequestContext) -> None:
+    """Make *ctx* the active context for the rest of the current context copy, with no reset.
+
+    For a framework hook whose effect must outlast its own call: a FastAPI dependency
+    runs before its route, in the same context copy, and cannot wrap it in a ``with``.
+    Everywhere else, :func:`use_context` (which restores the previous context) is the rule.
+    """
+    _current.set(ctx)
 
 
 def detached() -> RequestContext:
