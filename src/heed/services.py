@@ -2,8 +2,9 @@
 
 Read top-down, this module is the server: lanes and the offload pool, the database and one
 store per domain, signalling and the run manager, the domains, then every kind of run
-registered with the manager. Nothing else constructs these parts; the HTTP layer receives
-them as ``request.app.state.services``, and tests and the CLI build them with
+registered with the manager. Nothing else constructs these parts; the HTTP routes receive
+them as FastAPI dependencies (:mod:`heed.api.deps`), the MCP tools as the
+:class:`Services` they were built over, and tests and the CLI build them with
 :class:`Services`. The backends are chosen here and nowhere else: SQLite or PostgreSQL
 (``HEED_DATABASE_URL``), in-process or Redis signals (``HEED_REDIS_URL``).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from heed.llm.base import ChatProvider
+from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_memory_engine
 from heed.memory.operations import RETAIN_KIND, RetainOperations
@@ -22,13 +24,14 @@ from heed.reflect.service import ReflectService
 from heed.runs.broker import Broker, InProcessBroker
 from heed.runs.kinds import KindSpec
 from heed.runs.manager import RunManager
+from heed.runs.reaper import Reaper
+from heed.runs.recovery import recover
 from heed.runtime import Lane, Lanes, run_in_thread
 from heed.runtime.offload import configure_thread_pool, preload_in_processes
 from heed.sessions.service import TASK, TURN, SessionService
 from heed.sessions.task import TaskRunner
 from heed.sessions.tools import TurnTools
 from heed.sessions.turn import TurnRunner
-from heed.sessions.wiring import ProviderSlot, RunServices
 from heed.settings import Settings
 from heed.storage import Database, SqlDatabase
 from heed.storage.memory_store import SqliteMemoryStore
@@ -112,7 +115,12 @@ class Services:
     reflect: ReflectService = field(init=False)
     reflect_runs: ReflectRuns = field(init=False)
     retain_operations: RetainOperations = field(init=False)
-    runs: RunServices = field(init=False)
+    run_store: SqlRunStore = field(init=False)
+    session_store: SqlSessionStore = field(init=False)
+    manager: RunManager = field(init=False)
+    reaper: Reaper = field(init=False)
+    sessions: SessionService = field(init=False)
+    turn_provider: ProviderSlot = field(init=False)
     model_warmup: ModelWarmup = field(init=False)
     revocation_store: SqlRevocationStore = field(init=False)
 
@@ -128,14 +136,14 @@ class Services:
         self.database = _database(settings)
         embedder = build_embedder(settings)
         memory_store = _memory_store(self.database, embedder.dim)
-        run_store = SqlRunStore(self.database)
-        session_store = SqlSessionStore(self.database)
+        self.run_store = run_store = SqlRunStore(self.database)
+        self.session_store = session_store = SqlSessionStore(self.database)
         self.revocation_store = SqlRevocationStore(self.database)  # UI logouts
 
         # Signalling and the run machinery: in-process, or Redis between processes.
         broker = _broker(settings)
         self.broker = broker
-        manager = RunManager(
+        self.manager = manager = RunManager(
             run_store,
             broker,
             lanes=self.lanes,
@@ -149,15 +157,16 @@ class Services:
             max_queued_per_session=settings.max_queued_turns_per_session,
             queue_sweep_interval=settings.run_queue_sweep_seconds,
         )
+        self.reaper = Reaper(manager)
 
         # The domains.
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder)
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
-        sessions = SessionService(session_store, manager)
+        self.sessions = sessions = SessionService(session_store, manager, self.memory)
         tools = TurnTools(self.memory, sessions.start_task)
-        turn_provider = ProviderSlot(lambda: _turn_provider(settings))
+        self.turn_provider = turn_provider = ProviderSlot(lambda: _turn_provider(settings))
         turns = TurnRunner(
             session_store,
             run_store,
@@ -189,39 +198,25 @@ class Services:
             [("reflect", lambda: self.reflect.provider), ("turn", turn_provider.get)]
         )
 
-        self.runs = RunServices(
-            settings=settings,
-            run_store=run_store,
-            session_store=session_store,
-            broker=broker,
-            manager=manager,
-            sessions=sessions,
-            tools=tools,
-            turns=turns,
-            tasks=tasks,
-            turn_provider=turn_provider,
-        )
-
     async def start(self) -> None:
         """Prepare storage and domain services; called once before serving."""
-        start_broker = getattr(self.broker, "start", None)
-        if start_broker is not None:
-            await start_broker()  # fails fast when Redis is unreachable
+        await self.broker.start()  # fails fast when Redis is unreachable
         await self.memory.start()
         await run_in_thread(self.revocation_store.migrate)
-        await self.runs.start()  # after other domains: recovery may start their runs
+        await self.manager.io.call(self.run_store.migrate)
+        await self.manager.io.call(self.session_store.migrate)
+        # After the other domains: recovery may start their runs.
+        await recover(self.manager, await self.sessions.sessions_with_pending_wakeups())
+        self.manager.start_cancel_listener()
+        self.reaper.start()
         self.model_warmup.start()  # in the background: serving does not wait for it
 
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
         await self.model_warmup.aclose()
-        await self.runs.close()
+        await self.reaper.stop()
+        await self.manager.close()  # this process's runs end interrupted
+        await self.turn_provider.aclose()
         await self.reflect.close()
-        await _close_broker(self.broker)
+        await self.broker.aclose()
         self.database.close()
-
-
-async def _close_broker(broker: Broker) -> None:
-    close = getattr(broker, "aclose", None)
-    if close is not None:
-        await close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from heed.runs.manager import SHUTDOWN
+from heed.runs.ending import SHUTDOWN
 from heed.settings import Settings
 from tests.runs.http_support import (
     Frame,

@@ -43,14 +43,14 @@ def ui_server(settings: Settings) -> Iterator[LiveServer]:
 
 def set_script(server: LiveServer, script: dict[str, Any]) -> None:
     """Give the server's scripted turn provider a new script (replies, per-token delay)."""
-    provider = server.app.state.services.runs.provider()
+    provider = server.app.state.services.turn_provider.get()
     provider.script = script
 
 
 @contextmanager
 def provider_swapped(server: LiveServer, provider: ChatProvider) -> Iterator[None]:
     """Use *provider* for turns inside the block (the scripted one again after it)."""
-    slot = server.app.state.services.runs.turn_provider
+    slot = server.app.state.services.turn_provider
     previous = slot.get()
     slot.current = provider
     try:

@@ -149,7 +149,7 @@ async def test_deleting_a_bank_cancels_its_running_operation_first(own_server: L
         assert await asyncio.to_thread(blocking.entered.wait, 10.0)
         deleted = await client.adelete_bank("b")
         assert deleted.success
-        manager = own_server.app.state.services.runs.manager
+        manager = own_server.app.state.services.manager
         run = await manager.get(response.operation_id)
         assert run.phase == "cancelled" and run.cancel_reason == "bank deleted"
         await client._acreate_bank("b")  # a new bank of the same name starts empty

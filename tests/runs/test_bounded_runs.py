@@ -251,7 +251,7 @@ async def test_a_listing_leaves_results_out(make_settings: Callable[..., Setting
         run_server(run_settings(make_settings)) as server,
         httpx.Client(base_url=server.url, timeout=30) as client,
     ):
-        store = server.app.state.services.runs.manager.store
+        store = server.app.state.services.manager.store
         ids = []
         for _ in range(3):
             run = store.create(dataclasses.replace(_queued(new_run_id()), tenant="default"))
@@ -395,7 +395,7 @@ async def test_an_idle_stream_reads_nothing_and_wakes_on_the_broker(
         busy = client.post(url, json={"content": " ".join(["w"] * 400)}).json()["run_id"]
         queued = client.post(url, json={"content": "later", "multitask_strategy": "enqueue"})
         queued_id = queued.json()["run_id"]
-        store = server.app.state.services.runs.manager.store
+        store = server.app.state.services.manager.store
         reads: list[str] = []
         watch_reads = {"n": 0}
         real_last_seqs = store.last_seqs

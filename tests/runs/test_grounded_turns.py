@@ -49,7 +49,7 @@ def turn(client: httpx.Client, session_id: str, content: str) -> str:
 
 
 def provider_of(server: LiveServer) -> ScriptedProvider:
-    provider = server.app.state.services.runs.provider()
+    provider = server.app.state.services.turn_provider.get()
     assert isinstance(provider, ScriptedProvider)
     return provider
 

@@ -43,7 +43,7 @@ async def test_idle_session_with_wedged_cancelling_run_never_loops(
         run_server(run_settings(make_settings)) as server,
         httpx.Client(base_url=server.url) as client,
     ):
-        server.app.state.services.runs.turn_provider.current = wedged
+        server.app.state.services.turn_provider.current = wedged
         sid = new_session(client)
         run_id = turn(client, sid, "hello").json()["run_id"]
         wait_for(wedged.entered.is_set)
@@ -99,7 +99,7 @@ async def test_wedged_worker_is_never_reclaimed_by_age_and_shows_in_metrics(
     wedged = WedgedProvider()
     settings = run_settings(make_settings, run_unwind_window=0.3)
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
-        server.app.state.services.runs.turn_provider.current = wedged
+        server.app.state.services.turn_provider.current = wedged
         sid = new_session(client)
         run_id = turn(client, sid, "hello").json()["run_id"]
         wait_for(wedged.entered.is_set)
@@ -154,7 +154,7 @@ async def test_fifty_concurrent_starts_admit_exactly_one(
             if r.status_code == 409:
                 assert r.json()["busy_run_id"] == winner
                 assert int(r.headers["retry-after"]) >= 1
-        runs = server.app.state.services.runs.run_store.list_runs(session_id=sid)
+        runs = server.app.state.services.run_store.list_runs(session_id=sid)
         assert len(runs) == 1
 
 
@@ -200,7 +200,7 @@ async def test_wakeups_deferred_while_busy_and_delivered_once(
     }
     settings = run_settings(make_settings, llm_script=json.dumps(script))
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
-        store = server.app.state.services.runs.run_store
+        store = server.app.state.services.run_store
         sid = new_session(client)
         busy = turn(client, sid, "spawn three tasks").json()["run_id"]
 
@@ -231,7 +231,7 @@ async def test_wakeup_delivered_when_stale_cancelling_run_is_reclaimed(
 ) -> None:
     settings = run_settings(make_settings, run_unwind_window=1.0)
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
-        services = server.app.state.services.runs
+        services = server.app.state.services
         sid = new_session(client)
         run_id = turn(client, sid, "hi").json()["run_id"]
         wait_for(lambda: run_phase(client, run_id) == "completed")

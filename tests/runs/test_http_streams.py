@@ -131,7 +131,7 @@ async def test_old_cursor_gets_explicit_gap(make_settings: Callable[..., Setting
         sid = new_session(client)
         run_id = start_turn(client, sid, "a b c d e f")
         wait_for(lambda: run_phase(client, run_id) == "completed")
-        server.app.state.services.runs.run_store.trim_journal(run_id, 5)
+        server.app.state.services.run_store.trim_journal(run_id, 5)
         frames = await read_stream(server.url, run_id, after=1)
         assert frames[0].event == "gap"
         assert frames[0].data["first_retained"] == 5
@@ -160,7 +160,7 @@ async def test_stream_stops_when_client_leaves(make_settings: Callable[..., Sett
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
         sid = new_session(client)
         run_id = start_turn(client, sid, " ".join(["y"] * 200))
-        broker = server.app.state.services.runs.broker
+        broker = server.app.state.services.broker
         await read_stream(server.url, run_id, stop_after=2)
         await asyncio.sleep(0.3)
         assert broker.subscriber_count(f"run:{run_id}") == 0

@@ -97,7 +97,7 @@ def test_pending_wakeups_are_delivered_on_start(make_settings: Callable[..., Set
     store.add_wakeup(Wakeup("wk_restart", sid, "run_task_gone", {"phase": "completed"}, 0.0))
     store.db.close()
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
-        runs = server.app.state.services.runs.run_store
+        runs = server.app.state.services.run_store
 
         def wakeup_turns() -> list[object]:
             return [r for r in runs.list_runs(session_id=sid) if r.source == "wakeup"]
@@ -117,7 +117,7 @@ def test_graceful_shutdown_records_the_wakeup_of_an_interrupted_task(
     script = {"replies": [{"tool_calls": [spawn]}, {"text": "started it"}]}
     settings = run_settings(make_settings, llm_script=json.dumps(script))
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
-        runs = server.app.state.services.runs.run_store
+        runs = server.app.state.services.run_store
         sid = new_session(client)
         client.post(f"/v1/sessions/{sid}/turns", json={"content": "start a task"})
 

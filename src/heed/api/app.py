@@ -96,14 +96,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.admission = Admission(settings.max_in_flight, settings.tenant_max_in_flight)
     app.state.stream_slots = StreamSlots(settings.tenant_max_streams)
     install_error_handlers(app)
-    app.state.retain_operations = services.retain_operations
     for memory_router in (banks, memories, documents, operations, reflect):
         app.include_router(memory_router.router)
     app.include_router(system.router)
     app.include_router(auth.router)
     app.include_router(runs_routes.router)
     app.include_router(sessions_routes.router)
-    install_run_metrics(app.state.metrics.registry, services.runs.manager)
+    install_run_metrics(app.state.metrics.registry, services.manager)
     if settings.enable_diagnostics:
         app.include_router(diagnostics.router)
     app.router.routes.extend(mcp.routes)  # /mcp: heed's MCP server

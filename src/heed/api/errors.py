@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.routing import Mount
 
+from heed.api.deps import metrics_of
 from heed.errors import HeedError  # re-exported: the old import path keeps working
 from heed.runtime import LaneFull, OperationCancelled
 
@@ -47,7 +48,7 @@ async def _cancelled(request: Request, exc: Exception) -> JSONResponse:
 
 async def _lane_full(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LaneFull)
-    request.app.state.metrics.record_overload("lane")
+    metrics_of(request.app).record_overload("lane")
     return JSONResponse(
         {"detail": str(exc), "lane": exc.lane, "retry_after": exc.retry_after},
         status_code=503,

@@ -26,9 +26,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from heed.api.connection import ConnectionLimits, guarded_protocol, raise_open_files_limit
-from heed.api.drain import Drain
+from heed.api.deps import drain_of, services_of
 from heed.runtime.heap import freeze_long_lived_objects, limit_malloc_arenas
-from heed.services import Services
 from heed.settings import Settings
 
 __all__ = ["HeedServer", "drain_app", "server_config"]
@@ -66,13 +65,12 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
 
 async def drain_app(app: FastAPI, grace: float) -> None:
     """Drain *app* (see the module docstring); returns within about *grace* seconds."""
-    drain: Drain = app.state.drain
+    drain = drain_of(app)
     if drain.draining:
         return
     drain.begin()
-    services: Services = app.state.services
     log.info("draining: refusing new requests, interrupting running runs")
-    await services.runs.manager.stop_runs(grace)
+    await services_of(app).manager.stop_runs(grace)
     cancelled = drain.cancel_in_flight()
     if cancelled:
         log.info("draining: cancelled %d request(s) still in flight", cancelled)
@@ -85,7 +83,7 @@ class HeedServer(uvicorn.Server):
         super().__init__(config)
         self.heed_app = app
         # before the lifespan starts the worker threads (see heed.runtime.heap)
-        limit_malloc_arenas(app.state.services.settings.malloc_arenas)
+        limit_malloc_arenas(services_of(app).settings.malloc_arenas)
         raise_open_files_limit()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from starlette.requests import Request
-
 from heed.errors import HeedError
 
-__all__ = ["StreamSlots", "TooManyStreams", "open_stream"]
+__all__ = ["StreamSlots", "TooManyStreams"]
 
 
 class TooManyStreams(HeedError):
@@ -75,10 +73,3 @@ class StreamSlots:
                 self._open.pop(tenant, None)
 
         return release
-
-
-def open_stream(request: Request, tenant: str) -> Callable[[], None]:
-    """Take a slot of the app's :class:`StreamSlots` (``app.state.stream_slots``) for one
-    stream of *tenant*; pass the release to :func:`heed.api.sse.sse_response`."""
-    slots: StreamSlots = request.app.state.stream_slots
-    return slots.acquire(tenant)

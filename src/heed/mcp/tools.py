@@ -12,6 +12,11 @@ validation are the HTTP API's own:
 - ``start_turn``: a chat turn (a run) in a session, new or existing; returns its text.
 
 Resources: ``heed://banks/{bank_id}``, a bank's profile and counts.
+
+The rules are the domains', as over HTTP: a new session's bank must exist
+(:meth:`SessionService.create <heed.sessions.service.SessionService.create>`), a reflect
+needs a provider that can be built (:meth:`ReflectRuns.submit
+<heed.reflect.runs.ReflectRuns.submit>`); no tool checks them itself.
 """
 
 from __future__ import annotations
@@ -272,10 +277,8 @@ class HeedTools:
         async with self._call(ctx), progress_reporter(ctx) as report:
             if not query.strip():
                 raise InvalidInput("query is empty")
-            services = self.services
-            bank = await services.memory.get_bank(bank_id)
-            services.reflect.agent()  # a provider that cannot be built fails here, not later
-            run = await services.reflect_runs.submit(
+            bank = await self.services.memory.get_bank(bank_id)
+            run = await self.services.reflect_runs.submit(  # checks the provider first
                 bank,
                 ReflectRequest(query=query, budget=budget, context=context, max_tokens=max_tokens),
                 ResultShape(facts=False, trace=False),
@@ -297,11 +300,9 @@ class HeedTools:
         session_id a new session is created (with bank_id, over that memory bank). A
         session busy with another turn is an error naming the busy run."""
         async with self._call(ctx) as call, progress_reporter(ctx) as report:
-            sessions = self.services.runs.sessions
+            sessions = self.services.sessions
             created = session_id is None
             if session_id is None:
-                if bank_id is not None:
-                    await self.services.memory.get_bank(bank_id)
                 title = message.strip().splitlines()[0][:60] if message.strip() else ""
                 session = await sessions.create(call.tenant, title=title, bank_id=bank_id)
                 session_id = session.id
@@ -316,13 +317,12 @@ class HeedTools:
 
     async def _follow(self, run: Run, report: Progress, on_disconnect: DisconnectPolicy) -> Run:
         """Follow *run* to its end; a run that did not complete is a tool error."""
-        runs = self.services.runs
         ended = await follow_run(
-            runs.manager,
+            self.services.manager,
             run.id,
             report,
             on_disconnect=on_disconnect,
-            heartbeat=runs.settings.stream_heartbeat_seconds,
+            heartbeat=self.services.settings.stream_heartbeat_seconds,
         )
         if not is_completed(ended) or ended.result is None:
             why = ended.error or ended.cancel_reason or ended.phase

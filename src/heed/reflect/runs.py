@@ -54,8 +54,11 @@ class ReflectRuns:
     async def submit(self, bank: Bank, request: ReflectRequest, shape: ResultShape) -> Run:
         """Queue (and, lanes permitting, start) a reflect of *bank*; returns its run.
 
-        Raises :class:`~heed.errors.HeedError` 503 while the server shuts down.
+        Raises the provider's error (400) when the reflect provider cannot be built, before
+        anything is written (:meth:`ReflectService.check_provider`), and
+        :class:`~heed.errors.HeedError` 503 while the server shuts down.
         """
+        self.service.check_provider()
         run = await self.manager.submit(
             REFLECT_KIND,
             tenant=bank.tenant,

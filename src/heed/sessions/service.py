@@ -19,6 +19,11 @@ session is lifecycle-busy -- and marking the wakeup delivered inside that
 admission transaction (so it is never doubled). Busy sessions get it when they
 become idle: the manager's idle hook runs after every worker exit, cancel of a
 queued run, reaper reclaim (a stale cancelling run) and restart recovery.
+
+The session rules live here, not in a front end, so the HTTP API and the MCP tools keep
+them alike: a session's ``bank_id`` names an existing bank of its tenant (404 ``no memory
+bank ...``), and ``remember_messages`` needs a bank (400 when a session is created without
+one, 409 when it is switched on for a session that has none).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from heed.errors import HeedError, refuse_nul
+from heed.memory import MemoryEngine
+from heed.memory.models import InvalidInput, NotFound
 from heed.runs.broker import LAGGED, STOPPED
 from heed.runs.journal import HEARTBEAT, Heartbeat
 from heed.runs.manager import AdmissionAborted, RunManager, Strategy
@@ -70,9 +77,10 @@ class SessionNotFound(HeedError):
 class SessionService:
     """See the module docstring."""
 
-    def __init__(self, store: SessionStore, manager: RunManager) -> None:
+    def __init__(self, store: SessionStore, manager: RunManager, memory: MemoryEngine) -> None:
         self.store = store
         self.manager = manager
+        self.memory = memory
         self.io = manager.io
         manager.add_listener(self._on_run_change)
         manager.add_idle_hook(self.deliver_wakeups)
@@ -87,6 +95,19 @@ class SessionService:
         bank_id: str | None = None,
         remember_messages: bool = False,
     ) -> Session:
+        """Create a session of *tenant*, bound to the bank *bank_id* if given.
+
+        Raises :class:`~heed.memory.models.NotFound` (404) when *bank_id* names no bank of
+        the tenant, then :class:`~heed.memory.models.InvalidInput` (400) for
+        *remember_messages* without a bank.
+        """
+        if bank_id is not None:
+            try:
+                await self.memory.get_bank(bank_id, tenant=tenant)
+            except NotFound:
+                raise NotFound(f"no memory bank {bank_id!r}") from None
+        if remember_messages and not bank_id:
+            raise InvalidInput("remember_messages needs a bank_id to remember into")
         now = time.time()
         session = Session(
             id="ses_" + uuid.uuid4().hex[:20],
@@ -117,8 +138,12 @@ class SessionService:
         title: str | None = None,
         remember_messages: bool | None = None,
     ) -> Session:
-        """Rename the session and/or switch ``remember_messages``; 404 if unknown."""
-        await self.get(session_id, tenant)
+        """Rename the session and/or switch ``remember_messages``; a field left ``None``
+        is left as it is. 404 if unknown; 409 to switch ``remember_messages`` on for a
+        session bound to no bank."""
+        current = await self.get(session_id, tenant)
+        if remember_messages and current.bank_id is None:
+            raise HeedError("remember_messages needs a session bound to a bank", status_code=409)
         session = await self.io.call(
             self.store.update, session_id, title=title, remember_messages=remember_messages
         )
@@ -184,6 +209,12 @@ class SessionService:
         )
         assert run is not None
         return run.id
+
+    async def sessions_with_pending_wakeups(self) -> list[str]:
+        """The ids of the sessions that have wakeups not yet delivered, sorted (restart
+        recovery dispatches them)."""
+        pending = await self.io.call(self.store.pending_wakeups)
+        return sorted({w.session_id for w in pending})
 
     async def bank_of(self, session_id: str) -> str | None:
         session = await self.io.call(self.store.get, session_id)

@@ -52,10 +52,10 @@ from heed.llm.base import (
 )
 from heed.llm.grounding import ANSWER_FROM_MEMORIES, grounded_question, split_question
 from heed.memory.entities import query_entity_names
+from heed.runs.ending import SHUTDOWN
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.kinds import RunContext
-from heed.runs.manager import SHUTDOWN
 from heed.runs.model import Run, Source
 from heed.runs.store import RunStore
 from heed.runtime import OperationCancelled

@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from heed.api.auth import ANONYMOUS_TENANT, CSRF_COOKIE, SESSION_COOKIE, Authenticator
+from heed.api.auth import ANONYMOUS_TENANT, CSRF_COOKIE, SESSION_COOKIE
+from heed.api.deps import AuthenticatorDep, RevocationsDep
 from heed.api.input_rules import MAX_ID_CHARS, RequestBody
-from heed.api.revocations import Revocations
 from heed.api.routing import HeedRoute
 from heed.errors import HeedError
 from heed.runtime import current_context
@@ -31,15 +31,9 @@ class LoginIn(RequestBody):
     key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
 
 
-def _authenticator(request: Request) -> Authenticator:
-    authenticator: Authenticator = request.app.state.authenticator
-    return authenticator
-
-
 @router.get("/session")
-async def session(request: Request) -> dict[str, Any]:
+async def session(request: Request, authenticator: AuthenticatorDep) -> dict[str, Any]:
     """Who the caller is; the UI asks this first to decide whether to show the login."""
-    authenticator = _authenticator(request)
     tenant = current_context().tenant
     authenticated = not authenticator.keys_required or tenant != ANONYMOUS_TENANT
     return {
@@ -51,9 +45,8 @@ async def session(request: Request) -> dict[str, Any]:
 
 
 @router.post("/login")
-async def login(body: LoginIn, request: Request) -> JSONResponse:
+async def login(body: LoginIn, request: Request, authenticator: AuthenticatorDep) -> JSONResponse:
     """Exchange an API key for a UI session cookie."""
-    authenticator = _authenticator(request)
     if not authenticator.keys_required:
         raise HeedError("this server has no API keys configured: there is nothing to log into")
     ui = authenticator.login(body.key.strip())
@@ -76,11 +69,12 @@ async def login(body: LoginIn, request: Request) -> JSONResponse:
 
 
 @router.post("/logout")
-async def logout(request: Request) -> JSONResponse:
+async def logout(
+    request: Request, authenticator: AuthenticatorDep, revocations: RevocationsDep
+) -> JSONResponse:
     """End the UI session: refused from now on by every instance, and the cookies cleared."""
-    session = _authenticator(request).session_of(request.scope.get("headers", []))
+    session = authenticator.session_of(request.scope.get("headers", []))
     if session is not None:
-        revocations: Revocations = request.app.state.revocations
         await revocations.revoke(*session)
     response = JSONResponse({"logged_out": True})
     response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path
 
+from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset
 from heed.api.openapi import CONFLICT
 from heed.api.policies import continue_on_disconnect
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.api.wire.memory_convert import bank_fields, engine_of, profile_of
+from heed.api.wire.memory_convert import bank_fields, profile_of
 from heed.memory.engine import BANK_ID_RE
-from heed.memory.operations import RetainOperations
 
 router = APIRouter(prefix="/v1/default/banks", tags=["banks"], route_class=HeedRoute)
 
@@ -32,12 +32,12 @@ NewBankId = Annotated[
 
 @router.get("")
 async def list_banks(
-    request: Request,
+    engine: MemoryDep,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.BankListResponse:
     """The caller's banks with their unit counts."""
-    rows, total = await engine_of(request).list_banks(limit, offset)
+    rows, total = await engine.list_banks(limit, offset)
     return wire.BankListResponse(
         banks=[
             wire.BankListItem(
@@ -59,58 +59,54 @@ async def list_banks(
 
 @router.put("/{bank_id}", responses=CONFLICT)
 async def create_or_update_bank(
-    bank_id: NewBankId, request: Request, body: wire.BankWrite | None = None
+    bank_id: NewBankId, engine: MemoryDep, body: wire.BankWrite | None = None
 ) -> wire.BankProfileResponse:
     """Create the bank, or update the fields sent."""
-    bank = await engine_of(request).put_bank(bank_id, bank_fields(body or wire.BankWrite()))
+    bank = await engine.put_bank(bank_id, bank_fields(body or wire.BankWrite()))
     return profile_of(bank)
 
 
 @router.patch("/{bank_id}", responses=CONFLICT)
 async def update_bank(
-    bank_id: NewBankId, request: Request, body: wire.BankWrite | None = None
+    bank_id: NewBankId, engine: MemoryDep, body: wire.BankWrite | None = None
 ) -> wire.BankProfileResponse:
     """Update an existing bank (404 when it does not exist)."""
-    bank = await engine_of(request).put_bank(
-        bank_id, bank_fields(body or wire.BankWrite()), create=False
-    )
+    bank = await engine.put_bank(bank_id, bank_fields(body or wire.BankWrite()), create=False)
     return profile_of(bank)
 
 
 @router.get("/{bank_id}")
-async def get_bank(bank_id: IdPath, request: Request) -> wire.BankProfileResponse:
+async def get_bank(bank_id: IdPath, engine: MemoryDep) -> wire.BankProfileResponse:
     """The bank's profile."""
-    return profile_of(await engine_of(request).get_bank(bank_id))
+    return profile_of(await engine.get_bank(bank_id))
 
 
 @router.get("/{bank_id}/profile")
-async def get_bank_profile(bank_id: IdPath, request: Request) -> wire.BankProfileResponse:
+async def get_bank_profile(bank_id: IdPath, engine: MemoryDep) -> wire.BankProfileResponse:
     """The bank's profile (Hindsight's path)."""
-    return profile_of(await engine_of(request).get_bank(bank_id))
+    return profile_of(await engine.get_bank(bank_id))
 
 
 @router.delete("/{bank_id}", dependencies=[Depends(continue_on_disconnect)])
-async def delete_bank(bank_id: IdPath, request: Request) -> wire.DeleteResponse:
+async def delete_bank(bank_id: IdPath, engine: MemoryDep) -> wire.DeleteResponse:
     """Cancel the bank's in-flight work, wait until it stopped, then delete everything.
 
     A delete, once asked, finishes even if the client leaves: stopping half-way would
     leave a bank whose work was cancelled but whose data is still there.
     """
-    deleted = await engine_of(request).delete_bank(bank_id)
+    deleted = await engine.delete_bank(bank_id)
     return wire.DeleteResponse(
         success=True, message=f"bank {bank_id!r} deleted", deleted_count=deleted
     )
 
 
 @router.get("/{bank_id}/stats")
-async def bank_stats(bank_id: IdPath, request: Request) -> wire.BankStatsResponse:
+async def bank_stats(
+    bank_id: IdPath, engine: MemoryDep, operations: RetainOperationsDep
+) -> wire.BankStatsResponse:
     """Counts of units, links, documents and operations."""
-    engine = engine_of(request)
     bank, stats = await engine.bank_stats(bank_id)
-    by_status: dict[str, int] = {}
-    operations: RetainOperations | None = getattr(request.app.state, "retain_operations", None)
-    if operations is not None:
-        by_status = await operations.counts(bank)
+    by_status = await operations.counts(bank)
     return wire.BankStatsResponse(
         bank_id=bank.bank_id,
         total_nodes=sum(stats.units_by_type.values()),

@@ -8,45 +8,18 @@ client can measure how long after its disconnect the server stopped working.
 from __future__ import annotations
 
 import time
-import uuid
-from collections import OrderedDict
-from typing import Literal
 
-from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, HTTPException
 
+from heed.api.deps import BurnRecordsDep, ServicesDep
 from heed.api.input_rules import IdPath
 from heed.api.routing import HeedRoute
+from heed.api.wire.diagnostics import BurnRecord, BurnRequest
 from heed.runtime import current_context, raise_if_cancelled, run_in_thread
 
 router = APIRouter(prefix="/v1/_diag", tags=["diagnostics"], route_class=HeedRoute)
 
 _MAX_RECORDS = 10_000
-
-
-class BurnRequest(BaseModel):
-    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    seconds: float = Field(default=5.0, gt=0, le=120)
-    lane: Literal["recall", "reflect", "retain", "turn"] = "recall"
-    chunk_ms: float = Field(default=1.0, gt=0, le=1000, description="work between checkpoints")
-    ignore_token_ms: float = Field(
-        default=0.0, ge=0, description="keep burning this long after a cancel before checking"
-    )
-
-
-class BurnRecord(BaseModel):
-    id: str
-    started_at: float | None = None
-    """time.monotonic() of the worker thread's start (system-wide clock on Linux)."""
-    stopped_at: float | None = None
-    slot_released_at: float | None = None
-    outcome: str | None = None
-    cpu_seconds: float | None = None
-
-
-def _records(request: Request) -> OrderedDict[str, BurnRecord]:
-    records: OrderedDict[str, BurnRecord] = request.app.state.burn_records
-    return records
 
 
 def _burn(record: BurnRecord, spec: BurnRequest) -> None:
@@ -77,14 +50,13 @@ def _burn(record: BurnRecord, spec: BurnRequest) -> None:
 
 
 @router.post("/burn")
-async def burn(spec: BurnRequest, request: Request) -> BurnRecord:
+async def burn(spec: BurnRequest, records: BurnRecordsDep, services: ServicesDep) -> BurnRecord:
     """Burn CPU in a lane slot; cancelled when the client disconnects."""
-    records = _records(request)
     record = BurnRecord(id=spec.id)
     records[spec.id] = record
     while len(records) > _MAX_RECORDS:
         records.popitem(last=False)
-    lane = request.app.state.services.lanes[spec.lane]
+    lane = services.lanes[spec.lane]
     try:
         async with lane.slot():
             await run_in_thread(_burn, record, spec)
@@ -94,8 +66,8 @@ async def burn(spec: BurnRequest, request: Request) -> BurnRecord:
 
 
 @router.get("/burn/{burn_id}")
-async def get_burn(burn_id: IdPath, request: Request) -> BurnRecord:
-    record = _records(request).get(burn_id)
+async def get_burn(burn_id: IdPath, records: BurnRecordsDep) -> BurnRecord:
+    record = records.get(burn_id)
     if record is None:
         raise HTTPException(404, f"no burn with id {burn_id!r}")
     return record

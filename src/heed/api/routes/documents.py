@@ -12,13 +12,13 @@ feed). The ``document_path`` convertor is ``.*`` with DOTALL: the whole rest of 
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from starlette.convertors import PathConvertor, register_url_convertor
 
+from heed.api.deps import MemoryDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryText
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.api.wire.memory_convert import engine_of
 
 
 class DocumentPathConvertor(PathConvertor):
@@ -37,13 +37,12 @@ router = APIRouter(
 @router.get("")
 async def list_documents(
     bank_id: IdPath,
-    request: Request,
+    engine: MemoryDep,
     q: QueryText | None = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.ListDocumentsResponse:
     """The bank's documents, most recently written first."""
-    engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     docs, total = await engine.list_documents(bank, q, limit, offset)
     return wire.ListDocumentsResponse(
@@ -69,10 +68,9 @@ async def list_documents(
 
 @router.get("/{document_id:document_path}")
 async def get_document(
-    bank_id: IdPath, document_id: IdPath, request: Request
+    bank_id: IdPath, document_id: IdPath, engine: MemoryDep
 ) -> wire.DocumentResponse:
     """One document with its text."""
-    engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     d = await engine.get_document(bank, document_id)
     return wire.DocumentResponse(
@@ -91,10 +89,9 @@ async def get_document(
 
 @router.delete("/{document_id:document_path}")
 async def delete_document(
-    bank_id: IdPath, document_id: IdPath, request: Request
+    bank_id: IdPath, document_id: IdPath, engine: MemoryDep
 ) -> wire.DeleteDocumentResponse:
     """Delete a document and its units (one transaction)."""
-    engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     deleted = await engine.delete_document(bank, document_id)
     return wire.DeleteDocumentResponse(

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
 
-from heed.api.errors import HeedError
+from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText
 from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import (
-    engine_of,
     recall_query,
     recall_response,
     retain_items,
@@ -26,7 +25,6 @@ from heed.api.wire.memory_convert import (
 )
 from heed.memory.idempotency import MAX_KEY_CHARS
 from heed.memory.models import FACT_TYPES
-from heed.memory.operations import RetainOperations
 from heed.memory.store import UnitFilter
 
 router = APIRouter(
@@ -57,7 +55,8 @@ IdempotencyKey = Annotated[
 async def retain(
     bank_id: IdPath,
     body: wire.RetainRequest,
-    request: Request,
+    engine: MemoryDep,
+    operations: RetainOperationsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> wire.RetainResponse:
     """Retain items, synchronously (one transaction per document) or as an operation.
@@ -65,16 +64,10 @@ async def retain(
     Under an ``Idempotency-Key`` a retry after a dropped connection writes only what the
     first attempt did not; the same key with another body answers 409.
     """
-    engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     items = retain_items(body)
     tags = list(body.document_tags or [])
     if body.async_:
-        operations: RetainOperations | None = getattr(request.app.state, "retain_operations", None)
-        if operations is None:
-            raise HeedError(
-                "async retain needs the run manager, which is not running", status_code=503
-            )
         run = await operations.submit(
             bank, items, tags, body.operation_id, idempotency_key=idempotency_key
         )
@@ -102,9 +95,8 @@ async def retain(
 
 
 @router.post("/recall", response_model=wire.RecallResponse)
-async def recall(bank_id: IdPath, body: wire.RecallRequest, request: Request) -> JSONResponse:
+async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -> JSONResponse:
     """Hybrid recall; cancelled at the next checkpoint when the client leaves."""
-    engine = engine_of(request)
     query = recall_query(body)
     bank = await engine.get_bank(bank_id)
     return JSONResponse(recall_response(await engine.recall(bank, query)))
@@ -113,7 +105,7 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, request: Request) ->
 @router.get("/list")
 async def list_memories(
     bank_id: IdPath,
-    request: Request,
+    engine: MemoryDep,
     type: FactType | None = None,
     q: QueryText | None = None,
     document_id: QueryId | None = None,
@@ -125,7 +117,6 @@ async def list_memories(
     offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:
     """Memory units, newest first (or by ``time_field``), with filters."""
-    engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     units, total = await engine.list_units(
         bank,
@@ -147,19 +138,17 @@ async def list_memories(
 
 
 @router.get("/{memory_id}")
-async def get_memory(bank_id: IdPath, memory_id: IdPath, request: Request) -> wire.MemoryUnitItem:
+async def get_memory(bank_id: IdPath, memory_id: IdPath, engine: MemoryDep) -> wire.MemoryUnitItem:
     """One memory unit."""
-    engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     return unit_item(await engine.get_unit(bank, memory_id))
 
 
 @router.delete("/{memory_id}")
 async def delete_memory(
-    bank_id: IdPath, memory_id: IdPath, request: Request
+    bank_id: IdPath, memory_id: IdPath, engine: MemoryDep
 ) -> wire.DeleteResponse:
     """Delete one memory unit (and its keyword, vector and link entries)."""
-    engine = engine_of(request)
     bank = await engine.get_bank(bank_id)
     await engine.delete_unit(bank, memory_id)
     return wire.DeleteResponse(

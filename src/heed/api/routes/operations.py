@@ -10,13 +10,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
-from heed.api.errors import HeedError
+from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.api.wire.memory_convert import engine_of
 from heed.memory.operations import RetainOperations, status_of
 from heed.runs.model import Run
 from heed.runs.state import is_terminal
@@ -26,13 +25,6 @@ router = APIRouter(
 )
 
 OperationStatus = Literal["pending", "processing", "completed", "failed", "cancelled"]
-
-
-def _operations(request: Request) -> RetainOperations:
-    operations: RetainOperations | None = getattr(request.app.state, "retain_operations", None)
-    if operations is None:
-        raise HeedError("operations need the run manager, which is not running", status_code=503)
-    return operations
 
 
 def _iso(ts: float | None) -> str | None:
@@ -71,14 +63,14 @@ def _error(run: Run) -> str | None:
 @router.get("")
 async def list_operations(
     bank_id: IdPath,
-    request: Request,
+    engine: MemoryDep,
+    operations: RetainOperationsDep,
     status: OperationStatus | None = None,
     limit: Limit = 20,
     offset: Offset = 0,
 ) -> wire.OperationsListResponse:
     """The bank's operations, newest first."""
-    bank = await engine_of(request).get_bank(bank_id)
-    operations = _operations(request)
+    bank = await engine.get_bank(bank_id)
     total, runs = await operations.list(bank, status, offset=offset, limit=limit)
     return wire.OperationsListResponse(
         bank_id=bank_id,
@@ -105,11 +97,10 @@ async def list_operations(
 
 @router.get("/{operation_id}")
 async def get_operation(
-    bank_id: IdPath, operation_id: IdPath, request: Request
+    bank_id: IdPath, operation_id: IdPath, engine: MemoryDep, operations: RetainOperationsDep
 ) -> wire.OperationStatusResponse:
     """One operation's status (``phase`` is heed's finer-grained run phase)."""
-    bank = await engine_of(request).get_bank(bank_id)
-    operations = _operations(request)
+    bank = await engine.get_bank(bank_id)
     run = await operations.get(bank, operation_id)
     return wire.OperationStatusResponse(
         operation_id=run.id,
@@ -129,12 +120,12 @@ async def get_operation(
 
 @router.delete("/{operation_id}")
 async def cancel_operation(
-    bank_id: IdPath, operation_id: IdPath, request: Request
+    bank_id: IdPath, operation_id: IdPath, engine: MemoryDep, operations: RetainOperationsDep
 ) -> wire.CancelOperationResponse:
     """Cancel a pending or running operation; idempotent. A running one goes
     through ``cancelling`` (status ``processing``) until its worker stopped."""
-    bank = await engine_of(request).get_bank(bank_id)
-    run = await _operations(request).cancel(bank, operation_id)
+    bank = await engine.get_bank(bank_id)
+    run = await operations.cancel(bank, operation_id)
     return wire.CancelOperationResponse(
         success=True,
         message=f"operation {operation_id!r} is {run.phase}",

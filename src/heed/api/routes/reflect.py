@@ -26,20 +26,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from heed.api.deps import MemoryDep, ReflectDep, ReflectRunsDep, RunManagerDep, SettingsDep
 from heed.api.input_rules import IdPath
 from heed.api.openapi import UPSTREAM, event_stream
 from heed.api.policies import DisconnectPolicy
 from heed.api.routing import HeedRoute
 from heed.api.sse import journal_frames, sse_response
 from heed.api.wire import reflect as wire
-from heed.api.wire.memory_convert import engine_of
 from heed.memory.models import FACT_TYPES, InvalidInput
 from heed.reflect import ReflectRequest, check_schema
 from heed.reflect.result import ResultShape, reflect_result
+from heed.runs.manager import RunManager
 from heed.runtime import current_context, run_in_thread
 
 __all__ = ["router"]
@@ -96,29 +97,34 @@ def _shape(body: wire.ReflectRequest) -> ResultShape:
         **UPSTREAM,
     },
 )
-async def reflect(bank_id: IdPath, body: wire.ReflectRequest, request: Request) -> Response:
+async def reflect(
+    bank_id: IdPath,
+    body: wire.ReflectRequest,
+    engine: MemoryDep,
+    reflects: ReflectDep,
+    reflect_runs: ReflectRunsDep,
+    manager: RunManagerDep,
+    settings: SettingsDep,
+) -> Response:
     """Answer *query* from the bank's memories with the reflect agent loop."""
     engine_request = await _engine_request(body)
-    bank = await engine_of(request).get_bank(bank_id)
-    services = request.app.state.services
-    agent = services.reflect.agent()  # a provider that cannot be built is a 400 here, not later
+    bank = await engine.get_bank(bank_id)
     if body.stream:
-        run = await services.reflect_runs.submit(bank, engine_request, _shape(body))
-        return _stream(request, run.id, body.on_disconnect)
-    outcome = await agent.run(bank, engine_request)
+        run = await reflect_runs.submit(bank, engine_request, _shape(body))
+        heartbeat = settings.stream_heartbeat_seconds
+        return _stream(manager, run.id, body.on_disconnect, heartbeat)
+    outcome = await reflects.run(bank, engine_request)
     result = wire.ReflectResponse.model_validate(reflect_result(outcome, _shape(body)))
     return JSONResponse(result.model_dump(mode="json"))
 
 
-def _stream(request: Request, run_id: str, on_disconnect: DisconnectPolicy) -> Response:
+def _stream(
+    manager: RunManager, run_id: str, on_disconnect: DisconnectPolicy, heartbeat: float
+) -> Response:
     """The reflect run's journal as SSE; a client that leaves before the terminal event
     cancels the run unless it asked for ``on_disconnect: "continue"``."""
-    runs = request.app.state.services.runs
-    manager = runs.manager
     token = current_context().token
-    journal = journal_frames(
-        manager.journal, run_id, 0, heartbeat=runs.settings.stream_heartbeat_seconds, token=token
-    )
+    journal = journal_frames(manager.journal, run_id, 0, heartbeat=heartbeat, token=token)
     handle = None
     if on_disconnect == "cancel":
         # From now until the journal's end, the request's token owns the run: the client

@@ -24,26 +24,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from starlette.responses import StreamingResponse
 
+from heed.api.deps import RunManagerDep, SettingsDep, StreamSlotsDep
 from heed.api.input_rules import MAX_ID_CHARS, MAX_REASON_CHARS, IdPath, Limit
 from heed.api.openapi import TOO_MANY, event_stream
 from heed.api.routing import HeedRoute
 from heed.api.sse import journal_frames, parse_cursor, sse_response
-from heed.api.streams import open_stream
 from heed.memory.operations import RETAIN_KIND
 from heed.reflect.runs import REFLECT_KIND
 from heed.runtime import current_context
 from heed.sessions.service import TASK, TURN
-from heed.sessions.wiring import RunServices
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=HeedRoute)
-
-
-def _runs(request: Request) -> RunServices:
-    services: RunServices = request.app.state.services.runs
-    return services
 
 
 RunKind = Literal["turn", "task", "retain", "reflect"]
@@ -54,7 +48,7 @@ if set(get_args(RunKind)) != {TURN, TASK, RETAIN_KIND, REFLECT_KIND}:  # pragma:
 
 @router.get("")
 async def list_runs(
-    request: Request,
+    manager: RunManagerDep,
     kind: RunKind | None = None,
     session_id: Annotated[str | None, Query(min_length=1, max_length=MAX_ID_CHARS)] = None,
     active: bool = False,
@@ -63,7 +57,6 @@ async def list_runs(
     """The caller's runs, oldest first; ``active=true``: only those not yet terminal.
     Without their results (``GET /v1/runs/{id}`` has it): a listing's size follows the
     number of runs, not what each one produced."""
-    manager = _runs(request).manager
     runs = await manager.io.call(
         manager.store.list_runs,
         tenant=current_context().tenant,
@@ -82,16 +75,16 @@ async def list_runs(
 
 
 @router.get("/{run_id}")
-async def get_run(run_id: IdPath, request: Request) -> dict[str, Any]:
+async def get_run(run_id: IdPath, manager: RunManagerDep) -> dict[str, Any]:
     """The run's registry row."""
-    run = await _runs(request).manager.get(run_id, tenant=current_context().tenant)
+    run = await manager.get(run_id, tenant=current_context().tenant)
     return run.to_public()
 
 
 @router.post("/{run_id}/cancel")
 async def cancel_run(
     run_id: IdPath,
-    request: Request,
+    manager: RunManagerDep,
     wait: bool = False,
     wait_seconds: float = Query(default=30.0, ge=0, le=600, alias="timeout"),
     reason: Annotated[str, Query(min_length=1, max_length=MAX_REASON_CHARS)] = (
@@ -99,7 +92,7 @@ async def cancel_run(
     ),
 ) -> dict[str, Any]:
     """Cancel the run (idempotent); a terminal run is returned unchanged."""
-    run = await _runs(request).manager.cancel(
+    run = await manager.cancel(
         run_id, reason, tenant=current_context().tenant, wait=wait, wait_timeout=wait_seconds
     )
     return run.to_public()
@@ -119,20 +112,21 @@ async def cancel_run(
 )
 async def stream_run(
     run_id: IdPath,
-    request: Request,
+    manager: RunManagerDep,
+    settings: SettingsDep,
+    stream_slots: StreamSlotsDep,
     after: Annotated[str | None, Query(max_length=MAX_ID_CHARS)] = None,
     last_event_id: str | None = Header(default=None),
 ) -> Any:
     """The run's journal as SSE; see the module docstring."""
-    services = _runs(request)
     tenant = current_context().tenant
-    await services.manager.get(run_id, tenant=tenant)  # 404 first
-    release = open_stream(request, tenant)  # 429 past HEED_TENANT_MAX_STREAMS
+    await manager.get(run_id, tenant=tenant)  # 404 first
+    release = stream_slots.acquire(tenant)  # 429 past HEED_TENANT_MAX_STREAMS
     frames = journal_frames(
-        services.manager.journal,
+        manager.journal,
         run_id,
         parse_cursor(after, last_event_id),
-        heartbeat=services.settings.stream_heartbeat_seconds,
+        heartbeat=settings.stream_heartbeat_seconds,
         token=current_context().token,
     )
     return sse_response(frames, release=release)

@@ -24,29 +24,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 from starlette.responses import StreamingResponse
 
+from heed.api.deps import DrainDep, SessionsDep, SettingsDep, StreamSlotsDep
 from heed.api.input_rules import Identifier, IdPath, Limit, Name, RequestBody
 from heed.api.openapi import BUSY_SESSION, CONFLICT, NOT_FOUND, TOO_MANY, event_stream
 from heed.api.routing import HeedRoute
 from heed.api.sse import HEARTBEAT_FRAME, named_frame, sse_response
-from heed.api.streams import open_stream
-from heed.errors import HeedError
 from heed.runs.journal import Heartbeat
 from heed.runs.manager import RunConflict
 from heed.runtime import current_context, current_token
-from heed.sessions.service import SessionService, stream_url
-from heed.sessions.wiring import RunServices
+from heed.sessions.service import stream_url
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=HeedRoute)
 
 
 class SessionIn(RequestBody):
-    # remember_messages needs a bank: said in the schema, enforced in create_session.
+    # remember_messages needs a bank: said in the schema, enforced by SessionService.create.
     model_config = ConfigDict(
         json_schema_extra={
             "anyOf": [
@@ -85,31 +83,16 @@ class TurnIn(RequestBody):
     multitask_strategy: Literal["reject", "enqueue", "interrupt"] = "reject"
 
 
-def _services(request: Request) -> RunServices:
-    services: RunServices = request.app.state.services.runs
-    return services
-
-
-def _sessions(request: Request) -> SessionService:
-    return _services(request).sessions
-
-
 def _tenant() -> str:
     return current_context().tenant
 
 
 @router.post("", status_code=201, responses=NOT_FOUND)
-async def create_session(body: SessionIn, request: Request) -> dict[str, Any]:
-    """Create a session; a ``bank_id`` must name an existing bank of the tenant (else 404)."""
-    memory = getattr(request.app.state.services, "memory", None)
-    if body.bank_id and memory is not None:
-        try:
-            await memory.get_bank(body.bank_id, tenant=_tenant())
-        except LookupError:
-            raise HeedError(f"no memory bank {body.bank_id!r}", status_code=404) from None
-    if body.remember_messages and not body.bank_id:
-        raise HeedError("remember_messages needs a bank_id to remember into", status_code=400)
-    session = await _sessions(request).create(
+async def create_session(body: SessionIn, sessions: SessionsDep) -> dict[str, Any]:
+    """Create a session; a ``bank_id`` must name an existing bank of the tenant (else 404),
+    and ``remember_messages`` needs one (else 400): :meth:`SessionService.create
+    <heed.sessions.service.SessionService.create>` says so."""
+    session = await sessions.create(
         _tenant(),
         title=body.title,
         bank_id=body.bank_id,
@@ -119,42 +102,38 @@ async def create_session(body: SessionIn, request: Request) -> dict[str, Any]:
 
 
 @router.get("")
-async def list_sessions(request: Request, limit: Limit = 100) -> dict[str, Any]:
-    sessions = await _sessions(request).list_sessions(_tenant(), limit)
-    return {"sessions": [s.to_public() for s in sessions]}
+async def list_sessions(sessions: SessionsDep, limit: Limit = 100) -> dict[str, Any]:
+    listed = await sessions.list_sessions(_tenant(), limit)
+    return {"sessions": [s.to_public() for s in listed]}
 
 
 @router.get("/{session_id}")
-async def get_session(session_id: IdPath, request: Request) -> dict[str, Any]:
-    service = _sessions(request)
-    session = await service.get(session_id, _tenant())
-    messages = await service.transcript(session_id)
+async def get_session(session_id: IdPath, sessions: SessionsDep) -> dict[str, Any]:
+    session = await sessions.get(session_id, _tenant())
+    messages = await sessions.transcript(session_id)
     return {**session.to_public(), "messages": [m.to_public() for m in messages]}
 
 
 @router.patch("/{session_id}", responses=CONFLICT)
 async def update_session(
-    session_id: IdPath, body: SessionPatch, request: Request
+    session_id: IdPath, body: SessionPatch, sessions: SessionsDep
 ) -> dict[str, Any]:
     """Rename the session and/or switch ``remember_messages`` (409 for a session with no
     bank); a field left out is left as it is."""
-    service = _sessions(request)
-    if body.remember_messages and (await service.get(session_id, _tenant())).bank_id is None:
-        raise HeedError("remember_messages needs a session bound to a bank", status_code=409)
-    session = await service.update(
+    session = await sessions.update(
         session_id, _tenant(), title=body.title, remember_messages=body.remember_messages
     )
     return session.to_public()
 
 
 @router.delete("/{session_id}")
-async def delete_session(session_id: IdPath, request: Request) -> dict[str, Any]:
-    await _sessions(request).delete(session_id, _tenant())
+async def delete_session(session_id: IdPath, sessions: SessionsDep) -> dict[str, Any]:
+    await sessions.delete(session_id, _tenant())
     return {"deleted": True, "id": session_id}
 
 
 @router.post("/{session_id}/turns", status_code=202, responses={**BUSY_SESSION, **TOO_MANY})
-async def start_turn(session_id: IdPath, body: TurnIn, request: Request) -> Any:
+async def start_turn(session_id: IdPath, body: TurnIn, sessions: SessionsDep) -> Any:
     content = body.content if body.content is not None else body.message
     if content is None:
         raise RequestValidationError(
@@ -168,7 +147,7 @@ async def start_turn(session_id: IdPath, body: TurnIn, request: Request) -> Any:
             ]
         )
     try:
-        run = await _sessions(request).start_turn(
+        run = await sessions.start_turn(
             session_id, _tenant(), content, strategy=body.multitask_strategy
         )
     except RunConflict as exc:
@@ -190,10 +169,9 @@ async def start_turn(session_id: IdPath, body: TurnIn, request: Request) -> Any:
 
 
 @router.get("/{session_id}/status")
-async def session_status(session_id: IdPath, request: Request) -> dict[str, Any]:
-    service = _sessions(request)
-    await service.get(session_id, _tenant())
-    return await service.status(session_id)
+async def session_status(session_id: IdPath, sessions: SessionsDep) -> dict[str, Any]:
+    await sessions.get(session_id, _tenant())
+    return await sessions.status(session_id)
 
 
 @router.get(
@@ -208,16 +186,20 @@ async def session_status(session_id: IdPath, request: Request) -> dict[str, Any]
         **TOO_MANY,
     },
 )
-async def session_events(session_id: IdPath, request: Request) -> Any:
-    service = _sessions(request)
-    await service.get(session_id, _tenant())
-    release = open_stream(request, _tenant())  # 429 past HEED_TENANT_MAX_STREAMS
-    heartbeat = _services(request).settings.stream_heartbeat_seconds
+async def session_events(
+    session_id: IdPath,
+    sessions: SessionsDep,
+    settings: SettingsDep,
+    drain: DrainDep,
+    stream_slots: StreamSlotsDep,
+) -> Any:
+    await sessions.get(session_id, _tenant())
+    release = stream_slots.acquire(_tenant())  # 429 past HEED_TENANT_MAX_STREAMS
+    heartbeat = settings.stream_heartbeat_seconds
     token = current_token()
 
     async def frames() -> AsyncIterator[str]:
-        drain = request.app.state.drain
-        async for item in service.follow_channel(
+        async for item in sessions.follow_channel(
             session_id, heartbeat=heartbeat, token=token, shutdown=drain.token
         ):
             if isinstance(item, Heartbeat):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from heed.api.deps import MetricsDep, ServicesDep
 from heed.api.routing import HeedRoute
 from heed.version import API_VERSION, __version__
 
@@ -34,7 +35,7 @@ _FEATURES = {
 
 
 @router.get("/version")
-async def get_version(request: Request) -> dict[str, object]:
+async def get_version(services: ServicesDep) -> dict[str, object]:
     """The server's version and API version, Hindsight's feature flags (its client
     requires ``api_version`` and ``features``), and whether the LLM's model has loaded
     (``llm.state``: ``loading``, ``ready`` or ``failed`` with its ``detail``)."""
@@ -43,12 +44,11 @@ async def get_version(request: Request) -> dict[str, object]:
         "version": __version__,
         "api": API_VERSION,
         "features": _FEATURES,
-        "llm": request.app.state.services.model_warmup.status(),
+        "llm": services.model_warmup.status(),
     }
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
+async def metrics(metrics: MetricsDep) -> Response:
     """Prometheus text: HTTP outcomes, cancellations by reason, lane counters."""
-    registry = request.app.state.metrics.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -10,10 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from starlette.requests import Request
-
 from heed.api.wire import memory as wire
-from heed.memory import InvalidInput, MemoryEngine
+from heed.memory import InvalidInput
 from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
     FACT_TYPES,
@@ -27,19 +25,12 @@ from heed.memory.models import (
 )
 
 __all__ = [
-    "engine_of",
     "profile_of",
     "recall_query",
     "recall_response",
     "retain_items",
     "unit_item",
 ]
-
-
-def engine_of(request: Request) -> MemoryEngine:
-    """The server's memory engine."""
-    engine: MemoryEngine = request.app.state.services.memory
-    return engine
 
 
 def profile_of(bank: Bank) -> wire.BankProfileResponse:

@@ -1,0 +1,173 @@
+"""The one typed way the HTTP layer reaches what the server holds.
+
+:func:`heed.api.app.create_app` puts the composition root (:class:`heed.services.Services`)
+and the app's own edge parts (metrics, the drain, the authenticator, UI-session revocations,
+the stream slots, the diagnostics' burn records) on ``app.state``; this module is the only
+reader. A route declares what it needs as a parameter of one of the ``Annotated`` types
+below, a FastAPI dependency::
+
+    @router.post("/recall")
+    async def recall(bank_id: IdPath, body: RecallRequest, engine: MemoryDep) -> ...
+
+Code that is not a route but holds the app (the server's drain, the error handlers) uses
+:func:`services_of` and the ``*_of`` functions. Every dependency is ``async``, so FastAPI
+never runs it in its thread pool. ``tests/test_front_ends.py`` fails on any other module
+that reads ``app.state``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Annotated, Any
+
+from fastapi import Depends
+from starlette.requests import Request
+from starlette.types import ASGIApp
+
+from heed.api.auth import Authenticator
+from heed.api.drain import Drain
+from heed.api.metrics import Metrics
+from heed.api.revocations import Revocations
+from heed.api.streams import StreamSlots
+from heed.api.wire.diagnostics import BurnRecord
+from heed.memory import MemoryEngine
+from heed.memory.operations import RetainOperations
+from heed.reflect.runs import ReflectRuns
+from heed.reflect.service import ReflectService
+from heed.runs.manager import RunManager
+from heed.services import Services
+from heed.sessions.service import SessionService
+from heed.settings import Settings
+
+__all__ = [
+    "AuthenticatorDep",
+    "BurnRecordsDep",
+    "DrainDep",
+    "MemoryDep",
+    "MetricsDep",
+    "ReflectDep",
+    "ReflectRunsDep",
+    "RetainOperationsDep",
+    "RevocationsDep",
+    "RunManagerDep",
+    "ServicesDep",
+    "SessionsDep",
+    "SettingsDep",
+    "StreamSlotsDep",
+    "drain_of",
+    "metrics_of",
+    "services_of",
+]
+
+
+def _state(app: ASGIApp) -> Any:
+    return app.state  # type: ignore[attr-defined]
+
+
+def services_of(app: ASGIApp) -> Services:
+    """The server's composition root."""
+    services: Services = _state(app).services
+    return services
+
+
+def metrics_of(app: ASGIApp) -> Metrics:
+    """The app's Prometheus metrics."""
+    metrics: Metrics = _state(app).metrics
+    return metrics
+
+
+def drain_of(app: ASGIApp) -> Drain:
+    """The app's drain (refuses new requests once the server shuts down)."""
+    drain: Drain = _state(app).drain
+    return drain
+
+
+async def _services(request: Request) -> Services:
+    return services_of(request.app)
+
+
+ServicesDep = Annotated[Services, Depends(_services)]
+
+
+async def _memory(services: ServicesDep) -> MemoryEngine:
+    return services.memory
+
+
+async def _sessions(services: ServicesDep) -> SessionService:
+    return services.sessions
+
+
+async def _manager(services: ServicesDep) -> RunManager:
+    return services.manager
+
+
+async def _reflect(services: ServicesDep) -> ReflectService:
+    return services.reflect
+
+
+async def _reflect_runs(services: ServicesDep) -> ReflectRuns:
+    return services.reflect_runs
+
+
+async def _retain_operations(services: ServicesDep) -> RetainOperations:
+    return services.retain_operations
+
+
+async def _settings(services: ServicesDep) -> Settings:
+    return services.settings
+
+
+async def _metrics(request: Request) -> Metrics:
+    return metrics_of(request.app)
+
+
+async def _drain(request: Request) -> Drain:
+    return drain_of(request.app)
+
+
+async def _authenticator(request: Request) -> Authenticator:
+    authenticator: Authenticator = _state(request.app).authenticator
+    return authenticator
+
+
+async def _revocations(request: Request) -> Revocations:
+    revocations: Revocations = _state(request.app).revocations
+    return revocations
+
+
+async def _stream_slots(request: Request) -> StreamSlots:
+    slots: StreamSlots = _state(request.app).stream_slots
+    return slots
+
+
+async def _burn_records(request: Request) -> OrderedDict[str, BurnRecord]:
+    records: OrderedDict[str, BurnRecord] = _state(request.app).burn_records
+    return records
+
+
+#: The memory engine (banks, retain, recall).
+MemoryDep = Annotated[MemoryEngine, Depends(_memory)]
+#: Chat sessions: their rules, turns, status and channel.
+SessionsDep = Annotated[SessionService, Depends(_sessions)]
+#: The run manager (runs, their journal, cancel).
+RunManagerDep = Annotated[RunManager, Depends(_manager)]
+#: Reflect (its provider and agent).
+ReflectDep = Annotated[ReflectService, Depends(_reflect)]
+#: Streamed reflects, as runs.
+ReflectRunsDep = Annotated[ReflectRuns, Depends(_reflect_runs)]
+#: Async retains, as runs (Hindsight's operations).
+RetainOperationsDep = Annotated[RetainOperations, Depends(_retain_operations)]
+#: The server's settings.
+SettingsDep = Annotated[Settings, Depends(_settings)]
+#: The app's metrics.
+MetricsDep = Annotated[Metrics, Depends(_metrics)]
+#: The app's drain.
+DrainDep = Annotated[Drain, Depends(_drain)]
+#: Who is asking: keys, UI sessions, CSRF.
+AuthenticatorDep = Annotated[Authenticator, Depends(_authenticator)]
+#: UI sessions ended by a logout.
+RevocationsDep = Annotated[Revocations, Depends(_revocations)]
+#: Open streams per tenant.
+StreamSlotsDep = Annotated[StreamSlots, Depends(_stream_slots)]
+#: The diagnostics' burn records (only with ``HEED_ENABLE_DIAGNOSTICS``).
+BurnRecordsDep = Annotated[OrderedDict[str, BurnRecord], Depends(_burn_records)]
