@@ -21,6 +21,8 @@ ALLOWED: dict[str, set[str]] = {
     "llm": {"runtime", "errors", "settings"},
     "storage": {"runtime", "errors", "memory", "runs", "sessions", "redact"},
     "memory": {"runtime", "errors", "settings", "runs"},
+    # Neither of the two agents imports the other: what both need (the grounded answer,
+    # the recall tool's spec) is in ``llm.grounding``.
     "reflect": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "services": {"runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"},
@@ -54,6 +56,12 @@ ALLOWED: dict[str, set[str]] = {
     # ``storage``: the migrate command works on databases, not through a server.
     "cli": {"api", "mcp", "settings", "version", "storage", "logs", "redact"},
 }
+
+
+#: Inside the front ends, the only modules that import the composition root (``services``):
+#: the app and the MCP server are built over it, the routes reach it through the typed
+#: dependencies of ``api/deps.py``, the MCP tools through the ``Services`` they are given.
+COMPOSITION_ROOT_IMPORTERS = {"api/app.py", "api/deps.py", "mcp/server.py", "mcp/tools.py"}
 
 
 def _part(path: Path) -> str:
@@ -91,3 +99,12 @@ def test_the_rule_catches_a_domain_importing_the_api(tmp_path: Path) -> None:
     module = tmp_path / "x.py"
     module.write_text("from heed.api.app import create_app\nimport heed.runtime.slots\n")
     assert _imports(module) == {"api", "runtime"}
+
+
+def test_front_ends_reach_the_composition_root_through_one_module_each() -> None:
+    found = {
+        str(path.relative_to(SRC))
+        for path in sorted(SRC.rglob("*.py"))
+        if _part(path) in ("api", "mcp", "cli") and "services" in _imports(path)
+    }
+    assert found <= COMPOSITION_ROOT_IMPORTERS, sorted(found - COMPOSITION_ROOT_IMPORTERS)

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -461,3 +462,46 @@ async def test_an_over_long_argument_is_refused_by_name(server: LiveServer) -> N
         listed = data(await client.call_tool("list_banks", {}))
     assert "name" in text and "500" in text, text
     assert "long" not in [b["bank_id"] for b in listed["banks"]]
+
+
+# -- the domains' rules, the same through both front ends ----------------------------------
+
+
+async def test_a_new_sessions_bank_must_exist_over_http_and_mcp_alike(server: LiveServer) -> None:
+    """SessionService.create owns the rule: both front ends refuse in its words, and neither
+    leaves a session behind."""
+    headers = {"Authorization": f"Bearer {ALPHA}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers) as http:
+        before = (await http.get("/v1/sessions")).json()["sessions"]
+        refused = await http.post("/v1/sessions", json={"bank_id": "nope"})
+        assert refused.status_code == 404
+        assert refused.json()["detail"] == "no memory bank 'nope'"
+        async with connect(server) as client:
+            arguments = {"message": "hi", "bank_id": "nope"}
+            text = error_text(await client.call_tool("start_turn", arguments))
+        assert "no memory bank 'nope'" in text
+        assert (await http.get("/v1/sessions")).json()["sessions"] == before
+        bankless = await http.post("/v1/sessions", json={"remember_messages": True})
+        assert bankless.status_code == 400 and "bank_id" in bankless.json()["detail"]
+
+
+async def test_a_reflect_whose_provider_cannot_be_built_is_refused_before_any_run(
+    tmp_path: Path,
+) -> None:
+    """ReflectService owns the rule: a plain reflect, a streamed one and the MCP tool all
+    answer the provider's error, and no run is written."""
+    settings = Settings(
+        data_dir=tmp_path, llm_provider="scripted", reflect_llm_provider="nope", api_keys=KEYS
+    )
+    headers = {"Authorization": f"Bearer {ALPHA}"}
+    with live_server(create_app(settings)) as srv:
+        async with httpx.AsyncClient(base_url=srv.url, headers=headers) as http:
+            assert (await http.put("/v1/default/banks/b", json={})).status_code in (200, 201)
+            for body in ({"query": "q"}, {"query": "q", "stream": True}):
+                answer = await http.post("/v1/default/banks/b/reflect", json=body)
+                assert answer.status_code == 400, answer.text
+                assert "unknown LLM provider 'nope'" in answer.json()["detail"]
+            async with connect(srv) as client:
+                text = error_text(await client.call_tool("reflect", {"bank_id": "b", "query": "q"}))
+            assert "unknown LLM provider 'nope'" in text
+            assert (await http.get("/v1/runs")).json()["runs"] == []
