@@ -454,16 +454,18 @@ async def test_a_refusal_although_memories_were_recalled_is_answered_from_them(
     assert MEMORIES_HEADING in provider.requests[-1].messages[-1].content
 
 
-async def test_when_even_the_fallback_refuses_the_answer_quotes_the_best_memories(
+async def test_when_even_the_fallback_refuses_the_best_memories_follow_the_refusal(
     server: LiveServer, client: Hindsight, bank_id: str
 ) -> None:
+    """The grounded answer's rule (heed.llm.grounding), as in a chat turn: the refusal stays
+    (it was streamed) and the best memories follow it, quoted."""
     refusal = {"text": "There is no information about that."}
     use_script(
         server,
         {"replies": [{"text": "unused"}, refusal, {**FALLBACK, "text": "I don't know."}]},
     )
     response = await client.areflect(bank_id, "What are the names of Alice's cats?")
-    assert response.text.startswith("From the memories: ")
+    assert response.text.startswith("I don't know. From the memories: ")
     assert "Tom and Luna" in response.text
 
 

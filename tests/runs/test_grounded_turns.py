@@ -187,6 +187,33 @@ def test_a_model_that_cannot_use_tools_answers_each_part_from_its_own_memories(
         assert len(run["result"]["trace"]["grounding"]) == 2
 
 
+def test_a_part_the_model_refuses_is_followed_by_its_best_memory_as_in_reflect(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """The grounded answer's rule (heed.llm.grounding), as in reflect: the refusal stays and
+    the part's best memory follows it, quoted, in the stream as in the stored message."""
+    script = {
+        "follows_tools": False,
+        "replies": [
+            {"when": "Question: What is the name", "text": "Pixel."},
+            {"when": "Question: Where does she work", "text": "I could not find that."},
+        ],
+    }
+    settings = run_settings(make_settings, llm_script=json.dumps(script))
+    with run_server(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        alice_bank(client)
+        sid = new_session(client, bank_id="alice")
+        run_id = turn(client, sid, "What is the name of Alice's cat and where does she work?")
+        text = client.get(f"/v1/runs/{run_id}").json()["result"]["text"]
+        assert text.startswith("Pixel. I could not find that. From the memories: "), text
+        quoted = text.split("From the memories: ", 1)[1]
+        assert quoted in [item["content"] for item in ALICE]
+        streamed = "".join(d["text"] for k, d in events(client, run_id) if k == "text_delta")
+        assert streamed == text
+        stored = client.get(f"/v1/sessions/{sid}").json()["messages"][-1]
+        assert stored["role"] == "assistant" and stored["content"] == text
+
+
 def units_of(client: httpx.Client, bank: str) -> list[str]:
     listed = client.get(f"/v1/default/banks/{bank}/memories/list").json()
     return [item["text"] for item in listed["items"]]

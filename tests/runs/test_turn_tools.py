@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import httpx
 
-from heed.sessions.tools import NO_MEMORY_ENGINE, TurnTools
+from heed.sessions.tools import NOT_BOUND
 from heed.settings import Settings
 from tests.support import wait_for
 
@@ -61,12 +61,13 @@ def test_retain_then_recall_on_the_session_bank(make_settings: Callable[..., Set
         assert messages[-1]["content"] == "Alice has two cats."
 
 
-def test_memory_tools_without_a_bank_return_a_tool_error(
+def test_memory_tools_without_a_bank_and_unknown_tools_return_a_tool_error(
     make_settings: Callable[..., Settings],
 ) -> None:
     script = {
         "replies": [
             {"tool_calls": [{"name": "recall", "arguments": {"query": "cats"}}]},
+            {"tool_calls": [{"name": "nope", "arguments": {}}]},
             {"text": "I could not look."},
         ]
     }
@@ -75,17 +76,6 @@ def test_memory_tools_without_a_bank_return_a_tool_error(
         sid = new_session(client)  # bound to no bank
         run_id = client.post(f"/v1/sessions/{sid}/turns", json={"content": "look"}).json()["run_id"]
         wait_for(lambda: run_phase(client, run_id) == "completed", seconds=30)
-        (result,) = tool_results(client, run_id)
-        assert result["ok"] is False and "not bound to a memory bank" in str(result["content"])
-
-
-async def test_without_a_memory_engine_the_tools_say_so() -> None:
-    async def no_tasks(session_id: str, tenant: str, payload: dict[str, object]) -> str:
-        raise AssertionError("not called")
-
-    tools = TurnTools(None, no_tasks)
-    for name, args in (("recall", {"query": "x"}), ("retain", {"content": "x"})):
-        result = await tools.call(name, args, session_id="s", tenant="t", bank_id="b")
-        assert result.ok is False and result.content == NO_MEMORY_ENGINE
-    unknown = await tools.call("nope", {}, session_id="s", tenant="t", bank_id="b")
-    assert unknown.ok is False and "unknown tool" in unknown.content
+        unbound, unknown = tool_results(client, run_id)
+        assert unbound["ok"] is False and unbound["content"] == NOT_BOUND
+        assert unknown["ok"] is False and "unknown tool 'nope'" in str(unknown["content"])

@@ -13,10 +13,11 @@ One reflect is:
 3a. **the answer of a model that cannot use the tools**: a provider that says so
    (``follows_tools``: the embedded model) skips step 2; a broken tool call (a small
    model's half-written JSON), or no answer, a refusal ("I could not find...") or a tool
-   call as the final answer although memories were recalled, ends it. Then each part of
-   the question is answered in one generation over its recalled memories, with no tools
-   (several parts are recalled one by one); a part the model refuses is answered by
-   quoting the best of them;
+   call as the final answer although memories were recalled, ends it. Then the question
+   gets the grounded answer chat turns also give (:class:`heed.llm.grounding.GroundedAnswer`):
+   each part of it answered in one generation over its memories, with no tools (several
+   parts are recalled one by one; a lone part uses every memory seen so far); a part the
+   model refuses is followed by its best memories, quoted;
 4. with a ``response_schema``, one more call turns the answer into JSON, which
    is validated against the schema (a failure is reported in
    ``structured_output_error``, not raised).
@@ -48,10 +49,13 @@ from heed.llm.base import (
     complete,
 )
 from heed.llm.grounding import (
-    ANSWER_FROM_MEMORIES,
-    grounded_question,
-    is_a_refusal,
-    split_question,
+    MEMORY_CHARS,
+    RECALL_TOOL,
+    GroundedAnswer,
+    clip,
+    is_unanswered,
+    looks_like_a_tool_call,
+    memory_line,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
 from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
@@ -76,24 +80,14 @@ Budget = Literal["low", "mid", "high"]
 ITERATIONS: Final[dict[str, int]] = {"low": 3, "mid": 5, "high": 8}
 #: Token budget of each recall the agent makes, per budget.
 RECALL_TOKENS: Final[dict[str, int]] = {"low": 1024, "mid": 2048, "high": 4096}
-#: Memories shown to the model per recall, and characters per memory / expansion.
+#: Memories shown to the model per recall (each clipped to ``MEMORY_CHARS``), and
+#: characters of an expansion.
 MEMORIES_PER_RECALL: Final = 8
-MEMORY_CHARS: Final = 400
 EXPAND_CHARS: Final = 2000
 NO_ANSWER: Final = "I could not find an answer in the memories."
-#: Memories quoted when even the fallback generation gives no answer.
-FALLBACK_QUOTED: Final = 3
 
 TOOLS: Final = (
-    ToolSpec(
-        name="recall",
-        description="Search the memory bank. Returns memories, each with its id.",
-        parameters={
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "what to look for"}},
-            "required": ["query"],
-        },
-    ),
+    RECALL_TOOL,
     ToolSpec(
         name="expand",
         description="Read the text a memory came from: its chunk, or its whole document.",
@@ -187,24 +181,6 @@ def _system_prompt(bank: Bank) -> str:
     return "\n".join(lines)
 
 
-def _looks_like_a_tool_call(text: str) -> bool:
-    stripped = text.strip()
-    return stripped.startswith("{") and ('"tool"' in stripped or '"name"' in stripped)
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _memory_line(unit: StoredUnit, *, with_id: bool = True) -> str:
-    """One memory for a prompt, with its date; ``[id]`` for the tools to refer to it."""
-    when = unit.occurred_start or unit.mentioned_at
-    suffix = f" ({when[:10]})" if when else ""
-    prefix = f"[{unit.id}]" if with_id else "-"
-    return f"{prefix} {_clip(unit.text, MEMORY_CHARS)}{suffix}"
-
-
 class ReflectAgent:
     """Runs reflects on one engine with one provider, inside the reflect lane."""
 
@@ -282,7 +258,7 @@ class _Loop:
                 )
             scope = "final" if final else f"agent_{iteration}"
             completion = await self._call(messages, None if final else TOOLS, scope, iteration)
-            if not final and not completion.tool_calls and _looks_like_a_tool_call(completion.text):
+            if not final and not completion.tool_calls and looks_like_a_tool_call(completion.text):
                 # A model that cannot call the tools (a small model's broken JSON) will not
                 # get better at it: answer from what was recalled, in one generation.
                 break
@@ -304,7 +280,7 @@ class _Loop:
                     ChatMessage.tool(call.id, await self._tool(call, iteration), name=call.name)
                 )
 
-        if self.seen and (not answer or is_a_refusal(answer) or _looks_like_a_tool_call(answer)):
+        if self.seen and (answer is None or is_unanswered(answer)):
             answer = await self._answer_from_memories(iterations + 1)
         text = answer or NO_ANSWER
         await self._emit(EventType.MESSAGE, {"text": text})
@@ -329,45 +305,32 @@ class _Loop:
 
     async def _answer_from_memories(self, iteration: int) -> str:
         """The answer of a model that could not use the tools (see the module docstring):
-        each part of the question ("...'s cat and where does she work?" is two) recalled
-        on its own when there are several, then answered in one generation over its
-        memories, with no tools; a part the model refuses is answered with the best of its
-        memories, so the answer is never "not found" when they hold it."""
-        parts = split_question(self.request.query)
-        answers: list[str] = []
-        for index, part in enumerate(parts):
-            raise_if_cancelled()
-            units = list(self.seen.values())
-            if len(parts) > 1:
-                call = ToolCall(
-                    id=f"call_{iteration}_{index}_recall", name="recall", arguments={"query": part}
-                )
-                self.recalled = []  # a recall that fails leaves none, not the last part's
-                await self._tool(call, iteration)
-                units = self.recalled
-                if index:
-                    await self._emit(EventType.TEXT_DELTA, {"text": " ", "iteration": iteration})
-            answers.append(await self._answer_part(part, units, iteration, quote=len(parts) == 1))
-        return " ".join(answers)
+        the grounded answer of :mod:`heed.llm.grounding` over the question; its parts, when
+        there are several, each recalled by a ``recall`` tool step of *iteration*; a lone
+        part answered from every memory seen so far."""
+        grounded = GroundedAnswer.of(self.request.query)
+        several = len(grounded.parts) > 1
 
-    async def _answer_part(
-        self, question: str, units: list[StoredUnit], iteration: int, *, quote: bool
-    ) -> str:
-        if not units:
-            return NO_ANSWER
-        if self.request.context:
-            question = f"{question}\n\nContext: {self.request.context}"
-        lines = [_memory_line(u, with_id=False) for u in units]
-        messages = [
-            ChatMessage.system(ANSWER_FROM_MEMORIES),
-            ChatMessage.user(grounded_question(lines, question)),
-        ]
-        completion = await self._call(messages, None, "answer_from_memories", iteration)
-        answer = completion.text.strip()
-        if answer and not is_a_refusal(answer) and not _looks_like_a_tool_call(answer):
-            return answer
-        best = units[: FALLBACK_QUOTED if quote else 1]
-        return "From the memories: " + " ".join(_clip(u.text, MEMORY_CHARS) for u in best)
+        async def recall(part: str, index: int) -> list[StoredUnit]:
+            if not several:
+                return list(self.seen.values())
+            call_id = f"call_{iteration}_{index}_recall"
+            self.recalled = []  # a recall that fails leaves none, not the last part's
+            await self._tool(
+                ToolCall(id=call_id, name="recall", arguments={"query": part}), iteration
+            )
+            return self.recalled
+
+        async def generate(messages: list[ChatMessage]) -> str:
+            return (await self._call(messages, None, "answer_from_memories", iteration)).text
+
+        async def say(text: str) -> None:
+            await self._emit(EventType.TEXT_DELTA, {"text": text, "iteration": iteration})
+
+        await grounded.recall(recall)
+        return await grounded.answer(
+            generate, say, context=self.request.context, nothing_found=NO_ANSWER
+        )
 
     # -- model calls -------------------------------------------------------------------
 
@@ -458,7 +421,7 @@ class _Loop:
             self.seen.setdefault(unit.id, unit)
         if not units:
             return "No memories found.", {"memories": []}
-        text = "\n".join(_memory_line(u) for u in units)
+        text = "\n".join(memory_line(u, ref=u.id, limit=MEMORY_CHARS) for u in units)
         return text, {"memories": [{"id": u.id, "text": u.text} for u in units]}
 
     async def _expand(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -480,5 +443,5 @@ class _Loop:
             document = await self.engine.get_document(self.bank, unit.document_id)
             body = document.original_text
         body = body or unit.text
-        text = f"[{unit.id}] {depth}:\n{_clip(body, EXPAND_CHARS)}"
+        text = f"[{unit.id}] {depth}:\n{clip(body, EXPAND_CHARS)}"
         return text, {"memory_id": unit.id, "depth": depth, "text": body}

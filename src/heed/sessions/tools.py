@@ -1,18 +1,18 @@
 """The tools a chat turn offers its model: ``recall``, ``retain`` and ``start_task``.
 
-``recall`` and ``retain`` act on the session's memory bank through the memory
-engine (:mod:`heed.memory`) when the server has one; without an engine, or
-for a session bound to no bank, they return a clear tool error (the turn goes
-on: the model reads the error like any tool result). ``start_task`` starts a
-background run of kind ``task`` owned by the session; its completion wakes the
-session (see :mod:`heed.sessions.service`).
+``recall`` (the one spec reflect offers too, :data:`heed.llm.grounding.RECALL_TOOL`) and
+``retain`` act on the session's memory bank through the memory engine
+(:mod:`heed.memory`); for a session bound to no bank they return a clear tool error (the
+turn goes on: the model reads the error like any tool result). ``start_task`` starts a
+background run of kind ``task`` owned by the session; its completion wakes the session
+(see :mod:`heed.sessions.service`).
 
 A tool call never raises for a bad call: it returns ``ToolResult(ok=False,
 content=<why>)``. Cancellation always propagates.
 
 :meth:`TurnTools.ground` is the recall a turn of a bank-bound session makes by itself
 before its first model call (see :mod:`heed.sessions.turn`): the same recall as the tool,
-its memories one per line with their dates.
+its memories one per line with their dates (:func:`heed.llm.grounding.memory_line`).
 """
 
 from __future__ import annotations
@@ -20,31 +20,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from heed.llm.base import ToolSpec
+from heed.llm.grounding import RECALL_TOOL, Memory, memory_line
 from heed.memory import MemoryEngine
-from heed.memory.models import RecallOutcome, RecallQuery, RetainItem
+from heed.memory.models import RecallQuery, RetainItem, StoredUnit
 from heed.runtime import reraise_cancellation
 
-__all__ = ["NO_MEMORY_ENGINE", "TOOL_SPECS", "Grounding", "ToolResult", "TurnTools"]
+__all__ = ["NOT_BOUND", "TOOL_SPECS", "Grounding", "ToolResult", "TurnTools", "memory_lines"]
 
 log = logging.getLogger("heed.sessions.tools")
 
-NO_MEMORY_ENGINE: Final = "no memory engine: this server has no memory engine configured"
+#: The tool error of a memory tool in a session bound to no bank.
+NOT_BOUND: Final = "this session is not bound to a memory bank"
 
 TOOL_SPECS: Final = [
-    ToolSpec(
-        name="recall",
-        description="Search the session's memory bank for facts relevant to a query.",
-        parameters={
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "What to look for."}},
-            "required": ["query"],
-        },
-    ),
+    RECALL_TOOL,
     ToolSpec(
         name="retain",
         description="Store a fact or a document in the session's memory bank.",
@@ -84,10 +78,11 @@ class ToolResult:
 
 @dataclass(frozen=True, slots=True)
 class Grounding:
-    """What a turn's own recall found: the tool result it shows, and what it cost."""
+    """What a turn's own recall found: the tool result it shows, the memories (best first;
+    none when the recall failed), and what it cost."""
 
     result: ToolResult
-    memories: int
+    memories: list[StoredUnit]
     seconds: float
 
 
@@ -95,13 +90,10 @@ class Grounding:
 RECALL_LINES: Final = 10
 
 
-def memory_lines(outcome: RecallOutcome) -> str:
-    """Recalled memories as prompt lines, each with the date it happened (or was said)."""
-    lines = []
-    for hit in outcome.hits[:RECALL_LINES]:
-        when = hit.unit.occurred_start or hit.unit.mentioned_at
-        lines.append(f"- {hit.unit.text}" + (f" ({when[:10]})" if when else ""))
-    return "\n".join(lines) if lines else "(nothing found)"
+def memory_lines(memories: Sequence[Memory]) -> str:
+    """Recalled memories as the tool shows them: one line each, with the date it happened
+    (or was said); ``(nothing found)`` for none."""
+    return "\n".join(memory_line(m) for m in memories) if memories else "(nothing found)"
 
 
 #: ``start_task(session_id, tenant, payload) -> task run id``
@@ -109,9 +101,9 @@ TaskStarter = Callable[[str, str, dict[str, Any]], Awaitable[str]]
 
 
 class TurnTools:
-    """Runs the turn tools for one server. *memory* returns the engine or ``None``."""
+    """Runs the turn tools for one server over its memory engine."""
 
-    def __init__(self, memory: MemoryEngine | None, start_task: TaskStarter) -> None:
+    def __init__(self, memory: MemoryEngine, start_task: TaskStarter) -> None:
         self._memory = memory
         self._start_task = start_task
 
@@ -139,55 +131,41 @@ class TurnTools:
             log.info("tool %s failed in session %s", name, session_id, exc_info=True)
             return ToolResult(False, f"{name} failed: {type(exc).__name__}: {exc}")
 
-    async def ground(self, query: str, tenant: str, bank_id: str | None) -> Grounding | None:
-        """The recall a turn makes before its first model call, or ``None`` when the session
-        has no bank (or the server no engine). A failed recall is a tool error, not a failed
-        turn; cancellation propagates."""
-        if self._memory is None or not bank_id:
-            return None
+    async def ground(self, query: str, tenant: str, bank_id: str) -> Grounding:
+        """The recall a turn of a session bound to *bank_id* makes before its first model
+        call. A failed recall is a tool error (and no memories), not a failed turn;
+        cancellation propagates."""
         started = time.perf_counter()
         try:
-            outcome = await self._recall_outcome(query, tenant, bank_id)
+            memories = await self._recall_memories(query, tenant, bank_id)
         except Exception as exc:
             reraise_cancellation(exc)
             log.info("grounding recall failed for bank %s", bank_id, exc_info=True)
             result = ToolResult(False, f"recall failed: {type(exc).__name__}: {exc}")
-            return Grounding(result, 0, time.perf_counter() - started)
-        count = min(len(outcome.hits), RECALL_LINES)
-        return Grounding(
-            ToolResult(True, memory_lines(outcome)), count, time.perf_counter() - started
-        )
+            return Grounding(result, [], time.perf_counter() - started)
+        result = ToolResult(True, memory_lines(memories))
+        return Grounding(result, memories, time.perf_counter() - started)
 
-    async def _recall_outcome(self, query: str, tenant: str, bank_id: str) -> RecallOutcome:
-        assert self._memory is not None
+    async def _recall_memories(self, query: str, tenant: str, bank_id: str) -> list[StoredUnit]:
+        """The best :data:`RECALL_LINES` memories for *query*, best first."""
         bank = await self._memory.get_bank(bank_id, tenant=tenant)
-        return await self._memory.recall(bank, RecallQuery(query=query, max_tokens=1024))
-
-    def _engine_and_bank(self, bank_id: str | None) -> tuple[MemoryEngine, str] | ToolResult:
-        engine = self._memory
-        if engine is None:
-            return ToolResult(False, NO_MEMORY_ENGINE)
-        if not bank_id:
-            return ToolResult(False, "this session is not bound to a memory bank")
-        return engine, bank_id
+        outcome = await self._memory.recall(bank, RecallQuery(query=query, max_tokens=1024))
+        return [hit.unit for hit in outcome.hits[:RECALL_LINES]]
 
     async def _recall(
         self, arguments: dict[str, Any], tenant: str, bank_id: str | None
     ) -> ToolResult:
-        found = self._engine_and_bank(bank_id)
-        if isinstance(found, ToolResult):
-            return found
-        _engine, bank_name = found
-        outcome = await self._recall_outcome(str(arguments.get("query", "")), tenant, bank_name)
-        return ToolResult(True, memory_lines(outcome))
+        if not bank_id:
+            return ToolResult(False, NOT_BOUND)
+        query = str(arguments.get("query", ""))
+        return ToolResult(True, memory_lines(await self._recall_memories(query, tenant, bank_id)))
 
     async def _retain(self, content: str, tenant: str, bank_id: str | None) -> ToolResult:
-        found = self._engine_and_bank(bank_id)
-        if isinstance(found, ToolResult):
-            return found
+        if not bank_id:
+            return ToolResult(False, NOT_BOUND)
         if not content.strip():
             return ToolResult(False, "retain needs non-empty content")
-        engine, bank_name = found
-        bank = await engine.get_bank(bank_name, tenant=tenant)
+        engine = self._memory
+        bank = await engine.get_bank(bank_id, tenant=tenant)
         summary = await engine.retain(bank, [RetainItem(content=content)])
         return ToolResult(True, json.dumps({"units": getattr(summary, "units", None)}))

@@ -23,9 +23,11 @@ cancellable at the recall's own checkpoints; its cost is in the turn's result
 step (``trace.remembered``).
 
 **A model that cannot use tools** (``provider.follows_tools`` false: the embedded model)
-answers each part of the message ("...'s cat and where does she work?" is two, each
-recalled on its own) in one generation over its memories, without the earlier transcript
-(it would repeat its last answer) and without tools.
+gets the grounded answer reflect also gives (:class:`heed.llm.grounding.GroundedAnswer`):
+each part of the message ("...'s cat and where does she work?" is two, each recalled on
+its own) answered in one generation over its memories, without the earlier transcript (it
+would repeat its last answer) and without tools; a part it refuses is followed by its best
+memories, quoted, in the stream as in the stored message.
 
 On cancel the partial assistant output is kept in the transcript with status
 ``cancelled`` (``interrupted`` when the server is shutting down) and
@@ -50,8 +52,9 @@ from heed.llm.base import (
     ToolCallEvent,
     ToolSpec,
 )
-from heed.llm.grounding import ANSWER_FROM_MEMORIES, grounded_question, split_question
+from heed.llm.grounding import GroundedAnswer, RecallPart, grounded_question
 from heed.memory.entities import query_entity_names
+from heed.memory.models import StoredUnit
 from heed.runs.ending import SHUTDOWN
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
@@ -60,7 +63,7 @@ from heed.runs.model import Run, Source
 from heed.runs.store import RunStore
 from heed.runtime import OperationCancelled
 from heed.sessions.store import Message, SessionStore
-from heed.sessions.tools import TOOL_SPECS, ToolResult, TurnTools
+from heed.sessions.tools import TOOL_SPECS, ToolResult, TurnTools, memory_lines
 
 __all__ = ["SYSTEM_PROMPT", "TurnRunner", "turn_text"]
 
@@ -169,19 +172,21 @@ class TurnRunner:
         parts: list[str] = []  # the text of the model step in progress (kept on cancel)
         trace: dict[str, Any] = {}
         try:
-            questions = [content] if provider.follows_tools else split_question(content)
-            memories: list[str | None] = []
+            grounded = GroundedAnswer.of(content, split=not provider.follows_tools)
             if run.source != Source.WAKEUP and session.bank_id:
-                memories = await self._ground_all(rc, questions, history, session.bank_id, trace)
+                recall = self._recall_part(rc, history, session.bank_id, grounded, trace)
+                await grounded.recall(recall)
                 if session.remember_messages and run.source == Source.USER:
                     # after the recall: the message is not its own memory
                     trace["remembered"] = await self._remember(rc, content, session.bank_id)
-            if not provider.follows_tools and any(m is not None for m in memories):
-                text = await self._answer_from_memories(rc, provider, questions, memories, parts)
+            if not provider.follows_tools and grounded.recalled:
+                text = await self._answer_from_memories(rc, provider, grounded, parts)
             else:
-                found = memories[0] if memories else None
+                found = grounded.memories[0] if grounded.memories else None
                 question = (
-                    content if found is None else grounded_question(found.splitlines(), content)
+                    content
+                    if found is None
+                    else grounded_question(memory_lines(found).splitlines(), content)
                 )
                 conversation = [ChatMessage.system(SYSTEM_PROMPT), *to_chat(history)]
                 conversation.append(ChatMessage.user(question))
@@ -241,21 +246,24 @@ class TurnRunner:
         self,
         rc: RunContext,
         provider: ChatProvider,
-        questions: list[str],
-        memories: list[str | None],
+        grounded: GroundedAnswer,
         parts: list[str],
     ) -> str:
-        """A model that cannot use tools answers each part of the message from its own
-        memories in one generation, without the earlier transcript (a small model repeats
-        its last answer when it sees it) and without tools."""
-        for index, (question, found) in enumerate(zip(questions, memories, strict=True)):
-            if index:
-                parts.append(" ")
-                await rc.emit(EventType.TEXT_DELTA, {"text": " "})
-            asked = question if found is None else grounded_question(found.splitlines(), question)
-            messages = [ChatMessage.system(ANSWER_FROM_MEMORIES), ChatMessage.user(asked)]
+        """A model that cannot use tools gives the grounded answer (see the module
+        docstring): each part from its own memories in one generation, without the earlier
+        transcript (a small model repeats its last answer when it sees it) and without
+        tools. Every word streamed goes to *parts* (kept if the turn is cancelled)."""
+
+        async def generate(messages: list[ChatMessage]) -> str:
+            start = len(parts)
             await self._model_step(rc, provider, messages, None, parts)
-        return "".join(parts).strip()
+            return "".join(parts[start:])
+
+        async def say(text: str) -> None:
+            parts.append(text)
+            await rc.emit(EventType.TEXT_DELTA, {"text": text})
+
+        return await grounded.answer(generate, say)
 
     async def _model_step(
         self,
@@ -284,54 +292,48 @@ class TurnRunner:
         rc.token.raise_if_cancelled()
         return calls
 
-    async def _ground_all(
+    def _recall_part(
         self,
         rc: RunContext,
-        questions: list[str],
         history: Sequence[Message],
         bank_id: str,
+        grounded: GroundedAnswer,
         trace: dict[str, Any],
-    ) -> list[str | None]:
-        """The turn's own recalls: one per question (the message itself, or each of its
-        parts for a model that answers them one by one); the memories of each for the
-        prompt (``None`` where a recall failed). A lone question's query carries the
-        names the user's previous message mentioned (or, naming none, its text)."""
-        queries = questions
-        if len(questions) == 1:
-            previous = next((m.content for m in reversed(history) if m.role == "user"), "")
-            if previous:
-                queries = [f"{questions[0]}\n{_context_of(previous)}"]
-        memories: list[str | None] = []
-        for index, query in enumerate(queries):
-            grounding = await self._ground(rc, query, bank_id, index)
-            if grounding is None:
-                return []
-            entry, found = grounding
+    ) -> RecallPart:
+        """The turn's own recall of each part of *grounded* (the message itself, or each of
+        its parts for a model that answers them one by one), as a tool step; its trace entry
+        goes to ``trace["grounding"]``. A lone question's query carries the names the user's
+        previous message mentioned (or, naming none, its text)."""
+        previous = next((m.content for m in reversed(history) if m.role == "user"), "")
+        alone = len(grounded.parts) == 1
+
+        async def recall(part: str, index: int) -> list[StoredUnit] | None:
+            query = f"{part}\n{_context_of(previous)}" if alone and previous else part
+            entry, found = await self._ground(rc, query, bank_id, index)
             trace.setdefault("grounding", []).append(entry)
-            memories.append(found)
-        return memories
+            return found
+
+        return recall
 
     async def _ground(
         self, rc: RunContext, query: str, bank_id: str, index: int = 0
-    ) -> tuple[dict[str, Any], str | None] | None:
-        """One recall of the turn's own, as a tool step (see the module docstring); ``None``
-        when the server has no memory engine. Returns its trace entry and the memories for
-        the prompt (``None`` when the recall failed)."""
+    ) -> tuple[dict[str, Any], list[StoredUnit] | None]:
+        """One recall of the turn's own, as a tool step (see the module docstring). Returns
+        its trace entry and its memories (``None`` when the recall failed)."""
         run = rc.run
         found = await self.tools.ground(query, run.tenant, bank_id)
-        if found is None:
-            return None
         duration_ms = round(found.seconds * 1000, 1)
+        count = len(found.memories)
         await self._tool_step(
             rc,
             f"{GROUNDING_CALL_ID}_{run.id[-12:]}_{index}",
             "recall",
             {"query": query},
             found.result,
-            {"memories": found.memories, "duration_ms": duration_ms},
+            {"memories": count, "duration_ms": duration_ms},
         )
-        entry = {"ok": found.result.ok, "memories": found.memories, "duration_ms": duration_ms}
-        return entry, found.result.content if found.result.ok else None
+        entry = {"ok": found.result.ok, "memories": count, "duration_ms": duration_ms}
+        return entry, found.memories if found.result.ok else None
 
     async def _remember(self, rc: RunContext, content: str, bank_id: str) -> dict[str, Any]:
         """Retain the user's message into the session's bank (``remember_messages``), as a
