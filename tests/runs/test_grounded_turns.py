@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -153,23 +154,36 @@ async def test_cancelling_during_the_grounding_recall_stops_it_before_any_model_
     assert engine.recall_deps.lane.stats().in_use == 0
 
 
-def test_a_model_that_cannot_use_tools_answers_each_part_from_its_own_memories(
-    make_settings: Callable[..., Settings],
-) -> None:
+TWO_PARTS = "What is the name of Alice's cat and where does she work?"
+
+
+@contextmanager
+def without_tools(
+    make_settings: Callable[..., Settings], work_reply: str
+) -> Iterator[tuple[LiveServer, httpx.Client, str]]:
+    """A server whose model cannot use tools and answers the two parts of :data:`TWO_PARTS`
+    ("Pixel." for the cat, *work_reply* for her work), a client, and a session over Alice's
+    bank."""
     script = {
         "follows_tools": False,
         "replies": [
             {"when": "Question: What is the name", "text": "Pixel."},
-            {"when": "Question: Where does she work", "text": "At St. Mary's hospital in Leeds."},
+            {"when": "Question: Where does she work", "text": work_reply},
         ],
     }
     settings = run_settings(make_settings, llm_script=json.dumps(script))
     with run_server(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         alice_bank(client)
-        sid = new_session(client, bank_id="alice")
+        yield server, client, new_session(client, bank_id="alice")
+
+
+def test_a_model_that_cannot_use_tools_answers_each_part_from_its_own_memories(
+    make_settings: Callable[..., Settings],
+) -> None:
+    with without_tools(make_settings, "At St. Mary's hospital in Leeds.") as (server, client, sid):
         turn(client, sid, "Hello")  # an earlier exchange the model must not be shown
         before = len(provider_of(server).requests)
-        run_id = turn(client, sid, "What is the name of Alice's cat and where does she work?")
+        run_id = turn(client, sid, TWO_PARTS)
         run = client.get(f"/v1/runs/{run_id}").json()
         assert run["result"]["text"] == "Pixel. At St. Mary's hospital in Leeds."
 
@@ -192,18 +206,8 @@ def test_a_part_the_model_refuses_is_followed_by_its_best_memory_as_in_reflect(
 ) -> None:
     """The grounded answer's rule (heed.llm.grounding), as in reflect: the refusal stays and
     the part's best memory follows it, quoted, in the stream as in the stored message."""
-    script = {
-        "follows_tools": False,
-        "replies": [
-            {"when": "Question: What is the name", "text": "Pixel."},
-            {"when": "Question: Where does she work", "text": "I could not find that."},
-        ],
-    }
-    settings = run_settings(make_settings, llm_script=json.dumps(script))
-    with run_server(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
-        alice_bank(client)
-        sid = new_session(client, bank_id="alice")
-        run_id = turn(client, sid, "What is the name of Alice's cat and where does she work?")
+    with without_tools(make_settings, "I could not find that.") as (_server, client, sid):
+        run_id = turn(client, sid, TWO_PARTS)
         text = client.get(f"/v1/runs/{run_id}").json()["result"]["text"]
         assert text.startswith("Pixel. I could not find that. From the memories: "), text
         quoted = text.split("From the memories: ", 1)[1]

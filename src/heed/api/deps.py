@@ -18,7 +18,8 @@ that reads ``app.state``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends
 from starlette.requests import Request
@@ -38,6 +39,8 @@ from heed.runs.manager import RunManager
 from heed.services import Services
 from heed.sessions.service import SessionService
 from heed.settings import Settings
+
+T = TypeVar("T")
 
 __all__ = [
     "AuthenticatorDep",
@@ -89,85 +92,53 @@ async def _services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(_services)]
 
 
-async def _memory(services: ServicesDep) -> MemoryEngine:
-    return services.memory
+def _of_services(part: Callable[[Services], T]) -> Callable[[Services], Awaitable[T]]:
+    """A dependency that reads *part* of the composition root."""
+
+    async def dependency(services: ServicesDep) -> T:
+        return part(services)
+
+    return dependency
 
 
-async def _sessions(services: ServicesDep) -> SessionService:
-    return services.sessions
+def _of_state(name: str, kind: type[T]) -> Callable[[Request], Awaitable[T]]:
+    """A dependency that reads the app's edge part ``app.state.<name>``, a *kind*."""
 
+    async def dependency(request: Request) -> T:
+        found = getattr(_state(request.app), name)
+        assert isinstance(found, kind), f"app.state.{name} is not a {kind.__name__}"
+        return found
 
-async def _manager(services: ServicesDep) -> RunManager:
-    return services.manager
-
-
-async def _reflect(services: ServicesDep) -> ReflectService:
-    return services.reflect
-
-
-async def _reflect_runs(services: ServicesDep) -> ReflectRuns:
-    return services.reflect_runs
-
-
-async def _retain_operations(services: ServicesDep) -> RetainOperations:
-    return services.retain_operations
-
-
-async def _settings(services: ServicesDep) -> Settings:
-    return services.settings
-
-
-async def _metrics(request: Request) -> Metrics:
-    return metrics_of(request.app)
-
-
-async def _drain(request: Request) -> Drain:
-    return drain_of(request.app)
-
-
-async def _authenticator(request: Request) -> Authenticator:
-    authenticator: Authenticator = _state(request.app).authenticator
-    return authenticator
-
-
-async def _revocations(request: Request) -> Revocations:
-    revocations: Revocations = _state(request.app).revocations
-    return revocations
-
-
-async def _stream_slots(request: Request) -> StreamSlots:
-    slots: StreamSlots = _state(request.app).stream_slots
-    return slots
-
-
-async def _burn_records(request: Request) -> OrderedDict[str, BurnRecord]:
-    records: OrderedDict[str, BurnRecord] = _state(request.app).burn_records
-    return records
+    return dependency
 
 
 #: The memory engine (banks, retain, recall).
-MemoryDep = Annotated[MemoryEngine, Depends(_memory)]
+MemoryDep = Annotated[MemoryEngine, Depends(_of_services(lambda s: s.memory))]
 #: Chat sessions: their rules, turns, status and channel.
-SessionsDep = Annotated[SessionService, Depends(_sessions)]
+SessionsDep = Annotated[SessionService, Depends(_of_services(lambda s: s.sessions))]
 #: The run manager (runs, their journal, cancel).
-RunManagerDep = Annotated[RunManager, Depends(_manager)]
+RunManagerDep = Annotated[RunManager, Depends(_of_services(lambda s: s.manager))]
 #: Reflect (its provider and agent).
-ReflectDep = Annotated[ReflectService, Depends(_reflect)]
+ReflectDep = Annotated[ReflectService, Depends(_of_services(lambda s: s.reflect))]
 #: Streamed reflects, as runs.
-ReflectRunsDep = Annotated[ReflectRuns, Depends(_reflect_runs)]
+ReflectRunsDep = Annotated[ReflectRuns, Depends(_of_services(lambda s: s.reflect_runs))]
 #: Async retains, as runs (Hindsight's operations).
-RetainOperationsDep = Annotated[RetainOperations, Depends(_retain_operations)]
+RetainOperationsDep = Annotated[
+    RetainOperations, Depends(_of_services(lambda s: s.retain_operations))
+]
 #: The server's settings.
-SettingsDep = Annotated[Settings, Depends(_settings)]
+SettingsDep = Annotated[Settings, Depends(_of_services(lambda s: s.settings))]
 #: The app's metrics.
-MetricsDep = Annotated[Metrics, Depends(_metrics)]
+MetricsDep = Annotated[Metrics, Depends(_of_state("metrics", Metrics))]
 #: The app's drain.
-DrainDep = Annotated[Drain, Depends(_drain)]
+DrainDep = Annotated[Drain, Depends(_of_state("drain", Drain))]
 #: Who is asking: keys, UI sessions, CSRF.
-AuthenticatorDep = Annotated[Authenticator, Depends(_authenticator)]
+AuthenticatorDep = Annotated[Authenticator, Depends(_of_state("authenticator", Authenticator))]
 #: UI sessions ended by a logout.
-RevocationsDep = Annotated[Revocations, Depends(_revocations)]
+RevocationsDep = Annotated[Revocations, Depends(_of_state("revocations", Revocations))]
 #: Open streams per tenant.
-StreamSlotsDep = Annotated[StreamSlots, Depends(_stream_slots)]
+StreamSlotsDep = Annotated[StreamSlots, Depends(_of_state("stream_slots", StreamSlots))]
 #: The diagnostics' burn records (only with ``HEED_ENABLE_DIAGNOSTICS``).
-BurnRecordsDep = Annotated[OrderedDict[str, BurnRecord], Depends(_burn_records)]
+BurnRecordsDep = Annotated[
+    OrderedDict[str, BurnRecord], Depends(_of_state("burn_records", OrderedDict))
+]
