@@ -117,3 +117,28 @@ async def test_retry_backoff_wakes_on_cancel() -> None:
     with use_context(ctx), pytest.raises(OperationCancelled):
         await retry_async(broken, attempts=3, base_delay=30)
     assert calls == 1
+
+
+def _suppresses_cancelled_error(node: ast.AST) -> bool:
+    """``with contextlib.suppress(asyncio.CancelledError)`` (or ``suppress(CancelledError)``)."""
+    if not isinstance(node, ast.With | ast.AsyncWith):
+        return False
+    return any(
+        isinstance(call, ast.Call)
+        and "suppress" in _names(call.func)
+        and any("CancelledError" in _names(arg) for arg in call.args)
+        for call in (item.context_expr for item in node.items)
+    )
+
+
+def test_no_child_task_is_stopped_by_hand() -> None:
+    """A child task is stopped with ``heed.runtime.settle``: the hand-written
+    ``task.cancel(); with suppress(CancelledError): await task`` abandons the child when the
+    caller is cancelled again, and swallows the caller's own cancellation."""
+    found = [
+        f"{path.relative_to(SRC.parent)}:{node.lineno}"
+        for path in sorted(SRC.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if _suppresses_cancelled_error(node)
+    ]
+    assert found == [], "use heed.runtime.settle: " + ", ".join(found)
