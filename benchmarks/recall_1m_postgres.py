@@ -29,7 +29,7 @@ from _banks import bank_units, build_bank
 from _cluster import postgres
 from _corpus import queries
 from _server import RESULTS, percentile, serve, write_result
-from heed.storage.pg_memory_store import HNSW_EF_CONSTRUCTION, HNSW_M
+from heed.storage.memory.schema import HNSW_EF_CONSTRUCTION, HNSW_M
 from recall_latency import _measure
 
 BANK = "bench-1m"
@@ -99,13 +99,13 @@ def arm_timings(pg_dir: Path, n: int = 30) -> dict[str, Any]:
     """The semantic (HNSW) and keyword (BM25) arms alone, on the store, for *n* queries."""
     from heed.memory import shared_minilm
     from heed.memory.recall.query import analyze_query
-    from heed.storage.pg_memory_store import PgMemoryStore
+    from heed.storage.memory import SqlMemoryStore
     from heed.storage.postgres import PostgresDatabase
 
     with postgres(pg_dir) as url:
         database = PostgresDatabase(url, pool_size=2)
         try:
-            store = PgMemoryStore(database, 384)
+            store = SqlMemoryStore(database, 384)
             with psycopg.connect(url) as conn:
                 row = conn.execute(
                     "SELECT ref FROM memory_banks WHERE bank_id = %s", (BANK,)

@@ -22,12 +22,12 @@ from urllib.parse import urlparse
 from _server import percentile, serve, write_result
 from _sse import raw_sse
 from heed.runs.model import Phase, Run, new_run_id
-from heed.storage import Database
+from heed.storage import SqliteDatabase
 from heed.storage.run_store import SqlRunStore
 
 
 def prepare(data_dir: str, events: int) -> str:
-    store = SqlRunStore(Database(Path(data_dir) / "heed.db"))
+    store = SqlRunStore(SqliteDatabase(Path(data_dir) / "heed.db"))
     store.migrate()
     now = time.time()
     run = Run(

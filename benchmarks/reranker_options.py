@@ -22,8 +22,8 @@ from heed.memory.recall.rerank import build_reranker
 from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.settings import Settings
-from heed.storage import Database
-from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage import SqliteDatabase
+from heed.storage.memory import SqlMemoryStore
 
 SEMANTIC_ONLY = {"semantic": 1.0, "keyword": 0.0, "graph": 0.0, "temporal": 0.0}
 KEYWORD_ONLY = {"semantic": 0.0, "keyword": 1.0, "graph": 0.0, "temporal": 0.0}
@@ -70,9 +70,9 @@ OPTIONS: list[tuple[str, str, dict[str, Any], dict[str, float] | None, float, in
 async def run(data: Path) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix="heed-rerank-"))
     settings = Settings(data_dir=directory)
-    store = SqliteMemoryStore(Database(directory / "heed.db"))
+    store = SqlMemoryStore(SqliteDatabase(directory / "heed.db"))
+    store.migrate()
     engine = build_memory_engine(settings, store, build_lanes(settings))
-    await engine.start()
     conversations = load_conversations(data)
     deps = engine.recall_deps
     default_weights = dict(deps.arm_weights)

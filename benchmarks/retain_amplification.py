@@ -45,8 +45,8 @@ from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.sessions.store import Session
 from heed.settings import Settings
-from heed.storage import Database
-from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage import SqliteDatabase
+from heed.storage.memory import SqlMemoryStore
 from heed.storage.session_store import SqlSessionStore
 
 DIM = 384
@@ -114,13 +114,13 @@ SCENARIOS: dict[str, Callable[[], tuple[list[RetainItem], list[str]]]] = {
 }
 
 
-def _size(path: Path, db: Database) -> int:
+def _size(path: Path, db: SqliteDatabase) -> int:
     with db.read() as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return path.stat().st_size
 
 
-def _writer(db: Database, stop: threading.Event, waits: list[float]) -> None:
+def _writer(db: SqliteDatabase, stop: threading.Event, waits: list[float]) -> None:
     sessions = SqlSessionStore(db)
     while not stop.is_set():
         now = time.time()
@@ -137,13 +137,14 @@ async def scenario(name: str) -> dict[str, Any]:
     items, document_tags = SCENARIOS[name]()
     with tempfile.TemporaryDirectory(prefix="heed-amp-") as tmp:
         path = Path(tmp) / "heed.db"
-        db = Database(path)
+        db = SqliteDatabase(path)
         settings = Settings(data_dir=Path(tmp))
         SqlSessionStore(db).migrate()
+        store = SqlMemoryStore(db, DIM)
+        store.migrate()
         engine = build_memory_engine(
-            settings, SqliteMemoryStore(db), build_lanes(settings), embedder=HashEmbedder()
+            settings, store, build_lanes(settings), embedder=HashEmbedder()
         )
-        await engine.start()
         with use_context(RequestContext()):
             bank = await engine.put_bank("amp", {})
             empty = _size(path, db)

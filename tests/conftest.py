@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from heed.settings import Settings
-from heed.storage import Database, SqlDatabase
+from heed.storage import SqlDatabase, SqliteDatabase
 from tests.pg_support import fresh_schema
 
 
@@ -34,7 +34,7 @@ def sql_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sql
     """Each SQL backend in turn: the embedded file, then a fresh PostgreSQL schema."""
     database: SqlDatabase
     if request.param == "sqlite":
-        database = Database(tmp_path / "heed.db")
+        database = SqliteDatabase(tmp_path / "heed.db")
         yield database
         database.close()
         return

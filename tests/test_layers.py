@@ -26,6 +26,9 @@ ALLOWED: dict[str, set[str]] = {
     "reflect": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "services": {"runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"},
+    # ``heed migrate``: works on two databases (storage) and checks them through memory
+    # engines, not through a server.
+    "migrate": {"runtime", "errors", "redact", "settings", "storage", "memory", "runs"},
     "web": set(),
     # The MCP server: a second protocol front end over the same services as the API.
     "mcp": {
@@ -53,8 +56,8 @@ ALLOWED: dict[str, set[str]] = {
         "llm",
         "mcp",
     },
-    # ``storage``: the migrate command works on databases, not through a server.
-    "cli": {"api", "mcp", "settings", "version", "storage", "logs", "redact"},
+    # ``migrate``: the migrate command works on databases, not through a server.
+    "cli": {"api", "mcp", "settings", "version", "migrate", "logs", "redact"},
 }
 
 

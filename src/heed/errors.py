@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["NUL", "HeedError", "InvalidText", "refuse_nul"]
+__all__ = ["NUL", "HeedError", "InvalidText", "refuse_nul", "replace_nul"]
 
 #: The one character no text heed stores may hold (see :class:`InvalidText`).
 NUL = "\x00"
@@ -45,6 +45,12 @@ class InvalidText(HeedError, ValueError):
     """
 
     status_code = 400
+
+
+def replace_nul(value: str) -> str:
+    """*value* with each NUL replaced by U+FFFD, where text must be kept whatever it holds
+    (a run's error, an old row ``heed migrate`` copies) rather than refused."""
+    return value.replace(NUL, "\ufffd") if NUL in value else value
 
 
 def refuse_nul(value: str | None, what: str) -> None:

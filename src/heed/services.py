@@ -18,7 +18,6 @@ from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_memory_engine
 from heed.memory.operations import RETAIN_KIND, RetainOperations
-from heed.memory.store import MemoryStore
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.broker import Broker, InProcessBroker
@@ -33,8 +32,8 @@ from heed.sessions.task import TaskRunner
 from heed.sessions.tools import TurnTools
 from heed.sessions.turn import TurnRunner
 from heed.settings import Settings
-from heed.storage import Database, SqlDatabase
-from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage import SqlDatabase, SqliteDatabase
+from heed.storage.memory import SqlMemoryStore
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
@@ -68,21 +67,10 @@ def build_lanes(settings: Settings) -> Lanes:
 def _database(settings: Settings) -> SqlDatabase:
     """PostgreSQL when ``HEED_DATABASE_URL`` names it, else the embedded file."""
     if settings.database_url is None:
-        return Database(settings.database_path())
+        return SqliteDatabase(settings.database_path())
     from heed.storage.postgres import PostgresDatabase  # psycopg loads only when used
 
     return PostgresDatabase(settings.database_url, pool_size=settings.database_pool_size)
-
-
-def _memory_store(database: SqlDatabase, dim: int) -> MemoryStore:
-    """The memory store for *database*'s dialect (pgvector searches on PostgreSQL)."""
-    if isinstance(database, Database):
-        return SqliteMemoryStore(database)
-    from heed.storage.pg_memory_store import PgMemoryStore
-    from heed.storage.postgres import PostgresDatabase
-
-    assert isinstance(database, PostgresDatabase)
-    return PgMemoryStore(database, dim)
 
 
 def _broker(settings: Settings) -> Broker:
@@ -135,7 +123,7 @@ class Services:
         # so their writes join one transaction.
         self.database = _database(settings)
         embedder = build_embedder(settings)
-        memory_store = _memory_store(self.database, embedder.dim)
+        memory_store = SqlMemoryStore(self.database, embedder.dim)  # pgvector on PostgreSQL
         self.run_store = run_store = SqlRunStore(self.database)
         self.session_store = session_store = SqlSessionStore(self.database)
         self.revocation_store = SqlRevocationStore(self.database)  # UI logouts
@@ -201,15 +189,21 @@ class Services:
     async def start(self) -> None:
         """Prepare storage and domain services; called once before serving."""
         await self.broker.start()  # fails fast when Redis is unreachable
-        await self.memory.start()
-        await run_in_thread(self.revocation_store.migrate)
-        await self.manager.io.call(self.run_store.migrate)
-        await self.manager.io.call(self.session_store.migrate)
+        await run_in_thread(self._migrate)
         # After the other domains: recovery may start their runs.
         await recover(self.manager, await self.sessions.sessions_with_pending_wakeups())
         self.manager.start_cancel_listener()
         self.reaper.start()
         self.model_warmup.start()  # in the background: serving does not wait for it
+
+    def _migrate(self) -> None:
+        """Bring every store's schema to this heed's version, in one place: each store
+        applies its own migrations through the one runner
+        (:func:`heed.storage.apply_migrations`)."""
+        self.memory.store.migrate()
+        self.run_store.migrate()
+        self.session_store.migrate()
+        self.revocation_store.migrate()
 
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""

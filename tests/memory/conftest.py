@@ -21,8 +21,8 @@ from heed.memory import MemoryEngine, build_memory_engine
 from heed.runtime import current_context
 from heed.services import build_lanes
 from heed.settings import Settings
-from heed.storage import Database
-from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage import SqliteDatabase
+from heed.storage.memory import SqlMemoryStore
 from tests.support import LiveServer, live_server
 
 
@@ -51,14 +51,14 @@ def bank_id() -> str:
 def make_engine(tmp_path: Path, **overrides: Any) -> MemoryEngine:
     """An engine on a private database (lanes sized by *overrides*)."""
     settings = Settings(data_dir=tmp_path, **overrides)
-    store = SqliteMemoryStore(Database(tmp_path / "engine.db"))
+    store = SqlMemoryStore(SqliteDatabase(tmp_path / "engine.db"))
+    store.migrate()
     return build_memory_engine(settings, store, build_lanes(settings))
 
 
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
     eng = make_engine(tmp_path, recall_concurrency=1, recall_queue=4)
-    await eng.start()
     yield eng
 
 

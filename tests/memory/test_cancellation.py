@@ -29,7 +29,8 @@ from heed.runtime import (
     current_context,
     use_context,
 )
-from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage.memory import SqlMemoryStore
+from heed.storage.memory.writes import DocumentWrites
 from tests.memory.conftest import StageGate
 
 STOP_BOUND = 0.5  # seconds; the target is 0.05
@@ -178,7 +179,7 @@ async def test_deleting_a_bank_cancels_its_retain_and_nothing_is_written(
     with pytest.raises(NotFound):
         await retain
     store = engine.store
-    assert isinstance(store, SqliteMemoryStore)
+    assert isinstance(store, SqlMemoryStore)
     with store.db.read() as conn:
         assert conn.execute("SELECT COUNT(*) FROM memory_units").fetchone()[0] == 0
 
@@ -187,16 +188,16 @@ async def test_cancel_inside_the_document_transaction_rolls_it_back(
     engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bank = await _bank(engine, n=1)
-    original = SqliteMemoryStore._link
+    original = DocumentWrites._link
     linking = {"n": 0}
 
-    def cancel_then_link(conn: Any, *args: Any, **kwargs: Any) -> None:
+    def cancel_then_link(self: DocumentWrites, conn: Any, *args: Any, **kwargs: Any) -> None:
         # The units are in (two batches of them), uncommitted; the links come next.
         linking["n"] = conn.execute("SELECT COUNT(*) FROM memory_units").fetchone()[0]
         current_context().token.cancel("client disconnected")
-        original(conn, *args, **kwargs)
+        original(self, conn, *args, **kwargs)
 
-    monkeypatch.setattr(SqliteMemoryStore, "_link", staticmethod(cancel_then_link))
+    monkeypatch.setattr(DocumentWrites, "_link", cancel_then_link)
     transcript = "\n".join(f"Alice: line {i} of a long transcript" for i in range(300))
     ctx = RequestContext()
     with use_context(ctx), pytest.raises(OperationCancelled):
@@ -216,9 +217,9 @@ def test_recall_queries_stop_inside_sqlite_when_cancelled(tmp_path: Any) -> None
 
     from heed.memory.entities import extract_entities
     from heed.memory.models import Bank, Chunk, PreparedDocument, PreparedUnit
-    from heed.storage import Database
+    from heed.storage import SqliteDatabase
 
-    store = SqliteMemoryStore(Database(tmp_path / "big.db"))
+    store = SqlMemoryStore(SqliteDatabase(tmp_path / "big.db"))
     store.migrate()
     bank = store.save_bank(Bank(tenant="t", bank_id="big", ref=str(uuid.uuid4())))
     units = [

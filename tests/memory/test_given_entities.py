@@ -27,8 +27,7 @@ from heed.services import build_lanes
 from heed.sessions.store import Session
 from heed.settings import Settings
 from heed.storage import SqlDatabase
-from heed.storage.memory_store import SqliteMemoryStore
-from heed.storage.pg_memory_store import PgMemoryStore
+from heed.storage.memory import SqlMemoryStore
 from heed.storage.session_store import SqlSessionStore
 
 
@@ -48,14 +47,10 @@ def test_a_given_entity_goes_to_the_units_naming_it_else_to_the_first() -> None:
 
 @pytest.fixture
 async def engine(sql_database: SqlDatabase, tmp_path: Path) -> AsyncIterator[MemoryEngine]:
-    store: Any = (
-        SqliteMemoryStore(sql_database)  # type: ignore[arg-type]
-        if sql_database.dialect == "sqlite"
-        else PgMemoryStore(sql_database)  # type: ignore[arg-type]
-    )
+    store = SqlMemoryStore(sql_database)
+    store.migrate()
     settings = Settings(data_dir=tmp_path)
     eng = build_memory_engine(settings, store, build_lanes(settings))
-    await eng.start()
     with use_context(RequestContext()):
         yield eng
 

@@ -13,7 +13,7 @@ from heed.memory.idempotency import IdempotencyConflict
 from heed.memory.models import RetainItem
 from heed.memory.store import UnitFilter
 from heed.runtime import OperationCancelled, RequestContext, use_context
-from heed.storage.memory_store import SqliteMemoryStore
+from heed.storage.memory import SqlMemoryStore
 from tests.support import LiveServer, wait_for
 
 
@@ -32,18 +32,18 @@ async def test_retry_after_a_partial_attempt_writes_only_the_rest(
 ) -> None:
     with use_context(RequestContext()):
         bank = await engine.put_bank("idem", {})
-    original = SqliteMemoryStore.write_document
+    original = SqlMemoryStore.write_document
     written: list[str] = []
     first = RequestContext()
 
-    def write_then_drop(self: SqliteMemoryStore, *args: Any, **kwargs: Any) -> Any:
+    def write_then_drop(self: SqlMemoryStore, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         written.append(args[1].document_id)
         if len(written) == 1:  # the connection "drops" after the first document committed
             first.token.cancel("client disconnected")
         return result
 
-    monkeypatch.setattr(SqliteMemoryStore, "write_document", write_then_drop)
+    monkeypatch.setattr(SqlMemoryStore, "write_document", write_then_drop)
     with use_context(first), pytest.raises(OperationCancelled):
         await engine.retain(bank, _items(), idempotency_key="k-1")
     assert len(written) == 1

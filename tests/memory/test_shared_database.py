@@ -25,9 +25,8 @@ from heed.memory.store import UnitFilter
 from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.settings import Settings
-from heed.storage import Database
-from heed.storage.memory_store import SqliteMemoryStore
-from heed.storage.pg_memory_store import PgMemoryStore
+from heed.storage import SqliteDatabase
+from heed.storage.memory import SqlMemoryStore
 from heed.storage.postgres import PostgresDatabase
 from tests.mcp_api.test_mcp_server import data
 from tests.mcp_api.test_mcp_stdio import heed_mcp
@@ -45,23 +44,28 @@ BANK_TABLES = (
 )
 
 
+def _migrated(databases: list[Any]) -> tuple[SqlMemoryStore, SqlMemoryStore]:
+    a, b = (SqlMemoryStore(db) for db in databases)
+    a.migrate()
+    b.migrate()
+    return a, b
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
     """Two stores on one database, each with its own connections."""
     if request.param == "sqlite":
-        databases: list[Any] = [Database(tmp_path / "shared.db") for _ in range(2)]
-        stores: list[Any] = [SqliteMemoryStore(db) for db in databases]
+        databases: list[Any] = [SqliteDatabase(tmp_path / "shared.db") for _ in range(2)]
         try:
-            yield stores[0], stores[1]
+            yield _migrated(databases)
         finally:
             for db in databases:
                 db.close()
         return
     with fresh_schema() as url:
         databases = [PostgresDatabase(url, pool_size=4) for _ in range(2)]
-        stores = [PgMemoryStore(db) for db in databases]
         try:
-            yield stores[0], stores[1]
+            yield _migrated(databases)
         finally:
             for db in databases:
                 db.close()
@@ -73,8 +77,6 @@ async def engine_pair(
 ) -> AsyncIterator[tuple[MemoryEngine, MemoryEngine]]:
     settings = Settings(data_dir=tmp_path)
     a, b = (build_memory_engine(settings, store, build_lanes(settings)) for store in store_pair)
-    await a.start()
-    await b.start()
     with use_context(RequestContext()):
         yield a, b
 

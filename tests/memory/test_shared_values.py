@@ -2,7 +2,7 @@
 
 A request's ``document_tags`` go onto each of its documents and units, an item's tags and
 metadata onto each of its units. The stores keep each such value once per bank
-(:mod:`heed.storage.memory_values`): what a bank holds grows with the distinct values, not
+(:mod:`heed.storage.memory.values`): what a bank holds grows with the distinct values, not
 with the rows that carry them. On both databases, through the engine.
 """
 
@@ -21,8 +21,7 @@ from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.settings import Settings
 from heed.storage import SqlDatabase
-from heed.storage.memory_store import SqliteMemoryStore
-from heed.storage.pg_memory_store import PgMemoryStore
+from heed.storage.memory import SqlMemoryStore
 
 #: 64 document tags of 256 characters: the most a request may send (16 KB as JSON).
 DOCUMENT_TAGS = [f"tag-{i:02d}-" + "x" * 249 for i in range(64)]
@@ -32,14 +31,10 @@ ROW_TABLES = ("memory_units", "memory_documents")
 
 @pytest.fixture
 async def engine(sql_database: SqlDatabase, tmp_path: Path) -> AsyncIterator[MemoryEngine]:
-    store: Any = (
-        SqliteMemoryStore(sql_database)  # type: ignore[arg-type]
-        if sql_database.dialect == "sqlite"
-        else PgMemoryStore(sql_database)  # type: ignore[arg-type]
-    )
+    store = SqlMemoryStore(sql_database)
+    store.migrate()
     settings = Settings(data_dir=tmp_path)
     eng = build_memory_engine(settings, store, build_lanes(settings))
-    await eng.start()
     with use_context(RequestContext()):
         yield eng
 

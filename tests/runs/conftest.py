@@ -16,7 +16,7 @@ from heed.runs.broker import InProcessBroker
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager
-from heed.storage import Database, SqlDatabase
+from heed.storage import SqlDatabase, SqliteDatabase
 from heed.storage.run_store import SqlRunStore
 
 
@@ -52,7 +52,7 @@ async def wedged_work(rc: RunContext) -> dict[str, Any]:
 
 def build_manager(database: Path | SqlDatabase, **kwargs: Any) -> RunManager:
     """A manager on *database* (a path: a SQLite file), with the test kinds registered."""
-    store = SqlRunStore(Database(database) if isinstance(database, Path) else database)
+    store = SqlRunStore(SqliteDatabase(database) if isinstance(database, Path) else database)
     store.migrate()
     options: dict[str, Any] = {
         "unwind_window": 1.0,

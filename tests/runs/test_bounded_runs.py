@@ -26,8 +26,8 @@ from heed.runs.manager import QueueFull
 from heed.runs.model import Phase, Run, new_run_id
 from heed.runs.reaper import Reaper, reap_once
 from heed.settings import Settings
-from heed.storage import SqlDatabase
-from heed.storage.run_store import MIGRATIONS, PG_MIGRATIONS, SqlRunStore
+from heed.storage import SqlDatabase, apply_migrations
+from heed.storage.run_store import MIGRATIONS, SqlRunStore
 from tests.support import free_port, wait_for
 
 from .conftest import build_manager
@@ -167,8 +167,7 @@ def test_keyed_lookups_match_summaries(sql_database: SqlDatabase) -> None:
 def test_an_existing_database_moves_its_payloads_apart(sql_database: SqlDatabase) -> None:
     """Schema 1 kept payloads in the row; migrating keeps each payload and derives the
     summaries that retries (operation keys) and wakeups (task titles) are matched by."""
-    old = PG_MIGRATIONS[:1] if sql_database.dialect == "postgresql" else MIGRATIONS[:1]
-    sql_database.migrate(old)
+    apply_migrations(sql_database, MIGRATIONS[:1])
     rows = {
         "run_retain": ("retain", {"items": [BIG], "items_count": 2, "client_operation_id": "op"}),
         "run_task": ("task", {"action": "wait", "title": "nap", "seconds": 1}),

@@ -13,7 +13,7 @@ import httpx
 
 from heed.sessions.store import Wakeup
 from heed.settings import Settings
-from heed.storage import Database
+from heed.storage import SqliteDatabase
 from heed.storage.session_store import SqlSessionStore
 from tests.support import free_port, wait_for
 
@@ -93,7 +93,7 @@ def test_pending_wakeups_are_delivered_on_start(make_settings: Callable[..., Set
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
         sid = new_session(client)
     # A task finished just before the previous process died: its wakeup is pending.
-    store = SqlSessionStore(Database(settings.database_path()))
+    store = SqlSessionStore(SqliteDatabase(settings.database_path()))
     store.add_wakeup(Wakeup("wk_restart", sid, "run_task_gone", {"phase": "completed"}, 0.0))
     store.db.close()
     with run_server(settings) as server, httpx.Client(base_url=server.url) as client:
@@ -130,7 +130,7 @@ def test_graceful_shutdown_records_the_wakeup_of_an_interrupted_task(
 
         wait_for(running_task)
         task_id = running_task()[0].id  # type: ignore[attr-defined]
-    store = SqlSessionStore(Database(settings.database_path()))
+    store = SqlSessionStore(SqliteDatabase(settings.database_path()))
     try:
         pending = [w for w in store.pending_wakeups() if w.session_id == sid]
     finally:

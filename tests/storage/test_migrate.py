@@ -27,20 +27,22 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+import heed.migrate as migration
 from heed.cli import main
 from heed.memory import build_memory_engine
 from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
+from heed.migrate import MigrationError, MigrationSummary, engine_factory_for
+from heed.migrate.source import Snapshot
+from heed.migrate.tables import DERIVED, LEFT_OUT, MEMORY_TABLES, REMAPPED, RUN_TABLES, copy_columns
+from heed.migrate.target import prepare_target
 from heed.runs.events import EventType
 from heed.runs.model import Phase, Run, new_run_id
 from heed.runtime import Lane, Lanes, RequestContext, use_context
 from heed.sessions.store import Message, Session, Wakeup
 from heed.settings import Settings
-from heed.storage import Database
-from heed.storage import migrate as migration
-from heed.storage.memory_store import SqliteMemoryStore
-from heed.storage.migrate import MigrationError, MigrationSummary, engine_factory_for
-from heed.storage.pg_memory_store import PgMemoryStore
+from heed.storage import SqliteDatabase
+from heed.storage.memory import SqlMemoryStore
 from heed.storage.postgres import PostgresDatabase
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
@@ -99,11 +101,12 @@ def _items(texts: list[str], document_id: str | None = None, **kw: Any) -> list[
     ]
 
 
-async def _retain_memory(data_dir: Path, db: Database) -> None:
+async def _retain_memory(data_dir: Path, db: SqliteDatabase) -> None:
     settings = Settings(data_dir=data_dir)
     lanes = Lanes([Lane("recall", 1, 16), Lane("retain", 1, 16)])
-    engine = build_memory_engine(settings, SqliteMemoryStore(db), lanes)
-    await engine.start()
+    store = SqlMemoryStore(db)
+    store.migrate()
+    engine = build_memory_engine(settings, store, lanes)
     with use_context(RequestContext(tenant="default")):
         travel = await engine.put_bank("travel", {"mission": "remember trips"})
         trip = _items(TRAVEL, "trip-2024")
@@ -127,7 +130,7 @@ async def _retain_memory(data_dir: Path, db: Database) -> None:
         await engine.retain(cooking, _items(COOKING[4:]), [f"recipe-box-{i:02d}" for i in range(8)])
 
 
-def _runs_and_sessions(db: Database) -> tuple[str, dict[str, int], str, int]:
+def _runs_and_sessions(db: SqliteDatabase) -> tuple[str, dict[str, int], str, int]:
     runs = SqlRunStore(db)
     sessions = SqlSessionStore(db)
     runs.migrate()
@@ -194,7 +197,7 @@ def _runs_and_sessions(db: Database) -> tuple[str, dict[str, int], str, int]:
 def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
     data_dir = tmp_path_factory.mktemp("migrate-source")
     path = data_dir / "heed.db"
-    db = Database(path)
+    db = SqliteDatabase(path)
     try:
         asyncio.run(_retain_memory(data_dir, db))
         session_id, finished, unfinished, n_unfinished = _runs_and_sessions(db)
@@ -357,7 +360,7 @@ def test_the_postgres_store_searches_the_migrated_units(
 ) -> None:
     database = PostgresDatabase(pg_url, pool_size=2)
     try:
-        store = PgMemoryStore(database, migrated[0].dim)
+        store = SqlMemoryStore(database, migrated[0].dim)
         bank = store.get_bank("default", "travel")
         assert bank is not None and bank.mission == "remember trips"
         unit = next(
@@ -377,6 +380,66 @@ def test_the_postgres_store_searches_the_migrated_units(
         assert any("sourdough" in o["text"] for o in state["observations"])
     finally:
         database.close()
+
+
+def test_every_column_of_every_table_is_copied(
+    source: Source, pg_url: str, migrated: tuple[MigrationSummary, float]
+) -> None:
+    """The columns come from the schemas: each table of the target is copied or left out on
+    purpose, each copied table with every column of the live schema, every value equal."""
+    database = PostgresDatabase(pg_url, pool_size=2)
+    snapshot = Snapshot(source.path)
+    try:
+        target = prepare_target(database, migrated[0].dim)
+        plan = copy_columns(snapshot, target)
+        assert target.tables() == set(plan) | set(LEFT_OUT)
+        for table, columns in plan.items():
+            assert set(columns) | DERIVED.get(table, set()) == set(target.columns(table)), table
+        with _sqlite(source.path) as lite, _pg(pg_url) as pg:
+            for spec in (*RUN_TABLES, *MEMORY_TABLES):
+                named = ", ".join(f"t.{c}" for c in plan[spec.table])
+                rows = f"SELECT {named} FROM {spec.rows_from} WHERE {spec.where}"
+                assert sorted(_rows(pg, rows)) == sorted(_rows(lite, rows)) != [], spec.table
+            unit_columns = [c for c in REMAPPED["memory_units"] if c not in ("seq", "embedding")]
+            units = f"SELECT {', '.join(unit_columns)} FROM memory_units"
+            assert sorted(_rows(pg, units)) == sorted(_rows(lite, units))
+    finally:
+        snapshot.close()
+        database.close()
+
+
+def test_a_column_a_store_adds_is_copied_or_refused(
+    source: Source, pg_url: str, tmp_path: Path
+) -> None:
+    """As if a store's new migration added a column on both databases: a table copied row
+    for row copies it with no change to heed migrate; a table the memory store writes
+    itself refuses until the store writes it; a column only one side has is refused."""
+    path = tmp_path / "heed.db"
+    path.write_bytes(source.path.read_bytes())
+    with sqlite3.connect(path) as lite:
+        lite.execute("ALTER TABLE sessions ADD COLUMN mood TEXT")
+        lite.execute("UPDATE sessions SET mood = 'curious'")
+    database = PostgresDatabase(pg_url, pool_size=2)
+    try:
+        prepare_target(database, 384)
+    finally:
+        database.close()
+    with _pg(pg_url) as pg:
+        with pytest.raises(
+            MigrationError, match=r"sessions differs .* only in the source \['mood'\]"
+        ):
+            migration.migrate(path, pg_url, verify_queries=0)
+        pg.execute("ALTER TABLE sessions ADD COLUMN mood TEXT")
+        summary = migration.migrate(path, pg_url, verify_queries=0)
+        assert summary.copied["sessions"] == 1
+        assert _rows(pg, "SELECT mood FROM sessions") == [("curious",)]
+        pg.execute("ALTER TABLE memory_links ADD COLUMN strength REAL")
+        with pytest.raises(MigrationError, match=r"memory_links differs .* only in the target"):
+            migration.migrate(path, pg_url, verify_queries=0)
+    with sqlite3.connect(path) as lite:
+        lite.execute("ALTER TABLE memory_links ADD COLUMN strength REAL")
+    with pytest.raises(MigrationError, match="the memory store writes memory_links as"):
+        migration.migrate(path, pg_url, verify_queries=0)
 
 
 # -- 2. idempotent ----------------------------------------------------------------------------
@@ -506,7 +569,7 @@ def test_an_entity_the_target_has_under_another_id_is_reused(source: Source, pg_
 def test_a_target_with_another_vector_size_is_refused(source: Source, pg_url: str) -> None:
     database = PostgresDatabase(pg_url, pool_size=2)
     try:
-        PgMemoryStore(database, 8).migrate()
+        SqlMemoryStore(database, 8).migrate()
     finally:
         database.close()
     with pytest.raises(MigrationError, match="holds 8-dimensional vectors and the source's 384"):
@@ -516,7 +579,7 @@ def test_a_target_with_another_vector_size_is_refused(source: Source, pg_url: st
 def test_a_bank_name_taken_in_the_target_is_refused(source: Source, pg_url: str) -> None:
     database = PostgresDatabase(pg_url, pool_size=2)
     try:
-        store = PgMemoryStore(database)
+        store = SqlMemoryStore(database)
         store.migrate()
         store.save_bank(Bank(tenant="acme", bank_id="cooking", ref=str(uuid.uuid4())))
     finally:

@@ -43,8 +43,7 @@ from heed.services import build_lanes
 from heed.sessions.store import Message, Session
 from heed.settings import Settings
 from heed.storage import SqlDatabase
-from heed.storage.memory_store import SqliteMemoryStore
-from heed.storage.pg_memory_store import PgMemoryStore
+from heed.storage.memory import SqlMemoryStore
 from heed.storage.postgres import PostgresDatabase
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
@@ -55,12 +54,8 @@ from tests.pg_support import fresh_schema
 MEMORY_TABLES = ("memory_documents", "memory_chunks", "memory_units", "memory_entities")
 
 
-def _memory_store(db: SqlDatabase) -> Any:
-    store: Any = (
-        SqliteMemoryStore(db)  # type: ignore[arg-type]
-        if db.dialect == "sqlite"
-        else PgMemoryStore(db)  # type: ignore[arg-type]
-    )
+def _memory_store(db: SqlDatabase) -> SqlMemoryStore:
+    store = SqlMemoryStore(db)
     store.migrate()
     return store
 
@@ -138,7 +133,6 @@ def test_both_memory_stores_refuse_a_bank_holding_nul(sql_database: SqlDatabase)
 async def engine(sql_database: SqlDatabase, tmp_path: Path) -> AsyncIterator[MemoryEngine]:
     settings = Settings(data_dir=tmp_path)
     eng = build_memory_engine(settings, _memory_store(sql_database), build_lanes(settings))
-    await eng.start()
     with use_context(RequestContext()):
         yield eng
 

@@ -2,7 +2,7 @@
 
 Unlike the other client commands this one works on the databases themselves, not through
 a server: stop the server that uses the SQLite file first. The copier and its model (what
-is copied, idempotency, seq remapping, the checks) are :mod:`heed.storage.migrate`; this
+is copied, idempotency, seq remapping, the checks) are :mod:`heed.migrate`; this
 module parses options, draws the progress bars on stderr and prints the summary.
 """
 
@@ -19,11 +19,11 @@ from heed.redact import redact, secrets_of
 from heed.settings import InvalidSettings, load_settings
 
 if TYPE_CHECKING:
-    from heed.storage.migrate import MigrationSummary, Verification
+    from heed.migrate import MigrationSummary, Verification
 
 __all__ = ["migrate"]
 
-# heed.storage.migrate's defaults, written out: it loads psycopg, numpy and the memory
+# heed.migrate's defaults, written out: it loads psycopg, numpy and the memory
 # engine, so it is imported only when the command runs (tests check the two agree).
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_VERIFY_QUERIES = 20
@@ -172,9 +172,9 @@ def migrate(
     """
     import psycopg
 
-    from heed.storage.migrate import MigrationError, engine_factory_for
-    from heed.storage.migrate import migrate as run_migration
-    from heed.storage.migrate import verify as run_verification
+    from heed.migrate import MigrationError, engine_factory_for
+    from heed.migrate import migrate as run_migration
+    from heed.migrate import verify as run_verification
 
     try:
         settings = load_settings()

@@ -114,7 +114,8 @@ class _Work:
 
 
 class MemoryEngine:
-    """See the module docstring. Build once per server; ``start()`` migrates storage."""
+    """See the module docstring. Build once per server, on a store whose schema is current
+    (the composition root migrates every store before serving: :mod:`heed.services`)."""
 
     def __init__(
         self,
@@ -205,10 +206,6 @@ class MemoryEngine:
         return len(self._work.get(bank.ref, ()))
 
     # -- banks -------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Apply storage migrations."""
-        await run_in_thread(self.store.migrate)
 
     async def get_bank(self, bank_id: str, *, tenant: str | None = None) -> Bank:
         """The bank of the current tenant; raises :class:`NotFound`. Treat it as read-only.

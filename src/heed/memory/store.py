@@ -1,12 +1,25 @@
 """The narrow storage interface the memory engine depends on.
 
-:class:`heed.storage.memory_store.SqliteMemoryStore` implements it on the
-embedded database; a PostgreSQL + pgvector implementation can implement the
-same protocol. All methods block (call them through the offload) and each
-write method is one transaction: it commits entirely or not at all.
+:class:`heed.storage.memory.SqlMemoryStore` implements it, one class on SQLite and on
+PostgreSQL with pgvector. All methods block (call them through the offload) and each write
+method is one transaction: it commits entirely or not at all.
 
-Units carry two keys: ``seq`` (an integer, the key of the keyword index and
-of the in-process vector matrix) and ``id`` (a UUID string, the public id).
+Units carry two keys: ``seq`` (an integer, the key of the keyword index and of the vector
+index; a document's units have consecutive seqs, in their order) and ``id`` (a UUID
+string, the public id).
+
+Rules every method keeps, on every database (tested once for both:
+``tests/storage/test_memory_store.py``):
+
+- **Ties**: a ranked answer (a score, a count, a weight, a time) puts the newer unit, the
+  larger seq, first among equals.
+- **Limits**: ``limit`` 0 answers nothing; a negative ``limit`` (or ``per_entity``) means
+  no limit; a negative ``offset`` counts as 0.
+- **NUL** (U+0000), which no stored text holds (:class:`heed.errors.InvalidText`): a write
+  holding it is refused before anything is written; a read whose id, key or filter holds it
+  finds nothing (``None``, an empty page, no hits); in a list of terms, names or ids, one
+  holding it matches nothing and the others are still looked up.
+- A unit's ``entities`` are its entities' names in the order of the entities' ids.
 """
 
 from __future__ import annotations
@@ -106,25 +119,39 @@ class UnitFilter:
 
 
 class MemoryStore(Protocol):
-    """Banks, documents, units, entities, links and the keyword index of all tenants."""
+    """Banks, documents, units, entities, links and the keyword index of all tenants (see
+    the module docstring for the rules every method keeps)."""
 
     def migrate(self) -> None:
         """Bring the schema to the current version (idempotent)."""
         ...
 
     # banks
-    def get_bank(self, tenant: str, bank_id: str) -> Bank | None: ...
+    def get_bank(self, tenant: str, bank_id: str) -> Bank | None:
+        """The bank *bank_id* of *tenant* (``None`` when it has none)."""
+        ...
+
     def list_banks(
         self, tenant: str, limit: int, offset: int
-    ) -> tuple[list[tuple[Bank, int]], int]: ...
+    ) -> tuple[list[tuple[Bank, int]], int]:
+        """A page of *tenant*'s banks by ``bank_id``, each with its unit count, and how many
+        banks the tenant has."""
+        ...
+
     def save_bank(self, bank: Bank) -> Bank:
         """Create *bank* (``created_at`` empty) or update it. Raises :class:`BankGone` when
         updating a bank whose row is gone, :class:`BankTaken` when creating a bank whose
         ``(tenant, bank_id)`` another bank holds."""
         ...
 
-    def delete_bank(self, bank_ref: str) -> int: ...
-    def bank_stats(self, bank_ref: str) -> BankStats: ...
+    def delete_bank(self, bank_ref: str) -> int:
+        """Delete the bank and everything in it; returns how many units it held (0 when it
+        is gone already)."""
+        ...
+
+    def bank_stats(self, bank_ref: str) -> BankStats:
+        """Units by fact type, links by type, documents, and the time of the last write."""
+        ...
 
     # retain
     def write_document(
@@ -136,11 +163,16 @@ class MemoryStore(Protocol):
         """Write one document; with *ledger* (key, document index) also its ledger entry, in
         the same transaction. Raises ``IdempotencyConflict`` when that entry exists already
         (a concurrent retry of the same key), :class:`BankGone` (writing nothing) when the
-        bank's row is gone."""
+        bank's row is gone, ``ValueError`` for a vector of another size than the store
+        holds. A document replaces a stored one of its id (``replace``) or is appended to
+        it: then the stored last units and the new first ones are indexed with each other's
+        text, as if the document had been retained whole (:mod:`heed.memory.units`).
+        Entities and links follow :mod:`heed.memory.links`."""
         ...
 
     def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
-        """The documents already written under *key* (expired keys are forgotten first)."""
+        """The documents already written under *key*, by document index (expired keys are
+        forgotten first)."""
         ...
 
     # recall
@@ -151,7 +183,7 @@ class MemoryStore(Protocol):
         ...
 
     def load_vectors(self, bank_ref: str) -> VectorRows:
-        """Every unit vector of the bank, with the generation they hold."""
+        """Every unit vector of the bank in seq order, with the generation they hold."""
         ...
 
     def vectors_since(self, bank_ref: str, generation: int) -> VectorChanges | None:
@@ -165,46 +197,90 @@ class MemoryStore(Protocol):
 
     def keyword_search(
         self, bank_ref: str, terms: Sequence[str], limit: int
-    ) -> list[tuple[int, float]]: ...
+    ) -> list[tuple[int, float]]:
+        """BM25 over the bank's units matching any of *terms* (stemmed; stop words, blank
+        terms and repeats count once or not at all): (seq, score), score positive, best
+        first."""
+        ...
+
     def units_by_entities(
         self, bank_ref: str, canonical_names: Sequence[str], limit: int
-    ) -> list[tuple[int, float]]: ...
+    ) -> list[tuple[int, float]]:
+        """The bank's units naming any of the entities (canonical names), as (seq, how many
+        of them it names), most first."""
+        ...
+
     def linked_units(
         self, bank_ref: str, seqs: Sequence[int], limit: int
-    ) -> list[tuple[int, float]]: ...
+    ) -> list[tuple[int, float]]:
+        """The units linked from any of *seqs*, as (seq, summed link weight), most first."""
+        ...
+
     def units_in_window(
         self, bank_ref: str, start: str, end: str, limit: int
-    ) -> list[tuple[int, str]]: ...
-    def fetch_units(self, bank_ref: str, seqs: Sequence[int]) -> dict[int, StoredUnit]: ...
-    def fetch_chunks(
-        self, bank_ref: str, chunk_ids: Sequence[str]
-    ) -> dict[str, dict[str, Any]]: ...
+    ) -> list[tuple[int, str]]:
+        """The units whose occurrence overlaps [*start*, *end*] (ISO text), as (seq,
+        ``occurred_start``), latest first."""
+        ...
+
+    def fetch_units(self, bank_ref: str, seqs: Sequence[int]) -> dict[int, StoredUnit]:
+        """The bank's units among *seqs* (a seq of another bank, or gone, is absent)."""
+        ...
+
+    def fetch_chunks(self, bank_ref: str, chunk_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The bank's chunks among *chunk_ids*: id -> ``{id, chunk_index, text}``."""
+        ...
+
     def entity_states(
         self, bank_ref: str, canonical_names: Sequence[str], per_entity: int
-    ) -> dict[str, dict[str, Any]]: ...
+    ) -> dict[str, dict[str, Any]]:
+        """Per entity the bank knows among *canonical_names*, by name: ``{entity_id,
+        canonical_name, observations}``, the observations being the text and
+        ``mentioned_at`` of its latest *per_entity* units, newest first (none when its units
+        are gone)."""
+        ...
 
     # memories and documents
     def list_units(
         self, bank_ref: str, flt: UnitFilter, limit: int, offset: int
-    ) -> tuple[list[StoredUnit], int]: ...
-    def get_unit(self, bank_ref: str, unit_id: str) -> StoredUnit | None: ...
+    ) -> tuple[list[StoredUnit], int]:
+        """A page of the bank's units passing *flt*, and how many pass. ``search`` finds
+        the text anywhere, case-folded (``%`` and ``_`` are wildcards); ``time_field``
+        keeps the units with that time in [``start``, ``end``) and orders by it, latest
+        first; otherwise the newest unit comes first."""
+        ...
+
+    def get_unit(self, bank_ref: str, unit_id: str) -> StoredUnit | None:
+        """The bank's unit *unit_id*."""
+        ...
+
     def delete_unit(self, bank_ref: str, unit_id: str) -> WriteResult | None:
-        """Delete one unit; ``None`` when the bank has no unit *unit_id*."""
+        """Delete one unit with its links and entity rows (its entities stay); ``None``
+        when the bank has no unit *unit_id*."""
         ...
 
     def list_documents(
         self, bank_ref: str, search: str | None, limit: int, offset: int
-    ) -> tuple[list[DocumentInfo], int]: ...
-    def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None: ...
+    ) -> tuple[list[DocumentInfo], int]:
+        """A page of the bank's documents (without their text), the latest updated first,
+        then by id; *search* finds the id or the text anywhere, case-folded."""
+        ...
+
+    def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None:
+        """The bank's document with its text and its units by fact type."""
+        ...
+
     def delete_document(self, bank_ref: str, document_id: str) -> WriteResult | None:
-        """Delete a document and its units; ``None`` when the bank has no such document."""
+        """Delete a document, its chunks and its units; ``None`` when the bank has no such
+        document."""
         ...
 
 
 class VectorSearchingStore(MemoryStore, Protocol):
-    """A store that searches vectors itself (PostgreSQL with pgvector). The engine uses
-    it instead of loading the bank into an in-process index when ``searches_vectors``
-    is true; ``load_vectors`` then serves only tools such as ``heed migrate``."""
+    """A store that can search vectors itself. The engine uses :meth:`vector_search`
+    instead of loading the bank into an in-process index when ``searches_vectors`` is true
+    (PostgreSQL with pgvector); on SQLite the methods answer too, exactly, but recall keeps
+    its in-process index."""
 
     searches_vectors: bool
 
@@ -212,7 +288,8 @@ class VectorSearchingStore(MemoryStore, Protocol):
         self, bank_ref: str, query: np.ndarray, k: int, types: Sequence[str] | None
     ) -> list[tuple[int, float]]:
         """The *k* units of the bank most similar to *query* (unit length) as
-        (seq, cosine), best first; only units of *types* when given."""
+        (seq, cosine), best first; only units of *types* when given. ``ValueError`` for a
+        query of another size than the store holds."""
         ...
 
     def unit_vectors(self, bank_ref: str, seqs: Sequence[int]) -> dict[int, np.ndarray]:

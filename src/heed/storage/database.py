@@ -1,50 +1,110 @@
-"""The embedded database: SQLite in WAL mode, one connection per thread, migrations.
+"""What every store needs of a SQL database, and the one migration runner.
 
-Domain stores (memory, runs) sit on top of :class:`Database` and own their SQL.
-They speak to it only through :meth:`Database.read` and :meth:`Database.write`,
-and keep their SQL portable (no SQLite-only syntax outside FTS5), so that a
-PostgreSQL backend can implement the same store interfaces later without the
-engine changing.
+Two databases implement :class:`SqlDatabase`: SQLite (:class:`heed.storage.sqlite.SqliteDatabase`,
+the embedded file) and PostgreSQL (:class:`heed.storage.postgres.PostgresDatabase`, shared by
+several processes). Each domain store is one class over either (:mod:`heed.storage.run_store`,
+:mod:`heed.storage.session_store`, :mod:`heed.storage.revocation_store`,
+:mod:`heed.storage.memory`): it writes one SQL text for both and asks the database only where
+the two really differ (:attr:`SqlDatabase.dialect`).
 
-Threading: each thread gets its own connection (SQLite connections must not be
-shared across threads while in use). Writes are serialized by a process-wide
-lock, which is what SQLite does anyway, minus the busy-wait; ``busy_timeout``
-covers other processes sharing the file. Calls block: async code reaches them
-through :func:`heed.runtime.run_in_thread`, or calls them directly when they are
-known to be short (a primary-key lookup).
+Schemas are stated once too. A :class:`Migration`'s SQL names what the databases spell
+differently by placeholder, ``{real}`` for a float column say, and :meth:`Migration.sql_for`
+spells it in the database's dialect (:data:`TYPE_WORDS`, and the step's own words where a
+clause differs). :func:`apply_migrations` is the runner for every store on either database:
+each step in its own transaction with its bookkeeping row in ``schema_migrations``, under a
+lock (PostgreSQL: an advisory lock, so instances starting together apply each step once;
+SQLite: the writer lock). Versions only grow, and a shipped step is never rewritten: a change
+is a new step.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
 
-__all__ = ["Database", "Migration", "SqlDatabase"]
+__all__ = [
+    "DIALECTS",
+    "TYPE_WORDS",
+    "Migration",
+    "SqlDatabase",
+    "apply_migrations",
+    "schema_version",
+    "split_statements",
+]
+
+#: The dialects :class:`SqlDatabase` implementations name.
+DIALECTS: Final = ("sqlite", "postgresql")
+
+#: How each dialect spells the types every schema names by placeholder.
+TYPE_WORDS: Final[Mapping[str, Mapping[str, str]]] = {
+    "sqlite": {
+        "real": "REAL",
+        "bigint": "INTEGER",
+        # SQLite compares text bytewise unless told otherwise.
+        "bytewise": "TEXT",
+        "timestamp": "TEXT",
+        "now": "CURRENT_TIMESTAMP",
+    },
+    "postgresql": {
+        "real": "DOUBLE PRECISION",
+        "bigint": "BIGINT",
+        # Text compared or sorted (ids, ISO timestamps, names looked up) as on SQLite,
+        # whatever the database's locale.
+        "bytewise": 'TEXT COLLATE "C"',
+        "timestamp": "TIMESTAMPTZ",
+        "now": "now()",
+    },
+}
+
+_PLACEHOLDER: Final = re.compile(r"\{([a-z_]+)\}")
+_MIGRATIONS_LOCK: Final = "heed:schema_migrations"
 
 
 @dataclass(frozen=True, slots=True)
 class Migration:
-    """One schema step of one component; versions start at 1 and only grow."""
+    """One schema step of one component; versions start at 1 and only grow.
+
+    *sql* is the step for both databases: a placeholder ``{word}`` stands where they differ,
+    spelled by the step's *words* for the dialect, else by :data:`TYPE_WORDS` (an unknown
+    word is a ``KeyError`` when the step is spelled).
+    """
 
     component: str
     version: int
     sql: str
+    #: Per dialect, words of this step alone (a clause, an index, a data conversion).
+    words: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def sql_for(self, dialect: str) -> str:
+        """The step's SQL in *dialect* (``"sqlite"`` or ``"postgresql"``)."""
+        spelled = {**TYPE_WORDS[dialect], **self.words.get(dialect, {})}
+
+        def word(match: re.Match[str]) -> str:
+            try:
+                return spelled[match[1]]
+            except KeyError:
+                raise KeyError(
+                    f"migration {self.component} {self.version}: no {dialect} word {match[1]!r}"
+                ) from None
+
+        return _PLACEHOLDER.sub(word, self.sql)
 
 
 class SqlDatabase(Protocol):
-    """What a domain store needs of a SQL database; SQLite (:class:`Database`) and
-    PostgreSQL (:class:`heed.storage.postgres.PostgresDatabase`) implement it.
+    """What a domain store needs of a SQL database; SQLite
+    (:class:`heed.storage.sqlite.SqliteDatabase`) and PostgreSQL
+    (:class:`heed.storage.postgres.PostgresDatabase`) implement it.
 
     Stores write one SQL text for both: ``?`` placeholders, standard SQL plus
     ``RETURNING`` and ``ON CONFLICT``. Where the two must differ, the store asks the
-    database: :attr:`dialect` picks the migrations, :attr:`for_update` is appended to a
-    ``SELECT`` whose rows the transaction is about to change, and :meth:`lock` serialises
-    check-then-write sequences (admission) across connections and processes.
+    database: :attr:`dialect` spells the migrations (and picks the memory store's
+    per-database part), :attr:`for_update` is appended to a ``SELECT`` whose rows the
+    transaction is about to change, and :meth:`lock` serialises check-then-write sequences
+    (admission, a bank's writes) across connections and processes.
     """
 
     #: ``"sqlite"`` or ``"postgresql"``.
@@ -60,150 +120,86 @@ class SqlDatabase(Protocol):
         """One write transaction (nested blocks in the same thread join it)."""
         ...
 
+    def cancellable(self) -> AbstractContextManager[Any]:
+        """A connection for reads whose statements stop, raising
+        :class:`~heed.runtime.OperationCancelled`, when the active token is cancelled (SQLite:
+        a progress handler; PostgreSQL: a cancel request to the server). Without an active
+        token, :meth:`read`."""
+        ...
+
     def lock(self, conn: Any, key: str) -> None:
         """Hold a lock named *key* until the current write transaction ends."""
         ...
 
-    def migrate(self, migrations: Sequence[Migration]) -> list[Migration]: ...
-
-    def schema_version(self, component: str) -> int: ...
-
     def close(self) -> None: ...
 
 
-class Database:
-    """A SQLite database file with per-thread connections (a :class:`SqlDatabase`).
+#: The runner's bookkeeping table.
+_BOOKKEEPING: Final = Migration(
+    "schema_migrations",
+    0,
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    " component TEXT NOT NULL, version INTEGER NOT NULL,"
+    " applied_at {timestamp} NOT NULL DEFAULT {now},"
+    " PRIMARY KEY (component, version))",
+)
 
-    ``":memory:"`` gives a private in-memory database shared by this object's
-    threads (a named shared-cache database), for tests.
+
+def apply_migrations(db: SqlDatabase, migrations: Sequence[Migration]) -> list[Migration]:
+    """Apply the *migrations* not yet applied to *db*, in version order per component.
+
+    Each step runs in its own transaction with its bookkeeping row, under the migrations
+    lock, so a failed step leaves the schema at the previous version and processes starting
+    together apply each step once. Returns the steps applied now.
     """
-
-    dialect = "sqlite"
-    for_update = ""
-
-    def __init__(self, path: Path | str, *, busy_timeout_ms: int = 10_000) -> None:
-        self.path = str(path)
-        self._uri = False
-        if self.path == ":memory:":
-            self.path = f"file:heed-{id(self):x}?mode=memory&cache=shared"
-            self._uri = True
-        else:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._busy_timeout_ms = busy_timeout_ms
-        self._local = threading.local()
-        self._write_lock = threading.RLock()
-        self._connections: list[sqlite3.Connection] = []
-        self._connections_lock = threading.Lock()
-        self._closed = False
-
-    # -- connections -------------------------------------------------------------
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._closed:
-            raise RuntimeError("database is closed")
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(
-                self.path, check_same_thread=False, isolation_level=None, timeout=30, uri=self._uri
-            )
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            self._local.conn = conn
-            with self._connections_lock:
-                self._connections.append(conn)
-        return conn
-
-    @contextmanager
-    def read(self) -> Iterator[sqlite3.Connection]:
-        """A connection for reads (autocommit; each statement sees committed data)."""
-        yield self._connection()
-
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """A connection inside one write transaction: committed on exit, rolled back on error.
-
-        Nested ``write()`` blocks in the same thread join the outer transaction.
-        """
-        conn = self._connection()
-        with self._write_lock:
-            if conn.in_transaction:
-                yield conn
-                return
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-
-    def lock(self, conn: sqlite3.Connection, key: str) -> None:
-        """Nothing to take: ``BEGIN IMMEDIATE`` already excludes every other writer."""
-
-    def close(self) -> None:
-        """Close every connection this database opened."""
-        self._closed = True
-        with self._connections_lock:
-            for conn in self._connections:
-                conn.close()
-            self._connections.clear()
-
-    # -- migrations --------------------------------------------------------------
-
-    def migrate(self, migrations: Sequence[Migration]) -> list[Migration]:
-        """Apply the migrations not yet applied, in version order per component.
-
-        Each migration runs in its own transaction with its bookkeeping row, so a
-        failed step leaves the schema at the previous version. Returns the steps
-        applied now.
-        """
-        with self.write() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " component TEXT NOT NULL, version INTEGER NOT NULL,"
-                " applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,"
-                " PRIMARY KEY (component, version))"
-            )
-        applied: list[Migration] = []
-        for migration in sorted(migrations, key=lambda m: (m.component, m.version)):
-            with self.write() as conn:
-                done = conn.execute(
-                    "SELECT 1 FROM schema_migrations WHERE component = ? AND version = ?",
-                    (migration.component, migration.version),
-                ).fetchone()
-                if done:
-                    continue
-                for statement in _split_statements(migration.sql):
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_migrations (component, version) VALUES (?, ?)",
-                    (migration.component, migration.version),
-                )
-            applied.append(migration)
-        return applied
-
-    def schema_version(self, component: str) -> int:
-        """The highest applied version of *component* (0 when none)."""
-        with self.read() as conn:
-            row = conn.execute(
-                "SELECT MAX(version) FROM schema_migrations WHERE component = ?", (component,)
+    with db.write() as conn:
+        db.lock(conn, _MIGRATIONS_LOCK)
+        conn.execute(_BOOKKEEPING.sql_for(db.dialect))
+    applied: list[Migration] = []
+    for migration in sorted(migrations, key=lambda m: (m.component, m.version)):
+        with db.write() as conn:
+            db.lock(conn, _MIGRATIONS_LOCK)
+            done = conn.execute(
+                "SELECT 1 FROM schema_migrations WHERE component = ? AND version = ?",
+                (migration.component, migration.version),
             ).fetchone()
-        return int(row[0] or 0)
+            if done:
+                continue
+            for statement in split_statements(migration.sql_for(db.dialect)):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations (component, version) VALUES (?, ?)",
+                (migration.component, migration.version),
+            )
+        applied.append(migration)
+    return applied
 
 
-def _split_statements(sql: str) -> list[str]:
-    """Split a migration script into complete statements (handles triggers' BEGIN...END)."""
+def schema_version(db: SqlDatabase, component: str) -> int:
+    """The highest applied version of *component* in *db* (0 when none)."""
+    with db.read() as conn:
+        row = conn.execute(
+            "SELECT MAX(version) FROM schema_migrations WHERE component = ?", (component,)
+        ).fetchone()
+    return int(row[0] or 0) if row is not None else 0
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a migration script into complete statements (a semicolon in a string, a
+    comment or a trigger's ``BEGIN ... END`` does not end one; comments alone are no
+    statement). Plain text rules, so one splitter serves both databases (no PostgreSQL
+    ``$$`` bodies in heed's schemas)."""
     statements: list[str] = []
     buffer = ""
     for line in sql.splitlines(keepends=True):
         buffer += line
         if sqlite3.complete_statement(buffer):
-            if buffer.strip():
-                statements.append(buffer.strip())
+            statements.append(buffer.strip())
             buffer = ""
-    if buffer.strip():
-        statements.append(buffer.strip())
-    return statements
+    statements.append(buffer.strip())
+    return [s for s in statements if any(_is_code(line) for line in s.splitlines())]
+
+
+def _is_code(line: str) -> bool:
+    text = line.strip()
+    return bool(text) and not text.startswith("--")

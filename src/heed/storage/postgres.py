@@ -3,9 +3,9 @@
 Chosen with ``HEED_DATABASE_URL=postgresql://...`` so that several ``heed serve``
 processes, on one machine or several, share one source of truth. The domain stores
 are the same classes as on SQLite (:mod:`heed.storage.run_store`,
-:mod:`heed.storage.session_store`): they write ``?`` placeholders and portable SQL,
-and this module adapts the text (``?`` becomes ``%s``) and the rows (indexable by
-position and by column name, as :class:`sqlite3.Row` is).
+:mod:`heed.storage.session_store`, :mod:`heed.storage.memory`): they write ``?``
+placeholders and portable SQL, and this module adapts the text (``?`` becomes ``%s``) and
+the rows (indexable by position and by column name, as :class:`sqlite3.Row` is).
 
 Why the blocking psycopg API with a pool (``psycopg_pool.ConnectionPool``) rather than
 the async one: every store call is already a short blocking call that async code
@@ -20,29 +20,47 @@ commit together, as on SQLite. SQLite's single writer makes every check-then-wri
 atomic for free; here the stores say where they need it: :meth:`PostgresDatabase.lock`
 takes a transaction-scoped advisory lock (admission and claims of one session, the
 transcript of one session), and :attr:`PostgresDatabase.for_update` row-locks the run
-whose journal is being appended. Migrations run under an advisory lock too, so
+whose journal is being appended. Migrations
+(:func:`heed.storage.database.apply_migrations`) run under an advisory lock too, so
 instances starting together apply each step once.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Final
 
 import psycopg
 import psycopg.conninfo
+import psycopg.errors
 from psycopg_pool import ConnectionPool
 
 from heed.errors import NUL, InvalidText
 from heed.redact import redact, secrets_of
-from heed.storage.database import Migration
+from heed.runtime import CancellationToken, OperationCancelled, current_token
 
-__all__ = ["DatabaseUnavailable", "PostgresDatabase", "is_postgres_url"]
+__all__ = [
+    "CANCEL_GIVE_UP_SECONDS",
+    "CANCEL_RETRY_SECONDS",
+    "Connection",
+    "DatabaseUnavailable",
+    "PostgresDatabase",
+    "Statements",
+    "is_postgres_url",
+]
 
-_MIGRATIONS_LOCK: Final = "heed:schema_migrations"
+log = logging.getLogger(__name__)
+
+#: A cancel request is sent again after this long while the statement still runs.
+CANCEL_RETRY_SECONDS: Final = 0.2
+#: How long cancel requests for one statement are sent before giving up.
+CANCEL_GIVE_UP_SECONDS: Final = 10.0
 
 
 def is_postgres_url(url: str | None) -> bool:
@@ -125,6 +143,77 @@ class Connection:
         return cursor
 
 
+# -- cancelling a running statement ----------------------------------------------------
+
+_cancel_pool: ThreadPoolExecutor | None = None
+_cancel_pool_lock = threading.Lock()
+
+
+def _cancel_executor() -> ThreadPoolExecutor:
+    global _cancel_pool
+    with _cancel_pool_lock:
+        if _cancel_pool is None:
+            _cancel_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="heed-pg-cancel")
+        return _cancel_pool
+
+
+class _Canceller:
+    """Sends cancel requests for one connection's running statement while it runs.
+
+    :meth:`close` returns only after any cancel request in flight has been sent, so no
+    request reaches the connection after its user released it.
+    """
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self._raw = raw
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+
+    def request(self, reason: str) -> None:
+        """The token's callback: hand the network round trip to the cancel threads."""
+        if not self._done.is_set():
+            _cancel_executor().submit(self._cancel)
+
+    def _cancel(self) -> None:
+        give_up = time.monotonic() + CANCEL_GIVE_UP_SECONDS
+        while time.monotonic() < give_up:
+            with self._lock:
+                if self._done.is_set():
+                    return
+                try:
+                    self._raw.cancel_safe(timeout=CANCEL_RETRY_SECONDS * 10)
+                except psycopg.Error as exc:
+                    log.warning("could not cancel a PostgreSQL query: %s", exc)
+            if self._done.wait(CANCEL_RETRY_SECONDS):
+                return
+
+    def close(self) -> None:
+        with self._lock:
+            self._done.set()
+
+
+class Statements:
+    """A connection whose every statement is preceded by a token check (what
+    :meth:`PostgresDatabase.cancellable` yields)."""
+
+    def __init__(self, conn: Connection, token: CancellationToken | None) -> None:
+        self.conn = conn
+        self._token = token
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        if self._token is not None:
+            self._token.raise_if_cancelled()
+        return self.conn.execute(sql, params)
+
+    def binary(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Rows of *sql* (``?`` placeholders) in binary form (vectors as bytes)."""
+        if self._token is not None:
+            self._token.raise_if_cancelled()
+        cursor = self.conn.raw.cursor(binary=True)
+        cursor.execute(_pg_sql(sql), params)
+        return cursor.fetchall()
+
+
 class DatabaseUnavailable(ConnectionError):
     """PostgreSQL could not be reached at start-up; the message names where and why."""
 
@@ -197,6 +286,48 @@ class PostgresDatabase:
             finally:
                 self._local.conn = None
 
+    @contextmanager
+    def cancellable(self, *, transaction: bool = False) -> Iterator[Statements]:
+        """A read connection (in a transaction of its own when *transaction*) whose
+        statements stop when the active token is cancelled.
+
+        The connection is registered with the token: cancelling it asks a small thread pool
+        to send the server a cancel request for the connection (``cancel_safe``; never in
+        the cancelling thread, which may be the event loop), repeated every
+        :data:`CANCEL_RETRY_SECONDS` while the statement runs in case the first arrived
+        between two statements. The server stops the statement with ``QueryCanceled``,
+        which surfaces as :class:`~heed.runtime.OperationCancelled` with the token's
+        reason; the connection returns to the pool idle and usable. No cancel is sent once
+        the block has released the connection. Other errors, a ``statement_timeout``
+        included, pass as they are.
+        """
+        token = current_token()
+        if token is not None:
+            token.raise_if_cancelled()
+        with self.read() as conn:
+            if token is None:
+                if transaction:
+                    with conn.raw.transaction():
+                        yield Statements(conn, None)
+                else:
+                    yield Statements(conn, None)
+                return
+            canceller = _Canceller(conn.raw)
+            handle = token.on_cancel(canceller.request)
+            try:
+                if transaction:
+                    with conn.raw.transaction():
+                        yield Statements(conn, token)
+                else:
+                    yield Statements(conn, token)
+            except psycopg.errors.QueryCanceled as exc:
+                if token.cancelled:
+                    raise OperationCancelled(token.reason or "cancelled") from exc
+                raise
+            finally:
+                handle.remove()
+                canceller.close()
+
     def lock(self, conn: Connection, key: str) -> None:
         """A transaction-scoped advisory lock on *key*; other transactions taking it wait."""
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
@@ -204,42 +335,3 @@ class PostgresDatabase:
     def close(self) -> None:
         """Close the pool (idempotent)."""
         self._pool.close()
-
-    # -- migrations --------------------------------------------------------------
-
-    def migrate(self, migrations: Sequence[Migration]) -> list[Migration]:
-        """Apply the migrations not yet applied, each in its own transaction with its
-        bookkeeping row, under an advisory lock (concurrent starts apply each once)."""
-        with self.write() as conn:
-            self.lock(conn, _MIGRATIONS_LOCK)
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " component TEXT NOT NULL, version INTEGER NOT NULL,"
-                " applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
-                " PRIMARY KEY (component, version))"
-            )
-        applied: list[Migration] = []
-        for migration in sorted(migrations, key=lambda m: (m.component, m.version)):
-            with self.write() as conn:
-                self.lock(conn, _MIGRATIONS_LOCK)
-                done = conn.execute(
-                    "SELECT 1 FROM schema_migrations WHERE component = ? AND version = ?",
-                    (migration.component, migration.version),
-                ).fetchone()
-                if done:
-                    continue
-                conn.execute(migration.sql)
-                conn.execute(
-                    "INSERT INTO schema_migrations (component, version) VALUES (?, ?)",
-                    (migration.component, migration.version),
-                )
-            applied.append(migration)
-        return applied
-
-    def schema_version(self, component: str) -> int:
-        """The highest applied version of *component* (0 when none)."""
-        with self.read() as conn:
-            row = conn.execute(
-                "SELECT MAX(version) FROM schema_migrations WHERE component = ?", (component,)
-            ).fetchone()
-        return int(row[0] or 0) if row is not None else 0

@@ -10,23 +10,15 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from heed.storage.database import Migration, SqlDatabase
+from heed.storage.database import Migration, SqlDatabase, apply_migrations
 
-__all__ = ["MIGRATIONS", "PG_MIGRATIONS", "SqlRevocationStore"]
+__all__ = ["MIGRATIONS", "SqlRevocationStore"]
 
 MIGRATIONS: Final = [
     Migration(
         "ui_revocations",
         1,
-        "CREATE TABLE ui_revocations (session_id TEXT PRIMARY KEY, expires_at REAL NOT NULL);",
-    )
-]
-PG_MIGRATIONS: Final = [
-    Migration(
-        "ui_revocations",
-        1,
-        "CREATE TABLE ui_revocations ("
-        " session_id TEXT PRIMARY KEY, expires_at DOUBLE PRECISION NOT NULL);",
+        "CREATE TABLE ui_revocations (session_id TEXT PRIMARY KEY, expires_at {real} NOT NULL);",
     )
 ]
 
@@ -38,7 +30,8 @@ class SqlRevocationStore:
         self.db = db
 
     def migrate(self) -> None:
-        self.db.migrate(PG_MIGRATIONS if self.db.dialect == "postgresql" else MIGRATIONS)
+        """Apply the ``ui_revocations`` component's migrations (in the database's dialect)."""
+        apply_migrations(self.db, MIGRATIONS)
 
     def revoke(self, session_id: str, expires_at: float) -> None:
         """Refuse *session_id* from now on; forget ids whose cookies have expired."""

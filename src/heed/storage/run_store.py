@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
-from heed.errors import NUL
+from heed.errors import NUL, replace_nul
 from heed.runs.events import EventType
 from heed.runs.model import (
     TERMINAL_EVENT_TYPES,
@@ -44,10 +44,31 @@ from heed.runs.model import (
 )
 from heed.runs.state import is_queued
 from heed.runs.store import BlockingCheck, ClaimCheck, Transition
-from heed.storage.database import Migration, SqlDatabase
+from heed.storage.database import Migration, SqlDatabase, apply_migrations
 
-__all__ = ["MIGRATIONS", "PG_MIGRATIONS", "SqlRunStore"]
+__all__ = ["MIGRATIONS", "SqlRunStore"]
 
+_TERMINAL_SQL: Final = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))
+
+
+def _payload_fields(*keys: str) -> dict[str, str]:
+    """Per dialect, a JSON object text of the payload's *keys* (for migration 2)."""
+    return {
+        "sqlite": "json_object("
+        + ", ".join(f"'{k}', json_extract(payload, '$.{k}')" for k in keys)
+        + ")",
+        "postgresql": "jsonb_build_object("
+        + ", ".join(f"'{k}', payload::jsonb -> '{k}'" for k in keys)
+        + ")::text",
+    }
+
+
+_RETAIN_SUMMARY: Final = _payload_fields(
+    "items_count", "client_operation_id", "idempotency_key", "fingerprint"
+)
+_TASK_SUMMARY: Final = _payload_fields("title", "action")
+
+#: Timestamps are epoch seconds (``{real}``: a double on both databases).
 MIGRATIONS: Final = [
     Migration(
         "runs",
@@ -60,14 +81,14 @@ MIGRATIONS: Final = [
             session_id TEXT,
             phase TEXT NOT NULL,
             source TEXT NOT NULL DEFAULT 'api',
-            created_at REAL NOT NULL,
-            started_at REAL,
-            cancelled_at REAL,
-            finished_at REAL,
+            created_at {real} NOT NULL,
+            started_at {real},
+            cancelled_at {real},
+            finished_at {real},
             cancel_reason TEXT,
             error TEXT,
             worker_id TEXT,
-            lease_expires_at REAL,
+            lease_expires_at {real},
             payload TEXT NOT NULL DEFAULT '{}',
             result TEXT,
             last_seq INTEGER NOT NULL DEFAULT 0,
@@ -75,17 +96,25 @@ MIGRATIONS: Final = [
             journal_closed INTEGER NOT NULL DEFAULT 0
         );
         CREATE INDEX runs_session ON runs (session_id, created_at);
-        CREATE INDEX runs_phase ON runs (phase);
+        {phase_index};
         CREATE INDEX runs_tenant ON runs (tenant, created_at);
         CREATE TABLE run_events (
             run_id TEXT NOT NULL,
             seq INTEGER NOT NULL,
             type TEXT NOT NULL,
             data TEXT NOT NULL,
-            ts REAL NOT NULL,
+            ts {real} NOT NULL,
             PRIMARY KEY (run_id, seq)
         );
         """,
+        words={
+            "sqlite": {"phase_index": "CREATE INDEX runs_phase ON runs (phase)"},
+            # Only the runs not yet ended, which are all the reaper and admission look at.
+            "postgresql": {
+                "phase_index": "CREATE INDEX runs_active ON runs (phase)"
+                f" WHERE phase NOT IN ({_TERMINAL_SQL})"
+            },
+        },
     ),
     # Payloads move out of the registry row (see the module docstring). The summaries of
     # runs that may still be looked up by key (retain operations) or that still report
@@ -100,85 +129,20 @@ MIGRATIONS: Final = [
         );
         INSERT INTO run_payloads (run_id, payload) SELECT id, payload FROM runs;
         ALTER TABLE runs ADD COLUMN summary TEXT NOT NULL DEFAULT '{}';
-        UPDATE runs SET summary = json_object(
-            'items_count', json_extract(payload, '$.items_count'),
-            'client_operation_id', json_extract(payload, '$.client_operation_id'),
-            'idempotency_key', json_extract(payload, '$.idempotency_key'),
-            'fingerprint', json_extract(payload, '$.fingerprint'))
-        WHERE kind = 'retain';
-        UPDATE runs SET summary = json_object(
-            'title', json_extract(payload, '$.title'), 'action', json_extract(payload, '$.action'))
-        WHERE kind = 'task';
+        UPDATE runs SET summary = {retain_summary} WHERE kind = 'retain';
+        UPDATE runs SET summary = {task_summary} WHERE kind = 'task';
         ALTER TABLE runs DROP COLUMN payload;
         """,
+        words={
+            dialect: {
+                "retain_summary": _RETAIN_SUMMARY[dialect],
+                "task_summary": _TASK_SUMMARY[dialect],
+            }
+            for dialect in _RETAIN_SUMMARY
+        },
     ),
 ]
 
-#: The same schema in PostgreSQL's types (timestamps are epoch seconds as doubles).
-PG_MIGRATIONS: Final = [
-    Migration(
-        "runs",
-        1,
-        """
-        CREATE TABLE runs (
-            id TEXT PRIMARY KEY,
-            kind TEXT NOT NULL,
-            tenant TEXT NOT NULL,
-            session_id TEXT,
-            phase TEXT NOT NULL,
-            source TEXT NOT NULL DEFAULT 'api',
-            created_at DOUBLE PRECISION NOT NULL,
-            started_at DOUBLE PRECISION,
-            cancelled_at DOUBLE PRECISION,
-            finished_at DOUBLE PRECISION,
-            cancel_reason TEXT,
-            error TEXT,
-            worker_id TEXT,
-            lease_expires_at DOUBLE PRECISION,
-            payload TEXT NOT NULL DEFAULT '{}',
-            result TEXT,
-            last_seq INTEGER NOT NULL DEFAULT 0,
-            first_seq INTEGER NOT NULL DEFAULT 1,
-            journal_closed INTEGER NOT NULL DEFAULT 0
-        );
-        CREATE INDEX runs_session ON runs (session_id, created_at);
-        CREATE INDEX runs_active ON runs (phase) WHERE phase NOT IN ({terminal});
-        CREATE INDEX runs_tenant ON runs (tenant, created_at);
-        CREATE TABLE run_events (
-            run_id TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            type TEXT NOT NULL,
-            data TEXT NOT NULL,
-            ts DOUBLE PRECISION NOT NULL,
-            PRIMARY KEY (run_id, seq)
-        );
-        """.replace("{terminal}", ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))),
-    ),
-    Migration(
-        "runs",
-        2,
-        """
-        CREATE TABLE run_payloads (
-            run_id TEXT PRIMARY KEY,
-            payload TEXT NOT NULL
-        );
-        INSERT INTO run_payloads (run_id, payload) SELECT id, payload FROM runs;
-        ALTER TABLE runs ADD COLUMN summary TEXT NOT NULL DEFAULT '{}';
-        UPDATE runs SET summary = jsonb_build_object(
-            'items_count', payload::jsonb -> 'items_count',
-            'client_operation_id', payload::jsonb -> 'client_operation_id',
-            'idempotency_key', payload::jsonb -> 'idempotency_key',
-            'fingerprint', payload::jsonb -> 'fingerprint')::text
-        WHERE kind = 'retain';
-        UPDATE runs SET summary = jsonb_build_object(
-            'title', payload::jsonb -> 'title', 'action', payload::jsonb -> 'action')::text
-        WHERE kind = 'task';
-        ALTER TABLE runs DROP COLUMN payload;
-        """,
-    ),
-]
-
-_TERMINAL_SQL: Final = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))
 _COLUMNS: Final = (
     "id, kind, tenant, session_id, phase, source, created_at, started_at, cancelled_at,"
     " finished_at, cancel_reason, error, worker_id, lease_expires_at, summary, result,"
@@ -238,7 +202,7 @@ class SqlRunStore:
 
     def migrate(self) -> None:
         """Apply the ``runs`` component's migrations (in the database's dialect)."""
-        self.db.migrate(PG_MIGRATIONS if self.db.dialect == "postgresql" else MIGRATIONS)
+        apply_migrations(self.db, MIGRATIONS)
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
@@ -441,8 +405,8 @@ class SqlRunStore:
             # Descriptions the server writes (an exception's text, a reason): a run's ending
             # must be recorded whatever they hold, so NUL, which no store keeps, becomes U+FFFD.
             value = fields.get(name)
-            if isinstance(value, str) and NUL in value:
-                fields[name] = value.replace(NUL, "\ufffd")
+            if isinstance(value, str):
+                fields[name] = replace_nul(value)
         unknown = set(fields) - _SETTABLE
         if unknown:
             raise ValueError(f"transition cannot set {sorted(unknown)}")

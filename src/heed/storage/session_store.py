@@ -19,10 +19,11 @@ from typing import Any, Final
 
 from heed.errors import NUL, refuse_nul
 from heed.sessions.store import Message, Session, Wakeup
-from heed.storage.database import Migration, SqlDatabase
+from heed.storage.database import Migration, SqlDatabase, apply_migrations
 
-__all__ = ["MIGRATIONS", "PG_MIGRATIONS", "SqlSessionStore"]
+__all__ = ["MIGRATIONS", "SqlSessionStore"]
 
+#: Timestamps are epoch seconds (``{real}``: a double on both databases).
 MIGRATIONS: Final = [
     Migration(
         "sessions",
@@ -33,8 +34,8 @@ MIGRATIONS: Final = [
             tenant TEXT NOT NULL,
             title TEXT NOT NULL DEFAULT '',
             bank_id TEXT,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL
         );
         CREATE INDEX sessions_tenant ON sessions (tenant, updated_at);
         CREATE TABLE session_messages (
@@ -43,7 +44,7 @@ MIGRATIONS: Final = [
             idx INTEGER NOT NULL,
             role TEXT NOT NULL,
             content TEXT NOT NULL,
-            created_at REAL NOT NULL,
+            created_at {real} NOT NULL,
             run_id TEXT,
             status TEXT NOT NULL DEFAULT 'complete',
             source TEXT,
@@ -57,55 +58,7 @@ MIGRATIONS: Final = [
             session_id TEXT NOT NULL,
             task_run_id TEXT NOT NULL UNIQUE,
             summary TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            delivered_run_id TEXT
-        );
-        CREATE INDEX session_wakeups_pending ON session_wakeups (session_id, delivered_run_id);
-        """,
-    ),
-    Migration(
-        "sessions",
-        2,
-        "ALTER TABLE sessions ADD COLUMN remember_messages INTEGER NOT NULL DEFAULT 0;",
-    ),
-]
-
-#: The same schema in PostgreSQL's types (timestamps are epoch seconds as doubles).
-PG_MIGRATIONS: Final = [
-    Migration(
-        "sessions",
-        1,
-        """
-        CREATE TABLE sessions (
-            id TEXT PRIMARY KEY,
-            tenant TEXT NOT NULL,
-            title TEXT NOT NULL DEFAULT '',
-            bank_id TEXT,
-            created_at DOUBLE PRECISION NOT NULL,
-            updated_at DOUBLE PRECISION NOT NULL
-        );
-        CREATE INDEX sessions_tenant ON sessions (tenant, updated_at);
-        CREATE TABLE session_messages (
-            id TEXT PRIMARY KEY,
-            session_id TEXT NOT NULL,
-            idx INTEGER NOT NULL,
-            role TEXT NOT NULL,
-            content TEXT NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL,
-            run_id TEXT,
-            status TEXT NOT NULL DEFAULT 'complete',
-            source TEXT,
-            tool_calls TEXT NOT NULL DEFAULT '[]',
-            tool_call_id TEXT,
-            name TEXT,
-            UNIQUE (session_id, idx)
-        );
-        CREATE TABLE session_wakeups (
-            id TEXT PRIMARY KEY,
-            session_id TEXT NOT NULL,
-            task_run_id TEXT NOT NULL UNIQUE,
-            summary TEXT NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL,
+            created_at {real} NOT NULL,
             delivered_run_id TEXT
         );
         CREATE INDEX session_wakeups_pending ON session_wakeups (session_id, delivered_run_id);
@@ -166,7 +119,8 @@ class SqlSessionStore:
         self.db = database
 
     def migrate(self) -> None:
-        self.db.migrate(PG_MIGRATIONS if self.db.dialect == "postgresql" else MIGRATIONS)
+        """Apply the ``sessions`` component's migrations (in the database's dialect)."""
+        apply_migrations(self.db, MIGRATIONS)
 
     def create(self, session: Session) -> Session:
         refuse_nul(session.id, "the session id")

@@ -1,19 +1,19 @@
-"""The entity rows and links of a document's new units, planned once for both stores.
+"""The graph-link rule: which entity rows and links a document's new units get.
 
 A unit names entities (given, its speaker, capitalized phrases). Writing a document, a
-store creates the entities the bank does not know yet (first mention names it), adds a
-membership row per (unit, entity), and links:
+store creates the entities the bank does not know yet (first mention names it: see
+:func:`first_mentions`), adds a membership row per (unit, entity), and links:
 
 - ``entity``: each new unit to the latest :data:`ENTITY_LINKS_PER_ENTITY` units naming
   each of its entities (earlier units of the same document included), one weight per
   shared entity, both ways;
 - ``temporal``: each new unit to the one before it in the write, both ways.
 
-The store reads what it needs from the database (the entities' ids, each known entity's
-latest units: :data:`ENTITY_LINKS_PER_ENTITY` rows each) and :func:`plan_links` does the
-rest in memory, so a write costs a statement per known entity and a few bulk inserts,
-never a statement per (unit, entity) pair. SQLite (:mod:`heed.storage.memory_store`)
-and PostgreSQL (:mod:`heed.storage.pg_memory_store`) share it and write the same rows.
+The rule is pure: the store reads what it needs from its database (each entity's id, and
+each known entity's latest :data:`ENTITY_LINKS_PER_ENTITY` units) and :func:`plan_links`
+does the rest in memory, so a write costs a statement for the entities and a few bulk
+inserts, never a statement per (unit, entity) pair (:mod:`heed.storage.memory`, on
+either database).
 """
 
 from __future__ import annotations

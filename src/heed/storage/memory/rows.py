@@ -1,9 +1,10 @@
-"""What the two memory stores share: how a row of the memory tables becomes a model.
+"""How rows of the memory tables become models and back, on either database.
 
-SQLite (:mod:`heed.storage.memory_store`) and PostgreSQL
-(:mod:`heed.storage.pg_memory_store`) keep the same columns with the same text (JSON as
-text, timestamps as ISO-8601 text in UTC), so one mapping serves both; rows are anything
-indexable by column name (:class:`sqlite3.Row`, :class:`heed.storage.postgres.Row`).
+SQLite and PostgreSQL keep the same columns with the same text (JSON as text, timestamps
+as ISO-8601 text in UTC: :mod:`heed.storage.memory.schema`), so one mapping serves both;
+rows are anything indexable by column name (:class:`sqlite3.Row`,
+:class:`heed.storage.postgres.Row`). Also here: the checks every write makes first (NUL,
+the bank's row) and the small rules of reads (limits, NUL in a key).
 """
 
 from __future__ import annotations
@@ -14,18 +15,22 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.errors import refuse_nul
+from heed.errors import NUL, refuse_nul
 from heed.memory.models import Bank, DocumentInfo, PreparedDocument, PreparedUnit, StoredUnit
 from heed.memory.store import BankGone, BankTaken
 from heed.memory.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
-from heed.storage.memory_values import value_column
+from heed.storage.memory.values import value_column
 
 __all__ = [
     "DOCUMENT_VALUES",
     "LAST_UNITS_OF_DOCUMENT",
+    "NO_LIMIT",
     "UNIT_COLUMNS",
+    "UNIT_WRITE_COLUMNS",
     "bank_from_row",
+    "bank_token",
     "document_from_row",
+    "holds_nul",
     "insert_bank",
     "iso",
     "join_append",
@@ -34,19 +39,51 @@ __all__ = [
     "read_generation",
     "refuse_nul_in_bank",
     "refuse_nul_in_document",
+    "row_limit",
     "touch_bank",
     "unit_from_row",
+    "without_nul",
 ]
 
 #: The ``memory_units`` columns :func:`unit_from_row` reads, for a ``SELECT ... FROM
 #: memory_units`` (context, tags and metadata inline or shared:
-#: :mod:`heed.storage.memory_values`).
+#: :mod:`heed.storage.memory.values`).
 UNIT_COLUMNS: Final = (
     f"seq, id, text, fact_type, {value_column('memory_units', 'context')} AS context,"
     " document_id, chunk_id, occurred_start,"
     f" occurred_end, mentioned_at, {value_column('memory_units', 'metadata')} AS metadata,"
     f" {value_column('memory_units', 'tags')} AS tags, created_at, updated_at, token_count"
 )
+
+#: The ``memory_units`` columns a write gives, in the order of its rows: every column but
+#: the keyword index (SQLite's FTS5 table, PostgreSQL's ``keywords``, which each database's
+#: part writes from the unit's index text). ``heed migrate`` copies units by this list too.
+UNIT_WRITE_COLUMNS: Final = (
+    "seq",
+    "id",
+    "bank_ref",
+    "document_id",
+    "chunk_id",
+    "text",
+    "fact_type",
+    "context",
+    "context_ref",
+    "occurred_start",
+    "occurred_end",
+    "mentioned_at",
+    "metadata",
+    "metadata_ref",
+    "tags",
+    "tags_ref",
+    "embedding",
+    "created_at",
+    "updated_at",
+    "token_count",
+    "generation",
+)
+
+#: A ``LIMIT`` no bank reaches: what a negative limit means.
+NO_LIMIT: Final = 2**62
 
 #: What :func:`document_from_row` reads beside ``d.*`` (``memory_documents d``).
 DOCUMENT_VALUES: Final = (
@@ -80,6 +117,28 @@ def join_append(
         (int(r["seq"]), gains) for r, gains in zip(stored, gains_stored, strict=True) if gains
     ]
     return updates, joined
+
+
+def bank_token(bank_ref: str) -> str:
+    """The keyword-index token that marks a bank's units (letters and digits only)."""
+    return "bank" + bank_ref.replace("-", "")
+
+
+def row_limit(limit: int) -> int:
+    """*limit* as a ``LIMIT``: a negative limit means none (:data:`NO_LIMIT`)."""
+    return limit if limit >= 0 else NO_LIMIT
+
+
+def holds_nul(*texts: str | None) -> bool:
+    """Whether any of *texts* holds NUL: such a key or filter finds nothing stored (no
+    stored text holds NUL), so a read answers at once, never sending it to the database."""
+    return any(text is not None and NUL in text for text in texts)
+
+
+def without_nul(texts: Sequence[str]) -> list[str]:
+    """*texts* without those holding NUL (a search term, a name or an id among several:
+    it finds nothing, and the others are still looked up)."""
+    return [text for text in texts if NUL not in text]
 
 
 def touch_bank(conn: Any, bank_ref: str, last_write_at: str | None = None) -> int:

@@ -15,7 +15,7 @@ text either way.
 A value is deleted with the last row that references it (:func:`release`), in the
 transaction that removes that row: ``memory_values`` holds nothing no row needs.
 
-Both memory stores (SQLite and PostgreSQL) use this module; the SQL is portable.
+The memory store uses it on either database; the SQL is portable.
 """
 
 from __future__ import annotations

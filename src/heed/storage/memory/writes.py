@@ -1,0 +1,436 @@
+"""The memory store's writes of documents and units, on either database.
+
+A document is written in **one transaction**: the bank's row is checked and its generation
+bumped first (a bank another process deleted is :class:`~heed.memory.store.BankGone` and
+nothing is written), then the ledger entry, the document row, its chunks, its units in
+bulk inserts of :data:`WRITE_BATCH` (the token checked between batches: a cancel rolls the
+whole document back), the entities, memberships and links planned by
+:mod:`heed.memory.links`, and the shared values (:mod:`heed.storage.memory.values`). The
+units' rows are built before the transaction begins. On PostgreSQL, where several
+processes write at once, the transaction holds the bank's lock (``"bank:" + ref``, as the
+deletes do): writers of one bank take turns, writers of different banks do not wait. On
+SQLite the file's writer lock already does.
+
+The lock is held for the whole document, not released between batches: a document is whole
+or absent, and a recall never sees half of one. What keeps other writers (a session being
+created) from waiting long is that the work under the lock is linear in the document's rows
+([performance](docs/performance.md)).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from heed.memory.idempotency import KEY_TTL_SECONDS, IdempotencyConflict, LedgerEntry, RetainKey
+from heed.memory.links import ENTITY_LINKS_PER_ENTITY, first_mentions, plan_links
+from heed.memory.models import PreparedDocument, PreparedUnit
+from heed.memory.store import WriteResult
+from heed.runtime import raise_if_cancelled
+from heed.storage.database import SqlDatabase
+from heed.storage.memory.dialect import Column, MemoryDialect
+from heed.storage.memory.rows import (
+    LAST_UNITS_OF_DOCUMENT,
+    bank_token,
+    holds_nul,
+    iso,
+    join_append,
+    now_iso,
+    refuse_nul_in_document,
+    touch_bank,
+)
+from heed.storage.memory.values import ValueWriter, release
+
+__all__ = ["BANK_LOCK", "LINK_COLUMNS", "MEMBERSHIP_COLUMNS", "WRITE_BATCH", "DocumentWrites"]
+
+#: Units inserted per bulk insert; the token is checked between batches.
+WRITE_BATCH: Final = 256
+#: The lock a bank's writes and deletes hold (see the module docstring).
+BANK_LOCK: Final = "bank:"
+#: ``memory_unit_entities`` and ``memory_links`` as bulk inserts write them.
+MEMBERSHIP_COLUMNS: Final[tuple[Column, ...]] = (("unit_seq", "bigint"), ("entity_id", "text"))
+LINK_COLUMNS: Final[tuple[Column, ...]] = (
+    ("from_seq", "bigint"),
+    ("to_seq", "bigint"),
+    ("link_type", "text"),
+    ("weight", "float8"),
+)
+#: Entities whose latest units one statement reads (SQLite allows 500 compound terms).
+_ENTITIES_PER_STATEMENT: Final = 100
+
+
+def latest_units_sql(entities: int, unit_columns: str = "") -> str:
+    """The bank's entities of *entities* canonical names with, one row each, their latest
+    units, newest first (an entity without units: one row, its unit columns ``NULL``).
+
+    Columns: ``canonical, id, name, unit_seq`` and *unit_columns* (of ``memory_units u``,
+    each with its leading comma). Parameters: per entity ``bank_ref, canonical, limit``,
+    then ``bank_ref`` and the canonical names again. One index range per entity, so an
+    entity named in a million units costs as little as one named in three.
+    """
+    join = " JOIN memory_units u ON u.seq = ue.unit_seq" if unit_columns else ""
+    latest = " UNION ALL ".join(
+        f"SELECT * FROM (SELECT ue.entity_id, ue.unit_seq{unit_columns}"
+        f" FROM memory_unit_entities ue{join} WHERE ue.entity_id ="
+        " (SELECT x.id FROM memory_entities x WHERE x.bank_ref = ? AND x.canonical = ?)"
+        f" ORDER BY ue.unit_seq DESC LIMIT ?) AS f{i}"
+        for i in range(entities)
+    )
+    named = ",".join("?" * entities)
+    picked = "".join(f", f.{c.strip().removeprefix('u.')}" for c in unit_columns.split(",")[1:])
+    return (
+        f"SELECT e.canonical, e.id, e.name, f.unit_seq{picked} FROM memory_entities e"
+        f" LEFT JOIN ({latest}) AS f ON f.entity_id = e.id"
+        f" WHERE e.bank_ref = ? AND e.canonical IN ({named})"
+        " ORDER BY e.canonical, f.unit_seq DESC"
+    )
+
+
+def latest_units(
+    conn: Any, bank_ref: str, canonicals: Sequence[str], limit: int, unit_columns: str = ""
+) -> list[Any]:
+    """The rows of :func:`latest_units_sql` for *canonicals*, a statement per
+    ``_ENTITIES_PER_STATEMENT`` names."""
+    rows: list[Any] = []
+    for start in range(0, len(canonicals), _ENTITIES_PER_STATEMENT):
+        part = list(canonicals[start : start + _ENTITIES_PER_STATEMENT])
+        params = [p for name in part for p in (bank_ref, name, limit)]
+        rows.extend(
+            conn.execute(
+                latest_units_sql(len(part), unit_columns), (*params, bank_ref, *part)
+            ).fetchall()
+        )
+    return rows
+
+
+class DocumentWrites:
+    """Writes and removals of documents and units (see the module docstring)."""
+
+    def __init__(self, database: SqlDatabase, dialect: MemoryDialect, dim: int) -> None:
+        self.db = database
+        self.dialect = dialect
+        self.dim = dim
+
+    def lock_bank(self, conn: Any, bank_ref: str) -> None:
+        """Hold the bank's lock until the write transaction ends."""
+        self.db.lock(conn, BANK_LOCK + bank_ref)
+
+    def write_document(
+        self,
+        bank_ref: str,
+        document: PreparedDocument,
+        ledger: tuple[RetainKey, int] | None = None,
+    ) -> WriteResult:
+        """See :meth:`heed.memory.store.MemoryStore.write_document`."""
+        refuse_nul_in_document(document, ledger[0].key if ledger is not None else None)
+        self._check_vectors(document.units)
+        now = now_iso()
+        values = ValueWriter()
+        chunk_ids = {c.index: c.id for c in document.chunks}
+        rows = [
+            self._unit_row(bank_ref, document.document_id, unit, chunk_ids, now, values)
+            for unit in document.units
+        ]
+        first = first_mentions(document.units)
+        released: list[str | None] = []  # shared values of rows replaced or overwritten
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            generation = touch_bank(conn, bank_ref, now)
+            if ledger is not None:
+                self._record_ledger(conn, bank_ref, document, *ledger)
+            removed: list[int] = []
+            existing = conn.execute(
+                "SELECT original_text, created_at, tags_ref, metadata_ref FROM memory_documents"
+                " WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document.document_id),
+            ).fetchone()
+            text = document.original_text
+            created_at = now
+            first_chunk = 0
+            units = list(document.units)
+            if existing is not None and document.replace:
+                removed, released = self.remove_document(conn, bank_ref, document.document_id)
+            elif existing is not None:
+                released = [existing["tags_ref"], existing["metadata_ref"]]
+                if units:
+                    units = self._join_stored_last(conn, bank_ref, document.document_id, units)
+                text = existing["original_text"] + "\n" + text
+                created_at = existing["created_at"]
+                first_chunk = int(
+                    conn.execute(
+                        "SELECT COALESCE(MAX(chunk_index) + 1, 0) FROM memory_chunks"
+                        " WHERE bank_ref = ? AND document_id = ?",
+                        (bank_ref, document.document_id),
+                    ).fetchone()[0]
+                )
+            conn.execute(
+                "INSERT INTO memory_documents (bank_ref, document_id, original_text, content_hash,"
+                " metadata, metadata_ref, tags, tags_ref, created_at, updated_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (bank_ref, document_id) DO UPDATE SET"
+                " original_text = excluded.original_text,"
+                " content_hash = excluded.content_hash, metadata = excluded.metadata,"
+                " metadata_ref = excluded.metadata_ref, tags = excluded.tags,"
+                " tags_ref = excluded.tags_ref, updated_at = excluded.updated_at",
+                (
+                    bank_ref,
+                    document.document_id,
+                    text,
+                    hashlib.sha256(text.encode()).hexdigest(),
+                    *values.encode(document.metadata),
+                    *values.encode(document.tags),
+                    created_at,
+                    now,
+                ),
+            )
+            if document.chunks:
+                conn.executemany(
+                    "INSERT INTO memory_chunks (id, bank_ref, document_id, chunk_index, text)"
+                    " VALUES (?,?,?,?,?)",
+                    [
+                        (c.id, bank_ref, document.document_id, first_chunk + c.index, c.text)
+                        for c in document.chunks
+                    ],
+                )
+            [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
+            token = bank_token(bank_ref)
+            for start in range(0, len(units), WRITE_BATCH):
+                raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
+                end = start + WRITE_BATCH
+                self.dialect.insert_units(
+                    conn,
+                    [
+                        (seq, *row, generation)
+                        for seq, row in zip(seqs[start:end], rows[start:end], strict=True)
+                    ],
+                    [(token, unit.index_text) for unit in units[start:end]],
+                )
+            raise_if_cancelled()
+            self._link(conn, bank_ref, seqs, units, first)
+            values.store(conn, bank_ref)
+            release(conn, bank_ref, released)
+        return WriteResult(
+            removed=removed,
+            added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
+            generation=generation,
+        )
+
+    def _check_vectors(self, units: Sequence[PreparedUnit]) -> None:
+        for unit in units:
+            if unit.embedding is not None and np.size(unit.embedding) != self.dim:
+                raise ValueError(
+                    f"unit {unit.id} has a {np.size(unit.embedding)}-dimensional embedding; "
+                    f"this store holds {self.dim}-dimensional vectors"
+                )
+
+    def _unit_row(
+        self,
+        bank_ref: str,
+        document_id: str,
+        unit: PreparedUnit,
+        chunk_ids: dict[int, str],
+        now: str,
+        values: ValueWriter,
+    ) -> tuple[Any, ...]:
+        """A ``memory_units`` row of *unit* (``UNIT_WRITE_COLUMNS``) without its seq and
+        generation, which the transaction knows."""
+        return (
+            unit.id,
+            bank_ref,
+            document_id,
+            chunk_ids.get(unit.chunk_index),
+            unit.text,
+            unit.fact_type,
+            *values.encode_text(unit.context),
+            iso(unit.occurred_start),
+            iso(unit.occurred_end),
+            iso(unit.mentioned_at),
+            *values.encode(unit.metadata),
+            *values.encode(unit.tags),
+            self.dialect.encode_vector(unit.embedding),
+            now,
+            None,
+            unit.token_count,
+        )
+
+    def _join_stored_last(
+        self, conn: Any, bank_ref: str, document_id: str, units: list[PreparedUnit]
+    ) -> list[PreparedUnit]:
+        """Index an append's first units and the document's stored last units with each
+        other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
+        last = conn.execute(LAST_UNITS_OF_DOCUMENT, (bank_ref, document_id)).fetchall()
+        updates, joined = join_append(last, units)
+        for seq, texts in updates:
+            self.dialect.add_keywords(conn, seq, texts)
+        return joined
+
+    @staticmethod
+    def _record_ledger(
+        conn: Any, bank_ref: str, document: PreparedDocument, key: RetainKey, index: int
+    ) -> None:
+        inserted = conn.execute(
+            "INSERT INTO memory_retain_ledger (bank_ref, idempotency_key, document_index,"
+            " document_id, units, fingerprint, created_at) VALUES (?,?,?,?,?,?,?)"
+            " ON CONFLICT DO NOTHING",
+            (
+                bank_ref,
+                key.key,
+                index,
+                document.document_id,
+                len(document.units),
+                key.fingerprint,
+                time.time(),
+            ),
+        ).rowcount
+        if inserted != 1:
+            raise IdempotencyConflict(
+                f"a retain under Idempotency-Key {key.key!r} is already running; retry it "
+                "after that one finishes"
+            )
+
+    def _link(
+        self,
+        conn: Any,
+        bank_ref: str,
+        seqs: Sequence[int],
+        units: Sequence[PreparedUnit],
+        first: dict[str, tuple[str, str | None]],
+    ) -> None:
+        """Entities (created on first mention: the first name wins, and another process's
+        creation is kept), memberships and links of the new units (see
+        :mod:`heed.memory.links`), in bulk."""
+        entity_ids: dict[str, str] = {}
+        recent: dict[str, list[int]] = {}
+        if first:
+            conn.executemany(
+                "INSERT INTO memory_entities (id, bank_ref, canonical, name, type)"
+                " VALUES (?,?,?,?,?) ON CONFLICT (bank_ref, canonical) DO NOTHING",
+                [
+                    (str(uuid.uuid4()), bank_ref, key, name, kind)
+                    for key, (name, kind) in first.items()
+                ],
+            )
+            for row in latest_units(conn, bank_ref, list(first), ENTITY_LINKS_PER_ENTITY):
+                entity_ids[str(row[0])] = str(row[1])
+                latest = recent.setdefault(str(row[1]), [])
+                if row[3] is not None:
+                    latest.append(int(row[3]))
+        memberships, links = plan_links(seqs, units, entity_ids, recent)
+        raise_if_cancelled()
+        self.dialect.insert_rows(conn, "memory_unit_entities", MEMBERSHIP_COLUMNS, memberships)
+        self.dialect.insert_rows(conn, "memory_links", LINK_COLUMNS, links)
+
+    # -- removals ------------------------------------------------------------------------
+
+    def remove_document(
+        self, conn: Any, bank_ref: str, document_id: str
+    ) -> tuple[list[int], list[str | None]]:
+        """Delete a document's units (their links and entity rows cascade), chunks and row,
+        in the caller's transaction: the seqs removed (ascending), and the shared values the
+        removed rows referenced (for :func:`~heed.storage.memory.values.release`)."""
+        rows = conn.execute(
+            "DELETE FROM memory_units WHERE bank_ref = ? AND document_id = ?"
+            " RETURNING seq, tags_ref, metadata_ref, context_ref",
+            (bank_ref, document_id),
+        ).fetchall()
+        seqs = sorted(int(r[0]) for r in rows)
+        self.dialect.drop_keywords(conn, seqs)
+        refs: list[str | None] = [ref for r in rows for ref in (r[1], r[2], r[3])]
+        conn.execute(
+            "DELETE FROM memory_chunks WHERE bank_ref = ? AND document_id = ?",
+            (bank_ref, document_id),
+        )
+        for row in conn.execute(
+            "DELETE FROM memory_documents WHERE bank_ref = ? AND document_id = ?"
+            " RETURNING tags_ref, metadata_ref",
+            (bank_ref, document_id),
+        ).fetchall():
+            refs.extend(row)
+        return seqs, refs
+
+    def delete_document(self, bank_ref: str, document_id: str) -> WriteResult | None:
+        """See :meth:`heed.memory.store.MemoryStore.delete_document`."""
+        if holds_nul(document_id):
+            return None
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            exists = conn.execute(
+                "SELECT 1 FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document_id),
+            ).fetchone()
+            if exists is None:
+                return None
+            generation = touch_bank(conn, bank_ref)
+            seqs, refs = self.remove_document(conn, bank_ref, document_id)
+            release(conn, bank_ref, refs)
+            return WriteResult(seqs, [], generation)
+
+    def delete_unit(self, bank_ref: str, unit_id: str) -> WriteResult | None:
+        """See :meth:`heed.memory.store.MemoryStore.delete_unit`."""
+        if holds_nul(unit_id):
+            return None
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            row = conn.execute(
+                "DELETE FROM memory_units WHERE bank_ref = ? AND id = ?"
+                " RETURNING seq, tags_ref, metadata_ref, context_ref",
+                (bank_ref, unit_id),
+            ).fetchone()
+            if row is None:
+                return None
+            self.dialect.drop_keywords(conn, [int(row[0])])
+            release(conn, bank_ref, [row[1], row[2], row[3]])
+            return WriteResult([int(row[0])], [], touch_bank(conn, bank_ref))
+
+    def delete_bank(self, bank_ref: str) -> int:
+        """See :meth:`heed.memory.store.MemoryStore.delete_bank`."""
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            count = int(
+                conn.execute(
+                    "SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,)
+                ).fetchone()[0]
+            )
+            self.dialect.drop_bank_keywords(conn, bank_ref)
+            # Set-based deletes first; the cascades then find nothing left to do row by row.
+            for table, column in (
+                ("memory_links", "from_seq"),
+                ("memory_unit_entities", "unit_seq"),
+            ):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE {column} IN"
+                    " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
+                    (bank_ref,),
+                )
+            conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
+            for table in (
+                "memory_entities",
+                "memory_chunks",
+                "memory_documents",
+                "memory_retain_ledger",
+                "memory_values",
+            ):
+                conn.execute(f"DELETE FROM {table} WHERE bank_ref = ?", (bank_ref,))
+            conn.execute("DELETE FROM memory_banks WHERE ref = ?", (bank_ref,))
+        return count
+
+    def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
+        """See :meth:`heed.memory.store.MemoryStore.retain_ledger`."""
+        if holds_nul(key):
+            return []
+        with self.db.write() as conn:
+            conn.execute(
+                "DELETE FROM memory_retain_ledger WHERE created_at < ?",
+                (time.time() - KEY_TTL_SECONDS,),
+            )
+            rows = conn.execute(
+                "SELECT document_index, document_id, units, fingerprint FROM memory_retain_ledger"
+                " WHERE bank_ref = ? AND idempotency_key = ? ORDER BY document_index",
+                (bank_ref, key),
+            ).fetchall()
+        return [LedgerEntry(int(r[0]), r[1], int(r[2]), r[3]) for r in rows]
