@@ -34,7 +34,15 @@ from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
 from heed.migrate import MigrationError, MigrationSummary, engine_factory_for
 from heed.migrate.source import Snapshot
-from heed.migrate.tables import DERIVED, LEFT_OUT, MEMORY_TABLES, REMAPPED, RUN_TABLES, copy_columns
+from heed.migrate.tables import (
+    BANK_TABLES,
+    DERIVED,
+    LEFT_OUT,
+    MEMORY_TABLES,
+    REMAPPED,
+    RUN_TABLES,
+    copy_columns,
+)
 from heed.migrate.target import prepare_target
 from heed.runs.events import EventType
 from heed.runs.model import Phase, Run, new_run_id
@@ -249,19 +257,7 @@ UNIT_EDGES = {
     ),
 }
 
-TABLES = [
-    "memory_banks",
-    "memory_documents",
-    "memory_chunks",
-    "memory_units",
-    "memory_entities",
-    "memory_unit_entities",
-    "memory_links",
-    "memory_retain_ledger",
-    "sessions",
-    "session_messages",
-    "session_wakeups",
-]
+TABLES = [*BANK_TABLES, "sessions", "session_messages", "session_wakeups"]
 
 
 def _count(conn: Any, table: str) -> int:

@@ -17,9 +17,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from heed.memory.idempotency import LedgerEntry, RetainKey
-from heed.memory.models import Bank, BankStats, DocumentInfo, PreparedDocument, StoredUnit
-from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows, WriteResult
+from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
+from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.rows import (
@@ -68,9 +67,10 @@ def _like(search: str) -> str:
     return "%" + search.lower().replace("\\", "\\\\") + "%"
 
 
-class SqlMemoryStore:
+class SqlMemoryStore(DocumentWrites):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
-    either database (see the module docstring and :class:`heed.memory.store.MemoryStore`).
+    either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
+    its writes are :class:`~.writes.DocumentWrites`'.
 
     *dim* is the size of the vectors the store holds (the embedder's): a unit with another
     size is refused, and on PostgreSQL it sizes the vector column.
@@ -82,7 +82,6 @@ class SqlMemoryStore:
         self.db = database
         self.dim = dim
         self.dialect = memory_dialect(database, dim)
-        self.writes = DocumentWrites(database, self.dialect, dim)
         #: Whether recall searches vectors here (PostgreSQL) rather than in process.
         self.searches_vectors = self.dialect.searches_vectors
 
@@ -150,27 +149,20 @@ class SqlMemoryStore:
                 )
         return bank
 
-    def delete_bank(self, bank_ref: str) -> int:
-        return self.writes.delete_bank(bank_ref)
-
     def bank_stats(self, bank_ref: str) -> BankStats:
         with self.db.read() as conn:
-            by_type = {
-                str(r[0]): int(r[1])
-                for r in conn.execute(
-                    "SELECT fact_type, COUNT(*) FROM memory_units WHERE bank_ref = ?"
-                    " GROUP BY fact_type",
-                    (bank_ref,),
-                ).fetchall()
-            }
-            links = {
-                str(r[0]): int(r[1])
-                for r in conn.execute(
-                    "SELECT l.link_type, COUNT(*) FROM memory_links l JOIN memory_units u"
-                    " ON u.seq = l.from_seq WHERE u.bank_ref = ? GROUP BY l.link_type",
-                    (bank_ref,),
-                ).fetchall()
-            }
+            by_type = _counts(
+                conn,
+                "SELECT fact_type, COUNT(*) FROM memory_units WHERE bank_ref = ?"
+                " GROUP BY fact_type",
+                (bank_ref,),
+            )
+            links = _counts(
+                conn,
+                "SELECT l.link_type, COUNT(*) FROM memory_links l JOIN memory_units u"
+                " ON u.seq = l.from_seq WHERE u.bank_ref = ? GROUP BY l.link_type",
+                (bank_ref,),
+            )
             documents = conn.execute(
                 "SELECT COUNT(*) FROM memory_documents WHERE bank_ref = ?", (bank_ref,)
             ).fetchone()[0]
@@ -183,19 +175,6 @@ class SqlMemoryStore:
             documents=int(documents),
             last_write_at=last[0] if last else None,
         )
-
-    # -- retain ----------------------------------------------------------------------------
-
-    def write_document(
-        self,
-        bank_ref: str,
-        document: PreparedDocument,
-        ledger: tuple[RetainKey, int] | None = None,
-    ) -> WriteResult:
-        return self.writes.write_document(bank_ref, document, ledger)
-
-    def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
-        return self.writes.retain_ledger(bank_ref, key)
 
     # -- recall ----------------------------------------------------------------------------
 
@@ -410,9 +389,6 @@ class SqlMemoryStore:
             units = self._units(conn, "bank_ref = ? AND id = ?", (bank_ref, unit_id))
         return units[0] if units else None
 
-    def delete_unit(self, bank_ref: str, unit_id: str) -> WriteResult | None:
-        return self.writes.delete_unit(bank_ref, unit_id)
-
     def list_documents(
         self, bank_ref: str, search: str | None, limit: int, offset: int
     ) -> tuple[list[DocumentInfo], int]:
@@ -449,18 +425,18 @@ class SqlMemoryStore:
             if row is None:
                 return None
             info = document_from_row(row, True)
-            info.units_by_type = {
-                str(r[0]): int(r[1])
-                for r in conn.execute(
-                    "SELECT fact_type, COUNT(*) FROM memory_units"
-                    " WHERE bank_ref = ? AND document_id = ? GROUP BY fact_type",
-                    (bank_ref, document_id),
-                ).fetchall()
-            }
+            info.units_by_type = _counts(
+                conn,
+                "SELECT fact_type, COUNT(*) FROM memory_units"
+                " WHERE bank_ref = ? AND document_id = ? GROUP BY fact_type",
+                (bank_ref, document_id),
+            )
         return info
 
-    def delete_document(self, bank_ref: str, document_id: str) -> WriteResult | None:
-        return self.writes.delete_document(bank_ref, document_id)
+
+def _counts(conn: Any, sql: str, params: Sequence[Any]) -> dict[str, int]:
+    """The rows of a ``SELECT key, COUNT(*) ... GROUP BY key`` as a mapping."""
+    return {str(r[0]): int(r[1]) for r in conn.execute(sql, params).fetchall()}
 
 
 #: A document row's unit count (``memory_documents d``), as ``n``.

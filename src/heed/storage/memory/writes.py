@@ -109,12 +109,13 @@ def latest_units(
 
 
 class DocumentWrites:
-    """Writes and removals of documents and units (see the module docstring)."""
+    """Writes and removals of documents and units (see the module docstring): the write
+    half of :class:`~heed.storage.memory.store.SqlMemoryStore`, which sets its database,
+    its database's part and the size of its vectors."""
 
-    def __init__(self, database: SqlDatabase, dialect: MemoryDialect, dim: int) -> None:
-        self.db = database
-        self.dialect = dialect
-        self.dim = dim
+    db: SqlDatabase
+    dialect: MemoryDialect
+    dim: int
 
     def lock_bank(self, conn: Any, bank_ref: str) -> None:
         """Hold the bank's lock until the write transaction ends."""
