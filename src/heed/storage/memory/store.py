@@ -37,7 +37,7 @@ from heed.storage.memory.rows import (
 )
 from heed.storage.memory.schema import DEFAULT_DIM, memory_migrations
 from heed.storage.memory.sqlite import SqliteMemory
-from heed.storage.memory.writes import DocumentWrites, latest_units
+from heed.storage.memory.writes import DocumentWrites
 
 __all__ = ["SqlMemoryStore", "memory_dialect"]
 
@@ -324,9 +324,7 @@ class SqlMemoryStore(DocumentWrites):
         if not names:
             return {}
         with self.db.cancellable() as conn:
-            rows = latest_units(
-                conn, bank_ref, names, row_limit(per_entity), ", u.text, u.mentioned_at"
-            )
+            rows = _observations(conn, bank_ref, names, row_limit(per_entity))
         out: dict[str, dict[str, Any]] = {}
         for _canonical, entity_id, name, unit_seq, text, mentioned_at in rows:
             state = out.setdefault(
@@ -432,6 +430,48 @@ class SqlMemoryStore(DocumentWrites):
                 (bank_ref, document_id),
             )
         return info
+
+
+#: Entities whose observations one statement reads (SQLite allows 500 compound terms).
+_ENTITIES_PER_STATEMENT: Final = 100
+
+
+def _observations_sql(entities: int) -> str:
+    """The bank's entities among *entities* canonical names, with their latest units'
+    text and ``mentioned_at`` (``canonical, id, name, unit_seq, text, mentioned_at``), one
+    row per unit, newest first (an entity without units: one row, ``unit_seq`` ``NULL``).
+
+    Parameters: per entity ``bank_ref, canonical, limit``, then ``bank_ref`` and the
+    canonical names again. A ``UNION`` of one index range per entity: any limit, and an
+    entity named in a million units costs as little as one named in three (a recall names
+    few entities; a write's links read a fixed few seqs of many entities otherwise, in
+    :mod:`~heed.storage.memory.writes`).
+    """
+    latest = " UNION ALL ".join(
+        "SELECT * FROM (SELECT ue.entity_id, ue.unit_seq, u.text, u.mentioned_at"
+        " FROM memory_unit_entities ue JOIN memory_units u ON u.seq = ue.unit_seq"
+        " WHERE ue.entity_id ="
+        " (SELECT x.id FROM memory_entities x WHERE x.bank_ref = ? AND x.canonical = ?)"
+        f" ORDER BY ue.unit_seq DESC LIMIT ?) AS f{i}"
+        for i in range(entities)
+    )
+    return (
+        "SELECT e.canonical, e.id, e.name, f.unit_seq, f.text, f.mentioned_at"
+        f" FROM memory_entities e LEFT JOIN ({latest}) AS f ON f.entity_id = e.id"
+        f" WHERE e.bank_ref = ? AND e.canonical IN ({','.join('?' * entities)})"
+        " ORDER BY e.canonical, f.unit_seq DESC"
+    )
+
+
+def _observations(conn: Any, bank_ref: str, canonicals: Sequence[str], limit: int) -> list[Any]:
+    """The rows of :func:`_observations_sql` for *canonicals*."""
+    rows: list[Any] = []
+    for start in range(0, len(canonicals), _ENTITIES_PER_STATEMENT):
+        part = list(canonicals[start : start + _ENTITIES_PER_STATEMENT])
+        params = [p for name in part for p in (bank_ref, name, limit)]
+        sql = _observations_sql(len(part))
+        rows.extend(conn.execute(sql, (*params, bank_ref, *part)).fetchall())
+    return rows
 
 
 def _counts(conn: Any, sql: str, params: Sequence[Any]) -> dict[str, int]:

@@ -60,52 +60,20 @@ LINK_COLUMNS: Final[tuple[Column, ...]] = (
     ("link_type", "text"),
     ("weight", "float8"),
 )
-#: Entities whose latest units one statement reads (SQLite allows 500 compound terms).
-_ENTITIES_PER_STATEMENT: Final = 100
-
-
-def latest_units_sql(entities: int, unit_columns: str = "") -> str:
-    """The bank's entities of *entities* canonical names with, one row each, their latest
-    units, newest first (an entity without units: one row, its unit columns ``NULL``).
-
-    Columns: ``canonical, id, name, unit_seq`` and *unit_columns* (of ``memory_units u``,
-    each with its leading comma). Parameters: per entity ``bank_ref, canonical, limit``,
-    then ``bank_ref`` and the canonical names again. One index range per entity, so an
-    entity named in a million units costs as little as one named in three.
-    """
-    join = " JOIN memory_units u ON u.seq = ue.unit_seq" if unit_columns else ""
-    latest = " UNION ALL ".join(
-        f"SELECT * FROM (SELECT ue.entity_id, ue.unit_seq{unit_columns}"
-        f" FROM memory_unit_entities ue{join} WHERE ue.entity_id ="
-        " (SELECT x.id FROM memory_entities x WHERE x.bank_ref = ? AND x.canonical = ?)"
-        f" ORDER BY ue.unit_seq DESC LIMIT ?) AS f{i}"
-        for i in range(entities)
+#: A write's entities with their ids and latest units: per entity the bank knows among the
+#: canonical names (a list to append, ``{names}``), ``canonical, id`` and its latest
+#: :data:`ENTITY_LINKS_PER_ENTITY` unit seqs, newest first (``NULL`` past its last). Scalar
+#: subqueries: one statement however many entities, each an index range read backwards, no
+#: sort (a write's entities can be hundreds; it beat one query per entity and a ``UNION``).
+_ENTITIES_WITH_LATEST_UNITS: Final = (
+    "SELECT e.canonical, e.id, "
+    + ", ".join(
+        "(SELECT unit_seq FROM memory_unit_entities WHERE entity_id = e.id"
+        f" ORDER BY unit_seq DESC LIMIT 1 OFFSET {i})"
+        for i in range(ENTITY_LINKS_PER_ENTITY)
     )
-    named = ",".join("?" * entities)
-    picked = "".join(f", f.{c.strip().removeprefix('u.')}" for c in unit_columns.split(",")[1:])
-    return (
-        f"SELECT e.canonical, e.id, e.name, f.unit_seq{picked} FROM memory_entities e"
-        f" LEFT JOIN ({latest}) AS f ON f.entity_id = e.id"
-        f" WHERE e.bank_ref = ? AND e.canonical IN ({named})"
-        " ORDER BY e.canonical, f.unit_seq DESC"
-    )
-
-
-def latest_units(
-    conn: Any, bank_ref: str, canonicals: Sequence[str], limit: int, unit_columns: str = ""
-) -> list[Any]:
-    """The rows of :func:`latest_units_sql` for *canonicals*, a statement per
-    ``_ENTITIES_PER_STATEMENT`` names."""
-    rows: list[Any] = []
-    for start in range(0, len(canonicals), _ENTITIES_PER_STATEMENT):
-        part = list(canonicals[start : start + _ENTITIES_PER_STATEMENT])
-        params = [p for name in part for p in (bank_ref, name, limit)]
-        rows.extend(
-            conn.execute(
-                latest_units_sql(len(part), unit_columns), (*params, bank_ref, *part)
-            ).fetchall()
-        )
-    return rows
+    + " FROM memory_entities e WHERE e.bank_ref = ? AND {names}"
+)
 
 
 class DocumentWrites:
@@ -316,11 +284,16 @@ class DocumentWrites:
                     for key, (name, kind) in first.items()
                 ],
             )
-            for row in latest_units(conn, bank_ref, list(first), ENTITY_LINKS_PER_ENTITY):
-                entity_ids[str(row[0])] = str(row[1])
-                latest = recent.setdefault(str(row[1]), [])
-                if row[3] is not None:
-                    latest.append(int(row[3]))
+            keys = list(first)
+            step = self.dialect.list_max
+            for start in range(0, len(keys), step):
+                part = keys[start : start + step]
+                names, params = self.dialect.any_of("e.canonical", part, "text")
+                for key, entity_id, *latest in conn.execute(
+                    _ENTITIES_WITH_LATEST_UNITS.format(names=names), (bank_ref, *params)
+                ).fetchall():
+                    entity_ids[str(key)] = str(entity_id)
+                    recent[str(entity_id)] = [int(seq) for seq in latest if seq is not None]
         memberships, links = plan_links(seqs, units, entity_ids, recent)
         raise_if_cancelled()
         self.dialect.insert_rows(conn, "memory_unit_entities", MEMBERSHIP_COLUMNS, memberships)
