@@ -35,7 +35,7 @@ __all__ = ["KEYWORD_CANDIDATES", "KEYWORD_PRUNE_ABOVE_UNITS", "KeywordSearch"]
 
 #: In a bank of more than this many units, a keyword search whose words are estimated to
 #: match more than :data:`KEYWORD_CANDIDATES` units scores only the rarest words' matches.
-#: (Measured on a 1M-unit bank: docs/performance.md.)
+#: (Chosen on a 1M-unit bank: docs/performance.md, "Memory".)
 KEYWORD_PRUNE_ABOVE_UNITS: Final = 50_000
 KEYWORD_CANDIDATES: Final = 2_000
 #: How long the planner's lexeme statistics and a bank's unit count are reused (seconds).

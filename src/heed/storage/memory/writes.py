@@ -14,7 +14,7 @@ SQLite the file's writer lock already does.
 The lock is held for the whole document, not released between batches: a document is whole
 or absent, and a recall never sees half of one. What keeps other writers (a session being
 created) from waiting long is that the work under the lock is linear in the document's rows
-([performance](docs/performance.md)).
+(docs/performance.md, "Memory").
 """
 
 from __future__ import annotations
