@@ -366,6 +366,14 @@ def test_real_retains_read_back_alike_on_both_databases(
     assert sqlite["document"]["units_by_type"] and sqlite["document"]["original_text"]
 
 
+def test_keyword_search_drops_stop_words(pg_store: SqlMemoryStore) -> None:
+    """PostgreSQL's English configuration (SQLite's porter tokenizer keeps them)."""
+    bank = _bank(pg_store)
+    pg_store.write_document(bank.ref, _doc([_unit("the cat and it", None)]))
+    assert pg_store.keyword_search(bank.ref, ["the", "and", "it"], 10) == []
+    assert len(pg_store.keyword_search(bank.ref, ["the", "cat"], 10)) == 1
+
+
 def test_a_large_bank_scores_only_the_rarest_words_matches(pg_store: SqlMemoryStore) -> None:
     """In a bank past the pruning size, a common word no longer brings in every unit it
     matches: the rare word's units are the candidates, and both words score them."""

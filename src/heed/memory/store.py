@@ -198,9 +198,9 @@ class MemoryStore(Protocol):
     def keyword_search(
         self, bank_ref: str, terms: Sequence[str], limit: int
     ) -> list[tuple[int, float]]:
-        """BM25 over the bank's units matching any of *terms* (stemmed; stop words, blank
-        terms and repeats count once or not at all): (seq, score), score positive, best
-        first."""
+        """BM25 over the bank's units matching any of *terms*, stemmed (blank terms count
+        not at all, repeats once; PostgreSQL's English configuration also drops stop words):
+        (seq, score), score positive, best first."""
         ...
 
     def units_by_entities(
