@@ -70,7 +70,7 @@ def _like(search: str) -> str:
 class SqlMemoryStore(DocumentWrites):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
     either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
-    its writes are :class:`~.writes.DocumentWrites`'.
+    its writes come from :class:`~.writes.DocumentWrites`.
 
     *dim* is the size of the vectors the store holds (the embedder's): a unit with another
     size is refused, and on PostgreSQL it sizes the vector column.
