@@ -494,3 +494,61 @@ async def test_a_large_json_body_is_parsed_in_a_worker_thread(
     assert await request_of(small).json() == {"x": "a"}
     assert (await request_of(large).json())["x"] == "a" * OFFLOAD_BODY_BYTES
     assert threads == [len(large)]
+
+
+async def test_a_client_leaving_during_a_large_parse_is_a_cancellation_not_a_400(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    from heed.api import routing
+    from heed.api.input_rules import OFFLOAD_BODY_BYTES
+    from heed.runtime import OperationCancelled
+
+    async def cancelled(fn: Any, *args: Any) -> Any:
+        raise OperationCancelled("client disconnected")
+
+    monkeypatch.setattr(routing, "run_in_thread", cancelled)
+
+    class Body(BaseModel):
+        x: str
+
+    app = FastAPI()
+    app.router.route_class = routing.HeedRoute
+
+    @app.post("/x")
+    async def endpoint(body: Body) -> dict[str, str]:
+        return {"x": body.x}
+
+    route = next(r for r in app.router.routes if getattr(r, "path", "") == "/x")
+    assert isinstance(route, routing.HeedRoute)
+    body = json.dumps({"x": "a" * OFFLOAD_BODY_BYTES}).encode()
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/x",
+        "headers": [(b"content-type", b"application/json")],
+        "query_string": b"",
+    }
+    request = routing.OffloadedJsonRequest(scope, receive)
+    with pytest.raises(OperationCancelled):  # FastAPI's own parse would have made it a 400
+        await route.get_route_handler()(request)
+
+
+def test_a_large_malformed_body_is_a_422_naming_the_position(http: httpx.Client) -> None:
+    from heed.api.input_rules import OFFLOAD_BODY_BYTES
+
+    assert http.put("/v1/default/banks/malformed", json={}).status_code == 200
+    raw = b'{"items": [{"content": "' + b"a" * OFFLOAD_BODY_BYTES + b'"}'  # no closing brace
+    response = http.post(
+        "/v1/default/banks/malformed/memories",
+        content=raw,
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["type"] == "json_invalid"
