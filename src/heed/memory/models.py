@@ -15,6 +15,7 @@ from heed.errors import HeedError
 
 __all__ = [
     "BUDGETS",
+    "CONSOLIDATION_STATES",
     "FACT_TYPES",
     "Bank",
     "BankStats",
@@ -35,8 +36,12 @@ __all__ = [
 ]
 
 #: The fact types heed stores. Retained text is "world" unless the item says otherwise;
-#: "observation" is accepted for compatibility and never produced (no consolidation).
+#: extracted facts are "world" or "experience"; consolidation writes "observation"
+#: (:mod:`heed.memory.consolidation`).
 FACT_TYPES: Final = ("world", "experience", "observation")
+#: What ``consolidation_state`` a unit can have: waiting for consolidation, consolidated,
+#: or given up on (the model's reply for it stayed malformed; ``recover`` sets it pending).
+CONSOLIDATION_STATES: Final = ("pending", "done", "failed")
 
 Budget = Literal["low", "mid", "high"]
 BUDGETS: Final = ("low", "mid", "high")
@@ -137,6 +142,15 @@ class PreparedUnit:
     entities: list[EntityRef]
     embedding: Any = None  # np.ndarray (dim,), float32, unit length
     token_count: int | None = None
+    source_ids: list[str] = field(default_factory=list)
+    """The ids of the units this one rests on: an extracted fact's turns, an observation's
+    facts (its provenance)."""
+    consolidation_state: str | None = None
+    """``pending`` when consolidation should take it (see :data:`CONSOLIDATION_STATES`)."""
+    proof_count: int | None = None
+    """An observation's: how many facts support it."""
+    history: list[dict[str, Any]] | None = None
+    """An observation's earlier versions, oldest first."""
 
 
 @dataclass(slots=True)
@@ -181,6 +195,10 @@ class StoredUnit:
     created_at: str
     updated_at: str | None = None
     token_count: int | None = None
+    source_ids: list[str] = field(default_factory=list)
+    consolidation_state: str | None = None
+    proof_count: int | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ Rules every method keeps, on every database (tested once for both:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,13 +38,16 @@ from heed.memory.models import (
     DocumentInfo,
     NotFound,
     PreparedDocument,
+    PreparedUnit,
     StoredUnit,
 )
 
 __all__ = [
     "BankGone",
     "BankTaken",
+    "LearningStore",
     "MemoryStore",
+    "ObservationChanges",
     "UnitFilter",
     "VectorChanges",
     "VectorRows",
@@ -116,9 +119,54 @@ class UnitFilter:
     time_field: str | None = None
     start: str | None = None
     end: str | None = None
+    consolidation_state: str | None = None
 
 
-class MemoryStore(Protocol):
+@dataclass(frozen=True, slots=True)
+class ObservationChanges:
+    """One consolidation round's writes (see :meth:`LearningStore.write_observations`).
+
+    ``created`` are new observation units; ``replaced`` observations whose stored row is
+    replaced by the given unit, which keeps the stored one's id (its ``history`` already
+    holds the earlier version); ``removed`` the ids of observations merged into another;
+    ``done`` and ``failed`` the seqs of the facts the round consolidated or gave up on."""
+
+    created: list[PreparedUnit] = field(default_factory=list)
+    replaced: list[PreparedUnit] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    done: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+
+
+class LearningStore(Protocol):
+    """What consolidation needs of a store (:mod:`heed.memory.consolidation`); part of
+    every :class:`MemoryStore`. Writes are one transaction each and check the bank's row
+    first (:class:`BankGone`, nothing written)."""
+
+    def pending_units(self, bank_ref: str, limit: int) -> list[StoredUnit]:
+        """The bank's oldest *limit* units waiting for consolidation, oldest first."""
+        ...
+
+    def units_by_ids(self, bank_ref: str, ids: Sequence[str]) -> list[StoredUnit]:
+        """The bank's units among *ids* (gone ones absent), in seq order."""
+        ...
+
+    def write_observations(self, bank_ref: str, changes: ObservationChanges) -> WriteResult:
+        """Write a consolidation round (see :class:`ObservationChanges`): ``added`` lists
+        the created units, then the replacements, in that order."""
+        ...
+
+    def delete_observations(self, bank_ref: str, source_id: str | None) -> WriteResult:
+        """Delete the bank's observations (those resting on unit *source_id* when given);
+        the facts they rested on become pending again."""
+        ...
+
+    def recover_consolidation(self, bank_ref: str) -> int:
+        """Make the bank's ``failed`` units ``pending`` again; how many."""
+        ...
+
+
+class MemoryStore(LearningStore, Protocol):
     """Banks, documents, units, entities, links and the keyword index of all tenants (see
     the module docstring for the rules every method keeps)."""
 

@@ -52,7 +52,8 @@ UNIT_COLUMNS: Final = (
     f"seq, id, text, fact_type, {value_column('memory_units', 'context')} AS context,"
     " document_id, chunk_id, occurred_start,"
     f" occurred_end, mentioned_at, {value_column('memory_units', 'metadata')} AS metadata,"
-    f" {value_column('memory_units', 'tags')} AS tags, created_at, updated_at, token_count"
+    f" {value_column('memory_units', 'tags')} AS tags, created_at, updated_at, token_count,"
+    " consolidation_state, source_ids, proof_count, history"
 )
 
 #: The ``memory_units`` columns a write gives, in the order of its rows: every column but
@@ -79,6 +80,10 @@ UNIT_WRITE_COLUMNS: Final = (
     "created_at",
     "updated_at",
     "token_count",
+    "consolidation_state",
+    "source_ids",
+    "proof_count",
+    "history",
     "generation",
 )
 
@@ -292,6 +297,10 @@ def unit_from_row(row: Any) -> StoredUnit:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         token_count=row["token_count"],
+        source_ids=json.loads(row["source_ids"]) if row["source_ids"] else [],
+        consolidation_state=row["consolidation_state"],
+        proof_count=row["proof_count"],
+        history=json.loads(row["history"]) if row["history"] else [],
     )
 
 

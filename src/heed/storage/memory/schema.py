@@ -234,4 +234,23 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
                 WHERE context_ref IS NOT NULL;
             """,
         ),
+        Migration(
+            "memory",
+            7,
+            # Memory that learns (heed.memory.extraction, heed.memory.consolidation): a
+            # unit's provenance (the ids of the units it rests on, JSON), its place in
+            # consolidation (pending, done, failed; NULL: not for consolidation), and an
+            # observation's support and earlier versions (JSON). Pending units are found
+            # by a partial index, so consolidation never scans a bank.
+            """
+            ALTER TABLE memory_units ADD COLUMN consolidation_state {bytewise};
+            ALTER TABLE memory_units ADD COLUMN source_ids TEXT;
+            ALTER TABLE memory_units ADD COLUMN proof_count INTEGER;
+            ALTER TABLE memory_units ADD COLUMN history TEXT;
+            CREATE INDEX memory_units_pending ON memory_units (bank_ref, seq)
+                WHERE consolidation_state = 'pending';
+            CREATE INDEX memory_units_failed ON memory_units (bank_ref, seq)
+                WHERE consolidation_state = 'failed';
+            """,
+        ),
     ]

@@ -21,6 +21,7 @@ from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.dialect import MemoryDialect
+from heed.storage.memory.learning import LearningWrites
 from heed.storage.memory.rows import (
     DOCUMENT_VALUES,
     UNIT_COLUMNS,
@@ -37,7 +38,6 @@ from heed.storage.memory.rows import (
 )
 from heed.storage.memory.schema import DEFAULT_DIM, memory_migrations
 from heed.storage.memory.sqlite import SqliteMemory
-from heed.storage.memory.writes import DocumentWrites
 
 __all__ = ["SqlMemoryStore", "memory_dialect"]
 
@@ -67,10 +67,11 @@ def _like(search: str) -> str:
     return "%" + search.lower().replace("\\", "\\\\") + "%"
 
 
-class SqlMemoryStore(DocumentWrites):
+class SqlMemoryStore(LearningWrites):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
     either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
-    its writes come from :class:`~.writes.DocumentWrites`.
+    its writes come from :class:`~.writes.DocumentWrites` and consolidation's from
+    :class:`~.learning.LearningWrites`.
 
     *dim* is the size of the vectors the store holds (the embedder's): a unit with another
     size is refused, and on PostgreSQL it sizes the vector column.
@@ -339,7 +340,15 @@ class SqlMemoryStore(DocumentWrites):
     def list_units(
         self, bank_ref: str, flt: UnitFilter, limit: int, offset: int
     ) -> tuple[list[StoredUnit], int]:
-        if holds_nul(flt.fact_type, flt.document_id, flt.search, flt.entity_id, flt.start, flt.end):
+        if holds_nul(
+            flt.fact_type,
+            flt.document_id,
+            flt.search,
+            flt.entity_id,
+            flt.start,
+            flt.end,
+            flt.consolidation_state,
+        ):
             return [], 0
         where = ["bank_ref = ?"]
         params: list[Any] = [bank_ref]
@@ -349,6 +358,9 @@ class SqlMemoryStore(DocumentWrites):
         if flt.document_id:
             where.append("document_id = ?")
             params.append(flt.document_id)
+        if flt.consolidation_state:
+            where.append("consolidation_state = ?")
+            params.append(flt.consolidation_state)
         if flt.search:
             where.append("LOWER(text) LIKE ? ESCAPE '\\'")
             params.append(_like(flt.search))

@@ -20,6 +20,7 @@ created) from waiting long is that the work under the lock is linear in the docu
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -200,7 +201,7 @@ class DocumentWrites:
     def _unit_row(
         self,
         bank_ref: str,
-        document_id: str,
+        document_id: str | None,
         unit: PreparedUnit,
         chunk_ids: dict[int, str],
         now: str,
@@ -225,6 +226,10 @@ class DocumentWrites:
             now,
             None,
             unit.token_count,
+            unit.consolidation_state,
+            json.dumps(unit.source_ids) if unit.source_ids else None,
+            unit.proof_count,
+            json.dumps(unit.history) if unit.history else None,
         )
 
     def _join_stored_last(

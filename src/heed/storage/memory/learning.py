@@ -1,0 +1,171 @@
+"""The memory store's part for memory that learns: consolidation's reads and writes.
+
+Observations are units of fact type ``observation`` without a document; their provenance
+(``source_ids``, the facts they rest on), support (``proof_count``) and earlier versions
+(``history``) are columns of the unit (:mod:`heed.storage.memory.schema`, version 7). A
+unit waiting for consolidation has ``consolidation_state = 'pending'``, found through a
+partial index, so a round reads its batch without scanning the bank.
+
+A round's writes (:meth:`LearningWrites.write_observations`) are one transaction under
+the bank's lock, like a document's: the bank's row is checked first (a deleted bank is
+:class:`~heed.memory.store.BankGone` and nothing is written), then replaced and merged
+observations are removed, new rows inserted with their keyword index, entities and links,
+and the facts' states set. An observation that is updated keeps its id: its row is replaced
+by one with a new seq (the search structures follow the seq), its old text in ``history``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from heed.memory.links import first_mentions
+from heed.memory.models import StoredUnit
+from heed.memory.store import ObservationChanges, WriteResult
+from heed.runtime import raise_if_cancelled
+from heed.storage.memory.rows import bank_token, holds_nul, now_iso, touch_bank
+from heed.storage.memory.values import ValueWriter, release
+from heed.storage.memory.writes import DocumentWrites
+
+__all__ = ["OBSERVATION", "LearningWrites"]
+
+OBSERVATION: Final = "observation"
+
+
+class LearningWrites(DocumentWrites):
+    """Consolidation's reads and writes (see the module docstring and
+    :class:`heed.memory.store.LearningStore`), beside the document writes."""
+
+    if TYPE_CHECKING:  # the store's unit reader (SqlMemoryStore._units)
+
+        def _units(self, conn: Any, where: str, params: Iterable[Any]) -> list[StoredUnit]: ...
+
+    def pending_units(self, bank_ref: str, limit: int) -> list[StoredUnit]:
+        if limit == 0:
+            return []
+        with self.db.read() as conn:
+            return self._units(
+                conn,
+                "bank_ref = ? AND consolidation_state = 'pending' ORDER BY seq LIMIT ?",
+                (bank_ref, limit if limit > 0 else 2**62),
+            )
+
+    def units_by_ids(self, bank_ref: str, ids: Sequence[str]) -> list[StoredUnit]:
+        wanted = [i for i in dict.fromkeys(ids) if not holds_nul(i)]
+        out: list[StoredUnit] = []
+        with self.db.read() as conn:
+            for start in range(0, len(wanted), self.dialect.list_max):
+                match, params = self.dialect.any_of(
+                    "id", wanted[start : start + self.dialect.list_max], "text"
+                )
+                out.extend(self._units(conn, f"bank_ref = ? AND {match}", (bank_ref, *params)))
+        return sorted(out, key=lambda u: u.seq)
+
+    def write_observations(self, bank_ref: str, changes: ObservationChanges) -> WriteResult:
+        units = [*changes.created, *changes.replaced]
+        self._check_vectors(units)
+        now = now_iso()
+        values = ValueWriter()
+        rows = [self._unit_row(bank_ref, None, unit, {}, now, values) for unit in units]
+        first = first_mentions(units)
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            generation = touch_bank(conn, bank_ref, now)
+            gone = [u.id for u in changes.replaced] + list(changes.removed)
+            removed, released = self._remove_units(conn, bank_ref, gone, OBSERVATION)
+            [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
+            if units:
+                self.dialect.insert_units(
+                    conn,
+                    [(seq, *row, generation) for seq, row in zip(seqs, rows, strict=True)],
+                    [(bank_token(bank_ref), unit.index_text) for unit in units],
+                )
+            raise_if_cancelled()
+            self._link(conn, bank_ref, seqs, units, first)
+            self._set_state(conn, bank_ref, changes.done, "done")
+            self._set_state(conn, bank_ref, changes.failed, "failed")
+            values.store(conn, bank_ref)
+            release(conn, bank_ref, released)
+        return WriteResult(
+            removed=removed,
+            added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
+            generation=generation,
+        )
+
+    def delete_observations(self, bank_ref: str, source_id: str | None) -> WriteResult:
+        if source_id is not None and holds_nul(source_id):
+            return WriteResult([], [])
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            rows = conn.execute(
+                "SELECT id, source_ids FROM memory_units WHERE bank_ref = ? AND fact_type = ?",
+                (bank_ref, OBSERVATION),
+            ).fetchall()
+            doomed: list[str] = []
+            sources: set[str] = set()
+            for row in rows:
+                cited = json.loads(row["source_ids"]) if row["source_ids"] else []
+                if source_id is None or source_id in cited:
+                    doomed.append(str(row["id"]))
+                    sources.update(cited)
+            if not doomed:
+                return WriteResult([], [])
+            generation = touch_bank(conn, bank_ref)
+            removed, released = self._remove_units(conn, bank_ref, doomed, OBSERVATION)
+            pending = [s for s in sources if not holds_nul(s)]
+            for start in range(0, len(pending), self.dialect.list_max):
+                match, params = self.dialect.any_of(
+                    "id", pending[start : start + self.dialect.list_max], "text"
+                )
+                conn.execute(
+                    "UPDATE memory_units SET consolidation_state = 'pending'"
+                    f" WHERE bank_ref = ? AND consolidation_state IS NOT NULL AND {match}",
+                    (bank_ref, *params),
+                )
+            release(conn, bank_ref, released)
+        return WriteResult(removed, [], generation)
+
+    def recover_consolidation(self, bank_ref: str) -> int:
+        with self.db.write() as conn:
+            return int(
+                conn.execute(
+                    "UPDATE memory_units SET consolidation_state = 'pending'"
+                    " WHERE bank_ref = ? AND consolidation_state = 'failed'",
+                    (bank_ref,),
+                ).rowcount
+            )
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _remove_units(
+        self, conn: Any, bank_ref: str, ids: Sequence[str], fact_type: str
+    ) -> tuple[list[int], list[str | None]]:
+        """Delete the bank's units of *fact_type* among *ids* in the caller's transaction:
+        the seqs removed and the shared values their rows referenced."""
+        seqs: list[int] = []
+        refs: list[str | None] = []
+        for start in range(0, len(ids), self.dialect.list_max):
+            match, params = self.dialect.any_of(
+                "id", list(ids[start : start + self.dialect.list_max]), "text"
+            )
+            for row in conn.execute(
+                f"DELETE FROM memory_units WHERE bank_ref = ? AND fact_type = ? AND {match}"
+                " RETURNING seq, tags_ref, metadata_ref, context_ref",
+                (bank_ref, fact_type, *params),
+            ).fetchall():
+                seqs.append(int(row[0]))
+                refs.extend((row[1], row[2], row[3]))
+        seqs.sort()
+        self.dialect.drop_keywords(conn, seqs)
+        return seqs, refs
+
+    def _set_state(self, conn: Any, bank_ref: str, seqs: Sequence[int], state: str) -> None:
+        for start in range(0, len(seqs), self.dialect.list_max):
+            match, params = self.dialect.any_of(
+                "seq", list(seqs[start : start + self.dialect.list_max]), "bigint"
+            )
+            conn.execute(
+                f"UPDATE memory_units SET consolidation_state = ? WHERE bank_ref = ? AND {match}",
+                (state, bank_ref, *params),
+            )
