@@ -31,6 +31,29 @@ number of slots and a bounded queue. The rules:
   ``max_wait`` is refused too. Refusal is :class:`LaneFull`, with a
   ``retry_after`` hint (the HTTP layer answers 503 with ``Retry-After``).
 
+Background work (memory consolidation: ``lane.slot(background=True)``) goes through the
+same lanes, with a lower priority rather than a pool of its own:
+
+- **Interactive first.** A background waiter is granted a slot only when no interactive
+  waiter is queued in the lane; a freed slot goes to interactive waiters first (by the
+  rules above), to background waiters only when no interactive waiter is queued. With
+  spare capacity, background work takes a free slot at once.
+- **A reserve for interactive work.** Background work holds at most
+  ``background_capacity`` slots at once (by default all but one: on a 2-slot lane one
+  slot stays free for a user's request while background work runs); a background
+  acquire that finds a free slot but the background limit reached queues.
+- **Never starved forever.** A background waiter that has waited over
+  ``background_max_defer`` seconds is served as if it were interactive (cheap) work: it
+  takes the next freed slot unless an interactive waiter that may take it arrived
+  before it (still within ``background_capacity``).
+- **Never shed for waiting.** Background waiters queue first in, first out (tenants,
+  cost and ``dear`` do not apply), in a queue of their own bounded by
+  ``background_max_queue`` (:class:`LaneFull` past it). They do not count in
+  ``max_queue``, the expected wait or the shedding of interactive waiters and have no
+  ``max_wait``: background work waits patiently. A cancelled token takes a background
+  waiter out of the queue at once, as it does an interactive one, and the slot still
+  belongs to the work.
+
 Lanes are used from one event loop; the token may be cancelled from any thread.
 """
 
@@ -40,6 +63,7 @@ import asyncio
 import bisect
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -79,14 +103,19 @@ class LaneStats:
     """Work refused for its expected or actual queue wait, or displaced by fairness."""
     hold_seconds: float = 0.0
     """The moving average of how long a slot is held."""
+    background_in_use: int = 0
+    """Slots held by background work (part of ``in_use``)."""
+    background_queued: int = 0
+    """Background waiters (not part of ``queued``, which counts interactive waiters)."""
 
 
 class _Slot:
-    __slots__ = ("dear", "granted_at", "token")
+    __slots__ = ("background", "dear", "granted_at", "token")
 
-    def __init__(self, token: CancellationToken | None, dear: bool) -> None:
+    def __init__(self, token: CancellationToken | None, dear: bool, background: bool) -> None:
         self.token = token
         self.dear = dear
+        self.background = background
         self.granted_at = time.monotonic()
 
 
@@ -96,8 +125,13 @@ class _Waiter:
     token: CancellationToken | None
     tenant: str
     dear: bool = False
+    background: bool = False
+    #: When it arrived.
+    arrived_at: float = field(default_factory=time.monotonic)
     #: When it is served, in its tenant's queue: arrival, later for dearer work.
-    virtual_at: float = field(default_factory=time.monotonic)
+    virtual_at: float = 0.0
+    #: A background waiter that has waited over ``background_max_defer``.
+    aged: bool = False
 
 
 def _virtual_at(waiter: _Waiter) -> float:
@@ -115,11 +149,26 @@ class Lane:
         retry_after: int = 1,
         max_wait: float | None = None,
         dear_capacity: int | None = None,
+        background_capacity: int | None = None,
+        background_max_defer: float | None = 10.0,
+        background_max_queue: int = 64,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"lane {name!r} needs capacity >= 1, got {capacity}")
         if dear_capacity is not None and dear_capacity < 1:
             raise ValueError(f"lane {name!r} needs dear_capacity >= 1, got {dear_capacity}")
+        if background_capacity is not None and background_capacity < 1:
+            raise ValueError(
+                f"lane {name!r} needs background_capacity >= 1, got {background_capacity}"
+            )
+        if background_max_defer is not None and background_max_defer < 0:
+            raise ValueError(
+                f"lane {name!r} needs background_max_defer >= 0 or None, got {background_max_defer}"
+            )
+        if background_max_queue < 0:
+            raise ValueError(
+                f"lane {name!r} needs background_max_queue >= 0, got {background_max_queue}"
+            )
         if max_queue < 0:
             raise ValueError(f"lane {name!r} needs max_queue >= 0, got {max_queue}")
         if max_wait is not None and max_wait <= 0:
@@ -131,9 +180,21 @@ class Lane:
         self.max_wait = max_wait
         self.dear_capacity = capacity if dear_capacity is None else min(capacity, dear_capacity)
         self._dear_held = 0
+        self.background_capacity = (
+            max(1, capacity - 1)
+            if background_capacity is None
+            else min(capacity, background_capacity)
+        )
+        self.background_max_defer = background_max_defer
+        self.background_max_queue = background_max_queue
+        self._background_held = 0
+        #: Background waiters, in arrival order (first in, first out).
+        self._background: deque[_Waiter] = deque()
         self._held: set[_Slot] = set()
-        #: Waiters per tenant, in arrival order; the dict's order is the round-robin ring.
+        #: Interactive waiters per tenant, in the order they are served (``virtual_at``);
+        #: the dict's order is the round-robin ring.
         self._queues: dict[str, list[_Waiter]] = {}
+        #: Interactive waiters (background ones are in ``_background``).
         self._queued = 0
         self._hold_seconds = 0.0
         self._rejected_total = 0
@@ -155,10 +216,13 @@ class Lane:
             cancelled_in_queue_total=self._cancelled_in_queue_total,
             shed_total=self._shed_total,
             hold_seconds=self._hold_seconds,
+            background_in_use=self._background_held,
+            background_queued=len(self._background),
         )
 
     def expected_wait(self, dear: bool = False) -> float:
-        """Seconds a newcomer (dear work if *dear*) would wait now (0 when a slot is free)."""
+        """Seconds an interactive newcomer (dear work if *dear*) would wait now (0 when a
+        slot is free). Background waiters do not count: interactive work goes first."""
         if len(self._held) < self.capacity and not self._queued:
             return 0.0
         slots = self.dear_capacity if dear else self.capacity
@@ -173,21 +237,30 @@ class Lane:
         *,
         cost: float = 1.0,
         dear: bool = False,
+        background: bool = False,
     ) -> AsyncIterator[None]:
         """Hold a slot for the duration of the block.
 
         *token* defaults to the active request context's token; the waiter's tenant is
         the active context's; *cost* is how dear the work is relative to the usual (it
         orders waiters within a tenant), and *dear* work holds at most
-        ``dear_capacity`` slots (see the module docstring). Raises
+        ``dear_capacity`` slots (see the module docstring). *background* work yields to
+        interactive work, holds at most ``background_capacity`` slots and waits in a
+        first-in first-out queue of its own, never shed for waiting (tenant and *cost*
+        do not apply to it; it cannot be *dear*: :class:`ValueError`). Raises
         :class:`LaneFull` when the lane sheds the work, and :class:`OperationCancelled`
         if the token is cancelled before a slot is granted (the work never starts). The
         slot is released when the block exits, whatever the reason.
         """
+        if background and dear:
+            raise ValueError("background work cannot be dear (it yields to all interactive work)")
         ctx = _current.get()
         if token is None and ctx is not None:
             token = ctx.token
-        slot = await self._acquire(token, ctx.tenant if ctx is not None else "", cost, dear)
+        if background:
+            slot = await self._acquire_background(token)
+        else:
+            slot = await self._acquire(token, ctx.tenant if ctx is not None else "", cost, dear)
         try:
             yield
         finally:
@@ -203,7 +276,7 @@ class Lane:
         if len(self._held) < self.capacity and (
             not dear or (not self._queued and self._dear_held < self.dear_capacity)
         ):
-            return self._grant(token, dear)
+            return self._grant(token, dear, False)
         expected = self.expected_wait(dear)
         if self.max_wait is not None and expected > self.max_wait:
             self._shed_total += 1
@@ -218,9 +291,50 @@ class Lane:
 
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), token, tenant, dear)
-        waiter.virtual_at += max(0.0, cost - 1.0) * self._hold_seconds
+        waiter.virtual_at = waiter.arrived_at + max(0.0, cost - 1.0) * self._hold_seconds
         bisect.insort(self._queues.setdefault(tenant, []), waiter, key=_virtual_at)
         self._queued += 1
+        timer = (
+            loop.call_later(self.max_wait, self._shed_late, waiter)
+            if self.max_wait is not None
+            else None
+        )
+        return await self._wait(loop, waiter, timer)
+
+    async def _acquire_background(self, token: CancellationToken | None) -> _Slot:
+        if token is not None:
+            token.raise_if_cancelled()
+        if (
+            len(self._held) < self.capacity
+            and self._background_held < self.background_capacity
+            and not self._queued
+            and not self._background
+        ):
+            return self._grant(token, False, True)
+        if len(self._background) >= self.background_max_queue:
+            self._rejected_total += 1
+            raise LaneFull(
+                self.name, self._retry_after_hint(), "has too much background work queued"
+            )
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), token, "", background=True)
+        self._background.append(waiter)
+        timer = (
+            loop.call_later(self.background_max_defer, self._age, waiter)
+            if self.background_max_defer is not None
+            else None
+        )
+        return await self._wait(loop, waiter, timer)
+
+    async def _wait(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        waiter: _Waiter,
+        timer: asyncio.TimerHandle | None,
+    ) -> _Slot:
+        """Wait in the queue *waiter* was put in until it is granted a slot, refused or
+        cancelled; it leaves the queue whatever happens."""
+        token = waiter.token
 
         def abandon(reason: str) -> None:
             def fail() -> None:
@@ -230,11 +344,6 @@ class Lane:
             loop.call_soon_threadsafe(fail)
 
         handle = token.on_cancel(abandon) if token is not None else None
-        timer = (
-            loop.call_later(self.max_wait, self._shed_late, waiter)
-            if self.max_wait is not None
-            else None
-        )
         try:
             return await waiter.future
         except OperationCancelled:
@@ -284,10 +393,19 @@ class Lane:
             )
         )
 
-    def _grant(self, token: CancellationToken | None, dear: bool) -> _Slot:
-        slot = _Slot(token, dear)
+    def _age(self, waiter: _Waiter) -> None:
+        """A background waiter has waited ``background_max_defer``: from now on it competes
+        with interactive waiters in arrival order."""
+        if waiter.future.done():
+            return
+        waiter.aged = True
+        self._dispatch()
+
+    def _grant(self, token: CancellationToken | None, dear: bool, background: bool) -> _Slot:
+        slot = _Slot(token, dear, background)
         self._held.add(slot)
         self._dear_held += dear
+        self._background_held += background
         return slot
 
     def _release(self, slot: _Slot) -> None:
@@ -295,20 +413,56 @@ class Lane:
             return
         self._held.discard(slot)
         self._dear_held -= slot.dear
+        self._background_held -= slot.background
         held = time.monotonic() - slot.granted_at
         self._hold_seconds = (
             held
             if self._hold_seconds == 0.0
             else (1 - _EWMA_WEIGHT) * self._hold_seconds + _EWMA_WEIGHT * held
         )
-        # Hand freed slots to waiters, one tenant at a time in turn; the slot is counted
-        # as held from this moment, not from when the waiter resumes.
-        while self._queued and len(self._held) < self.capacity:
-            waiter = self._next_waiter()
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand free slots to waiters: interactive ones one tenant at a time in turn, then
+        background ones (an aged one in arrival order with the interactive ones). The slot
+        is counted as held from this moment, not from when the waiter resumes."""
+        while len(self._held) < self.capacity:
+            waiter = self._next_any()
             if waiter is None:
-                break
+                return
             if not waiter.future.done():
-                waiter.future.set_result(self._grant(waiter.token, waiter.dear))
+                waiter.future.set_result(self._grant(waiter.token, waiter.dear, waiter.background))
+
+    def _next_any(self) -> _Waiter | None:
+        """The waiter a free slot goes to, taken out of its queue, or ``None``."""
+        head = (
+            self._background[0]
+            if self._background and self._background_held < self.background_capacity
+            else None
+        )
+        if head is not None and head.aged:
+            first = self._first_interactive_arrival()
+            if first is None or head.arrived_at <= first:
+                return self._background.popleft()
+        waiter = self._next_waiter() if self._queued else None
+        if waiter is not None:
+            return waiter
+        if head is not None and (head.aged or not self._queued):
+            return self._background.popleft()
+        return None
+
+    def _first_interactive_arrival(self) -> float | None:
+        """When the longest-waiting interactive waiter that may take a slot now arrived."""
+        dear_ok = self._dear_held < self.dear_capacity
+        return min(
+            (
+                w.arrived_at
+                for queue in self._queues.values()
+                for w in queue
+                if (dear_ok or not w.dear) and not w.future.done()
+            ),
+            default=None,
+        )
 
     def _next_waiter(self) -> _Waiter | None:
         """The first waiter that may take a slot now, in the next tenant's queue in the ring
@@ -328,16 +482,25 @@ class Lane:
         return None
 
     def _remove(self, waiter: _Waiter) -> None:
-        queue = self._queues.get(waiter.tenant)
-        if queue is None:
-            return
-        try:
-            queue.remove(waiter)
-        except ValueError:
-            return
-        self._queued -= 1
-        if not queue:
-            del self._queues[waiter.tenant]
+        if waiter.background:
+            try:
+                self._background.remove(waiter)
+            except ValueError:
+                return
+        else:
+            queue = self._queues.get(waiter.tenant)
+            if queue is None:
+                return
+            try:
+                queue.remove(waiter)
+            except ValueError:
+                return
+            self._queued -= 1
+            if not queue:
+                del self._queues[waiter.tenant]
+        if self._background:
+            # The last interactive waiter leaving may let background work take a free slot.
+            self._dispatch()
 
     def _retry_after_hint(self) -> int:
         return max(1, math.ceil(self.retry_after))
