@@ -266,6 +266,13 @@ class Settings(BaseSettings):
     turn_llm_timeout: float | None = Field(default=None, gt=0)
     turn_llm_max_tokens: int | None = Field(default=None, ge=1)
     turn_llm_script: str | None = None
+    retain_llm_provider: str | None = None
+    retain_llm_model: str | None = None
+    retain_llm_base_url: str | None = None
+    retain_llm_api_key: SecretStr | None = None
+    retain_llm_timeout: float | None = Field(default=None, gt=0)
+    retain_llm_max_tokens: int | None = Field(default=None, ge=1)
+    retain_llm_script: str | None = None
 
     # Memory engine (heed.memory).
     embeddings_provider: str = Field(

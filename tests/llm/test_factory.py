@@ -126,3 +126,48 @@ async def test_provider_errors_become_http_answers(
     assert response.status_code == status
     assert response.json()["detail"] == str(error)
     assert response.headers.get("retry-after") == retry_after
+
+
+def test_retain_falls_back_to_the_defaults_field_by_field(make_settings: MakeSettings) -> None:
+    settings = make_settings(
+        llm_provider="openai",
+        llm_model="base-model",
+        llm_base_url="http://127.0.0.1:9/v1",
+        llm_api_key="shared-key",
+        llm_timeout=12.0,
+        llm_max_tokens=300,
+        retain_llm_model="extractor",
+        retain_llm_max_tokens=800,
+    )
+    retain = resolve(settings, "retain")
+    assert (retain.provider, retain.model, retain.base_url, retain.api_key) == (
+        "openai",
+        "extractor",
+        "http://127.0.0.1:9/v1",
+        "shared-key",
+    )
+    assert (retain.timeout, retain.max_tokens) == (12.0, 800)
+    assert resolve(settings, "turn").model == "base-model", "retain overrides only retain"
+    assert resolve(make_settings(), "retain") == resolve(make_settings(), "turn")
+
+
+def test_retain_provider_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, make_settings: MakeSettings
+) -> None:
+    monkeypatch.setenv("HEED_LLM_PROVIDER", "openai")
+    monkeypatch.setenv("HEED_LLM_MODEL", "gpt-x")
+    monkeypatch.setenv("HEED_RETAIN_LLM_PROVIDER", "scripted")
+    monkeypatch.setenv("HEED_RETAIN_LLM_SCRIPT", json.dumps([{"json": {"facts": []}}]))
+    monkeypatch.setenv("HEED_RETAIN_LLM_API_KEY", "retain-key")
+    settings = make_settings()
+    retain = build_provider(settings, "retain")
+    assert isinstance(retain, ScriptedProvider)
+    assert retain.script.replies[0].json_value == {"facts": []}
+    assert resolve(settings, "retain").api_key == "retain-key"
+    assert isinstance(build_provider(settings, "reflect"), OpenAIProvider)
+
+
+def test_unknown_retain_provider_names_its_setting(make_settings: MakeSettings) -> None:
+    with pytest.raises(UnknownProvider) as caught:
+        build_provider(make_settings(retain_llm_provider="nope"), "retain")
+    assert "HEED_RETAIN_LLM_PROVIDER" in caught.value.message

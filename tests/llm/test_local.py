@@ -7,12 +7,21 @@ builds it through scripts/install.sh), and never under CI (``HEED_REQUIRE_LOCAL_
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
 import pytest
 
-from heed.llm import ChatMessage, ChatProvider, TextDelta, ToolSpec, complete
+from heed.llm import (
+    ChatMessage,
+    ChatProvider,
+    JsonSchemaFormat,
+    TextDelta,
+    ToolSpec,
+    complete,
+    complete_json,
+)
 from heed.llm.local import LocalProvider, llama_available
 from heed.runtime import OperationCancelled, RequestContext, use_context
 
@@ -196,3 +205,55 @@ async def test_a_consumer_cancelled_twice_still_waits_for_the_thread(
     assert provider.last_stop_at is not None and provider.last_stop_at != stopped_before
     assert provider.last_stop_at <= returned_at
     await assert_still_answers(provider)
+
+
+CITY = JsonSchemaFormat(
+    name="city",
+    schema={
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+)
+
+
+async def test_structured_output_follows_the_schema(provider: LocalProvider) -> None:
+    """The schema becomes a grammar: the tiny model can only write JSON of its shape."""
+    question = [ChatMessage.user("What is the capital of France?")]
+    reply = await complete_json(provider, question, CITY, max_tokens=40, retries=0)
+    assert reply.attempts == 1
+    assert set(reply.value) == {"city"}
+    assert "Paris" in reply.value["city"]
+    # without the schema the same question is answered in prose
+    prose = await complete(provider, question, max_tokens=40)
+    assert not prose.text.lstrip().startswith("{")
+
+
+async def test_a_structured_reply_is_never_taken_for_a_tool_call(provider: LocalProvider) -> None:
+    """``{"name": ...}`` would read as a tool call; with a schema the reply is the answer."""
+    named = JsonSchemaFormat(
+        name="named",
+        schema={
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 20}},
+            "required": ["name"],
+        },
+    )
+    result = await complete(
+        provider,
+        [ChatMessage.user("Name a famous scientist.")],
+        tools=[ToolSpec(name="recall", description="search the memory bank")],
+        json_schema=named,
+        max_tokens=30,
+    )
+    assert result.tool_calls == []
+    assert isinstance(json.loads(result.text)["name"], str)
+
+
+def test_the_schema_reaches_the_prompt_and_the_grammar() -> None:
+    from heed.llm.local import _grammar, _render
+
+    turns = _render([ChatMessage.user("q")], [], CITY)
+    assert '"city"' in turns[0][1], "the system prompt shows the schema"
+    assert "city" in _grammar(json.dumps(CITY.schema, sort_keys=True))._grammar

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,8 @@ from heed.llm import (
     BadModelOutput,
     ChatMessage,
     Finish,
+    JsonSchemaFormat,
+    LlmObserver,
     ProviderError,
     TextDelta,
     ToolCall,
@@ -21,8 +24,12 @@ from heed.llm import (
     UpstreamRateLimited,
     UpstreamUnavailable,
     Usage,
+    add_global_observer,
     complete,
+    complete_json,
+    observing,
 )
+from heed.llm.observe import remove_global_observer
 from heed.llm.openai import OpenAIProvider
 from heed.runtime import OperationCancelled, RequestContext, use_context
 from tests.llm.conftest import wait_for_disconnect
@@ -378,3 +385,152 @@ async def test_an_already_cancelled_token_sends_nothing(
         await complete(make_openai(), HELLO)
     await asyncio.sleep(0.1)
     assert upstream.app.records == []
+
+
+FACTS = JsonSchemaFormat(
+    name="facts",
+    schema={
+        "type": "object",
+        "properties": {"facts": {"type": "array", "items": {"type": "string"}}},
+        "required": ["facts"],
+        "additionalProperties": False,
+    },
+)
+
+
+async def test_json_schema_is_sent_as_response_format(
+    upstream: RunningUpstream, make_openai: MakeProvider
+) -> None:
+    upstream.app.plan(Behaviour(chunks=text_chunks(['{"facts": ', '["Alice has cats"]}'])))
+    reply = await complete_json(make_openai(), HELLO, FACTS)
+    assert reply.value == {"facts": ["Alice has cats"]}
+    body = upstream.app.records[0].body
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "facts", "schema": FACTS.schema, "strict": True},
+    }
+    loose = JsonSchemaFormat(name="loose", schema={"type": "object"}, strict=False)
+    await complete(make_openai(), HELLO, json_schema=loose)
+    assert upstream.app.records[1].body["response_format"]["json_schema"]["strict"] is False
+    await complete(make_openai(), HELLO)
+    assert "response_format" not in upstream.app.records[2].body
+
+
+class Heard:
+    """An observer recording what the provider reported."""
+
+    def __init__(self) -> None:
+        self.retries: list[tuple[str, int | None, str, float]] = []
+        self.failures: list[tuple[str, int | None, str]] = []
+        self.observer = LlmObserver(
+            on_retry=lambda *args: self.retries.append(args),
+            on_failure=lambda *args: self.failures.append(args),
+        )
+
+
+async def test_a_429_then_success_reports_one_retry(
+    upstream: RunningUpstream, make_openai: MakeProvider
+) -> None:
+    upstream.app.plan(Behaviour(status=429, headers={"Retry-After": "1"}))
+    heard = Heard()
+    with observing(heard.observer):
+        result = await complete(make_openai(retries=2, retry_base_delay=0.05), HELLO)
+    assert result.text == "Hello world"
+    assert len(heard.retries) == 1
+    provider, status, reason, delay = heard.retries[0]
+    assert (provider, status, reason) == ("openai", 429, "rate_limited")
+    assert 0.025 <= delay <= 0.05
+    assert heard.failures == []
+
+
+async def test_repeated_503_reports_each_retry_then_one_failure(
+    upstream: RunningUpstream, make_openai: MakeProvider
+) -> None:
+    upstream.app.plan(*[Behaviour(status=503, body="overloaded")] * 4)
+    heard = Heard()
+    with observing(heard.observer), pytest.raises(UpstreamUnavailable) as caught:
+        await complete(make_openai(retries=3, retry_base_delay=0.02), HELLO)
+    assert caught.value.upstream_status == 503
+    assert len(upstream.app.records) == 4
+    assert [r[:3] for r in heard.retries] == [("openai", 503, "upstream_error")] * 3
+    # the reported delays are the ones slept: jittered exponential backoff
+    for n, (*_, delay) in enumerate(heard.retries):
+        nominal = 0.02 * 2**n
+        assert nominal / 2 <= delay <= nominal
+    gaps = [b.started_at - a.started_at for a, b in itertools.pairwise(upstream.app.records)]
+    for gap, (*_, delay) in zip(gaps, heard.retries, strict=True):
+        assert gap >= delay * 0.9
+    assert heard.failures == [("openai", 503, "upstream_error")]
+
+
+async def test_unreachable_reports_no_status(make_openai: MakeProvider) -> None:
+    heard = Heard()
+    base_url = f"http://127.0.0.1:{free_port()}/v1"
+    with observing(heard.observer), pytest.raises(UpstreamUnavailable):
+        await complete(make_openai(base_url=base_url, retries=1), HELLO)
+    assert [r[:3] for r in heard.retries] == [("openai", None, "unreachable")]
+    assert heard.failures == [("openai", None, "unreachable")]
+
+
+async def test_a_refusal_is_a_failure_without_retry(
+    upstream: RunningUpstream, make_openai: MakeProvider
+) -> None:
+    upstream.app.plan(Behaviour(status=401, body={"error": {"message": "Incorrect API key"}}))
+    heard = Heard()
+    with observing(heard.observer), pytest.raises(ProviderError):
+        await complete(make_openai(retries=2), HELLO)
+    assert heard.retries == []
+    assert heard.failures == [("openai", 401, "refused")]
+
+
+async def test_a_broken_stream_is_a_failure(
+    upstream: RunningUpstream, make_openai: MakeProvider
+) -> None:
+    upstream.app.plan(Behaviour(chunks=["{not json"]))
+    heard = Heard()
+    with observing(heard.observer), pytest.raises(BadModelOutput):
+        await complete(make_openai(retries=2), HELLO)
+    assert heard.failures == [("openai", None, "bad_output")]
+
+
+async def test_a_cancellation_is_neither_a_retry_nor_a_failure(
+    upstream: RunningUpstream, make_openai: MakeProvider
+) -> None:
+    upstream.app.plan(*[Behaviour(status=503)] * 5)
+    provider = make_openai(retries=4, retry_base_delay=5.0)
+    heard = Heard()
+    ctx = RequestContext()
+    asyncio.get_running_loop().call_later(0.3, ctx.token.cancel, "client disconnected")
+    started = time.monotonic()
+    with observing(heard.observer), use_context(ctx), pytest.raises(OperationCancelled):
+        await complete(provider, HELLO)
+    assert time.monotonic() - started < 1.5, "the backoff woke on cancel"
+    await asyncio.sleep(0.2)
+    assert len(upstream.app.records) == 1
+    assert len(heard.retries) == 1, "the retry was announced before its sleep"
+    assert heard.failures == []
+
+
+async def test_global_and_nested_observers_all_hear(
+    upstream: RunningUpstream, make_openai: MakeProvider
+) -> None:
+    upstream.app.plan(Behaviour(status=500), Behaviour(status=500))
+    outer, inner, everywhere = Heard(), Heard(), Heard()
+    add_global_observer(everywhere.observer)
+    try:
+        with (
+            observing(outer.observer),
+            observing(inner.observer),
+            pytest.raises(UpstreamUnavailable),
+        ):
+            await complete(make_openai(retries=1), HELLO)
+    finally:
+        remove_global_observer(everywhere.observer)
+    for heard in (outer, inner, everywhere):
+        assert [r[:3] for r in heard.retries] == [("openai", 500, "upstream_error")]
+        assert heard.failures == [("openai", 500, "upstream_error")]
+    # outside the block, and once removed, nobody hears
+    upstream.app.plan(Behaviour(status=500))
+    with pytest.raises(UpstreamUnavailable):
+        await complete(make_openai(), HELLO)
+    assert len(outer.failures) == len(everywhere.failures) == 1

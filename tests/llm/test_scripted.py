@@ -15,8 +15,10 @@ from heed.llm import (
     ChatMessage,
     ChatProvider,
     Finish,
+    JsonSchemaFormat,
     ProviderError,
     ScriptedProvider,
+    ScriptedReply,
     TextDelta,
     ToolCall,
     ToolCallEvent,
@@ -208,3 +210,78 @@ def test_bad_scripts_are_400_naming_the_problem(script: str, needle: str) -> Non
     with pytest.raises(ProviderError, match=needle) as caught:
         ScriptedProvider(script)
     assert caught.value.status_code == 400
+
+
+async def test_a_json_reply_is_its_json_text() -> None:
+    value = {"facts": ["Alice has two cats"], "n": 1, "ok": True}
+    provider = ScriptedProvider({"replies": [{"json": value}]})
+    result = await complete(provider, [ChatMessage.user("x")])
+    assert result.text == json.dumps(value)
+    assert json.loads(result.text) == value
+    assert result.finish_reason == "stop"
+    assert ScriptedReply(json=[1, 2]).reply_text == "[1, 2]"
+
+
+async def test_the_json_schema_is_recorded_not_enforced() -> None:
+    schema = JsonSchemaFormat(name="facts", schema={"type": "object", "required": ["facts"]})
+    provider = ScriptedProvider({"replies": [{"text": "not JSON at all"}]})
+    result = await complete(provider, [ChatMessage.user("x")], json_schema=schema)
+    assert result.text == "not JSON at all"
+    assert provider.requests[-1].json_schema == schema
+    await complete(provider, [ChatMessage.user("x")])
+    assert provider.requests[-1].json_schema is None
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        {"replies": [{"text": "both", "json": {"a": 1}}]},
+        json.dumps([{"text": "both", "json": {"a": 1}}]),
+    ],
+)
+def test_text_and_json_together_are_refused(script: object) -> None:
+    with pytest.raises(ProviderError, match="both 'text' and 'json'") as caught:
+        ScriptedProvider(script)  # type: ignore[arg-type]
+    assert caught.value.status_code == 400
+    with pytest.raises(ProviderError, match="both 'text' and 'json'"):
+        ScriptedReply(text="both", json={"a": 1})
+
+
+async def test_latency_passes_before_the_first_token_then_the_reply_comes_at_once() -> None:
+    provider = ScriptedProvider({"replies": [{"json": {"a": 1, "b": [1, 2, 3]}, "latency": 0.3}]})
+    started = time.monotonic()
+    seen: list[float] = []
+    async for event in provider.stream([ChatMessage.user("x")]):
+        if isinstance(event, TextDelta):
+            seen.append(time.monotonic() - started)
+    assert len(seen) > 3
+    assert seen[0] >= 0.3 * 0.95
+    assert seen[-1] - seen[0] < 0.1
+
+
+async def test_latency_is_cancellable() -> None:
+    provider = ScriptedProvider({"replies": [{"text": "late answer", "latency": 5.0}]})
+    ctx = RequestContext()
+    asyncio.get_running_loop().call_later(0.1, ctx.token.cancel, "client disconnected")
+    started = time.monotonic()
+    with use_context(ctx), pytest.raises(OperationCancelled, match="client disconnected"):
+        await complete(provider, [ChatMessage.user("x")])
+    assert time.monotonic() - started < 0.5
+    assert provider.last_token_at is None, "no token was produced"
+
+
+async def test_when_rules_pick_json_replies() -> None:
+    provider = ScriptedProvider(
+        {
+            "replies": [
+                {"when": "extract facts", "json": {"facts": ["a"]}, "latency": 0.01},
+                {"text": "plain answer"},
+            ]
+        }
+    )
+    facts = await complete(provider, [ChatMessage.user("Please EXTRACT FACTS from: a")])
+    assert json.loads(facts.text) == {"facts": ["a"]}
+    assert provider.requests[-1].reply_index == 0
+    plain = await complete(provider, [ChatMessage.user("hello")])
+    assert plain.text == "plain answer"
+    assert provider.requests[-1].reply_index == 1

@@ -6,6 +6,9 @@
 - :mod:`heed.llm.openai`: any OpenAI-compatible ``/chat/completions`` endpoint.
 - :mod:`heed.llm.local`: SmolLM2-135M-Instruct embedded with llama-cpp-python.
 - :mod:`heed.llm.factory`: ``build_provider(settings, operation)``.
+- :mod:`heed.llm.structured`: ``complete_json``, one validated JSON object from
+  any provider (``json_schema`` on ``stream`` / ``complete`` asks for it).
+- :mod:`heed.llm.observe`: observers of retries and failures (never silent).
 
 Every provider stops within 50 ms of its request token being cancelled; see
 docs/architecture.md ("LLM providers").
@@ -17,6 +20,7 @@ from heed.llm.base import (
     ChatProvider,
     Completion,
     Finish,
+    JsonSchemaFormat,
     ProviderError,
     Role,
     StreamEvent,
@@ -31,7 +35,9 @@ from heed.llm.base import (
     Usage,
     complete,
 )
+from heed.llm.observe import LlmObserver, add_global_observer, observing
 from heed.llm.scripted import Script, ScriptedProvider, ScriptedReply, load_script
+from heed.llm.structured import StructuredReply, complete_json
 
 __all__ = [
     "BadModelOutput",
@@ -39,12 +45,15 @@ __all__ = [
     "ChatProvider",
     "Completion",
     "Finish",
+    "JsonSchemaFormat",
+    "LlmObserver",
     "ProviderError",
     "Role",
     "Script",
     "ScriptedProvider",
     "ScriptedReply",
     "StreamEvent",
+    "StructuredReply",
     "TextDelta",
     "ToolCall",
     "ToolCallEvent",
@@ -54,6 +63,9 @@ __all__ = [
     "UpstreamRateLimited",
     "UpstreamUnavailable",
     "Usage",
+    "add_global_observer",
     "complete",
+    "complete_json",
     "load_script",
+    "observing",
 ]

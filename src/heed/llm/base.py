@@ -10,6 +10,14 @@ optional :class:`ToolSpec` tools) into an async stream of events:
 - :class:`Finish`: always the last event of a stream that was not interrupted,
   with the reason (``"stop"``, ``"length"``, ``"tool_calls"``...).
 
+**Structured output.** ``stream(..., json_schema=JsonSchemaFormat(...))`` asks
+for a reply that is one JSON object matching the schema, in the text deltas.
+Each provider passes the request on in its own way (``openai``: the
+``response_format`` of type ``json_schema``; ``local``: a llama.cpp grammar
+derived from the schema; ``scripted``: recorded, its script decides the reply).
+A provider *asks*; it never promises: a caller that needs the guarantee parses
+and validates the text, which :func:`heed.llm.structured.complete_json` does.
+
 Contract every provider keeps:
 
 - **Cancellation.** ``stream`` reads the active request context's token
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -60,6 +69,7 @@ __all__ = [
     "ChatProvider",
     "Completion",
     "Finish",
+    "JsonSchemaFormat",
     "ProviderError",
     "Role",
     "StreamEvent",
@@ -137,6 +147,39 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class JsonSchemaFormat:
+    """A request for structured output: one JSON object matching *schema*.
+
+    - ``name`` names the format (1-64 letters, digits, ``_`` or ``-``, as OpenAI
+      requires); it appears in error messages.
+    - ``schema`` is a JSON Schema (Draft 2020-12) whose top level is an object
+      schema. It is heed's own, written in code: schemas from callers belong to
+      :mod:`heed.reflect.schema`, which applies a policy to untrusted ones.
+    - ``strict`` asks an OpenAI-compatible upstream for strict schema adherence
+      (OpenAI then requires ``additionalProperties: false`` and every property in
+      ``required``); the other providers ignore it.
+
+    Raises :class:`ValueError` for a malformed name or a schema that is not a dict
+    (programming errors).
+    """
+
+    name: str
+    schema: dict[str, Any]
+    strict: bool = True
+
+    def __post_init__(self) -> None:
+        if not _SCHEMA_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"JsonSchemaFormat name {self.name!r}: use 1-64 letters, digits, '_' or '-'"
+            )
+        if not isinstance(self.schema, dict):
+            raise ValueError(f"JsonSchemaFormat {self.name!r}: the schema must be a dict")
+
+
 # -- stream events -----------------------------------------------------------------
 
 
@@ -185,9 +228,16 @@ StreamEvent = TextDelta | ToolCallEvent | Usage | Finish
 
 
 class ProviderError(HeedError):
-    """Base of the provider errors; ``provider`` names which provider raised it."""
+    """Base of the provider errors; ``provider`` names which provider raised it.
+
+    ``upstream_status`` is the HTTP status the upstream answered with, when the
+    error comes from one (429, 503, 401...); ``None`` otherwise (unreachable, a
+    broken stream, a local failure). It is for observers and logs, not the answer:
+    ``status_code`` is what heed's caller gets.
+    """
 
     status_code = 502
+    upstream_status: int | None = None
 
     def __init__(
         self,
@@ -273,8 +323,13 @@ class ChatProvider(Protocol):
         tools: Sequence[ToolSpec] | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        json_schema: JsonSchemaFormat | None = None,
     ) -> AsyncGenerator[StreamEvent, None]:
-        """Stream the assistant's reply to *messages* (an async generator)."""
+        """Stream the assistant's reply to *messages* (an async generator).
+
+        *json_schema* asks for a reply that is one JSON object matching it (see the
+        module docstring: asked for, not guaranteed).
+        """
         ...
 
     async def aclose(self) -> None:
@@ -304,17 +359,31 @@ async def complete(
     max_tokens: int | None = None,
     temperature: float | None = None,
     on_text: Callable[[str], Awaitable[None]] | None = None,
+    json_schema: JsonSchemaFormat | None = None,
 ) -> Completion:
     """Run ``provider.stream`` to the end and collect it into a :class:`Completion`.
 
     *on_text*, when given, is awaited with each text piece as it arrives (to
-    forward the reply while it streams). Cancellation and provider errors
+    forward the reply while it streams). *json_schema* is passed to the provider
+    (only when given, so a provider written before it existed still works); the
+    text is returned as produced, unparsed. Cancellation and provider errors
     propagate unchanged; the stream is always closed before this returns or
     raises.
     """
     result = Completion()
     parts: list[str] = []
-    stream = provider.stream(messages, tools=tools, max_tokens=max_tokens, temperature=temperature)
+    if json_schema is None:
+        stream = provider.stream(
+            messages, tools=tools, max_tokens=max_tokens, temperature=temperature
+        )
+    else:
+        stream = provider.stream(
+            messages,
+            tools=tools,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            json_schema=json_schema,
+        )
     async with contextlib.aclosing(stream) as events:
         async for event in events:
             if isinstance(event, TextDelta):

@@ -2,8 +2,12 @@
 
 ``build_provider(settings, "reflect")`` reads the ``HEED_REFLECT_LLM_*``
 settings, falling back field by field to ``HEED_LLM_*``; ``"turn"`` does the
-same with ``HEED_TURN_LLM_*``. So reflect and chat turns can use different
-providers and models while sharing, say, one base URL.
+same with ``HEED_TURN_LLM_*``, and ``"retain"`` (the model that extracts facts
+from what is retained, through :func:`heed.llm.structured.complete_json`) with
+``HEED_RETAIN_LLM_*``. So the operations can use different providers and models
+while sharing, say, one base URL. The fields each operation may override:
+``PROVIDER``, ``MODEL``, ``BASE_URL``, ``API_KEY``, ``TIMEOUT``, ``MAX_TOKENS``,
+``SCRIPT``; retries, threads and the model cache are shared (``HEED_LLM_*``).
 
 Build a provider once per server and operation, and ``await provider.aclose()``
 at shutdown: the ``openai`` provider owns an HTTP connection pool, and the
@@ -22,8 +26,8 @@ from heed.settings import Settings
 
 __all__ = ["OPERATIONS", "PROVIDERS", "Operation", "ProviderConfig", "build_provider", "resolve"]
 
-Operation = Literal["reflect", "turn"]
-OPERATIONS: Final = ("reflect", "turn")
+Operation = Literal["reflect", "turn", "retain"]
+OPERATIONS: Final = ("reflect", "turn", "retain")
 PROVIDERS: Final = ("local", "openai", "scripted")
 
 

@@ -34,6 +34,16 @@ How it runs:
   ``ToolCallEvent`` (even for a tool that was not offered: the caller answers
   it with an error); otherwise it is delivered as text (a model this small is
   not held to the strictness of the ``openai`` provider).
+- Structured output: ``json_schema`` becomes a llama.cpp grammar, the one
+  ``create_chat_completion(response_format={"type": "json_object", "schema": ...})``
+  would derive (``LlamaGrammar.from_json_schema``, which never fetches a remote
+  ``$ref``; the plain JSON grammar when a schema cannot be converted). This
+  provider renders ChatML itself (see above) and calls ``create_completion``, so it
+  passes that grammar there. Sampling can then only produce JSON of the schema's
+  shape (a reply cut by ``max_tokens`` is still incomplete JSON); the system prompt
+  also shows the schema, so the tiny model knows what the fields mean. Tool calls
+  are not parsed from such a reply: it is the answer. The loop, and so every
+  cancellation check between tokens, is the same as without a schema.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import importlib.util
 import json
 import logging
@@ -58,6 +69,7 @@ from heed.llm import local_weights
 from heed.llm.base import (
     ChatMessage,
     Finish,
+    JsonSchemaFormat,
     ProviderError,
     StreamEvent,
     TextDelta,
@@ -303,6 +315,28 @@ class _Generation:
     temperature: float
     turn: int  # assistant messages so far: the tool-call id's number
     emit: Callable[[StreamEvent], None]  # hands an event to the event loop
+    json_schema: JsonSchemaFormat | None = None
+
+
+def _schema_prompt(json_schema: JsonSchemaFormat) -> str:
+    return (
+        "Reply with only one JSON object that matches this JSON Schema, and nothing else:\n"
+        + json.dumps(json_schema.schema, separators=(",", ":"))
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _grammar(schema_json: str) -> Any:
+    """The llama.cpp grammar for a JSON Schema (as JSON text), as llama-cpp-python's
+    ``response_format`` handling builds it; the generic JSON grammar as its fallback.
+    A ``LlamaGrammar`` holds only the grammar's text, so one serves every generation."""
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+    try:
+        return LlamaGrammar.from_json_schema(schema_json, verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any conversion failure: fall back, as llama-cpp does
+        reraise_cancellation(exc)
+        return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
 
 
 def _tool_prompt(tools: Sequence[ToolSpec]) -> str:
@@ -321,13 +355,19 @@ def _tool_prompt(tools: Sequence[ToolSpec]) -> str:
     return "\n".join(lines)
 
 
-def _render(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> list[tuple[str, str]]:
+def _render(
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec],
+    json_schema: JsonSchemaFormat | None = None,
+) -> list[tuple[str, str]]:
     """(role, text) pairs for the ChatML template; tool traffic rendered as text."""
     turns: list[tuple[str, str]] = []
     system = [m.content for m in messages if m.role == "system"]
     system_text = "\n\n".join(system) if system else _DEFAULT_SYSTEM
     if tools:
         system_text = f"{system_text}\n\n{_tool_prompt(tools)}"
+    if json_schema is not None:
+        system_text = f"{system_text}\n\n{_schema_prompt(json_schema)}"
     turns.append(("system", system_text))
     for message in messages:
         if message.role == "system":
@@ -445,6 +485,7 @@ class LocalProvider:
         tools: Sequence[ToolSpec] | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        json_schema: JsonSchemaFormat | None = None,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Generate the reply in a worker thread; see the module docstring."""
         ctx = current_context()
@@ -457,12 +498,13 @@ class LocalProvider:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
         job = _Generation(
-            turns=_render(messages, tools or ()),
+            turns=_render(messages, tools or (), json_schema),
             tools=tuple(tools or ()),
             max_tokens=max_tokens if max_tokens is not None else self.default_max_tokens,
             temperature=temperature if temperature is not None else self.default_temperature,
             turn=sum(1 for m in messages if m.role == "assistant"),
             emit=emit,
+            json_schema=json_schema,
         )
         with use_context(ctx.with_token(stream_token)):
             worker = asyncio.create_task(
@@ -577,8 +619,12 @@ class LocalProvider:
         raise_if_cancelled()
         produced = 0
         finish = "stop"
-        mode: str | None = None if job.tools else "text"  # None: undecided, "json": buffering
+        # None: undecided, "json": buffering a possible tool call. A structured reply is text.
+        mode: str | None = None if job.tools and job.json_schema is None else "text"
         pending: list[str] = []
+        grammar = None
+        if job.json_schema is not None:
+            grammar = _grammar(json.dumps(job.json_schema.schema, sort_keys=True))
         generator = llm.create_completion(
             tokens,
             max_tokens=limit,
@@ -587,6 +633,7 @@ class LocalProvider:
             seed=_SEED,
             stop=["<|im_end|>", "<|im_start|>"],
             stream=True,
+            grammar=grammar,
         )
         with contextlib.closing(generator):
             for chunk in generator:

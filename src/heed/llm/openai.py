@@ -17,18 +17,34 @@ connection close and stops generating. The consumer raises
 :class:`~heed.runtime.OperationCancelled` only after the response is closed.
 Leaving the stream early (``aclose()`` on the generator) closes it the same way.
 
+Structured output: ``json_schema=JsonSchemaFormat(name, schema, strict)`` is sent
+as ``response_format: {"type": "json_schema", "json_schema": {"name", "schema",
+"strict"}}`` (OpenAI's Structured Outputs; vLLM, Ollama and the llama.cpp server
+accept the same shape). The reply's JSON arrives as ordinary text deltas.
+
 Failures: unreachable / timed out / 5xx -> :class:`UpstreamUnavailable` (503),
 429 -> :class:`UpstreamRateLimited` (503 + Retry-After), 404 about the model ->
 :class:`UnknownModel`, anything else the upstream refuses -> ``ProviderError``
-(502), each with the upstream's own message. Failures before the first chunk
-are retried with :func:`heed.runtime.retry_async` (never a cancellation); a
-stream that already produced output is never retried.
+(502), each with the upstream's own message (and ``upstream_status`` set to the
+upstream's HTTP status). Failures before the first chunk (429 asking for at most
+5 s, 5xx, unreachable) are retried up to ``retries`` times with
+:func:`heed.runtime.retry_async` (never a cancellation), after a jittered
+exponential backoff that wakes on cancel; a stream that already produced output
+is never retried.
+
+Nothing is silent (:mod:`heed.llm.observe`): before each backoff sleep the
+provider reports ``on_retry("openai", status, reason, delay)`` (status 429 or
+5xx, ``None`` for a connection error), and when it gives up with a
+``ProviderError`` it reports ``on_failure("openai", status, reason)`` once. A
+cancellation is neither.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import random
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -39,6 +55,7 @@ from heed.llm.base import (
     BadModelOutput,
     ChatMessage,
     Finish,
+    JsonSchemaFormat,
     ProviderError,
     StreamEvent,
     TextDelta,
@@ -50,14 +67,16 @@ from heed.llm.base import (
     Usage,
     parse_tool_arguments,
 )
+from heed.llm.observe import notify_failure, notify_retry
 from heed.llm.watch import CancelWatch
-from heed.runtime import retry_async, settle
+from heed.runtime import current_token, retry_async, settle
 
 __all__ = ["OpenAIProvider", "message_to_openai", "tool_to_openai"]
 
 NAME: Final = "openai"
 _QUEUE_SIZE: Final = 8
 _MAX_RETRY_AFTER: Final = 5  # a 429 asking to wait longer than this is not retried
+_MAX_RETRY_DELAY: Final = 5.0
 
 
 class _End:
@@ -126,6 +145,65 @@ def _is_transient(exc: Exception) -> bool:
     if isinstance(exc, UpstreamRateLimited):
         return exc.retry_after <= _MAX_RETRY_AFTER
     return isinstance(exc, UpstreamUnavailable)
+
+
+def _opening_reason(exc: ProviderError) -> str:
+    """The observer's reason for a failure before the stream started (see observe)."""
+    if isinstance(exc, UpstreamRateLimited):
+        return "rate_limited"
+    if isinstance(exc, UnknownModel):
+        return "unknown_model"
+    if isinstance(exc, UpstreamUnavailable):
+        return "unreachable" if exc.upstream_status is None else "upstream_error"
+    return "refused"
+
+
+def _streaming_reason(exc: ProviderError) -> str:
+    """The observer's reason for a failure once the stream had started."""
+    if isinstance(exc, BadModelOutput):
+        return "bad_output"
+    if isinstance(exc, UpstreamUnavailable):
+        return "stream_broken"
+    return "upstream_error"  # an error event in the stream
+
+
+class _Backoff:
+    """The retry policy of one stream's opening, for :func:`retry_async`.
+
+    ``retry_async`` runs the attempts and never retries a cancellation; this
+    decides (``should_retry``), reports the retry with its real delay, and sleeps
+    that delay at the start of the next attempt (``retry_async`` itself is told to
+    wait 0 s), so an observer hears the delay that will actually be slept.
+    """
+
+    def __init__(self, base_delay: float) -> None:
+        self.base_delay = base_delay
+        self.retries = 0
+        self.pending = 0.0
+
+    def should_retry(self, exc: Exception) -> bool:
+        if not isinstance(exc, ProviderError) or not _is_transient(exc):
+            return False
+        self.retries += 1
+        nominal = min(_MAX_RETRY_DELAY, self.base_delay * 2 ** (self.retries - 1))
+        self.pending = nominal * (0.5 + random.random() / 2)
+        notify_retry(
+            NAME, exc.upstream_status, _opening_reason(exc), self.pending, detail=exc.message
+        )
+        return True
+
+    async def wait(self) -> None:
+        """Sleep the pending delay (if any); wakes and raises on cancel."""
+        delay, self.pending = self.pending, 0.0
+        if delay <= 0:
+            return
+        token = current_token()
+        if token is None:
+            await asyncio.sleep(delay)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(token.wait(), delay)
+        token.raise_if_cancelled()
 
 
 @dataclass
@@ -287,6 +365,7 @@ class OpenAIProvider:
         tools: Sequence[ToolSpec] | None,
         max_tokens: int | None,
         temperature: float | None,
+        json_schema: JsonSchemaFormat | None = None,
     ) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": self._model,
@@ -301,6 +380,15 @@ class OpenAIProvider:
             payload["temperature"] = temperature
         if tools:
             payload["tools"] = [tool_to_openai(t) for t in tools]
+        if json_schema is not None:
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": json_schema.name,
+                    "schema": json_schema.schema,
+                    "strict": json_schema.strict,
+                },
+            }
         return payload
 
     async def stream(
@@ -310,9 +398,10 @@ class OpenAIProvider:
         tools: Sequence[ToolSpec] | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        json_schema: JsonSchemaFormat | None = None,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Stream the reply; see the module docstring for cancellation and errors."""
-        payload = self._payload(messages, tools, max_tokens, temperature)
+        payload = self._payload(messages, tools, max_tokens, temperature, json_schema)
         watch = CancelWatch()
         watch.check()
         channel: asyncio.Queue[StreamEvent | _End | Exception] = asyncio.Queue(_QUEUE_SIZE)
@@ -333,13 +422,21 @@ class OpenAIProvider:
         self, payload: dict[str, Any], channel: asyncio.Queue[StreamEvent | _End | Exception]
     ) -> None:
         """All upstream I/O for one stream; runs as its own task (see module docstring)."""
+        backoff = _Backoff(self.retry_base_delay)
+
+        async def attempt() -> httpx.Response:
+            await backoff.wait()
+            return await self._open(payload)
+
+        opening = True
         try:
             response = await retry_async(
-                lambda: self._open(payload),
+                attempt,
                 attempts=self.retries + 1,
-                base_delay=self.retry_base_delay,
-                retry_on=_is_transient,
+                base_delay=0.0,  # the backoff sleeps, so its observers hear the real delay
+                retry_on=backoff.should_retry,
             )
+            opening = False
             try:
                 assembler = _ChunkAssembler(self._model)
                 done = False
@@ -378,7 +475,11 @@ class OpenAIProvider:
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             # Cancellation included (retry_async raises it when the token fires during a
             # backoff): the consumer re-raises whatever arrives, so nothing is buried and
-            # the consumer never waits on a pump that has already died.
+            # the consumer never waits on a pump that has already died. Only a provider
+            # error is a failure; a cancellation is reported to nobody.
+            if isinstance(exc, ProviderError):
+                reason = _opening_reason(exc) if opening else _streaming_reason(exc)
+                notify_failure(NAME, exc.upstream_status, reason, detail=exc.message)
             await channel.put(exc)
 
     async def _open(self, payload: dict[str, Any]) -> httpx.Response:
@@ -407,6 +508,11 @@ class OpenAIProvider:
         raise self._status_error(response.status_code, body, response.headers)
 
     def _status_error(self, status: int, body: bytes, headers: httpx.Headers) -> ProviderError:
+        error = self._status_error_for(status, body, headers)
+        error.upstream_status = status
+        return error
+
+    def _status_error_for(self, status: int, body: bytes, headers: httpx.Headers) -> ProviderError:
         message = _upstream_message(body)
         if status == 429:
             return UpstreamRateLimited(

@@ -14,10 +14,18 @@ A :class:`Script` is a list of replies. Which reply a call gets:
 A reply streams its text word by word (``"".join`` of the deltas is the text),
 then its tool calls, each after the per-token delay (``token_delay`` on the
 reply, else on the script), then :class:`~heed.llm.base.Usage` and
-:class:`~heed.llm.base.Finish`. ``error`` makes the call fail instead, with the
-provider error a real upstream would give (after ``text`` has streamed, if any):
-``unavailable`` (503), ``rate_limited`` (503 + Retry-After) or ``bad_output``
-(502, like malformed tool-call JSON).
+:class:`~heed.llm.base.Finish`. ``json`` (any JSON value but ``null``) is the
+text ``json.dumps(json)``, for structured output; giving both ``text`` and
+``json`` is refused (:class:`~heed.llm.base.ProviderError`, 400). ``latency``
+seconds pass before the first token (cancellably): a slow upstream call that
+then answers at once, as a non-streaming API does. A request's ``json_schema``
+is recorded, never enforced: the script decides what the "model" says, so a
+test can play a model that breaks the schema.
+
+``error`` makes the call fail instead, with the provider error a real upstream
+would give (after the text has streamed, if any): ``unavailable`` (503),
+``rate_limited`` (503 + Retry-After) or ``bad_output`` (502, like malformed
+tool-call JSON).
 
 A script is given programmatically (``ScriptedProvider(script)``,
 ``provider.script = ...``) or as JSON in ``HEED_LLM_SCRIPT`` (the JSON text, or
@@ -43,12 +51,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heed.llm.base import (
     BadModelOutput,
     ChatMessage,
     Finish,
+    JsonSchemaFormat,
     ProviderError,
     StreamEvent,
     TextDelta,
@@ -93,15 +102,38 @@ class ScriptedToolCall(BaseModel):
 class ScriptedReply(BaseModel):
     """One scripted model reply (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     text: str = ""
+    #: Structured output: the reply text is ``json.dumps`` of this (``None``: unset).
+    #: Named ``json`` in scripts and as a keyword (``ScriptedReply(json={...})``).
+    json_value: Any = Field(default=None, alias="json")
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
     finish: str | None = None
     when: str | None = None
     token_delay: float | None = Field(default=None, ge=0)
+    #: Seconds before the first token (a slow call that answers at once); cancellable.
+    latency: float = Field(default=0.0, ge=0)
     error: Literal["unavailable", "rate_limited", "bad_output"] | None = None
     error_message: str = "scripted failure"
+
+    @model_validator(mode="after")
+    def _one_kind_of_text(self) -> ScriptedReply:
+        if self.text and self.json_value is not None:
+            raise ProviderError(
+                "scripted: a reply sets both 'text' and 'json'; give one (the text of a "
+                "'json' reply is json.dumps of it)",
+                provider=NAME,
+                status_code=400,
+            )
+        return self
+
+    @property
+    def reply_text(self) -> str:
+        """What the reply says: ``text``, or ``json`` as JSON text."""
+        if self.json_value is not None:
+            return json.dumps(self.json_value)
+        return self.text
 
 
 class Script(BaseModel):
@@ -167,6 +199,7 @@ class ScriptedRequest:
     max_tokens: int | None
     temperature: float | None
     reply_index: int | None  # index into the script's replies; None for the echo
+    json_schema: JsonSchemaFormat | None = None
 
 
 def _last_user_text(messages: Sequence[ChatMessage]) -> str:
@@ -233,6 +266,7 @@ class ScriptedProvider:
         tools: Sequence[ToolSpec] | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        json_schema: JsonSchemaFormat | None = None,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Play the chosen reply; see the module docstring."""
         watch = CancelWatch()
@@ -240,13 +274,21 @@ class ScriptedProvider:
             watch.check()
             index, reply = self._choose(messages)
             self.requests.append(
-                ScriptedRequest(tuple(messages), tuple(tools or ()), max_tokens, temperature, index)
+                ScriptedRequest(
+                    tuple(messages),
+                    tuple(tools or ()),
+                    max_tokens,
+                    temperature,
+                    index,
+                    json_schema,
+                )
             )
             delay = reply.token_delay if reply.token_delay is not None else self._script.token_delay
             turn = sum(1 for m in messages if m.role == "assistant")
             produced = 0
             finish = reply.finish
-            for piece in split_tokens(reply.text):
+            await watch.sleep(reply.latency)
+            for piece in split_tokens(reply.reply_text):
                 if max_tokens is not None and produced >= max_tokens:
                     finish = "length"
                     break
