@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "runs": {"runtime", "errors"},
     "llm": {"runtime", "errors", "settings"},
     "storage": {"runtime", "errors", "memory", "runs", "sessions", "redact"},
-    "memory": {"runtime", "errors", "settings", "runs"},
+    "memory": {"runtime", "errors", "settings", "runs", "llm"},
     # Neither of the two agents imports the other: what both need (the grounded answer,
     # the recall tool's spec) is in ``llm.grounding``.
     "reflect": {"runtime", "errors", "settings", "llm", "memory", "runs"},

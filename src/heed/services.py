@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from heed.llm.base import ChatProvider
+from heed.llm.factory import Operation
 from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
-from heed.memory import MemoryEngine, build_embedder, build_memory_engine
+from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
+from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
 from heed.memory.operations import RETAIN_KIND, RetainOperations
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
@@ -82,10 +84,10 @@ def _broker(settings: Settings) -> Broker:
     return RedisBroker(settings.redis_url, prefix=settings.redis_prefix)
 
 
-def _turn_provider(settings: Settings) -> ChatProvider:
+def _provider(settings: Settings, operation: Operation) -> ChatProvider:
     from heed.llm.factory import build_provider  # imports the provider's library on first use
 
-    return build_provider(settings, "turn")
+    return build_provider(settings, operation)
 
 
 @dataclass
@@ -109,6 +111,8 @@ class Services:
     reaper: Reaper = field(init=False)
     sessions: SessionService = field(init=False)
     turn_provider: ProviderSlot = field(init=False)
+    retain_provider: ProviderSlot = field(init=False)
+    consolidation: Consolidation = field(init=False)
     model_warmup: ModelWarmup = field(init=False)
     revocation_store: SqlRevocationStore = field(init=False)
 
@@ -148,13 +152,28 @@ class Services:
         self.reaper = Reaper(manager)
 
         # The domains.
-        self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder)
+        # Extraction and consolidation share the retain provider (HEED_RETAIN_LLM_*).
+        self.retain_provider = retain_provider = ProviderSlot(lambda: _provider(settings, "retain"))
+        learning = build_learning(settings, retain_provider.get)
+        self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
         self.sessions = sessions = SessionService(session_store, manager, self.memory)
         tools = TurnTools(self.memory, sessions.start_task)
-        self.turn_provider = turn_provider = ProviderSlot(lambda: _turn_provider(settings))
+        self.turn_provider = turn_provider = ProviderSlot(lambda: _provider(settings, "turn"))
+        # Background LLM calls take reflect slots, behind every user's (heed.runtime.slots).
+        self.consolidation = Consolidation(
+            manager,
+            self.memory,
+            retain_provider.get,
+            self.lanes["reflect"],
+            ConsolidationLimits(
+                batch=settings.consolidation_batch,
+                debounce=settings.consolidation_debounce_seconds,
+                max_seconds=settings.consolidation_max_seconds,
+            ),
+        )
         turns = TurnRunner(
             session_store,
             run_store,
@@ -180,6 +199,7 @@ class Services:
         )
         manager.register(RETAIN_KIND, self.retain_operations.kind_spec())
         manager.register(REFLECT_KIND, self.reflect_runs.kind_spec())
+        manager.register(CONSOLIDATION_KIND, self.consolidation.kind_spec())
 
         # The LLMs' models load at start-up, beside serving (the reflect one, then turns').
         self.model_warmup = ModelWarmup(
@@ -208,9 +228,11 @@ class Services:
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
         await self.model_warmup.aclose()
+        await self.consolidation.aclose()
         await self.reaper.stop()
         await self.manager.close()  # this process's runs end interrupted
         await self.turn_provider.aclose()
+        await self.retain_provider.aclose()
         await self.reflect.close()
         await self.broker.aclose()
         self.database.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -273,6 +273,27 @@ class Settings(BaseSettings):
     retain_llm_timeout: float | None = Field(default=None, gt=0)
     retain_llm_max_tokens: int | None = Field(default=None, ge=1)
     retain_llm_script: str | None = None
+
+    # Memory that learns (heed.memory.extraction, heed.memory.consolidation).
+    retain_extraction: Literal["auto", "off", "concise", "verbose"] = Field(
+        default="auto",
+        description="Fact extraction at retain for banks that do not choose: auto is on "
+        "(concise) when an openai provider serves retain (HEED_RETAIN_LLM_*), else off.",
+    )
+    observations: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Consolidation into observations for banks that do not choose "
+        "(enable_observations): auto is on when an openai provider serves retain.",
+    )
+    consolidation_batch: int = Field(
+        default=16, ge=1, le=256, description="Facts one consolidation round takes."
+    )
+    consolidation_debounce_seconds: float = Field(
+        default=2.0, ge=0, description="Quiet after a retain before consolidation starts."
+    )
+    consolidation_max_seconds: float = Field(
+        default=1800.0, gt=0, description="Wall-clock ceiling of one consolidation run."
+    )
 
     # Memory engine (heed.memory).
     embeddings_provider: str = Field(

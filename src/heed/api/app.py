@@ -23,6 +23,7 @@ from heed.api.routes import (
     diagnostics,
     documents,
     memories,
+    observations,
     operations,
     reflect,
     system,
@@ -96,7 +97,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.admission = Admission(settings.max_in_flight, settings.tenant_max_in_flight)
     app.state.stream_slots = StreamSlots(settings.tenant_max_streams)
     install_error_handlers(app)
-    for memory_router in (banks, memories, documents, operations, reflect):
+    for memory_router in (banks, observations, memories, documents, operations, reflect):
         app.include_router(memory_router.router)
     app.include_router(system.router)
     app.include_router(auth.router)

@@ -32,6 +32,7 @@ from heed.api.revocations import Revocations
 from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
 from heed.memory import MemoryEngine
+from heed.memory.consolidation import Consolidation
 from heed.memory.operations import RetainOperations
 from heed.reflect.runs import ReflectRuns
 from heed.reflect.service import ReflectService
@@ -45,6 +46,7 @@ T = TypeVar("T")
 __all__ = [
     "AuthenticatorDep",
     "BurnRecordsDep",
+    "ConsolidationDep",
     "DrainDep",
     "MemoryDep",
     "MetricsDep",
@@ -126,6 +128,8 @@ ReflectRunsDep = Annotated[ReflectRuns, Depends(_of_services(lambda s: s.reflect
 RetainOperationsDep = Annotated[
     RetainOperations, Depends(_of_services(lambda s: s.retain_operations))
 ]
+#: Consolidation into observations (background runs).
+ConsolidationDep = Annotated[Consolidation, Depends(_of_services(lambda s: s.consolidation))]
 #: The server's settings.
 SettingsDep = Annotated[Settings, Depends(_of_services(lambda s: s.settings))]
 #: The app's metrics.

@@ -9,14 +9,16 @@ reranker and the token counter. The store comes from the composition root
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from heed.memory.embeddings import Embedder, OnnxMiniLM, OpenAIEmbedder, TokenCounter
-from heed.memory.engine import BANK_DELETED, MemoryEngine, RetainSummary
+from heed.memory.engine import BANK_DELETED, Learning, MemoryEngine, RetainSummary
 from heed.memory.models import InvalidInput, NotFound
 from heed.memory.recall.rerank import build_reranker
 
 if TYPE_CHECKING:
+    from heed.llm.base import ChatProvider
     from heed.memory.store import MemoryStore
     from heed.runtime import Lanes
     from heed.settings import Settings
@@ -24,10 +26,12 @@ if TYPE_CHECKING:
 __all__ = [
     "BANK_DELETED",
     "InvalidInput",
+    "Learning",
     "MemoryEngine",
     "NotFound",
     "RetainSummary",
     "build_embedder",
+    "build_learning",
     "build_memory_engine",
     "shared_minilm",
     "shared_token_counter",
@@ -63,8 +67,28 @@ def build_embedder(settings: Settings) -> Embedder:
     return shared_minilm(settings.embeddings_batch_size)
 
 
+def build_learning(settings: Settings, extractor: Callable[[], ChatProvider]) -> Learning:
+    """How the engine learns, from settings: ``auto`` extraction (concise) and observations
+    are on when an ``openai`` provider serves retain (``HEED_RETAIN_LLM_*``, else
+    ``HEED_LLM_*``); the embedded model does neither unless asked (see the README)."""
+    from heed.llm.factory import resolve
+
+    remote = resolve(settings, "retain").provider == "openai"
+    extraction = settings.retain_extraction
+    if extraction == "auto":
+        extraction = "concise" if remote else "off"
+    observations = settings.observations == "on" or (settings.observations == "auto" and remote)
+    return Learning(
+        extraction_default=extraction, observations_default=observations, extractor=extractor
+    )
+
+
 def build_memory_engine(
-    settings: Settings, store: MemoryStore, lanes: Lanes, embedder: Embedder | None = None
+    settings: Settings,
+    store: MemoryStore,
+    lanes: Lanes,
+    embedder: Embedder | None = None,
+    learning: Learning | None = None,
 ) -> MemoryEngine:
     """A memory engine on *store* with the configured embedder and reranker."""
     return MemoryEngine(
@@ -77,4 +101,5 @@ def build_memory_engine(
         max_query_tokens=settings.max_query_tokens,
         max_item_chars=settings.max_item_chars,
         vector_cache_bytes=settings.vector_cache_mb * 1024 * 1024,
+        learning=learning,
     )

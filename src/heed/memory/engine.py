@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from heed.errors import NUL
+from heed.llm.base import ChatProvider
 from heed.memory.embeddings import Embedder, TokenCounter
+from heed.memory.extraction import Extraction, extract_document_facts, extraction_mode
 from heed.memory.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
 from heed.memory.models import (
     Bank,
@@ -35,6 +37,7 @@ from heed.memory.models import (
     InvalidInput,
     NotFound,
     PreparedDocument,
+    RecallHit,
     RecallOutcome,
     RecallQuery,
     RetainItem,
@@ -42,7 +45,7 @@ from heed.memory.models import (
 )
 from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
 from heed.memory.recall.rerank import Reranker
-from heed.memory.retain import plan_documents, prepare_documents
+from heed.memory.retain import embed_documents, plan_documents, split_documents
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
 from heed.memory.vectors import BankIndexes, CurrentIndex, StoreVectors, VectorSearch
 from heed.runtime import (
@@ -55,7 +58,14 @@ from heed.runtime import (
     use_context,
 )
 
-__all__ = ["BANK_DELETED", "BANK_ID_RE", "MemoryEngine", "RetainSummary", "is_bank_id"]
+__all__ = [
+    "BANK_DELETED",
+    "BANK_ID_RE",
+    "Learning",
+    "MemoryEngine",
+    "RetainSummary",
+    "is_bank_id",
+]
 
 BANK_DELETED: Final = "bank deleted"
 #: How long a bank read is answered from memory (see :meth:`MemoryEngine.get_bank`).
@@ -99,12 +109,35 @@ def _refuse_nul_in_item(item: RetainItem, where: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RetainSummary:
-    """What a retain wrote: items, documents and units."""
+    """What a retain wrote: items, documents and units (extracted facts included), and what
+    extraction did (``None`` when it did not run)."""
 
     items: int
     documents: int
     units: int
     document_ids: list[str]
+    extraction: Extraction | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Learning:
+    """How the engine learns (:mod:`heed.memory.extraction`, :mod:`heed.memory.consolidation`):
+    the server's defaults, which a bank's config overrides, and the provider extraction
+    uses (built on first use; its error is the retain's)."""
+
+    extraction_default: str = "off"
+    observations_default: bool = False
+    extractor: Callable[[], ChatProvider] | None = None
+
+    def extraction_mode(self, bank: Bank) -> str:
+        """``off``, ``concise`` or ``verbose`` for *bank*."""
+        mode = extraction_mode(bank, self.extraction_default)
+        return "off" if self.extractor is None else mode
+
+    def observations(self, bank: Bank) -> bool:
+        """Whether *bank*'s retains are consolidated into observations."""
+        value = bank.config.get("enable_observations")
+        return self.observations_default if value is None else bool(value)
 
 
 @dataclass(eq=False)
@@ -130,8 +163,13 @@ class MemoryEngine:
         max_item_chars: int = 200_000,
         vector_cache_bytes: int = 2 << 30,
         recall_hooks: StageHook | None = None,
+        learning: Learning | None = None,
     ) -> None:
         self.store = store
+        self.learning = learning or Learning()
+        #: Called with the bank after a retain wrote into it (consolidation's scheduler);
+        #: must return at once.
+        self.after_retain: list[Callable[[Bank], None]] = []
         self.embedder = embedder
         self.tokens = tokens
         self.retain_lane = retain_lane
@@ -355,9 +393,9 @@ class MemoryEngine:
                 entries = await run_in_thread(self.store.retain_ledger, bank.ref, key.key)
                 recorded = check_ledger(key, entries)
             todo = [i for i in range(len(plans)) if i not in recorded]
-            documents = await run_in_thread(
-                prepare_documents, [plans[i] for i in todo], self.embedder, self.tokens
-            )
+            documents = await run_in_thread(split_documents, [plans[i] for i in todo])
+            extraction = await self._learn(bank, documents)
+            documents = await run_in_thread(embed_documents, documents, self.embedder, self.tokens)
             units = sum(entry.units for entry in recorded.values())
             for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
                 raise_if_cancelled()
@@ -366,12 +404,37 @@ class MemoryEngine:
                 units += len(document.units)
                 if progress is not None:
                     progress(len(recorded) + done, len(plans))
+        if documents:
+            for hook in self.after_retain:
+                hook(bank)
         return RetainSummary(
             items=len(items),
             documents=len(plans),
             units=units,
             document_ids=[p.document_id for p in plans],
+            extraction=extraction,
         )
+
+    async def _learn(self, bank: Bank, documents: list[PreparedDocument]) -> Extraction | None:
+        """Extract the facts of *documents* into them when the bank extracts, and mark what
+        consolidation should take when it keeps observations: the facts, and the units no
+        fact cites (a chunk whose reply stayed malformed, or with extraction off, all)."""
+        mode = self.learning.extraction_mode(bank)
+        extraction: Extraction | None = None
+        if mode != "off" and self.learning.extractor is not None:
+            provider = self.learning.extractor()
+            extraction = Extraction()
+            mission = bank.config.get("retain_mission") or None
+            for document in documents:
+                facts = await extract_document_facts(document, provider, mode, mission, extraction)
+                document.units.extend(facts)
+        if self.learning.observations(bank):
+            for document in documents:
+                cited = {i for u in document.units for i in u.source_ids}
+                for unit in document.units:
+                    if unit.source_ids or unit.id not in cited:
+                        unit.consolidation_state = "pending"
+        return extraction
 
     def _write_one(
         self,
@@ -402,11 +465,47 @@ class MemoryEngine:
         if n > self.max_query_tokens:
             raise InvalidInput(f"query has {n} tokens; the limit is {self.max_query_tokens}")
 
-    async def recall(self, bank: Bank, query: RecallQuery) -> RecallOutcome:
-        """Run the recall pipeline (see :mod:`heed.memory.recall.pipeline`)."""
+    async def recall(
+        self, bank: Bank, query: RecallQuery, *, background: bool = False
+    ) -> RecallOutcome:
+        """Run the recall pipeline (see :mod:`heed.memory.recall.pipeline`); *background*
+        work (consolidation's) takes a recall slot only when no user's recall waits for
+        one (:mod:`heed.runtime.slots`)."""
         self.validate_query(query)
         async with self.track(bank), self._bank_gone_is_not_found(bank):
-            return await run_recall(self.recall_deps, bank, query)
+            outcome = await run_recall(self.recall_deps, bank, query, background=background)
+            return await self._provenance(bank, query, outcome)
+
+    async def _provenance(
+        self, bank: Bank, query: RecallQuery, outcome: RecallOutcome
+    ) -> RecallOutcome:
+        """Apply ``prefer_observations`` (a raw fact a returned observation rests on is
+        dropped) and fill ``source_facts`` (the returned observations' facts, within
+        ``max_source_facts_tokens``)."""
+        cited = list(
+            dict.fromkeys(
+                i
+                for h in outcome.hits
+                if h.unit.fact_type == "observation"
+                for i in h.unit.source_ids
+            )
+        )
+        if not cited:
+            return outcome
+        if query.prefer_observations:
+            drop = set(cited)
+            outcome.hits = [h for h in outcome.hits if h.unit.id not in drop]
+        if query.include_source_facts:
+            units = await run_in_thread(self.store.units_by_ids, bank.ref, cited)
+            facts: dict[str, RecallHit] = {}
+            budget = query.max_source_facts_tokens
+            for unit in units:
+                budget -= unit.token_count or max(1, len(unit.text) // 4)
+                if budget < 0:
+                    break
+                facts[unit.id] = RecallHit(unit=unit, final=0.0)
+            outcome.source_facts = facts
+        return outcome
 
     # -- memories and documents --------------------------------------------------------
 

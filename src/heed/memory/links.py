@@ -7,7 +7,9 @@ store creates the entities the bank does not know yet (first mention names it: s
 - ``entity``: each new unit to the latest :data:`ENTITY_LINKS_PER_ENTITY` units naming
   each of its entities (earlier units of the same document included), one weight per
   shared entity, both ways;
-- ``temporal``: each new unit to the one before it in the write, both ways.
+- ``temporal``: each new unit to the one before it in the write, both ways;
+- ``source`` and ``causal``: an extracted fact to the units of the write it cites and to
+  the facts that caused it (:mod:`heed.memory.extraction`), both ways.
 
 The rule is pure: the store reads what it needs from its database (each entity's id, and
 each known entity's latest :data:`ENTITY_LINKS_PER_ENTITY` units) and :func:`plan_links`
@@ -82,4 +84,19 @@ def plan_links(
             links.append((seq, previous, "temporal", 1.0))
             links.append((previous, seq, "temporal", 1.0))
         previous = seq
+    links.extend(_provenance_links(seqs, units))
     return memberships, links
+
+
+def _provenance_links(seqs: Sequence[int], units: Sequence[PreparedUnit]) -> list[Link]:
+    """Links between an extracted fact and what it came from in the same write, both ways:
+    ``source`` to each unit it cites, ``causal`` to each fact that caused it."""
+    seq_of = {unit.id: seq for seq, unit in zip(seqs, units, strict=True)}
+    links: list[Link] = []
+    for seq, unit in zip(seqs, units, strict=True):
+        for kind, ids in (("source", unit.source_ids), ("causal", unit.caused_by)):
+            for other in (seq_of.get(i) for i in ids):
+                if other is not None and other != seq:
+                    links.append((seq, other, kind, 1.0))
+                    links.append((other, seq, kind, 1.0))
+    return links

@@ -151,6 +151,8 @@ class PreparedUnit:
     """An observation's: how many facts support it."""
     history: list[dict[str, Any]] | None = None
     """An observation's earlier versions, oldest first."""
+    caused_by: list[str] = field(default_factory=list)
+    """Ids of units of the same write that caused this one (``causal`` links)."""
 
 
 @dataclass(slots=True)
@@ -239,6 +241,8 @@ class RecallQuery:
     min_keyword: float | None = None
     min_final: float | None = None
     temporal_window: tuple[datetime, datetime] | None = None
+    prefer_observations: bool = False
+    """With observations among the types: drop a raw fact a returned observation rests on."""
 
 
 @dataclass(slots=True)

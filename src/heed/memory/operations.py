@@ -1,4 +1,5 @@
-"""Async retain operations, built as runs of kind ``"retain"`` on :mod:`heed.runs`.
+"""Async retain operations, built as runs of kind ``"retain"`` on :mod:`heed.runs`; a
+bank's operations also list its consolidation runs (:data:`OPERATION_KINDS`).
 
 ``POST .../memories`` with ``async: true`` submits a run whose payload holds
 the validated items (read by its worker alone; listings see its summary: the item
@@ -19,6 +20,7 @@ document. Deleting a bank cancels its queued and running operations first.
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import datetime
 from typing import Any, Final
 
@@ -32,6 +34,8 @@ from heed.runs.model import Phase, Run, parse_phase
 from heed.runtime import OperationCancelled, run_in_thread
 
 __all__ = [
+    "CONSOLIDATION_KIND",
+    "OPERATION_KINDS",
     "RETAIN_KIND",
     "RetainOperations",
     "bank_session",
@@ -41,6 +45,10 @@ __all__ = [
 ]
 
 RETAIN_KIND: Final = "retain"
+#: Consolidation runs (:mod:`heed.memory.consolidation`), listed with the bank's retains.
+CONSOLIDATION_KIND: Final = "consolidation"
+#: The kinds of run a bank's operations are.
+OPERATION_KINDS: Final = (RETAIN_KIND, CONSOLIDATION_KIND)
 
 _STATUS = {
     Phase.QUEUED: "pending",
@@ -216,11 +224,19 @@ class RetainOperations:
 
     async def _by_phase(self, bank: Bank) -> dict[str, int]:
         """How many operations the bank has per stored phase (counted by the store)."""
-        return await self.manager.io.call(
-            lambda: self.manager.store.count_runs(
-                tenant=bank.tenant, session_id=bank_session(bank), kind=RETAIN_KIND
+        counts: dict[str, int] = {}
+        for kind in OPERATION_KINDS:
+            by_phase = await self.manager.io.call(
+                functools.partial(
+                    self.manager.store.count_runs,
+                    tenant=bank.tenant,
+                    session_id=bank_session(bank),
+                    kind=kind,
+                )
             )
-        )
+            for phase, n in by_phase.items():
+                counts[phase] = counts.get(phase, 0) + n
+        return counts
 
     async def counts(self, bank: Bank) -> dict[str, int]:
         """How many operations the bank has, per Hindsight status."""
@@ -235,25 +251,31 @@ class RetainOperations:
         self, bank: Bank, status: str | None = None, *, offset: int = 0, limit: int = 100
     ) -> tuple[int, list[Run]]:
         """``(total, page)``: how many operations the bank has (of one Hindsight status, when
-        given), and those from *offset*, at most *limit*, newest first (no payloads)."""
+        given), and those from *offset*, at most *limit*, newest first (no payloads). The
+        page merges the kinds' newest ``offset + limit`` each (bounded by the page)."""
         by_phase = await self._by_phase(bank)
         # The stored phase strings that have this status (unknown ones count as failed).
         phases = [p for p in by_phase if status is None or status_of_phase(p) == status]
         total = sum(by_phase[p] for p in phases)
         if total == 0 or offset >= total:
             return total, []
-        runs = await self.manager.io.call(
-            lambda: self.manager.store.list_runs(
-                tenant=bank.tenant,
-                session_id=bank_session(bank),
-                kind=RETAIN_KIND,
-                phases=None if status is None else phases,
-                newest_first=True,
-                offset=offset,
-                limit=limit,
+        runs: list[Run] = []
+        for kind in OPERATION_KINDS:
+            runs.extend(
+                await self.manager.io.call(
+                    functools.partial(
+                        self.manager.store.list_runs,
+                        tenant=bank.tenant,
+                        session_id=bank_session(bank),
+                        kind=kind,
+                        phases=None if status is None else phases,
+                        newest_first=True,
+                        limit=offset + limit,
+                    )
+                )
             )
-        )
-        return total, runs
+        runs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        return total, runs[offset : offset + limit]
 
     async def get(self, bank: Bank, operation_id: str) -> Run:
         """The operation; :class:`NotFound` when it is not this bank's."""
@@ -261,7 +283,7 @@ class RetainOperations:
             run = await self.manager.get(operation_id, tenant=bank.tenant)
         except RunNotFound:
             raise NotFound(f"operation {operation_id!r} not found") from None
-        if run.session_id != bank_session(bank) or run.kind != RETAIN_KIND:
+        if run.session_id != bank_session(bank) or run.kind not in OPERATION_KINDS:
             raise NotFound(f"operation {operation_id!r} not found")
         return run
 

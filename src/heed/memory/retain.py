@@ -26,7 +26,13 @@ from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
 from heed.memory.units import index_text, neighbour_texts, split_units, with_neighbours
 from heed.runtime import raise_if_cancelled
 
-__all__ = ["DocumentPlan", "plan_documents", "prepare_documents"]
+__all__ = [
+    "DocumentPlan",
+    "embed_documents",
+    "plan_documents",
+    "prepare_documents",
+    "split_documents",
+]
 
 
 @dataclass(slots=True)
@@ -111,10 +117,9 @@ def _index_neighbours(units: list[PreparedUnit]) -> None:
         unit.index_text = with_neighbours(unit.index_text, neighbour_texts(texts, position))
 
 
-def prepare_documents(
-    plans: list[DocumentPlan], embedder: Embedder, tokens: TokenCounter | None = None
-) -> list[PreparedDocument]:
-    """Split, extract, count and embed every document of *plans*. Blocking; checks the token."""
+def split_documents(plans: list[DocumentPlan]) -> list[PreparedDocument]:
+    """Split every document of *plans* into units with their entities and dates, not yet
+    embedded. Blocking; checks the token."""
     now = datetime.now(UTC)
     documents: list[PreparedDocument] = []
     for plan in plans:
@@ -137,6 +142,14 @@ def prepare_documents(
                 units=units,
             )
         )
+    return documents
+
+
+def embed_documents(
+    documents: list[PreparedDocument], embedder: Embedder, tokens: TokenCounter | None = None
+) -> list[PreparedDocument]:
+    """Embed (and count the tokens of) every unit of *documents*, in place; returns them.
+    Blocking; the embedder checks the token between batches."""
     all_units = [u for d in documents for u in d.units]
     vectors = embedder.embed([u.text for u in all_units])
     for unit, vector in zip(all_units, vectors, strict=True):
@@ -147,3 +160,10 @@ def prepare_documents(
         for unit, count in zip(all_units, counts, strict=True):
             unit.token_count = count
     return documents
+
+
+def prepare_documents(
+    plans: list[DocumentPlan], embedder: Embedder, tokens: TokenCounter | None = None
+) -> list[PreparedDocument]:
+    """Split, extract, count and embed every document of *plans*. Blocking; checks the token."""
+    return embed_documents(split_documents(plans), embedder, tokens)

@@ -113,6 +113,7 @@ async def list_memories(
     time_field: TimeField | None = None,
     start_date: QueryId | None = None,
     end_date: QueryId | None = None,
+    consolidation_state: Literal["pending", "done", "failed"] | None = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:
@@ -128,6 +129,7 @@ async def list_memories(
             time_field=time_field or ("occurred_start" if start_date or end_date else None),
             start=start_date,
             end=end_date,
+            consolidation_state=consolidation_state,
         ),
         limit,
         offset,

@@ -1,6 +1,6 @@
 """Async operations: list, get, cancel (``/v1/default/banks/{bank_id}/operations``).
 
-Operations are runs of kind ``retain``; their phases map onto Hindsight's
+Operations are runs of kind ``retain`` and ``consolidation``; their phases map onto Hindsight's
 statuses (queued: pending; running and cancelling: processing; cancelled;
 completed; failed and interrupted: failed). ``phase`` carries heed's own.
 """
@@ -80,9 +80,9 @@ async def list_operations(
         operations=[
             wire.OperationResponse(
                 id=run.id,
-                task_type="retain",
+                task_type=run.kind,
                 operation_id=run.id,
-                operation_type="retain",
+                operation_type=run.kind,
                 items_count=int(run.summary.get("items_count") or 0),
                 created_at=_iso(run.created_at) or "",
                 updated_at=_updated(run),
@@ -106,8 +106,8 @@ async def get_operation(
         operation_id=run.id,
         id=run.id,
         status=status_of(run),  # type: ignore[arg-type]
-        operation_type="retain",
-        task_type="retain",
+        operation_type=run.kind,
+        task_type=run.kind,
         created_at=_iso(run.created_at),
         updated_at=_updated(run),
         completed_at=_iso(run.finished_at),

@@ -20,7 +20,7 @@ async def health() -> dict[str, str]:
 
 
 _FEATURES = {
-    "observations": False,
+    "observations": True,
     "mcp": True,
     "worker": True,
     "bank_config_api": False,

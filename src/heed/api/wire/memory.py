@@ -94,6 +94,10 @@ class BankWrite(_In):
     enable_temporal_retrieval: bool | None = None
     enable_graph_retrieval: bool | None = None
     enable_reranking: bool | None = None
+    retain_mission: Text | None = None
+    retain_extraction_mode: Literal["off", "concise", "verbose"] | None = None
+    enable_observations: bool | None = None
+    observations_mission: Text | None = None
 
 
 class BankProfileResponse(BaseModel):
@@ -256,6 +260,7 @@ class RecallResultOut(BaseModel):
     metadata: dict[str, str] | None = None
     chunk_id: str | None = None
     tags: list[str] | None = None
+    source_fact_ids: list[str] | None = None
     scores: RecallScores | None = None
 
 
@@ -307,6 +312,39 @@ class MemoryUnitItem(BaseModel):
     metadata: dict[str, Any] | None = None
     state: str = "valid"
     updated_at: str | None = None
+    source_memory_ids: list[str] | None = None
+    consolidation_state: str | None = None
+
+
+class MemoryHistoryEntry(BaseModel):
+    text: str
+    proof_count: int | None = None
+    changed_at: str | None = None
+    reason: str | None = None
+    state: str = "invalidated"
+
+
+class MemoryHistoryResponse(BaseModel):
+    memory_id: str
+    text: str
+    history: list[MemoryHistoryEntry]
+
+
+class ConsolidationRequest(_In):
+    observation_scopes: Annotated[list[TagList], Field(max_length=MAX_LIST_ITEMS)] | None = None
+
+
+class ConsolidationResponse(BaseModel):
+    operation_id: str
+    deduplicated: bool = False
+
+
+class RecoverConsolidationResponse(BaseModel):
+    retried_count: int
+
+
+class ClearObservationsResponse(BaseModel):
+    deleted_count: int
 
 
 class ListMemoryUnitsResponse(BaseModel):

@@ -62,6 +62,10 @@ def bank_fields(body: wire.BankWrite) -> dict[str, Any]:
             "enable_temporal_retrieval": body.enable_temporal_retrieval,
             "enable_graph_retrieval": body.enable_graph_retrieval,
             "enable_reranking": body.enable_reranking,
+            "retain_mission": body.retain_mission,
+            "retain_extraction_mode": body.retain_extraction_mode,
+            "enable_observations": body.enable_observations,
+            "observations_mission": body.observations_mission,
         },
     }
 
@@ -165,6 +169,7 @@ def recall_query(body: wire.RecallRequest) -> RecallQuery:
         min_keyword=scores.keyword,
         min_final=scores.final if scores.final is not None else scores.reranker,
         temporal_window=window,
+        prefer_observations=bool(body.prefer_observations),
     )
 
 
@@ -183,6 +188,7 @@ def _result(hit: RecallHit) -> dict[str, Any]:
         "metadata": unit.metadata or None,
         "chunk_id": unit.chunk_id,
         "tags": unit.tags or None,
+        "source_fact_ids": unit.source_ids or None,
         "scores": {
             "final": round(hit.final, 6),
             "reranker": hit.reranker,
@@ -205,7 +211,11 @@ def recall_response(outcome: RecallOutcome) -> dict[str, Any]:
             if chunks is not None
             else None
         ),
-        "source_facts": {} if outcome.source_facts is not None else None,
+        "source_facts": (
+            {k: _result(h) for k, h in outcome.source_facts.items()}
+            if outcome.source_facts is not None
+            else None
+        ),
     }
 
 
@@ -225,4 +235,7 @@ def unit_item(unit: StoredUnit) -> wire.MemoryUnitItem:
         tags=unit.tags,
         metadata=unit.metadata,
         updated_at=unit.updated_at,
+        proof_count=unit.proof_count or 1,
+        source_memory_ids=unit.source_ids or None,
+        consolidation_state=unit.consolidation_state,
     )

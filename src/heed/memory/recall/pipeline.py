@@ -543,13 +543,17 @@ def slot_terms(budget: Budget) -> tuple[float, bool]:
     return BUDGET_SIZES[budget][1] / BUDGET_SIZES["low"][1], budget == "high"
 
 
-async def run_recall(deps: RecallDeps, bank: Bank, q: RecallQuery) -> RecallOutcome:
-    """Run every stage for *q* on *bank*; raises ``OperationCancelled`` at any checkpoint."""
+async def run_recall(
+    deps: RecallDeps, bank: Bank, q: RecallQuery, *, background: bool = False
+) -> RecallOutcome:
+    """Run every stage for *q* on *bank*; raises ``OperationCancelled`` at any checkpoint.
+    *background* work waits behind every user's recall for its slot."""
     tracer = Tracer()
     queued_at = time.perf_counter()
     per_arm = BUDGET_SIZES[q.budget][0]
     cost, dear = slot_terms(q.budget)
-    async with deps.lane.slot(cost=cost, dear=dear):
+    slot = deps.lane.slot(background=True) if background else deps.lane.slot(cost=cost, dear=dear)
+    async with slot:
         tracer.record("admission", queued_at)
         anchor = q.query_timestamp or datetime.now(UTC)
         analysis = analyze_query(q.query, anchor, q.temporal_window)

@@ -1,0 +1,88 @@
+"""Observations and their consolidation (``/v1/default/banks/{bank_id}/...``).
+
+- ``POST .../consolidate``: start a consolidation of the bank now (an operation; a busy one
+  is returned with ``deduplicated: true``);
+- ``POST .../consolidation/recover``: make the units whose consolidation failed pending
+  again, and start one;
+- ``DELETE .../observations``: delete every observation (their facts become pending);
+- ``DELETE .../memories/{memory_id}/observations``: delete the observations resting on one
+  memory;
+- ``GET .../memories/{memory_id}/history``: an observation's earlier versions.
+
+What consolidation is and how it is bounded and cancelled: :mod:`heed.memory.consolidation`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from heed.api.deps import ConsolidationDep, MemoryDep
+from heed.api.input_rules import IdPath
+from heed.api.routing import HeedRoute
+from heed.api.wire import memory as wire
+from heed.memory.models import InvalidInput
+
+router = APIRouter(
+    prefix="/v1/default/banks/{bank_id}", tags=["observations"], route_class=HeedRoute
+)
+
+
+@router.post("/consolidate")
+async def consolidate(
+    bank_id: IdPath,
+    engine: MemoryDep,
+    consolidation: ConsolidationDep,
+    body: wire.ConsolidationRequest | None = None,
+) -> wire.ConsolidationResponse:
+    """Start consolidating the bank's pending memories (or return the busy run)."""
+    if body is not None and body.observation_scopes:
+        raise InvalidInput(
+            "observation_scopes is not supported by heed: observations are scoped by the "
+            "tags of the facts they rest on"
+        )
+    bank = await engine.get_bank(bank_id)
+    run, deduplicated = await consolidation.submit(bank)
+    return wire.ConsolidationResponse(
+        operation_id=run.id if run is not None else "", deduplicated=deduplicated
+    )
+
+
+@router.post("/consolidation/recover")
+async def recover_consolidation(
+    bank_id: IdPath, engine: MemoryDep, consolidation: ConsolidationDep
+) -> wire.RecoverConsolidationResponse:
+    """Make the memories whose consolidation failed pending again."""
+    bank = await engine.get_bank(bank_id)
+    return wire.RecoverConsolidationResponse(retried_count=await consolidation.recover(bank))
+
+
+@router.delete("/observations")
+async def clear_observations(
+    bank_id: IdPath, engine: MemoryDep, consolidation: ConsolidationDep
+) -> wire.ClearObservationsResponse:
+    """Delete every observation of the bank; their facts are consolidated again."""
+    bank = await engine.get_bank(bank_id)
+    return wire.ClearObservationsResponse(deleted_count=await consolidation.clear(bank))
+
+
+@router.delete("/memories/{memory_id}/observations")
+async def clear_memory_observations(
+    bank_id: IdPath, memory_id: IdPath, engine: MemoryDep, consolidation: ConsolidationDep
+) -> wire.ClearObservationsResponse:
+    """Delete the observations resting on one memory."""
+    bank = await engine.get_bank(bank_id)
+    return wire.ClearObservationsResponse(deleted_count=await consolidation.clear(bank, memory_id))
+
+
+@router.get("/memories/{memory_id}/history")
+async def memory_history(
+    bank_id: IdPath, memory_id: IdPath, engine: MemoryDep
+) -> wire.MemoryHistoryResponse:
+    """An observation's earlier versions, oldest first (empty for other memories)."""
+    bank = await engine.get_bank(bank_id)
+    unit = await engine.get_unit(bank, memory_id)
+    return wire.MemoryHistoryResponse(
+        memory_id=unit.id,
+        text=unit.text,
+        history=[wire.MemoryHistoryEntry.model_validate(v) for v in unit.history],
+    )

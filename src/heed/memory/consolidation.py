@@ -1,0 +1,493 @@
+"""Consolidation: new facts become *observations*, beliefs that are updated as evidence
+arrives, in background runs that stop when asked and never starve a user's request.
+
+**What it does.** A bank that keeps observations (``enable_observations``) marks the units
+its retains write as ``pending`` (:meth:`heed.memory.engine.MemoryEngine.retain`). A
+consolidation run takes them in **rounds** of at most :attr:`ConsolidationLimits.batch`
+units, oldest first, grouped by their tags (a scope: an observation only rests on facts of
+one tag set). For each group it recalls the related observations (a real recall, of type
+``observation``, in the group's scope, at most :attr:`ConsolidationLimits.related`), and
+asks the LLM (structured output) which observations to create, update or merge, each
+citing the facts it rests on. One transaction per round writes the result and marks the
+facts ``done`` (:meth:`heed.memory.store.LearningStore.write_observations`). An updated
+observation keeps its id; its earlier text goes to its ``history`` (at most
+:data:`HISTORY_LIMIT` versions); a merged one is removed and named in the survivor's
+history. A round whose reply stays malformed marks its facts ``failed`` (``recover`` makes
+them pending again); an upstream failure ends the run ``failed`` with its facts still
+pending.
+
+**How it runs.** Each consolidation is a run of kind ``consolidation`` in the bank's run
+group (``bank:<ref>``, listed with the bank's operations):
+
+- *one at a time per bank, across instances*: a start is admitted only when the bank has no
+  busy consolidation run (checked under the group's lock in the run store); retains
+  schedule one after :attr:`ConsolidationLimits.debounce` seconds of quiet, and a run keeps
+  taking rounds until nothing is pending, so facts written meanwhile are taken too;
+- *it yields*: its recalls take recall slots and its LLM calls take reflect slots with
+  ``background=True`` (:mod:`heed.runtime.slots`): never a slot a user's request waits for,
+  at full speed when the server is idle, and never starved forever;
+- *it stops*: its token is the run's, so ``POST /v1/runs/{id}/cancel``, ``DELETE
+  .../operations/{id}``, the wall-clock ceiling (:attr:`ConsolidationLimits.max_seconds`)
+  and a bank delete stop it mid-LLM-call; the bank's work registry
+  (:meth:`~heed.memory.engine.MemoryEngine.track`) makes the delete wait until it stopped,
+  and the round's write checks the bank's row in its transaction, so nothing is written
+  into a deleted bank;
+- *it survives dead workers, within a budget*: a worker that dies while processing leaves
+  the run to be claimed again; after :data:`MAX_ATTEMPTS` deaths the run is quarantined
+  (:mod:`heed.runs.state`);
+- *bounded memory*: a round holds its batch, its related observations and one reply; what
+  a run keeps across rounds is counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
+from heed.llm.observe import LlmObserver, observing
+from heed.llm.structured import complete_json
+from heed.memory.engine import BANK_DELETED, MemoryEngine
+from heed.memory.entities import extract_entities
+from heed.memory.models import (
+    Bank,
+    NotFound,
+    PreparedDocument,
+    PreparedUnit,
+    RecallQuery,
+    StoredUnit,
+)
+from heed.memory.operations import CONSOLIDATION_KIND, bank_session, cancel_bank_runs
+from heed.memory.retain import embed_documents
+from heed.memory.store import ObservationChanges
+from heed.memory.units import index_text
+from heed.runs.events import EventType
+from heed.runs.kinds import KindSpec, RunContext
+from heed.runs.manager import RunManager
+from heed.runs.model import Run
+from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
+
+__all__ = [
+    "CONSOLIDATION_KIND",
+    "HISTORY_LIMIT",
+    "MAX_ATTEMPTS",
+    "OBSERVATIONS_SCHEMA",
+    "Consolidation",
+    "ConsolidationLimits",
+]
+
+#: Worker deaths while processing after which a consolidation is quarantined.
+MAX_ATTEMPTS: Final = 3
+#: Earlier versions an observation keeps.
+HISTORY_LIMIT: Final = 20
+
+OBSERVATIONS_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["actions"],
+    "properties": {
+        "actions": {
+            "type": "array",
+            "maxItems": 64,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["action", "text", "facts"],
+                "properties": {
+                    "action": {"enum": ["create", "update", "merge"]},
+                    "observations": {
+                        "type": "array",
+                        "maxItems": 16,
+                        "items": {"type": "integer", "minimum": 0},
+                    },
+                    "text": {"type": "string", "minLength": 1, "maxLength": 2000},
+                    "facts": {
+                        "type": "array",
+                        "maxItems": 64,
+                        "items": {"type": "integer", "minimum": 0},
+                    },
+                },
+            },
+        }
+    },
+}
+_FORMAT: Final = JsonSchemaFormat(name="observations", schema=OBSERVATIONS_SCHEMA, strict=False)
+_INSTRUCTIONS: Final = (
+    "You maintain observations: durable beliefs about people, things and patterns, "
+    "consolidated from facts. You are given new facts (F0, F1, ...) and existing "
+    'observations (O0, O1, ...). Answer with JSON {"actions": [...]}, each action: '
+    '{"action": "create", "text", "facts": [F numbers]} for a new observation; '
+    '{"action": "update", "observations": [one O number], "text", "facts"} when '
+    "the facts refine or contradict an observation (write the whole new text); "
+    '{"action": "merge", "observations": [O numbers], "text", "facts"} when '
+    "observations say the same thing. Every observation cites the facts it rests on. "
+    "Facts that teach nothing durable need no action."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsolidationLimits:
+    """How consolidation is bounded (settings ``HEED_CONSOLIDATION_*``)."""
+
+    batch: int = 16
+    related: int = 24
+    debounce: float = 2.0
+    max_seconds: float = 1800.0
+
+
+@dataclass(slots=True)
+class _Counters:
+    rounds: int = 0
+    facts: int = 0
+    failed: int = 0
+    created: int = 0
+    updated: int = 0
+    merged: int = 0
+    llm_retries: int = 0
+    llm_failures: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "facts_consolidated": self.facts,
+            "facts_failed": self.failed,
+            "observations_created": self.created,
+            "observations_updated": self.updated,
+            "observations_merged": self.merged,
+            "llm_retries": self.llm_retries,
+            "llm_failures": self.llm_failures,
+            "errors": self.errors[-5:],
+        }
+
+
+def _counting(counters: _Counters) -> LlmObserver:
+    """An observer counting a run's LLM retries and failures (shown in its journal and
+    result, never silent)."""
+
+    def retried(provider: str, status: int | None, reason: str, delay: float) -> None:
+        counters.llm_retries += 1
+
+    def failed(provider: str, status: int | None, reason: str) -> None:
+        counters.llm_failures += 1
+
+    return LlmObserver(on_retry=retried, on_failure=failed)
+
+
+class Consolidation:
+    """Starts, runs and stops the consolidation of banks (see the module docstring)."""
+
+    def __init__(
+        self,
+        manager: RunManager,
+        engine: MemoryEngine,
+        provider: Callable[[], ChatProvider],
+        llm_lane: Lane,
+        limits: ConsolidationLimits | None = None,
+    ) -> None:
+        self.manager = manager
+        self.engine = engine
+        self.provider = provider
+        self.llm_lane = llm_lane
+        self.limits = limits or ConsolidationLimits()
+        self._scheduled: dict[str, asyncio.Task[None]] = {}
+        engine.before_delete.append(self._cancel_bank_runs)
+        engine.after_retain.append(self.schedule)
+
+    def kind_spec(self) -> KindSpec:
+        """How ``consolidation`` runs execute: register it as :data:`CONSOLIDATION_KIND`."""
+        return KindSpec(execute=self._execute, max_attempts=MAX_ATTEMPTS)
+
+    # -- starting ------------------------------------------------------------------------
+
+    def schedule(self, bank: Bank) -> None:
+        """Start a consolidation of *bank* after :attr:`ConsolidationLimits.debounce`
+        seconds (a retain's hook: returns at once; one timer per bank)."""
+        if not self.engine.learning.observations(bank) or bank.ref in self._scheduled:
+            return
+        task = asyncio.get_running_loop().create_task(self._start_later(bank))
+        self._scheduled[bank.ref] = task
+        task.add_done_callback(lambda _: self._scheduled.pop(bank.ref, None))
+
+    async def _start_later(self, bank: Bank) -> None:
+        """Submit after the debounce; while another run of the bank is busy, look again
+        later, until a run is admitted or nothing is pending."""
+        with contextlib.suppress(OperationCancelled, NotFound):
+            while True:
+                await asyncio.sleep(self.limits.debounce)
+                _, deduplicated = await self.submit(bank)
+                if not deduplicated:
+                    return
+                pending = await run_in_thread(self.engine.store.pending_units, bank.ref, 1)
+                if not pending:
+                    return
+
+    async def submit(self, bank: Bank) -> tuple[Run | None, bool]:
+        """Start a consolidation of *bank* unless one is busy: ``(run, deduplicated)``, the
+        busy run with ``True`` when there was one."""
+        run = await self.manager.submit(
+            CONSOLIDATION_KIND,
+            tenant=bank.tenant,
+            session_id=bank_session(bank),
+            payload={"bank_id": bank.bank_id, "bank_ref": bank.ref},
+            summary={"bank_id": bank.bank_id},
+            strategy="idle",
+        )
+        if run is not None:
+            return run, False
+        busy = await self.manager.io.call(
+            lambda: self.manager.store.list_runs(
+                tenant=bank.tenant,
+                session_id=bank_session(bank),
+                kind=CONSOLIDATION_KIND,
+                non_terminal=True,
+                limit=1,
+            )
+        )
+        return (busy[0] if busy else None), True
+
+    async def recover(self, bank: Bank) -> int:
+        """Make the bank's failed units pending again and schedule a consolidation."""
+        count = await run_in_thread(self.engine.store.recover_consolidation, bank.ref)
+        if count:
+            self.schedule(bank)
+        return count
+
+    async def clear(self, bank: Bank, source_id: str | None = None) -> int:
+        """Delete the bank's observations (those resting on memory *source_id* when given;
+        :class:`NotFound` when the bank has no such memory); the facts they rested on
+        become pending again. How many were deleted."""
+        async with self.engine.track(bank):
+            if source_id is not None:
+                await self.engine.get_unit(bank, source_id)
+            result = await run_in_thread(self.engine.store.delete_observations, bank.ref, source_id)
+            await run_in_thread(self.engine.indexes.apply, bank.ref, result, None)
+        return len(result.removed)
+
+    async def aclose(self) -> None:
+        """Stop the timers of scheduled starts (runs are the manager's)."""
+        tasks = list(self._scheduled.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _cancel_bank_runs(self, bank: Bank) -> None:
+        task = self._scheduled.pop(bank.ref, None)
+        if task is not None:
+            task.cancel()
+        await cancel_bank_runs(self.manager, bank, CONSOLIDATION_KIND)
+
+    # -- running -------------------------------------------------------------------------
+
+    async def _execute(self, rc: RunContext) -> dict[str, Any]:
+        payload = rc.payload
+        try:
+            bank = await self.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
+        except NotFound as exc:
+            raise OperationCancelled(BANK_DELETED) from exc
+        if bank.ref != payload["bank_ref"]:
+            raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
+        rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
+        counters = _Counters()
+        try:
+            async with self.engine.track(bank):
+                with observing(_counting(counters)):
+                    while True:
+                        raise_if_cancelled()
+                        batch = await run_in_thread(
+                            self.engine.store.pending_units, bank.ref, self.limits.batch
+                        )
+                        if not batch:
+                            break
+                        await self._round(bank, batch, counters)
+                        counters.rounds += 1
+                        await rc.emit(
+                            EventType.PROGRESS,
+                            {"processed": counters.facts + counters.failed, **counters.result()},
+                        )
+        except NotFound as exc:
+            raise OperationCancelled(BANK_DELETED) from exc
+        return counters.result()
+
+    async def _round(self, bank: Bank, batch: list[StoredUnit], counters: _Counters) -> None:
+        groups: dict[tuple[str, ...], list[StoredUnit]] = {}
+        for unit in batch:
+            groups.setdefault(tuple(sorted(unit.tags)), []).append(unit)
+        for tags, facts in groups.items():
+            related = await self._related(bank, facts, list(tags))
+            messages = _prompt(facts, related, bank.config.get("observations_mission"))
+            try:
+                async with self.llm_lane.slot(background=True):
+                    reply = await complete_json(self.provider(), messages, _FORMAT)
+            except BadModelOutput as exc:
+                counters.failed += len(facts)
+                counters.errors.append(str(exc)[:300])
+                await run_in_thread(
+                    self._write, bank, ObservationChanges(failed=[f.seq for f in facts]), []
+                )
+                continue
+            changes, fresh = _plan(reply.value, facts, related, counters)
+            await run_in_thread(embed_documents, [_document(fresh)], self.engine.embedder)
+            await run_in_thread(self._write, bank, changes, fresh)
+            counters.facts += len(facts)
+
+    async def _related(
+        self, bank: Bank, facts: list[StoredUnit], tags: list[str]
+    ) -> list[StoredUnit]:
+        """The observations related to *facts* in their scope, best first, deduplicated."""
+        seen: dict[str, StoredUnit] = {}
+        per_fact = max(2, self.limits.related // max(1, len(facts)))
+        for fact in facts:
+            query = RecallQuery(
+                query=fact.text[:400],
+                types=["observation"],
+                budget="low",
+                max_tokens=2048,
+                tags=tags or None,
+                tags_match="all_strict" if tags else "any",
+            )
+            outcome = await self.engine.recall(bank, query, background=True)
+            for hit in outcome.hits[:per_fact]:
+                seen.setdefault(hit.unit.id, hit.unit)
+            if len(seen) >= self.limits.related:
+                break
+        ids = list(seen)[: self.limits.related]
+        # Recall's units lack provenance and history: read the rows themselves.
+        return await run_in_thread(self.engine.store.units_by_ids, bank.ref, ids)
+
+    def _write(self, bank: Bank, changes: ObservationChanges, fresh: list[PreparedUnit]) -> None:
+        raise_if_cancelled()
+        result = self.engine.store.write_observations(bank.ref, changes)
+        self.engine.indexes.apply(bank.ref, result, _document(fresh))
+
+
+def _prompt(
+    facts: list[StoredUnit], related: list[StoredUnit], mission: str | None
+) -> list[ChatMessage]:
+    system = _INSTRUCTIONS + (f" What to observe: {mission}" if mission else "")
+    lines = ["New facts:"]
+    for number, fact in enumerate(facts):
+        when = f" ({fact.occurred_start[:10]})" if fact.occurred_start else ""
+        lines.append(f"F{number}{when}: {fact.text}")
+    lines.append("Existing observations:" if related else "Existing observations: none")
+    for number, observation in enumerate(related):
+        lines.append(f"O{number}: {observation.text}")
+    return [ChatMessage.system(system), ChatMessage.user("\n".join(lines))]
+
+
+def _plan(
+    reply: dict[str, Any],
+    facts: list[StoredUnit],
+    related: list[StoredUnit],
+    counters: _Counters,
+) -> tuple[ObservationChanges, list[PreparedUnit]]:
+    """The round's writes from the model's *reply*: actions naming no valid observation
+    (an update or merge) are taken as creations; an observation named twice is changed by
+    the first action only."""
+    now = datetime.now(UTC)
+    created: list[PreparedUnit] = []
+    replaced: list[PreparedUnit] = []
+    removed: list[str] = []
+    touched: set[str] = set()
+    for action in reply.get("actions", []):
+        cited = [facts[n] for n in action.get("facts", []) if 0 <= n < len(facts)]
+        named = [
+            related[n]
+            for n in action.get("observations", [])
+            if 0 <= n < len(related) and related[n].id not in touched
+        ]
+        text = str(action["text"]).strip()
+        if action["action"] == "create" or not named:
+            created.append(_observation(str(uuid.uuid4()), text, cited, [], [], now))
+            counters.created += 1
+            continue
+        survivor, others = named[0], named[1:] if action["action"] == "merge" else []
+        history = [
+            *survivor.history,
+            _version(survivor.text, survivor.proof_count, now, "updated"),
+            *(_version(o.text, o.proof_count, now, f"merged {o.id}") for o in others),
+        ][-HISTORY_LIMIT:]
+        earlier = [s for o in (survivor, *others) for s in o.source_ids]
+        replaced.append(_observation(survivor.id, text, cited, earlier, history, now))
+        removed.extend(o.id for o in others)
+        touched.update(o.id for o in (survivor, *others))
+        if others:
+            counters.merged += 1
+        else:
+            counters.updated += 1
+    changes = ObservationChanges(
+        created=created, replaced=replaced, removed=removed, done=[f.seq for f in facts]
+    )
+    return changes, [*created, *replaced]
+
+
+def _version(text: str, proof_count: int | None, now: datetime, reason: str) -> dict[str, Any]:
+    return {
+        "text": text,
+        "proof_count": proof_count,
+        "changed_at": now.isoformat(),
+        "reason": reason,
+        "state": "invalidated",
+    }
+
+
+def _iso_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _observation(
+    unit_id: str,
+    text: str,
+    facts: list[StoredUnit],
+    earlier_sources: list[str],
+    history: list[dict[str, Any]],
+    now: datetime,
+) -> PreparedUnit:
+    """An observation unit resting on *facts* (and the sources of what it replaces)."""
+    sources = list(dict.fromkeys([*earlier_sources, *(f.id for f in facts)]))
+    starts = [d for d in (_iso_date(f.occurred_start) for f in facts) if d is not None]
+    ends = [d for d in (_iso_date(f.occurred_end) for f in facts) if d is not None]
+    mentioned = [d for d in (_iso_date(f.mentioned_at) for f in facts) if d is not None]
+    tags = list(dict.fromkeys(t for f in facts for t in f.tags))
+    return PreparedUnit(
+        id=unit_id,
+        text=text,
+        index_text=index_text(text, None, None),
+        fact_type="observation",
+        context=None,
+        chunk_index=0,
+        occurred_start=min(starts) if starts else None,
+        occurred_end=max(ends) if ends else (max(starts) if starts else None),
+        mentioned_at=max(mentioned) if mentioned else now,
+        metadata={},
+        tags=tags,
+        entities=extract_entities(text, [], None),
+        source_ids=sources,
+        proof_count=len(sources),
+        history=history,
+    )
+
+
+def _document(units: list[PreparedUnit]) -> PreparedDocument:
+    """*units* as the document-shaped value the embedder and the vector index take."""
+    return PreparedDocument(
+        document_id="",
+        replace=False,
+        original_text="",
+        metadata={},
+        tags=[],
+        chunks=[],
+        units=units,
+    )

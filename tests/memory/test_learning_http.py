@@ -1,0 +1,268 @@
+"""Memory that learns, end to end over HTTP: facts extracted at retain with provenance, a
+background consolidation into observations, recall of observations, and a consolidation
+that stops when cancelled or when its bank is deleted, on SQLite and PostgreSQL.
+
+Real server on a socket, the scripted provider answering the structured-output calls by
+matching the prompt (extraction's numbered units, consolidation's "New facts:").
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hindsight_client import Hindsight
+
+from heed.api.app import create_app
+from heed.llm import ScriptedProvider
+from heed.settings import Settings
+from tests.pg_support import fresh_schema
+from tests.support import LiveServer, live_server, wait_for
+
+TURNS = [
+    "Caroline: I adopted a puppy named Rex last week.",
+    "Melanie: That's lovely! What breed is he?",
+    "Caroline: A beagle. He loves the park near my flat in Lyon.",
+]
+EXTRACTION = {
+    "when": "[0] (",
+    "json": {
+        "facts": [
+            {
+                "text": "Caroline adopted a beagle puppy named Rex.",
+                "fact_type": "experience",
+                "who": "Caroline",
+                "entities": ["Caroline", "Rex"],
+                "sources": [0, 2],
+            },
+            {
+                "text": "Rex loves the park near Caroline's flat in Lyon.",
+                "fact_type": "world",
+                "where": "Lyon",
+                "entities": ["Rex", "Lyon"],
+                "sources": [2],
+                "causes": [0],
+            },
+        ]
+    },
+}
+CONSOLIDATION = {
+    "when": "new facts:",
+    "json": {
+        "actions": [
+            {"action": "create", "text": "Caroline owns a beagle called Rex.", "facts": [0, 1]}
+        ]
+    },
+}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    def settings(url: str | None) -> Settings:
+        return Settings(
+            data_dir=tmp_path_factory.mktemp("learning"),
+            database_url=url,
+            llm_provider="scripted",
+            retain_extraction="concise",
+            observations="on",
+            consolidation_debounce_seconds=0.05,
+            run_reaper_interval=0.2,
+        )
+
+    if request.param == "sqlite":
+        with live_server(create_app(settings(None))) as srv:
+            yield srv
+        return
+    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+        yield srv
+
+
+def script(server: LiveServer, *replies: dict[str, Any]) -> ScriptedProvider:
+    provider = ScriptedProvider({"replies": list(replies)})
+    server.app.state.services.retain_provider.current = provider
+    return provider
+
+
+def new_bank(server: LiveServer, **fields: Any) -> str:
+    bank = "learn-" + uuid.uuid4().hex[:8]
+    response = httpx.put(f"{server.url}/v1/default/banks/{bank}", json=fields, timeout=30)
+    response.raise_for_status()
+    return bank
+
+
+def memories(server: LiveServer, bank: str, **params: str) -> list[dict[str, Any]]:
+    response = httpx.get(
+        f"{server.url}/v1/default/banks/{bank}/memories/list", params=params, timeout=30
+    )
+    response.raise_for_status()
+    items: list[dict[str, Any]] = response.json()["items"]
+    return items
+
+
+def test_retain_extracts_facts_with_provenance_and_consolidates_them(server: LiveServer) -> None:
+    script(server, EXTRACTION, CONSOLIDATION)
+    bank = new_bank(server)
+    client = Hindsight(base_url=server.url, timeout=30)
+    try:
+        client.retain(bank, "\n".join(TURNS), context="chat")
+        facts = {m["text"]: m for m in memories(server, bank) if m["source_memory_ids"]}
+        assert set(facts) == {
+            "Caroline adopted a beagle puppy named Rex.",
+            "Rex loves the park near Caroline's flat in Lyon.",
+        }
+        turns = {m["id"]: m["text"] for m in memories(server, bank) if not m["source_memory_ids"]}
+        adopted = facts["Caroline adopted a beagle puppy named Rex."]
+        assert [turns[i] for i in adopted["source_memory_ids"]] == [TURNS[0], TURNS[2]]
+        assert adopted["fact_type"] == "experience"
+        assert "Rex" in adopted["entities"]
+
+        observations = wait_for(
+            lambda: memories(server, bank, type="observation"), seconds=30
+        )
+        [observation] = observations
+        assert observation["text"] == "Caroline owns a beagle called Rex."
+        # Consolidation took the facts and the turn no fact cites (Melanie's question).
+        done = memories(server, bank, consolidation_state="done")
+        assert {m["text"] for m in done} == {*facts, TURNS[1]}
+        assert memories(server, bank, consolidation_state="pending") == []
+        assert len(observation["source_memory_ids"]) == 2
+        assert set(observation["source_memory_ids"]) <= {m["id"] for m in done}
+        assert observation["proof_count"] == 2
+
+        # Recall returns the observation; prefer_observations drops the facts it rests on.
+        both = client.recall(bank, "Caroline's dog Rex", types=["world", "experience", "observation"])
+        assert "observation" in {r.type for r in both.results}
+        preferred = client.recall(
+            bank,
+            "Caroline's dog Rex",
+            types=["world", "experience", "observation"],
+            prefer_observations=True,
+        )
+        kept = {r.id for r in preferred.results}
+        assert observation["id"] in kept
+        assert not kept & set(observation["source_memory_ids"])
+
+        operations = httpx.get(f"{server.url}/v1/default/banks/{bank}/operations", timeout=10)
+        kinds = {o["operation_type"] for o in operations.json()["operations"]}
+        assert kinds == {"consolidation"}  # the retain was synchronous
+        version = httpx.get(f"{server.url}/version", timeout=10).json()
+        assert version["features"]["observations"] is True
+    finally:
+        client.close()
+
+
+def test_a_malformed_reply_keeps_the_chunk_verbatim_and_consolidates_the_turns(
+    server: LiveServer,
+) -> None:
+    provider = script(
+        server,
+        {"when": "[0] (", "text": "not json at all"},
+        {"when": "new facts:", "json": {"actions": []}},
+    )
+    bank = new_bank(server)
+    response = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/memories",
+        json={"items": [{"content": "\n".join(TURNS)}]},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    units = memories(server, bank)
+    assert {u["text"] for u in units} == set(TURNS)  # verbatim only, nothing lost
+    extraction_calls = [r for r in provider.requests if r.json_schema is not None]
+    assert len([r for r in extraction_calls if "[0] (" in r.messages[-1].content]) >= 1
+    wait_for(lambda: memories(server, bank, consolidation_state="done"), seconds=30)
+    assert memories(server, bank, type="observation") == []
+
+
+def test_consolidation_is_cancelled_while_processing_and_frees_its_slot(
+    server: LiveServer,
+) -> None:
+    slow = {"when": "new facts:", "latency": 60, "json": {"actions": []}}
+    provider = script(server, EXTRACTION, slow)
+    bank = new_bank(server)
+    httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/memories",
+        json={"items": [{"content": "\n".join(TURNS)}]},
+        timeout=30,
+    ).raise_for_status()
+    lane = server.app.state.services.lanes["reflect"]
+
+    def processing() -> str | None:
+        ops = httpx.get(f"{server.url}/v1/default/banks/{bank}/operations", timeout=10).json()
+        running = [o for o in ops["operations"] if o["operation_type"] == "consolidation"]
+        busy = running and running[0]["status"] == "processing" and lane.stats().in_use
+        return running[0]["id"] if busy else None
+
+    run_id = wait_for(processing, seconds=30)
+    started = time.monotonic()
+    response = httpx.post(f"{server.url}/v1/runs/{run_id}/cancel", timeout=30)
+    assert response.status_code in (200, 202), response.text
+
+    def cancelled() -> bool:
+        run = httpx.get(f"{server.url}/v1/runs/{run_id}", timeout=10).json()
+        return bool(run["phase"] == "cancelled")
+
+    wait_for(cancelled, seconds=10)
+    assert time.monotonic() - started < 5  # not the 60 s the model would have taken
+    assert lane.stats().in_use == 0
+    assert memories(server, bank, type="observation") == []
+    # its facts are still pending: nothing was lost, the next consolidation takes them
+    assert len(memories(server, bank, consolidation_state="pending")) >= 2
+    assert provider.requests
+
+
+def test_deleting_a_bank_stops_its_consolidation_and_leaves_nothing(server: LiveServer) -> None:
+    slow = {"when": "new facts:", "latency": 60, "json": {"actions": []}}
+    script(server, EXTRACTION, slow)
+    bank = new_bank(server)
+    httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/memories",
+        json={"items": [{"content": "\n".join(TURNS)}]},
+        timeout=30,
+    ).raise_for_status()
+    lane = server.app.state.services.lanes["reflect"]
+    wait_for(lambda: lane.stats().in_use, seconds=30)
+    started = time.monotonic()
+    response = httpx.delete(f"{server.url}/v1/default/banks/{bank}", timeout=30)
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started < 5
+    assert lane.stats().in_use == 0
+    # Recreated at once: empty, and nothing arrives later.
+    new = httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30)
+    new.raise_for_status()
+    time.sleep(0.5)
+    assert memories(server, bank) == []
+
+
+def test_clearing_observations_makes_their_facts_pending_again(server: LiveServer) -> None:
+    script(server, EXTRACTION, CONSOLIDATION)
+    bank = new_bank(server)
+    httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/memories",
+        json={"items": [{"content": "\n".join(TURNS)}]},
+        timeout=30,
+    ).raise_for_status()
+    [observation] = wait_for(lambda: memories(server, bank, type="observation"), seconds=30)
+    source = observation["source_memory_ids"][0]
+    script(server, EXTRACTION, {"when": "new facts:", "latency": 60, "json": {"actions": []}})
+    response = httpx.delete(
+        f"{server.url}/v1/default/banks/{bank}/memories/{source}/observations", timeout=30
+    )
+    assert response.json() == {"deleted_count": 1}
+    assert memories(server, bank, type="observation") == []
+    assert len(memories(server, bank, consolidation_state="pending")) == 2
+    missing = httpx.delete(
+        f"{server.url}/v1/default/banks/{bank}/memories/no-such/observations", timeout=30
+    )
+    assert missing.status_code == 404
+    refused = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/consolidate",
+        json={"observation_scopes": [["a"]]},
+        timeout=30,
+    )
+    assert refused.status_code == 400 and "observation_scopes" in refused.text
+    httpx.delete(f"{server.url}/v1/default/banks/{bank}", timeout=30).raise_for_status()
