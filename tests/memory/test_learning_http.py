@@ -61,7 +61,9 @@ CONSOLIDATION = {
 
 
 @pytest.fixture(params=["sqlite", "postgresql"], scope="module")
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
     def settings(url: str | None) -> Settings:
         return Settings(
             data_dir=tmp_path_factory.mktemp("learning"),
@@ -120,9 +122,7 @@ def test_retain_extracts_facts_with_provenance_and_consolidates_them(server: Liv
         assert adopted["fact_type"] == "experience"
         assert "Rex" in adopted["entities"]
 
-        observations = wait_for(
-            lambda: memories(server, bank, type="observation"), seconds=30
-        )
+        observations = wait_for(lambda: memories(server, bank, type="observation"), seconds=30)
         [observation] = observations
         assert observation["text"] == "Caroline owns a beagle called Rex."
         # Consolidation took the facts and the turn no fact cites (Melanie's question).
@@ -134,7 +134,9 @@ def test_retain_extracts_facts_with_provenance_and_consolidates_them(server: Liv
         assert observation["proof_count"] == 2
 
         # Recall returns the observation; prefer_observations drops the facts it rests on.
-        both = client.recall(bank, "Caroline's dog Rex", types=["world", "experience", "observation"])
+        both = client.recall(
+            bank, "Caroline's dog Rex", types=["world", "experience", "observation"]
+        )
         assert "observation" in {r.type for r in both.results}
         preferred = client.recall(
             bank,
