@@ -143,7 +143,9 @@ class Run:
     idempotency key. ``result`` is the output once finished; both are owned by the
     run's kind. ``last_seq`` is the journal's highest seq (0 when empty) and
     ``first_seq`` the lowest still retained (1 unless trimmed);
-    ``journal_closed`` is true once a terminal event was appended.
+    ``journal_closed`` is true once a terminal event was appended. ``attempts``
+    counts the times a worker died while running it and it was requeued (or, the
+    last time, quarantined); only kinds with ``max_attempts`` ever count one.
     """
 
     id: str
@@ -165,6 +167,7 @@ class Run:
     last_seq: int = 0
     first_seq: int = 1
     journal_closed: bool = False
+    attempts: int = 0
 
     @property
     def phase_enum(self) -> Phase | None:

@@ -141,12 +141,15 @@ MIGRATIONS: Final = [
             for dialect in _RETAIN_SUMMARY
         },
     ),
+    # How many times a worker died while running the run (requeues, then the quarantine:
+    # heed.runs.state.ending_for_lost_worker). Every existing run counts none.
+    Migration("runs", 3, "ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;"),
 ]
 
 _COLUMNS: Final = (
     "id, kind, tenant, session_id, phase, source, created_at, started_at, cancelled_at,"
     " finished_at, cancel_reason, error, worker_id, lease_expires_at, summary, result,"
-    " last_seq, first_seq, journal_closed"
+    " last_seq, first_seq, journal_closed, attempts"
 )
 #: The row without its result (``NULL``): for reads that never look at it.
 _WITHOUT_RESULT: Final = _COLUMNS.replace(" result,", " NULL AS result,")
@@ -161,6 +164,7 @@ _SETTABLE: Final = frozenset(
         "worker_id",
         "lease_expires_at",
         "result",
+        "attempts",
     }
 )
 
@@ -186,6 +190,7 @@ def _row_to_run(row: Any) -> Run:
         last_seq=row["last_seq"],
         first_seq=row["first_seq"],
         journal_closed=bool(row["journal_closed"]),
+        attempts=int(row["attempts"] or 0),
     )
 
 
@@ -223,7 +228,7 @@ class SqlRunStore:
             (run.id, json.dumps(dict(payload or {}))),
         )
         conn.execute(
-            f"INSERT INTO runs ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
+            f"INSERT INTO runs ({_COLUMNS}) VALUES ({', '.join('?' * 20)})",
             (
                 run.id,
                 run.kind,
@@ -244,6 +249,7 @@ class SqlRunStore:
                 run.last_seq,
                 run.first_seq,
                 int(run.journal_closed),
+                run.attempts,
             ),
         )
 
