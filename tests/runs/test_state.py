@@ -13,6 +13,7 @@ from heed.runs.state import (
     is_attachable,
     is_interrupted,
     is_lifecycle_busy,
+    is_quarantined,
     is_queued,
     is_running,
     is_wedged,
@@ -139,7 +140,8 @@ def test_terminal_phases_are_absorbing_in_the_transition_table() -> None:
         assert phase not in allowed_sources(Phase.COMPLETED)
         assert phase not in allowed_sources(Phase.CANCELLED)
     assert allowed_sources(Phase.CANCELLING) == {Phase.RUNNING}
-    assert allowed_sources(Phase.QUEUED) == frozenset()
+    # the one way back to the queue: a requeue after the worker died
+    assert allowed_sources(Phase.QUEUED) == {Phase.RUNNING}
 
 
 # -- the smaller questions: each in both directions ---------------------------------------
@@ -169,6 +171,55 @@ def test_a_local_worker_stops_once_cancelling_or_terminal(phase: str) -> None:
 )
 def test_ending_for_a_lost_worker(phase: str, ending: Phase | None) -> None:
     assert ending_for_lost_worker(make_run(phase)) is ending
+    assert ending_for_lost_worker(make_run(phase), None) is ending
+
+
+@pytest.mark.parametrize(
+    ("attempts", "max_attempts", "outcome"),
+    [
+        (0, 3, Phase.QUEUED),  # first death: requeued (attempt 1)
+        (1, 3, Phase.QUEUED),  # second death: requeued (attempt 2)
+        (2, 3, Phase.FAILED),  # third death reaches max_attempts: quarantined
+        (5, 3, Phase.FAILED),  # past it (a lowered limit): quarantined, never requeued
+        (0, 1, Phase.FAILED),  # one attempt only: the first death quarantines
+        (0, 2, Phase.QUEUED),
+        (1, 2, Phase.FAILED),
+    ],
+)
+def test_a_lost_worker_of_a_kind_with_max_attempts_is_requeued_then_quarantined(
+    attempts: int, max_attempts: int, outcome: Phase
+) -> None:
+    run = make_run("running", attempts=attempts, **dead())
+    assert ending_for_lost_worker(run, max_attempts) is outcome
+
+
+@pytest.mark.parametrize("phase", [p.value for p in Phase if p is not Phase.RUNNING] + ["", "x"])
+def test_only_a_running_run_is_ever_requeued_or_quarantined(phase: str) -> None:
+    # a cancelling run is cancelled (the user asked), whatever attempts it has left
+    expected = Phase.CANCELLED if phase == "cancelling" else None
+    for attempts in (0, 1, 2, 9):
+        run = make_run(phase, attempts=attempts, **dead())
+        assert ending_for_lost_worker(run, 3) is expected
+
+
+def test_is_quarantined_needs_failed_attempts_and_the_marker() -> None:
+    error = "quarantined: its worker died 3 times"
+    assert is_quarantined(make_run("failed", attempts=3, error=error))
+    assert not is_quarantined(make_run("failed", attempts=0, error=error))
+    assert not is_quarantined(make_run("failed", attempts=2, error="ValueError: boom"))
+    assert not is_quarantined(make_run("failed", attempts=2, error=None))
+    for phase in ALL_PHASES:
+        if phase != "failed":
+            assert not is_quarantined(make_run(phase, attempts=3, error=error))
+
+
+def test_a_local_worker_stops_once_its_row_is_held_by_another() -> None:
+    mine = make_run("running", **live())
+    assert not worker_should_stop(mine, "w1")
+    assert worker_should_stop(mine, "w2")  # claimed again by another worker
+    requeued = make_run("queued", attempts=1)
+    assert worker_should_stop(requeued, "w1")  # requeued after w1's lease expired
+    assert not worker_should_stop(requeued)  # without a worker id: the phase rule alone
 
 
 def test_reaper_may_end_a_running_run_only_once_its_lease_expired() -> None:

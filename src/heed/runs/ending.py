@@ -29,7 +29,18 @@ caller states *how* it ends, never *which rows to write*:
 - :func:`as_cancelled`: from ``queued`` (it never starts), from ``running`` (its worker was
   cancelled without the cancel API: a deadline, a shutdown; through ``cancelling``), or from
   ``cancelling`` (a stale cancel the reaper or recovery finishes);
-- :func:`as_interrupted`: from ``running``, when the server drains or the worker was lost.
+- :func:`as_interrupted`: from ``running``, when the server drains or the worker was lost;
+- :func:`as_quarantined`: from ``running``, when the worker of a run whose kind has
+  ``max_attempts`` died for the last time it may: ``failed`` with an error starting
+  ``quarantined`` (:func:`heed.runs.state.is_quarantined`).
+
+One way out of ``running`` is not an ending: a run whose kind has ``max_attempts`` left when
+its worker died goes back to the queue (:func:`as_requeued`, written by :func:`requeue_run`:
+``attempts`` + 1, worker and lease cleared, a ``requeued`` journal event, in one
+transaction). Which of these a lost worker's run gets is decided by
+:func:`heed.runs.state.ending_for_lost_worker` alone. The steps for a lost worker are guarded
+by the worker id the caller saw holding the row, so a reaper that read the row before another
+process requeued it and claimed it again writes nothing.
 
 Every terminal step stamps ``finished_at`` and releases the lease (a terminal run holds no
 worker) and carries the phase's terminal journal event: ``completed {result}``,
@@ -50,10 +61,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from heed.runs.events import EventType
 from heed.runs.model import Phase, Run, RunEvent
-from heed.runs.state import is_interrupted, is_terminal
+from heed.runs.state import QUARANTINED, is_interrupted, is_terminal
 
 if TYPE_CHECKING:
     from heed.runs.manager import RunManager
+    from heed.runs.store import Transition
 
 __all__ = [
     "SHUTDOWN",
@@ -63,7 +75,10 @@ __all__ = [
     "as_completed",
     "as_failed",
     "as_interrupted",
+    "as_quarantined",
+    "as_requeued",
     "end_run",
+    "requeue_run",
 ]
 
 log = logging.getLogger("heed.runs.ending")
@@ -102,29 +117,14 @@ async def end_run(
     """
 
     def write() -> tuple[Run | None, list[RunEvent]]:
-        events: list[RunEvent] = []
-        final: Run | None = None
         with manager.store.transaction():
-            for step in steps:
-                t = manager.store.transition(
-                    run_id,
-                    step.to,
-                    fields=step.fields,
-                    event=step.event,
-                    only_from=list(step.sources),
-                    worker_id=step.worker_id,
-                )
-                if t is None:
-                    continue
-                if t.event is not None:
-                    events.append(t.event)
-                if is_terminal(t.run):
-                    final = t.run
+            written = _write_steps(manager, run_id, steps)
+            final = next((t.run for t in reversed(written) if is_terminal(t.run)), None)
             if final is not None:
                 spec = manager.kinds.get(final.kind)
                 if spec is not None and spec.on_terminal is not None:
                     spec.on_terminal(final)
-        return final, events
+        return final, [t.event for t in written if t.event is not None]
 
     final, events = await manager.io.call(write)
     manager.journal.publish(events)
@@ -137,6 +137,24 @@ async def end_run(
     if dispatch and final.session_id is not None and not manager.closing:
         await manager.dispatch(final.session_id)
     return final
+
+
+def _write_steps(manager: RunManager, run_id: str, steps: Sequence[Step]) -> list[Transition]:
+    """Each step's guarded transition, in order (call inside a store transaction); the
+    transitions that were written."""
+    written: list[Transition] = []
+    for step in steps:
+        t = manager.store.transition(
+            run_id,
+            step.to,
+            fields=step.fields,
+            event=step.event,
+            only_from=list(step.sources),
+            worker_id=step.worker_id,
+        )
+        if t is not None:
+            written.append(t)
+    return written
 
 
 # -- how a run ends as X: the step lists (see the module docstring) ----------------------
@@ -213,3 +231,48 @@ def as_interrupted(
         fields["cancel_reason"] = reason
     event = (EventType.INTERRUPTED, {"reason": reason})
     return [_terminal(Phase.INTERRUPTED, Phase.RUNNING, event, fields, now, worker_id)]
+
+
+def as_quarantined(run: Run, *, now: float) -> list[Step]:
+    """``failed`` from ``running``: *run*'s worker died once more and its kind's
+    ``max_attempts`` is spent (:func:`heed.runs.state.ending_for_lost_worker`). ``attempts``
+    becomes the number of deaths; the error (row and ``failed`` event) starts with
+    ``quarantined``. Guarded by the worker id that held *run*."""
+    deaths = run.attempts + 1
+    error = (
+        f"{QUARANTINED} its worker died {deaths} time{'s' if deaths != 1 else ''} while "
+        "processing (lease expired or process gone); it is not claimed again"
+    )
+    event = (EventType.FAILED, {"error": error, "status": 500})
+    fields = {"error": error, "attempts": deaths}
+    return [_terminal(Phase.FAILED, Phase.RUNNING, event, fields, now, run.worker_id)]
+
+
+def as_requeued(run: Run, reason: str, *, now: float) -> list[Step]:
+    """``queued`` from ``running``: *run*'s worker died (*reason*) and its kind has
+    ``max_attempts`` left. ``attempts`` + 1; the worker, its lease and ``started_at`` are
+    cleared (the next claim sets them); a ``requeued {attempt, reason}`` event. Guarded by
+    the worker id that held *run*. Not terminal: write it with :func:`requeue_run`."""
+    attempt = run.attempts + 1
+    fields = {"attempts": attempt, "worker_id": None, "lease_expires_at": None, "started_at": None}
+    event = (EventType.REQUEUED, {"attempt": attempt, "reason": reason})
+    return [Step(Phase.QUEUED, (Phase.RUNNING,), fields, event, run.worker_id)]
+
+
+async def requeue_run(manager: RunManager, run_id: str, steps: Sequence[Step]) -> Run | None:
+    """Put run *run_id* back in the queue by *steps* (:func:`as_requeued`), in one
+    transaction with their journal events; publish the events and tell the listeners
+    (``queued``). Returns the queued row, or ``None`` when no step matched (another writer
+    moved the run first). The caller starts it (:meth:`RunManager.start`)."""
+
+    def write() -> tuple[Run | None, list[RunEvent]]:
+        with manager.store.transaction():
+            written = _write_steps(manager, run_id, steps)
+        queued = written[-1].run if written else None
+        return queued, [t.event for t in written if t.event is not None]
+
+    queued, events = await manager.io.call(write)
+    manager.journal.publish(events)
+    if queued is not None:
+        await manager.notify(queued, "queued")
+    return queued

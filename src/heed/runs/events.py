@@ -9,6 +9,11 @@ first.
 Lifecycle events are written by the run machinery, never by an executor:
 
 - ``started`` ``{worker_id}``: a worker claimed the run;
+- ``requeued`` ``{attempt, reason}``: the run's worker died while running it and the run
+  went back to the queue (only kinds with ``max_attempts``); ``attempt`` is the number of
+  worker deaths so far (1 for the first). A ``started`` follows when a worker claims it
+  again, and its executor runs from the start: a client rendering the run discards the
+  work events of the lost attempt (or shows them as abandoned);
 - the terminal events, after which nothing is appended: ``completed`` ``{result}``,
   ``failed`` ``{error, status?}``, ``cancelled`` ``{reason}``, ``interrupted`` ``{reason}``.
 
@@ -45,6 +50,7 @@ class EventType(StrEnum):
     """Every journal event type (see the module docstring for payloads)."""
 
     STARTED = "started"
+    REQUEUED = "requeued"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"

@@ -82,6 +82,22 @@ class KindSpec:
     - ``on_terminal``: in-transaction hook when the run becomes terminal.
     - ``on_interrupted``: async hook after restart recovery marked it
       ``interrupted`` (e.g. store the partial output of a killed turn).
+    - ``max_attempts``: what happens when the worker of a ``running`` run dies (its
+      lease expired, its process is gone; see
+      :func:`~heed.runs.state.ending_for_lost_worker`). ``None`` (turns, retains,
+      reflects): the run is ``interrupted`` and never re-run. A number *N* >= 1: the
+      run is **requeued** (``running -> queued``, ``attempts`` + 1, a ``requeued``
+      journal event) and started again like any queued run, until its worker has died
+      *N* times: then it is **quarantined** (``failed``, an error starting
+      ``quarantined``, :func:`~heed.runs.state.is_quarantined`) and never claimed again.
+      A cancelled run is never requeued (``cancelling`` whose worker died ends
+      ``cancelled``), and an executor that raises fails the run as usual.
+
+      A requeued run's executor runs **from the start**, with the same payload, while
+      the journal keeps what the lost attempt wrote: the executor must be idempotent
+      (doing the work twice, or resuming half-done work, must leave the same state as
+      doing it once), and must not assume it is the first to run. It can read
+      ``rc.run.attempts`` (the deaths so far) to tell.
     """
 
     execute: Executor
@@ -89,3 +105,8 @@ class KindSpec:
     lane: str | None = None
     on_terminal: TerminalHook | None = None
     on_interrupted: Callable[[Run], Awaitable[None]] | None = None
+    max_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")

@@ -27,7 +27,10 @@ fan-out. Promises:
   ``cancelled`` from ``cancelling``), so a cancel that raced a completion wins
   and terminal phases never change.
 - **leases**: the reaper (:mod:`heed.runs.reaper`) renews the lease of every run
-  whose worker task exists in this process, whatever the task is doing.
+  whose worker task exists in this process, whatever the task is doing. When a
+  worker dies (its lease expires, its process is gone), the reaper or restart
+  recovery ends its run ``interrupted``, or, for a kind with ``max_attempts``,
+  requeues it (then :meth:`RunManager.start` starts it again) or quarantines it.
 
 Other components subscribe with :meth:`RunManager.add_listener` (told after
 every committed phase change) and :meth:`RunManager.add_idle_hook` (told when a
@@ -207,6 +210,10 @@ class RunManager:
         #: Counters and gauges read by the metrics collector.
         self.reclaimed_total = 0
         self.interrupted_total = 0
+        #: Runs put back in the queue after their worker died, and runs quarantined
+        #: (their worker died ``max_attempts`` times): see :mod:`heed.runs.reaper`.
+        self.requeued_total = 0
+        self.quarantined_total = 0
         self.wedged = 0
 
     # -- wiring ----------------------------------------------------------------------
@@ -381,7 +388,9 @@ class RunManager:
 
     async def _claim_and_start(self, run: Run) -> bool:
         spec = self.kinds.get(run.kind)
-        if spec is None or self._closing:
+        if spec is None or self._closing or run.id in self.workers:
+            # A worker of this run still in this process (a requeued run whose lost worker
+            # has not unwound yet) is not joined by a second one.
             return False
         exclusive = spec.exclusive and run.session_id is not None
         claimed = await self.io.call(
@@ -428,6 +437,19 @@ class RunManager:
                 except Exception as exc:
                     reraise_cancellation(exc)
                     log.exception("idle hook failed for session %s", session_id)
+
+    async def start(self, run: Run) -> None:
+        """Start queued *run* if it may start now, as any queued run starts: a run of an
+        exclusive kind through its session's :meth:`dispatch` (the oldest queued run of the
+        session goes first), any other at once. Nothing happens when it may not start or is
+        no longer queued (the claim is guarded)."""
+        spec = self.kinds.get(run.kind)
+        if spec is None:
+            return
+        if spec.exclusive and run.session_id is not None:
+            await self.dispatch(run.session_id)
+        else:
+            await self._claim_and_start(run)
 
     async def start_queued(self, batch: int = 500) -> None:
         """Start every queued run that may start (after recovery, and from the reaper's

@@ -11,6 +11,17 @@ Phases::
     queued -> cancelled                     (cancelled before it started; never starts)
     running -> cancelling -> cancelled      (token cancelled; the worker unwinds)
     queued | running | cancelling -> interrupted   (the worker died: restart, lost lease)
+    running -> queued                       (requeued: the worker died and the run's kind
+                                             has max_attempts left; attempts += 1)
+    running -> failed                       (quarantined: its worker died max_attempts times)
+
+What becomes of a run whose worker died is decided in one place,
+:func:`heed.runs.state.ending_for_lost_worker`: a kind without ``max_attempts``
+(:class:`~heed.runs.kinds.KindSpec`) is ``interrupted`` and never re-run; a kind with
+it goes back to ``queued`` (``attempts`` counts the deaths) until the death that
+would reach ``max_attempts``, which *quarantines* it: ``failed`` with an error
+starting ``quarantined`` (:func:`heed.runs.state.is_quarantined`), never claimed
+again. A ``cancelling`` run whose worker died is always ``cancelled``.
 
 Terminal phases (``cancelled``, ``completed``, ``failed``, ``interrupted``) are
 absorbing: the store only writes a phase with a guarded update
@@ -78,7 +89,10 @@ TERMINAL_PHASES: Final = frozenset(
 #: For each phase, the phases it may move to. Terminal phases move nowhere.
 TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
     Phase.QUEUED: frozenset({Phase.RUNNING, Phase.CANCELLED, Phase.FAILED, Phase.INTERRUPTED}),
-    Phase.RUNNING: frozenset({Phase.CANCELLING, Phase.COMPLETED, Phase.FAILED, Phase.INTERRUPTED}),
+    # running -> queued: a requeue after the worker died (only for kinds with max_attempts).
+    Phase.RUNNING: frozenset(
+        {Phase.QUEUED, Phase.CANCELLING, Phase.COMPLETED, Phase.FAILED, Phase.INTERRUPTED}
+    ),
     Phase.CANCELLING: frozenset({Phase.CANCELLED, Phase.INTERRUPTED}),
     Phase.CANCELLED: frozenset(),
     Phase.COMPLETED: frozenset(),
@@ -88,7 +102,8 @@ TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
 
 
 def allowed_sources(target: Phase) -> frozenset[Phase]:
-    """The phases from which a run may move to *target* (empty for ``queued``)."""
+    """The phases from which a run may move to *target* (``queued``: only from ``running``,
+    a requeue)."""
     return frozenset(p for p, targets in TRANSITIONS.items() if target in targets)
 
 

@@ -15,14 +15,19 @@ is a guarded transition, so at most one reclaimer wins each row):
      next queued turn or pending wakeups go);
    - a ``running`` run whose lease expired (its process died) becomes
      ``interrupted`` with a terminal ``interrupted`` journal event -- at most
-     once: it is never re-run.
+     once: it is never re-run -- unless its kind has ``max_attempts``: then it is
+     requeued (``queued`` again, ``attempts`` + 1, a ``requeued`` journal event) and
+     started again in the same pass, or, on the death that reaches ``max_attempts``,
+     quarantined (``failed``, error ``quarantined: ...``; never claimed again). The
+     rule is :func:`~heed.runs.state.ending_for_lost_worker`, applied by
+     :func:`settle_lost_worker` here and in restart recovery alike.
 3. **Count** wedged runs (:func:`~heed.runs.state.is_wedged`) for the
    ``heed_runs_wedged`` gauge.
 4. **Retention** (only with ``manager.journal_retention`` seconds > 0): journals of
    runs finished longer ago than that keep only their terminal event; a reader
    resuming before it gets an explicit ``gap`` and reloads the transcript.
 5. **Dispatch** the sessions of the runs it ended (the next queued turn or pending
-   wakeups go).
+   wakeups go), and **start** the runs it requeued (:meth:`RunManager.start`).
 6. **Sweep** (every ``manager.queue_sweep_interval`` seconds, not every pass): start
    queued runs nobody started. Every path that frees a session dispatches it at once,
    so this is only a safety net (a dispatch that failed).
@@ -41,26 +46,37 @@ import time
 from collections.abc import AsyncIterator
 from typing import Final
 
-from heed.runs.ending import WORKER_LOST, as_cancelled, as_interrupted, end_run
+from heed.runs.ending import (
+    WORKER_LOST,
+    as_cancelled,
+    as_interrupted,
+    as_quarantined,
+    as_requeued,
+    end_run,
+    requeue_run,
+)
 from heed.runs.manager import RunManager
 from heed.runs.model import Phase, Run
 from heed.runs.state import (
     WORKER_PHASES,
     ending_for_lost_worker,
     is_interrupted,
+    is_quarantined,
+    is_queued,
     is_wedged,
     reaper_may_end,
     worker_should_stop,
 )
 from heed.runtime import OperationCancelled, reraise_cancellation, settle
 
-__all__ = ["BATCH", "Reaper", "finalize", "reap_once", "worker_runs"]
+__all__ = ["BATCH", "Reaper", "finalize", "reap_once", "settle_lost_worker", "worker_runs"]
 
 log = logging.getLogger("heed.runs.reaper")
 
 
 async def renew_leases(manager: RunManager) -> None:
-    """Renew this process's leases; cancel local tokens of runs cancelled elsewhere."""
+    """Renew this process's leases; cancel local tokens of runs cancelled or ended
+    elsewhere, or no longer held by this process (requeued after its lease expired)."""
     ids = list(manager.workers)
     if not ids:
         return
@@ -68,7 +84,7 @@ async def renew_leases(manager: RunManager) -> None:
         manager.store.renew_leases, manager.worker_id, ids, time.time() + manager.lease_seconds
     )
     for row in rows:
-        if worker_should_stop(row):
+        if worker_should_stop(row, manager.worker_id):
             manager.cancel_local(row.id, row.cancel_reason or "cancelled")
 
 
@@ -90,23 +106,50 @@ async def worker_runs(manager: RunManager, batch: int = BATCH) -> AsyncIterator[
         after = runs[-1].id
 
 
+#: The reason in the journal of a run whose worker was lost (``interrupted``, ``requeued``).
+LOST_REASON: Final = "worker lost"
+
+
 async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
-    """End *run*, whose worker is gone, as ``cancelled`` (a stale cancel) or ``interrupted``
-    (a lost worker) through :func:`heed.runs.ending.end_run`; counts it. ``None`` when
-    another writer ended it first."""
+    """Move *run*, whose worker is gone, to *to* as
+    :func:`~heed.runs.state.ending_for_lost_worker` decided: ``cancelled`` (a stale cancel),
+    ``interrupted`` (a lost worker), ``queued`` (requeued: :func:`heed.runs.ending.requeue_run`)
+    or ``failed`` (quarantined); the endings through :func:`heed.runs.ending.end_run`.
+    Counts it. ``None`` when another writer moved it first. The caller starts a requeued
+    run (:meth:`RunManager.start`)."""
     now = time.time()
-    if to == Phase.CANCELLED:
+    if to is Phase.QUEUED:
+        requeued = await requeue_run(manager, run.id, as_requeued(run, LOST_REASON, now=now))
+        if requeued is not None:
+            manager.requeued_total += 1
+        return requeued
+    if to is Phase.CANCELLED:
         steps = as_cancelled(run.cancel_reason or "reclaimed", source=Phase.CANCELLING, now=now)
+    elif to is Phase.FAILED:
+        steps = as_quarantined(run, now=now)
     else:
-        steps = as_interrupted("worker lost", error=WORKER_LOST, now=now)
+        steps = as_interrupted(LOST_REASON, error=WORKER_LOST, now=now)
     # The reaper and recovery dispatch every session after their pass.
     final = await end_run(manager, run.id, steps, dispatch=False)
     if final is not None:
         if is_interrupted(final):
             manager.interrupted_total += 1
+        elif is_quarantined(final):
+            manager.quarantined_total += 1
         else:
             manager.reclaimed_total += 1
     return final
+
+
+async def settle_lost_worker(manager: RunManager, run: Run) -> Run | None:
+    """*run*'s worker is gone (the caller checked): end, requeue or quarantine it by
+    :func:`~heed.runs.state.ending_for_lost_worker` for its kind's ``max_attempts`` (a kind
+    this process does not know has none). The reaper and restart recovery both come here.
+    Returns the new row, or ``None`` when there was nothing to do or another writer was
+    first."""
+    spec = manager.kinds.get(run.kind)
+    target = ending_for_lost_worker(run, spec.max_attempts if spec is not None else None)
+    return await finalize(manager, run, target) if target is not None else None
 
 
 async def reclaim(manager: RunManager, run: Run, now: float) -> Run | None:
@@ -115,8 +158,7 @@ async def reclaim(manager: RunManager, run: Run, now: float) -> Run | None:
         return None  # our own worker is alive
     if not reaper_may_end(run, now, manager.unwind_window):
         return None
-    target = ending_for_lost_worker(run)
-    return await finalize(manager, run, target) if target is not None else None
+    return await settle_lost_worker(manager, run)
 
 
 async def trim_finished(manager: RunManager, cutoff: float) -> int:
@@ -128,7 +170,9 @@ async def trim_finished(manager: RunManager, cutoff: float) -> int:
 
 
 async def reap_once(manager: RunManager, *, sweep: bool = True) -> list[Run]:
-    """One pass; returns the runs it finalized. ``sweep=False`` skips step 6."""
+    """One pass; returns the runs it finalized or requeued (as it left them: a requeued
+    run is ``queued`` in the list, though the pass then starts it). ``sweep=False`` skips
+    step 6."""
     await renew_leases(manager)
     now = time.time()
     finalized: list[Run] = []
@@ -145,6 +189,9 @@ async def reap_once(manager: RunManager, *, sweep: bool = True) -> list[Run]:
         await trim_finished(manager, time.time() - manager.journal_retention)
     for session_id in sorted({r.session_id for r in finalized if r.session_id is not None}):
         await manager.dispatch(session_id)
+    for run in finalized:
+        if is_queued(run):  # requeued: it starts again as any queued run
+            await manager.start(run)
     if sweep:
         await manager.start_queued()
     return finalized

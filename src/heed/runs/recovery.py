@@ -9,10 +9,16 @@ incarnation -- containers restart as pid 1):
   journal event (at most once: the work is not re-run); the kind's
   ``on_interrupted`` hook then runs (a turn stores its partial output in the
   transcript, marked interrupted);
+- ``running`` of a kind with ``max_attempts`` is instead requeued (``queued``,
+  ``attempts`` + 1, a ``requeued`` journal event) and started again below, or, on
+  the death that reaches ``max_attempts``, quarantined (``failed``, error
+  ``quarantined: ...``): it is never claimed again, by this process or any later one
+  (the same rule as the reaper's: :func:`heed.runs.reaper.settle_lost_worker`);
 - ``cancelling`` becomes ``cancelled`` (its journal already ends in the
   terminal ``cancelled`` event; the user asked for a cancel, so that is the
   honest final phase);
-- ``queued`` runs are kept and started (a queued message is not lost);
+- ``queued`` runs (and the ones just requeued) are kept and started (a queued message
+  is not lost);
 - then every session it touched is dispatched, which delivers pending wakeups, so
   no session stays busy.
 
@@ -29,17 +35,18 @@ import time
 
 from heed.runs.manager import RunManager
 from heed.runs.model import Run
-from heed.runs.reaper import finalize, worker_runs
-from heed.runs.state import ending_for_lost_worker, worker_is_dead
+from heed.runs.reaper import settle_lost_worker, worker_runs
+from heed.runs.state import worker_is_dead
 
 __all__ = ["recover", "worker_is_dead"]
 
 
 async def recover(manager: RunManager, session_ids: list[str] | None = None) -> list[Run]:
-    """Finalize runs left by dead workers; start queued runs; dispatch sessions.
+    """Finalize (or requeue) runs left by dead workers; start queued runs; dispatch
+    sessions.
 
     *session_ids* (e.g. sessions with pending wakeups) are dispatched too.
-    Returns the runs finalized.
+    Returns the runs finalized or requeued, as it left them (a requeued one ``queued``).
     """
     now = time.time()
     finalized: list[Run] = []
@@ -48,10 +55,7 @@ async def recover(manager: RunManager, session_ids: list[str] | None = None) -> 
         for run in runs:
             if run.id in manager.workers or not worker_is_dead(run, now, manager.worker_id):
                 continue
-            target = ending_for_lost_worker(run)
-            if target is None:
-                continue
-            done = await finalize(manager, run, target)
+            done = await settle_lost_worker(manager, run)
             if done is not None:
                 finalized.append(done)
                 if done.session_id is not None:

@@ -33,9 +33,10 @@ dead one); never stale, never terminal.
 Smaller questions, each answered here and nowhere else: is it waiting to start
 (:func:`is_queued`), is its worker executing it (:func:`is_running`), should a local
 worker stop (:func:`worker_should_stop`), may the reaper end it
-(:func:`reaper_may_end`), how does a run whose worker is gone end
-(:func:`ending_for_lost_worker`), is its worker dead (:func:`worker_is_dead`, the
-restart rule), was it interrupted (:func:`is_interrupted`).
+(:func:`reaper_may_end`), what becomes of a run whose worker is gone -- interrupted,
+cancelled, requeued or quarantined (:func:`ending_for_lost_worker`), is its worker dead
+(:func:`worker_is_dead`, the restart rule), was it interrupted (:func:`is_interrupted`),
+was it quarantined (:func:`is_quarantined`).
 
 All functions are pure: they read the given :class:`~heed.runs.model.Run` and
 ``now`` (epoch seconds) and never raise for odd field values (:func:`worker_is_dead`
@@ -53,6 +54,7 @@ from heed.runs.model import TERMINAL_PHASES, Phase, Run, parse_phase
 
 __all__ = [
     "DEFAULT_UNWIND_WINDOW",
+    "QUARANTINED",
     "WORKER_PHASES",
     "cancel_age",
     "cancel_is_stale",
@@ -61,6 +63,7 @@ __all__ = [
     "is_completed",
     "is_interrupted",
     "is_lifecycle_busy",
+    "is_quarantined",
     "is_queued",
     "is_running",
     "is_terminal",
@@ -80,6 +83,10 @@ DEFAULT_UNWIND_WINDOW: Final = 180.0
 WORKER_PHASES: Final = (Phase.RUNNING, Phase.CANCELLING)
 
 _ATTACHABLE: Final = frozenset({Phase.QUEUED, Phase.RUNNING})
+
+#: How the ``error`` of a quarantined run starts (:func:`is_quarantined`; the whole text is
+#: written by :func:`heed.runs.ending.as_quarantined`).
+QUARANTINED: Final = "quarantined:"
 
 
 def is_terminal(run: Run) -> bool:
@@ -168,19 +175,44 @@ def is_interrupted(run: Run) -> bool:
     return parse_phase(run.phase) is Phase.INTERRUPTED
 
 
-def worker_should_stop(run: Run) -> bool:
+def is_quarantined(run: Run) -> bool:
+    """Was the run quarantined: ``failed`` because its worker died ``max_attempts`` times
+    (:func:`ending_for_lost_worker`)? It is terminal: nothing claims it again."""
+    return (
+        parse_phase(run.phase) is Phase.FAILED
+        and run.attempts > 0
+        and (run.error or "").startswith(QUARANTINED)
+    )
+
+
+def worker_should_stop(run: Run, worker_id: str | None = None) -> bool:
     """Should a local worker of this row stop? Yes once it is ``cancelling`` or terminal
-    (another process cancelled or ended it)."""
+    (another process cancelled or ended it), and, given this process's *worker_id*, once
+    the row is no longer held by it (its lease expired and another process requeued the
+    run, or another worker claimed it since: the work is someone else's now)."""
+    if worker_id is not None and run.worker_id != worker_id:
+        return True
     phase = parse_phase(run.phase)
     return phase is Phase.CANCELLING or phase in TERMINAL_PHASES
 
 
-def ending_for_lost_worker(run: Run) -> Phase | None:
-    """The terminal phase of a run whose worker is gone: a ``running`` run was
-    ``interrupted`` (never re-run); a ``cancelling`` one is ``cancelled`` (its journal
-    already ends in ``cancelled``, and the user asked for it). ``None`` for every other
-    phase: a queued run keeps waiting, a terminal one stays as it is."""
+def ending_for_lost_worker(run: Run, max_attempts: int | None = None) -> Phase | None:
+    """What becomes of a run whose worker is gone, for its kind's *max_attempts*
+    (:attr:`heed.runs.kinds.KindSpec.max_attempts`).
+
+    - ``cancelling``: ``cancelled``, whatever the kind (its journal already ends in
+      ``cancelled``, and the user asked for it: a cancel is never requeued);
+    - ``running`` of a kind without *max_attempts*: ``interrupted`` (never re-run);
+    - ``running`` of a kind with it: ``queued`` (*requeued*: it starts again from the
+      start) while this death, ``run.attempts + 1``, is below *max_attempts*; the death
+      that reaches it gives ``failed`` (*quarantined*: :func:`is_quarantined`, never
+      claimed again);
+    - ``None`` for every other phase: a queued run keeps waiting, a terminal one stays as
+      it is.
+    """
     phase = parse_phase(run.phase)
+    if phase is Phase.RUNNING and max_attempts is not None:
+        return Phase.QUEUED if run.attempts + 1 < max_attempts else Phase.FAILED
     if phase is Phase.RUNNING:
         return Phase.INTERRUPTED
     if phase is Phase.CANCELLING:
