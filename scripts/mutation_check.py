@@ -43,6 +43,19 @@ And two for heed as several processes (PostgreSQL and Redis):
 13. ``cancel-not-announced``: a cancel is not announced on ``runs:cancel`` (a worker in
     another process would run on until its next lease renewal).
 
+And four for background operations that survive dead workers (issue 30):
+
+14. ``quarantine-never-happens``: ``ending_for_lost_worker`` requeues a run of a kind with
+    ``max_attempts`` however often its worker died (an operation that kills its worker
+    would be claimed forever); killed by the kill -9 test with real processes.
+15. ``max-attempts-ignored``: ``ending_for_lost_worker`` ignores ``max_attempts`` (a
+    background operation whose worker died would be interrupted, never re-run).
+16. ``requeue-unguarded``: a requeue is not guarded by the worker that died (a reaper that
+    read the row before another process requeued and claimed it again would requeue a live
+    worker's run).
+17. ``requeued-worker-keeps-running``: ``worker_should_stop`` ignores who holds the row (a
+    stalled worker whose run was requeued elsewhere would run on beside the new one).
+
 Only the relevant test files run, with ``-x``, so the check stays fast. The same
 selection first runs unmutated and must pass (otherwise "red" would prove
 nothing). Exit status 0 when every mutation is killed; 1 otherwise.
@@ -188,6 +201,41 @@ MUTATIONS = (
         '{"run_id": run_id, "reason": reason})\n',
         "                    pass  # MUTATION\n",
         ("tests/runs/test_cluster.py::test_a_turn_on_a_streams_resumes_and_cancels_from_b",),
+    ),
+    Mutation(
+        "quarantine-never-happens",
+        "runs/state.py",
+        "        return Phase.QUEUED if run.attempts + 1 < max_attempts else Phase.FAILED\n",
+        "        return Phase.QUEUED  # MUTATION\n",
+        ("tests/runs/test_requeue.py::test_three_worker_deaths_quarantine_an_operation[sqlite]",),
+    ),
+    Mutation(
+        "max-attempts-ignored",
+        "runs/state.py",
+        "    if phase is Phase.RUNNING and max_attempts is not None:\n",
+        "    if False:  # MUTATION\n",
+        ("tests/runs/test_requeue.py::test_three_lost_leases_requeue_twice_then_quarantine",),
+    ),
+    Mutation(
+        "requeue-unguarded",
+        "runs/ending.py",
+        "    return [Step(Phase.QUEUED, (Phase.RUNNING,), fields, event, run.worker_id)]\n",
+        "    return [Step(Phase.QUEUED, (Phase.RUNNING,), fields, event, None)]  # MUTATION\n",
+        (
+            "tests/runs/test_requeue.py::"
+            "test_a_reaper_that_read_the_row_before_the_requeue_writes_nothing",
+        ),
+    ),
+    Mutation(
+        "requeued-worker-keeps-running",
+        "runs/state.py",
+        "    if worker_id is not None and run.worker_id != worker_id:\n        return True\n",
+        "    if worker_id is not None and run.worker_id != worker_id:\n"
+        "        return False  # MUTATION\n",
+        (
+            "tests/runs/test_requeue.py::"
+            "test_a_slow_worker_whose_run_was_requeued_stops_and_writes_nothing",
+        ),
     ),
 )
 
