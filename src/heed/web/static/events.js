@@ -3,6 +3,7 @@
 
 export const EVENT = Object.freeze({
   STARTED: "started",
+  REQUEUED: "requeued",
   COMPLETED: "completed",
   FAILED: "failed",
   CANCELLED: "cancelled",
