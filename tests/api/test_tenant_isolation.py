@@ -298,6 +298,9 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
             Attempt("GET", DOC_T, bank, own),
             Attempt("GET", OPS_T, bank, own),
             Attempt("POST", MEM_T + "/recall", bank, own, body={"query": "zebra Quux"}),
+            Attempt("POST", BANK_T + "/consolidate", bank, own),
+            Attempt("POST", BANK_T + "/consolidation/recover", bank, own),
+            Attempt("DELETE", BANK_T + "/observations", bank, own),
             Attempt("POST", BANK_T + "/reflect", bank, own, body={"query": "Who is Quux?"}),
             Attempt(
                 "POST",
@@ -329,6 +332,9 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
         params = {**bank, "memory_id": memory_id}
         for method in ("GET", "DELETE"):
             out.append(Attempt(method, MEM_T + "/{memory_id}", params, (*own, "memory_id")))
+        mine = (*own, "memory_id")
+        out.append(Attempt("GET", MEM_T + "/{memory_id}/history", params, mine))
+        out.append(Attempt("DELETE", MEM_T + "/{memory_id}/observations", params, mine))
     for document_id in objs.document_ids:
         params = {**bank, "document_id": document_id}
         for method in ("GET", "DELETE"):
