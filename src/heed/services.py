@@ -212,6 +212,7 @@ class Services:
         await run_in_thread(self._migrate)
         # After the other domains: recovery may start their runs.
         await recover(self.manager, await self.sessions.sessions_with_pending_wakeups())
+        await self.consolidation.resume()  # banks whose facts a restart left pending
         self.manager.start_cancel_listener()
         self.reaper.start()
         self.model_warmup.start()  # in the background: serving does not wait for it

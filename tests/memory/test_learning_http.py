@@ -268,3 +268,33 @@ def test_clearing_observations_makes_their_facts_pending_again(server: LiveServe
     )
     assert refused.status_code == 400 and "observation_scopes" in refused.text
     httpx.delete(f"{server.url}/v1/default/banks/{bank}", timeout=30).raise_for_status()
+
+
+def test_a_restart_resumes_consolidation_of_banks_with_pending_facts(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Facts left pending by a server that stopped (here: whose debounce never elapsed)
+    are consolidated by the next server at start-up, with no retain to schedule it."""
+    data_dir = tmp_path_factory.mktemp("resume")
+
+    def settings(debounce: float) -> Settings:
+        return Settings(
+            data_dir=data_dir,
+            llm_provider="scripted",
+            retain_extraction="off",
+            observations="on",
+            consolidation_debounce_seconds=debounce,
+        )
+
+    with live_server(create_app(settings(3600))) as first:
+        bank = new_bank(first)
+        httpx.post(
+            f"{first.url}/v1/default/banks/{bank}/memories",
+            json={"items": [{"content": turn} for turn in TURNS]},
+            timeout=30,
+        ).raise_for_status()
+        assert len(memories(first, bank, consolidation_state="pending")) == 3
+    with live_server(create_app(settings(0.05))) as second:
+        script(second, CONSOLIDATION)
+        wait_for(lambda: memories(second, bank, type="observation"), seconds=30)
+        assert memories(second, bank, consolidation_state="pending") == []

@@ -154,3 +154,21 @@ def test_recover_consolidation_makes_failed_units_pending(store: SqlMemoryStore)
     assert len(store.pending_units(bank.ref, 10)) == 2
     assert store.recover_consolidation(bank.ref) == 0
     assert uuid.UUID(facts[0].id)
+
+
+def test_banks_with_pending_lists_banks_of_every_tenant_with_pending_units(
+    store: SqlMemoryStore,
+) -> None:
+    quiet = _bank(store, "quiet")
+    busy = _bank(store, "busy")
+    other = _bank(store, "elsewhere", tenant="tenant-b")
+    store.write_document(quiet.ref, _doc([_unit("plain", vector=_vector(0))]))
+    store.write_document(busy.ref, _doc([_pending("fact", 1)]))
+    written = store.write_document(other.ref, _doc([_pending("fact b", 2)])).added
+    found = store.banks_with_pending(10)
+    assert sorted((b.tenant, b.bank_id) for b in found) == sorted(
+        [(busy.tenant, "busy"), ("tenant-b", "elsewhere")]
+    )
+    assert len(store.banks_with_pending(1)) == 1
+    store.write_observations(other.ref, ObservationChanges(done=[seq for seq, _ in written]))
+    assert [b.bank_id for b in store.banks_with_pending(10)] == ["busy"]

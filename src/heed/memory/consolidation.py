@@ -22,7 +22,9 @@ group (``bank:<ref>``, listed with the bank's operations):
 - *one at a time per bank, across instances*: a start is admitted only when the bank has no
   busy consolidation run (checked under the group's lock in the run store); retains
   schedule one after :attr:`ConsolidationLimits.debounce` seconds of quiet, and a run keeps
-  taking rounds until nothing is pending, so facts written meanwhile are taken too;
+  taking rounds until nothing is pending, so facts written meanwhile are taken too; at
+  start-up every bank with pending facts is scheduled (:meth:`Consolidation.resume`), so a
+  run that a shutdown ended ``interrupted`` is picked up again;
 - *it yields*: its recalls take recall slots and its LLM calls take reflect slots with
   ``background=True`` (:mod:`heed.runtime.slots`): never a slot a user's request waits for,
   at full speed when the server is idle, and never starved forever;
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -71,7 +74,13 @@ from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager
 from heed.runs.model import Run
-from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
+from heed.runtime import (
+    Lane,
+    OperationCancelled,
+    raise_if_cancelled,
+    reraise_cancellation,
+    run_in_thread,
+)
 
 __all__ = [
     "CONSOLIDATION_KIND",
@@ -86,6 +95,10 @@ __all__ = [
 MAX_ATTEMPTS: Final = 3
 #: Earlier versions an observation keeps.
 HISTORY_LIMIT: Final = 20
+#: The most banks :meth:`Consolidation.resume` schedules at start-up.
+RESUME_LIMIT: Final = 10_000
+
+log = logging.getLogger("heed.memory")
 
 OBSERVATIONS_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
@@ -215,18 +228,39 @@ class Consolidation:
         self._scheduled[bank.ref] = task
         task.add_done_callback(lambda _: self._scheduled.pop(bank.ref, None))
 
+    async def resume(self) -> int:
+        """Schedule a consolidation of every bank that has units pending and keeps
+        observations (at start-up: a run that ended ``interrupted`` at shutdown, or whose
+        facts a restart left pending, is picked up without waiting for a retain). Across
+        instances each bank still gets one run. How many banks were scheduled."""
+        banks = await run_in_thread(self.engine.store.banks_with_pending, RESUME_LIMIT)
+        scheduled = 0
+        for bank in banks:
+            if self.engine.learning.observations(bank) and bank.ref not in self._scheduled:
+                self.schedule(bank)
+                scheduled += 1
+        return scheduled
+
     async def _start_later(self, bank: Bank) -> None:
         """Submit after the debounce; while another run of the bank is busy, look again
-        later, until a run is admitted or nothing is pending."""
+        later, until a run is admitted or nothing is pending. A failure to submit (the
+        database unreachable) is logged and ends the timer: the next retain, ``POST
+        .../consolidate`` or start-up schedules again."""
         with contextlib.suppress(OperationCancelled, NotFound):
-            while True:
-                await asyncio.sleep(self.limits.debounce)
-                _, deduplicated = await self.submit(bank)
-                if not deduplicated:
-                    return
-                pending = await run_in_thread(self.engine.store.pending_units, bank.ref, 1)
-                if not pending:
-                    return
+            try:
+                while True:
+                    await asyncio.sleep(self.limits.debounce)
+                    _, deduplicated = await self.submit(bank)
+                    if not deduplicated:
+                        return
+                    pending = await run_in_thread(self.engine.store.pending_units, bank.ref, 1)
+                    if not pending:
+                        return
+            except Exception as exc:
+                reraise_cancellation(exc)
+                log.warning(
+                    "consolidation of bank %s could not start: %s", bank.bank_id, exc, exc_info=exc
+                )
 
     async def submit(self, bank: Bank) -> tuple[Run | None, bool]:
         """Start a consolidation of *bank* unless one is busy: ``(run, deduplicated)``, the

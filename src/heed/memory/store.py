@@ -165,6 +165,11 @@ class LearningStore(Protocol):
         """Make the bank's ``failed`` units ``pending`` again; how many."""
         ...
 
+    def banks_with_pending(self, limit: int) -> list[Bank]:
+        """Up to *limit* banks (of every tenant, in ref order) that have units waiting
+        for consolidation."""
+        ...
+
 
 class MemoryStore(LearningStore, Protocol):
     """Banks, documents, units, entities, links and the keyword index of all tenants (see

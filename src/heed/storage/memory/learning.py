@@ -21,10 +21,17 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from heed.memory.links import first_mentions
-from heed.memory.models import StoredUnit
+from heed.memory.models import Bank, StoredUnit
 from heed.memory.store import ObservationChanges, WriteResult
 from heed.runtime import raise_if_cancelled
-from heed.storage.memory.rows import bank_token, holds_nul, now_iso, touch_bank
+from heed.storage.memory.rows import (
+    bank_from_row,
+    bank_token,
+    holds_nul,
+    now_iso,
+    row_limit,
+    touch_bank,
+)
 from heed.storage.memory.values import ValueWriter, release
 from heed.storage.memory.writes import DocumentWrites
 
@@ -135,6 +142,16 @@ class LearningWrites(DocumentWrites):
                     (bank_ref,),
                 ).rowcount
             )
+
+    def banks_with_pending(self, limit: int) -> list[Bank]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT b.* FROM memory_banks b WHERE EXISTS (SELECT 1 FROM memory_units u"
+                " WHERE u.bank_ref = b.ref AND u.consolidation_state = 'pending')"
+                " ORDER BY b.ref LIMIT ?",
+                (row_limit(limit),),
+            ).fetchall()
+        return [bank_from_row(row) for row in rows]
 
     # -- helpers -----------------------------------------------------------------------
 
