@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING, Any, Final
 from heed.memory.links import first_mentions
 from heed.memory.models import Bank, StoredUnit
 from heed.memory.store import ObservationChanges, WriteResult
-from heed.runtime import raise_if_cancelled
 from heed.storage.memory.rows import (
     bank_from_row,
-    bank_token,
     holds_nul,
     now_iso,
     row_limit,
@@ -81,14 +79,7 @@ class LearningWrites(DocumentWrites):
             generation = touch_bank(conn, bank_ref, now)
             gone = [u.id for u in changes.replaced] + list(changes.removed)
             removed, released = self._remove_units(conn, bank_ref, gone, OBSERVATION)
-            [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
-            if units:
-                self.dialect.insert_units(
-                    conn,
-                    [(seq, *row, generation) for seq, row in zip(seqs, rows, strict=True)],
-                    [(bank_token(bank_ref), unit.index_text) for unit in units],
-                )
-            raise_if_cancelled()
+            seqs = self._insert_units(conn, bank_ref, units, rows, generation)
             self._link(conn, bank_ref, seqs, units, first)
             self._set_state(conn, bank_ref, changes.done, "done")
             self._set_state(conn, bank_ref, changes.failed, "failed")

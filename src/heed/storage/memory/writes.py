@@ -167,20 +167,7 @@ class DocumentWrites:
                         for c in document.chunks
                     ],
                 )
-            [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
-            token = bank_token(bank_ref)
-            for start in range(0, len(units), WRITE_BATCH):
-                raise_if_cancelled()  # inside the transaction: a cancel rolls back everything
-                end = start + WRITE_BATCH
-                self.dialect.insert_units(
-                    conn,
-                    [
-                        (seq, *row, generation)
-                        for seq, row in zip(seqs[start:end], rows[start:end], strict=True)
-                    ],
-                    [(token, unit.index_text) for unit in units[start:end]],
-                )
-            raise_if_cancelled()
+            seqs = self._insert_units(conn, bank_ref, units, rows, generation)
             self._link(conn, bank_ref, seqs, units, first)
             values.store(conn, bank_ref)
             release(conn, bank_ref, released)
@@ -189,6 +176,33 @@ class DocumentWrites:
             added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
             generation=generation,
         )
+
+    def _insert_units(
+        self,
+        conn: Any,
+        bank_ref: str,
+        units: Sequence[PreparedUnit],
+        rows: Sequence[tuple[Any, ...]],
+        generation: int,
+    ) -> list[int]:
+        """Insert *units* (their *rows* from :meth:`_unit_row`) with their keyword index in
+        the caller's transaction, in batches that each check the token first (a cancel
+        rolls back everything): the seqs allocated, in order."""
+        [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
+        token = bank_token(bank_ref)
+        for start in range(0, len(units), WRITE_BATCH):
+            raise_if_cancelled()
+            end = start + WRITE_BATCH
+            self.dialect.insert_units(
+                conn,
+                [
+                    (seq, *row, generation)
+                    for seq, row in zip(seqs[start:end], rows[start:end], strict=True)
+                ],
+                [(token, unit.index_text) for unit in units[start:end]],
+            )
+        raise_if_cancelled()
+        return list(seqs)
 
     def _check_vectors(self, units: Sequence[PreparedUnit]) -> None:
         for unit in units:
