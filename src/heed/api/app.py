@@ -69,12 +69,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await services.start()
-        try:
-            async with mcp.sessions():
-                yield
-        finally:
-            await services.close()
+        with app.state.metrics.counting_llm():  # LLM retries and failures, while it serves
+            await services.start()
+            try:
+                async with mcp.sessions():
+                    yield
+            finally:
+                await services.close()
 
     # No redirect_slashes: an id ending in "/" would be redirected to another object's URL.
     # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from a CDN, into heed's

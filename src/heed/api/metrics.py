@@ -1,4 +1,5 @@
-"""Prometheus metrics for one server: HTTP outcomes, cancellations and lane counters.
+"""Prometheus metrics for one server: HTTP outcomes, cancellations, lane counters and
+LLM retries and failures.
 
 Each app gets its own ``CollectorRegistry`` so several apps (tests) never clash.
 
@@ -6,11 +7,24 @@ Every label comes from a fixed set, so no client can grow the series without
 bound: methods outside the standard ones count as ``other``, requests that
 match no route as ``unmatched``, and cancellation reasons (which a client can
 choose, ``POST /v1/runs/{id}/cancel?reason=``) beyond the first
-:data:`MAX_REASONS` distinct ones as ``other``.
+:data:`MAX_REASONS` distinct ones as ``other``. LLM reasons are the fixed words
+of :mod:`heed.llm.observe` (anything else: ``other``), providers the first
+:data:`MAX_PROVIDERS` names seen.
+
+**LLM retries and failures are counted per process.** Providers report them to
+the observers of :mod:`heed.llm.observe`; one process-wide observer feeds
+``heed_llm_retries_total`` and ``heed_llm_failures_total``, which every app's
+registry exports. It is added while at least one app serves
+(:meth:`Metrics.counting_llm`, held by the app's lifespan) and removed when the
+last one stops, so however many apps a process builds (tests build one per
+test) there is never more than one such observer, no event is counted twice,
+and none is left behind by an app that stopped or never started.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Final
 
@@ -18,13 +32,84 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from heed.llm.observe import (
+    FAILURE_REASONS,
+    LlmObserver,
+    add_global_observer,
+    remove_global_observer,
+)
 from heed.runtime import Lanes
 
-__all__ = ["KNOWN_METHODS", "MAX_REASONS", "Metrics"]
+__all__ = ["KNOWN_METHODS", "MAX_PROVIDERS", "MAX_REASONS", "Metrics"]
 
 KNOWN_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 MAX_REASONS: Final = 32
+MAX_PROVIDERS: Final = 8
 _REASON_CHARS: Final = 60
+
+
+class _LlmCounts:
+    """The process's LLM retry and failure counters and the one observer that feeds them.
+
+    The counters are collectors registered in every app's registry (a collector may sit in
+    several registries); the observer is a global observer while more :meth:`acquire` than
+    :meth:`release` calls were made (see the module docstring).
+    """
+
+    def __init__(self) -> None:
+        self.retries = Counter(
+            "heed_llm_retries",
+            "LLM calls failed transiently and about to be tried again (this process), by "
+            "provider and reason (rate_limited, upstream_error, unreachable: the upstream; "
+            "invalid_json, schema_violation: a structured reply asked again)",
+            ["provider", "reason"],
+            registry=None,
+        )
+        self.failures = Counter(
+            "heed_llm_failures",
+            "LLM calls that gave up with a provider error (this process), by provider and "
+            "reason (the retry reasons, and stream_broken, refused, unknown_model, bad_output)",
+            ["provider", "reason"],
+            registry=None,
+        )
+        self.observer = LlmObserver(on_retry=self._on_retry, on_failure=self._on_failure)
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._providers: set[str] = set()
+
+    def _labels(self, provider: str, reason: str) -> tuple[str, str]:
+        reason = reason if reason in FAILURE_REASONS else "other"
+        provider = provider[:_REASON_CHARS]
+        with self._lock:
+            if provider not in self._providers:
+                if len(self._providers) >= MAX_PROVIDERS:
+                    provider = "other"
+                else:
+                    self._providers.add(provider)
+        return provider, reason
+
+    def _on_retry(self, provider: str, status: int | None, reason: str, delay: float) -> None:
+        self.retries.labels(*self._labels(provider, reason)).inc()
+
+    def _on_failure(self, provider: str, status: int | None, reason: str) -> None:
+        self.failures.labels(*self._labels(provider, reason)).inc()
+
+    def acquire(self) -> None:
+        """One more app serves: the observer is added by the first."""
+        with self._lock:
+            self._holders += 1
+            if self._holders == 1:
+                add_global_observer(self.observer)
+
+    def release(self) -> None:
+        """One app stopped: the observer is removed with the last."""
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                remove_global_observer(self.observer)
+
+
+_LLM: Final = _LlmCounts()
 
 
 class _LaneCollector(Collector):
@@ -48,6 +133,23 @@ class _LaneCollector(Collector):
                 labels=["lane"],
             ),
         }
+        background = {
+            "capacity": GaugeMetricFamily(
+                "heed_lane_background_capacity",
+                "The most slots background work may hold at once",
+                labels=["lane"],
+            ),
+            "in_use": GaugeMetricFamily(
+                "heed_lane_background_in_use",
+                "Slots held by background work (part of heed_lane_in_use)",
+                labels=["lane"],
+            ),
+            "queued": GaugeMetricFamily(
+                "heed_lane_background_queued",
+                "Background work waiting for a slot (not part of heed_lane_queued)",
+                labels=["lane"],
+            ),
+        }
         rejected = CounterMetricFamily(
             "heed_lane_rejected", "Work rejected because the queue was full", labels=["lane"]
         )
@@ -62,9 +164,13 @@ class _LaneCollector(Collector):
             gauges["in_use"].add_metric([stats.name], stats.in_use)
             gauges["queued"].add_metric([stats.name], stats.queued)
             gauges["abandoned"].add_metric([stats.name], stats.abandoned)
+            background["capacity"].add_metric([stats.name], lane.background_capacity)
+            background["in_use"].add_metric([stats.name], stats.background_in_use)
+            background["queued"].add_metric([stats.name], stats.background_queued)
             rejected.add_metric([stats.name], stats.rejected_total + stats.shed_total)
             dequeued.add_metric([stats.name], stats.cancelled_in_queue_total)
         yield from gauges.values()
+        yield from background.values()
         yield rejected
         yield dequeued
 
@@ -106,7 +212,19 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_LaneCollector(lanes))
+        self.registry.register(_LLM.retries)
+        self.registry.register(_LLM.failures)
         self._reasons: set[str] = set()
+
+    @contextlib.contextmanager
+    def counting_llm(self) -> Iterator[None]:
+        """Count this process's LLM retries and failures while the block runs (the app's
+        lifespan holds it); see the module docstring."""
+        _LLM.acquire()
+        try:
+            yield
+        finally:
+            _LLM.release()
 
     def record_request(self, method: str, route: str, status: int, seconds: float) -> None:
         """Count one request; *route* is its template (``unmatched`` when none matched)."""
