@@ -5,6 +5,14 @@
 - ``heed_runs_active_workers``: worker tasks alive in this process.
 - ``heed_runs_reclaimed``: stale cancelling runs finalized by the reaper.
 - ``heed_runs_interrupted``: runs finalized as ``interrupted`` (worker lost).
+- ``heed_runs_requeued{kind}``: runs put back in the queue because their worker died
+  (kinds with ``max_attempts``: background operations), by this process's reaper or
+  restart recovery.
+- ``heed_runs_quarantined{kind}``: runs of those kinds ended ``failed`` because their
+  worker died ``max_attempts`` times (:func:`heed.runs.state.is_quarantined`).
+
+Every kind registered with ``max_attempts`` has both series from the start (at 0), so a
+rate can be taken before the first requeue.
 """
 
 from __future__ import annotations
@@ -40,6 +48,22 @@ class _RunCollector(Collector):
         yield CounterMetricFamily(
             "heed_runs_interrupted", "Runs whose worker was lost", value=m.interrupted_total
         )
+        retried = {kind for kind, spec in m.kinds.items() if spec.max_attempts is not None}
+        requeued = CounterMetricFamily(
+            "heed_runs_requeued",
+            "Runs put back in the queue because their worker died, by kind",
+            labels=["kind"],
+        )
+        quarantined = CounterMetricFamily(
+            "heed_runs_quarantined",
+            "Runs failed as quarantined: their worker died max_attempts times, by kind",
+            labels=["kind"],
+        )
+        for kind in sorted({*retried, *m.requeued_by_kind, *m.quarantined_by_kind}):
+            requeued.add_metric([kind], m.requeued_by_kind[kind])
+            quarantined.add_metric([kind], m.quarantined_by_kind[kind])
+        yield requeued
+        yield quarantined
 
 
 def install_run_metrics(registry: CollectorRegistry, manager: RunManager) -> None:

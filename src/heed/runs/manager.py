@@ -46,6 +46,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -211,9 +212,12 @@ class RunManager:
         self.reclaimed_total = 0
         self.interrupted_total = 0
         #: Runs put back in the queue after their worker died, and runs quarantined
-        #: (their worker died ``max_attempts`` times): see :mod:`heed.runs.reaper`.
+        #: (their worker died ``max_attempts`` times): see :mod:`heed.runs.reaper`. In all,
+        #: and by kind (only registered kinds with ``max_attempts`` are ever requeued).
         self.requeued_total = 0
         self.quarantined_total = 0
+        self.requeued_by_kind: Counter[str] = Counter()
+        self.quarantined_by_kind: Counter[str] = Counter()
         self.wedged = 0
 
     # -- wiring ----------------------------------------------------------------------

@@ -122,6 +122,7 @@ async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
         requeued = await requeue_run(manager, run.id, as_requeued(run, LOST_REASON, now=now))
         if requeued is not None:
             manager.requeued_total += 1
+            manager.requeued_by_kind[run.kind] += 1
         return requeued
     if to is Phase.CANCELLED:
         steps = as_cancelled(run.cancel_reason or "reclaimed", source=Phase.CANCELLING, now=now)
@@ -136,6 +137,7 @@ async def finalize(manager: RunManager, run: Run, to: Phase) -> Run | None:
             manager.interrupted_total += 1
         elif is_quarantined(final):
             manager.quarantined_total += 1
+            manager.quarantined_by_kind[final.kind] += 1
         else:
             manager.reclaimed_total += 1
     return final
