@@ -51,6 +51,10 @@ def build_lanes(settings: Settings) -> Lanes:
     The recall lane keeps one slot for low-budget recalls (``HEED_RECALL_DEAR_CONCURRENCY``):
     a client looping high-budget recalls saturates every slot it may take, and without the
     spare slot every other recall waits for one of its recalls to finish.
+
+    Background work's share is the same in every lane (``HEED_BACKGROUND_CAPACITY``, capped
+    at the lane's slots; unset: all but one; ``HEED_BACKGROUND_MAX_DEFER_SECONDS``,
+    ``HEED_BACKGROUND_MAX_QUEUE``).
     """
     recall = settings.recall_concurrency
     dear = {"recall": settings.recall_dear_concurrency or max(1, recall - 1)}
@@ -61,6 +65,9 @@ def build_lanes(settings: Settings) -> Lanes:
             getattr(settings, f"{name}_queue"),
             max_wait=getattr(settings, f"{name}_max_wait_seconds"),
             dear_capacity=dear.get(name),
+            background_capacity=settings.background_capacity,
+            background_max_defer=settings.background_max_defer_seconds,
+            background_max_queue=settings.background_max_queue,
         )
         for name in LANE_NAMES
     )

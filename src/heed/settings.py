@@ -152,6 +152,27 @@ class Settings(BaseSettings):
     reflect_max_wait_seconds: float | None = Field(default=30.0, gt=0)
     retain_max_wait_seconds: float | None = Field(default=60.0, gt=0)
     turn_max_wait_seconds: float | None = Field(default=None, gt=0)
+    # Background work in every lane (memory consolidation's recalls and LLM calls,
+    # heed.runtime.slots): it yields to interactive work; these bound its share.
+    background_capacity: int | None = Field(
+        default=None,
+        ge=1,
+        description="The most slots of each lane background work may hold at once (at most "
+        "the lane's slots). Default: all but one, at least 1, so one slot stays free for a "
+        "user's request while background work runs.",
+    )
+    background_max_defer_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="A background waiter that has waited this long competes as if it were "
+        "interactive work, so it is never starved forever (0: at once).",
+    )
+    background_max_queue: int = Field(
+        default=64,
+        ge=1,
+        description="Background waiters one lane may hold; past it more background work is "
+        "refused (a consolidation run fails with 503; its facts stay pending for the next).",
+    )
     offload_threads: int = Field(default=32, ge=1)
 
     # Runs and streams (heed.runs, heed.sessions).
