@@ -8,6 +8,7 @@ matching the prompt (extraction's numbered units, consolidation's "New facts:").
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -298,3 +299,62 @@ def test_a_restart_resumes_consolidation_of_banks_with_pending_facts(
         script(second, CONSOLIDATION)
         wait_for(lambda: memories(second, bank, type="observation"), seconds=30)
         assert memories(second, bank, consolidation_state="pending") == []
+
+
+async def test_the_unmodified_client_drives_consolidation_and_observations(
+    server: LiveServer,
+) -> None:
+    """``hindsight-client`` 1.1.0's own calls for part 1: consolidate, the operation's status
+    and cancel, list by consolidation state, observation history, clear, recover."""
+    script(server, EXTRACTION, CONSOLIDATION)
+    bank = new_bank(server)
+    client = Hindsight(base_url=server.url, timeout=30)
+    try:
+        await client.aretain(bank, "\n".join(TURNS), context="chat")
+        listed = await client.memory.list_memories(bank, type="observation")
+        for _ in range(300):
+            if listed.items:
+                break
+            await asyncio.sleep(0.1)
+            listed = await client.memory.list_memories(bank, type="observation")
+        [observation] = listed.items
+        assert observation.fact_type == "observation"
+        assert len(observation.source_memory_ids or []) == 2 and observation.proof_count == 2
+        history = await client.memory.get_observation_history(bank, observation.id)
+        assert history is not None
+        done = await client.memory.list_memories(bank, consolidation_state="done")
+        assert len(done.items) == 3
+
+        # A slow round: the client's consolidate starts it; its status is processing; the
+        # client's cancel stops it mid-call.
+        script(server, {"when": "new facts:", "latency": 60, "json": {"actions": []}})
+        cleared = await client.banks.clear_observations(bank)
+        assert cleared.deleted_count == 1
+        started = await client.banks.trigger_consolidation(bank)
+        operation_id = started.operation_id
+        assert operation_id
+        for _ in range(300):
+            status = await client.operations.get_operation_status(bank, operation_id)
+            if status.status == "processing":
+                break
+            await asyncio.sleep(0.1)
+        assert status.status == "processing"
+        again = await client.banks.trigger_consolidation(bank)
+        assert again.deduplicated and again.operation_id == operation_id
+        await client.operations.cancel_operation(bank, operation_id)
+        for _ in range(100):
+            status = await client.operations.get_operation_status(bank, operation_id)
+            if status.status != "processing":
+                break
+            await asyncio.sleep(0.1)
+        assert status.status in ("cancelled", "failed")
+        pending = await client.memory.list_memories(bank, consolidation_state="pending")
+        # nothing lost: the facts the cleared observation rested on wait for the next run
+        assert len(pending.items) == 2
+        assert {item.id for item in pending.items} == set(observation.source_memory_ids or [])
+        recovered = await client.banks.recover_consolidation(bank)
+        assert recovered.retried_count == 0  # nothing had failed
+        gone = await client.memory.clear_memory_observations(bank, pending.items[0].id)
+        assert gone.deleted_count == 0
+    finally:
+        await client.aclose()

@@ -59,10 +59,13 @@ async def recover_consolidation(
 @router.delete("/observations")
 async def clear_observations(
     bank_id: IdPath, engine: MemoryDep, consolidation: ConsolidationDep
-) -> wire.ClearObservationsResponse:
+) -> wire.DeleteResponse:
     """Delete every observation of the bank; their facts are consolidated again."""
     bank = await engine.get_bank(bank_id)
-    return wire.ClearObservationsResponse(deleted_count=await consolidation.clear(bank))
+    deleted = await consolidation.clear(bank)
+    return wire.DeleteResponse(
+        success=True, message=f"deleted {deleted} observations", deleted_count=deleted
+    )
 
 
 @router.delete("/memories/{memory_id}/observations")
