@@ -77,9 +77,6 @@ SEMANTIC_400 = [
     # response_schema that is not a self-contained JSON Schema.
     "POST /v1/default/banks/{bank_id}/memories/recall",
     "POST /v1/default/banks/{bank_id}/reflect",
-    # Consolidation refuses observation_scopes (Hindsight's field, which heed does not
-    # implement: observations are scoped by their facts' tags) rather than ignoring it.
-    "POST /v1/default/banks/{bank_id}/consolidate",
 ]
 """Operations where a schema-valid request may get a 400: the server judges a value the
 document can only type. The document says so (400: "a value only the server can judge"); the

@@ -262,12 +262,6 @@ def test_clearing_observations_makes_their_facts_pending_again(server: LiveServe
         f"{server.url}/v1/default/banks/{bank}/memories/no-such/observations", timeout=30
     )
     assert missing.status_code == 404
-    refused = httpx.post(
-        f"{server.url}/v1/default/banks/{bank}/consolidate",
-        json={"observation_scopes": [["a"]]},
-        timeout=30,
-    )
-    assert refused.status_code == 400 and "observation_scopes" in refused.text
     httpx.delete(f"{server.url}/v1/default/banks/{bank}", timeout=30).raise_for_status()
 
 
@@ -358,3 +352,67 @@ async def test_the_unmodified_client_drives_consolidation_and_observations(
         assert gone.deleted_count == 0
     finally:
         await client.aclose()
+
+
+def test_observation_scopes_and_per_scope_missions(server: LiveServer) -> None:
+    """The bank's default scopes split facts by user and by topic, each scope with its own
+    mission; a consolidate's ``observation_scopes`` overrides them for its run."""
+    provider = script(server, CONSOLIDATION)
+    bank = new_bank(
+        server,
+        retain_extraction_mode="off",
+        observations_mission="Note what matters.",
+        default_observation_scopes=[["user:*"], ["topic:*"]],
+        consolidation_strategies=[
+            {"scopes": [{"tags": ["user:*"]}], "observations_mission": "Track each user."}
+        ],
+    )
+    items = [
+        {"content": "Alice likes green tea.", "tags": ["user:alice", "topic:drinks"]},
+        {"content": "Bob likes black coffee.", "tags": ["user:bob", "topic:drinks"]},
+    ]
+    httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/memories", json={"items": items}, timeout=30
+    ).raise_for_status()
+
+    def three() -> list[dict[str, Any]] | None:
+        found = memories(server, bank, type="observation")
+        return found if len(found) == 3 else None
+
+    observations = wait_for(three, seconds=30)
+    assert sorted(tuple(o["tags"]) for o in observations) == [
+        ("topic:drinks",),
+        ("user:alice",),
+        ("user:bob",),
+    ]
+    calls = [r for r in provider.requests if "new facts:" in r.messages[-1].content.lower()]
+    missions = {
+        ("Alice" in c.messages[-1].content, "Bob" in c.messages[-1].content): c.messages[0].content
+        for c in calls
+    }
+    assert "Track each user." in missions[(True, False)]
+    assert "Track each user." in missions[(False, True)]
+    assert "Note what matters." in missions[(True, True)]  # the topic scope: the bank's
+
+    cleared = httpx.delete(f"{server.url}/v1/default/banks/{bank}/observations", timeout=30)
+    assert cleared.json()["deleted_count"] == 3
+    started = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/consolidate",
+        json={"observation_scopes": "shared"},
+        timeout=30,
+    )
+    assert started.status_code == 200, started.text
+    [shared] = wait_for(lambda: memories(server, bank, type="observation"), seconds=30)
+    assert shared["tags"] == []
+    refused = httpx.put(
+        f"{server.url}/v1/default/banks/{bank}",
+        json={"consolidation_strategies": [{"max_observations_per_scope": 3}]},
+        timeout=30,
+    )
+    assert refused.status_code in (400, 422) and "max_observations_per_scope" in refused.text
+    bad_mode = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/consolidate",
+        json={"observation_scopes": "everything"},
+        timeout=30,
+    )
+    assert bad_mode.status_code in (400, 422) and "observation_scopes" in bad_mode.text

@@ -4,15 +4,17 @@ arrives, in background runs that stop when asked and never starve a user's reque
 **What it does.** A bank that keeps observations (``enable_observations``) marks the units
 its retains write as ``pending`` (:meth:`heed.memory.engine.MemoryEngine.retain`). A
 consolidation run takes them in **rounds** of at most :attr:`ConsolidationLimits.batch`
-units, oldest first, grouped by their tags (a scope: an observation only rests on facts of
-one tag set). For each group it recalls the related observations (a real recall, of type
-``observation``, in the group's scope, at most :attr:`ConsolidationLimits.related`), and
-asks the LLM (structured output) which observations to create, update or merge, each
-citing the facts it rests on. One transaction per round writes the result and marks the
-facts ``done`` (:meth:`heed.memory.store.LearningStore.write_observations`). An updated
-observation keeps its id; its earlier text goes to its ``history`` (at most
-:data:`HISTORY_LIMIT` versions); a merged one is removed and named in the survivor's
-history. A round whose reply stays malformed marks its facts ``failed`` (``recover`` makes
+units, oldest first, grouped into **scopes** (tag sets: :mod:`heed.memory.scopes`; by
+default each fact's own tags; an observation carries its scope's tags and rests only on
+facts of its scope). For each scope it recalls the related observations (a real recall, of
+type ``observation``, in the scope, at most :attr:`ConsolidationLimits.related`), and asks
+the LLM (structured output, with the scope's mission) which observations to create,
+update or merge, each citing the facts it rests on. One transaction per scope writes the
+result and marks the facts ``done``
+(:meth:`heed.memory.store.LearningStore.write_observations`). An updated observation keeps
+its id; its earlier text goes to its ``history`` (at most :data:`HISTORY_LIMIT` versions);
+a merged one is removed and named in the survivor's history. A scope whose reply stays
+malformed marks its facts ``failed`` (``recover`` makes
 them pending again); an upstream failure ends the run ``failed`` with its facts still
 pending.
 
@@ -68,6 +70,7 @@ from heed.memory.models import (
 )
 from heed.memory.operations import CONSOLIDATION_KIND, bank_session, cancel_bank_runs
 from heed.memory.retain import embed_documents
+from heed.memory.scopes import Scope, ScopeRule, mission_for, scope_rule, scopes_of
 from heed.memory.store import ObservationChanges
 from heed.memory.units import index_text
 from heed.runs.events import EventType
@@ -262,14 +265,16 @@ class Consolidation:
                     "consolidation of bank %s could not start: %s", bank.bank_id, exc, exc_info=exc
                 )
 
-    async def submit(self, bank: Bank) -> tuple[Run | None, bool]:
+    async def submit(self, bank: Bank, scopes: ScopeRule | None = None) -> tuple[Run | None, bool]:
         """Start a consolidation of *bank* unless one is busy: ``(run, deduplicated)``, the
-        busy run with ``True`` when there was one."""
+        busy run with ``True`` when there was one (whatever scope rule it was given).
+        *scopes* is the run's scope rule (:mod:`heed.memory.scopes`; ``None``: the bank's
+        default)."""
         run = await self.manager.submit(
             CONSOLIDATION_KIND,
             tenant=bank.tenant,
             session_id=bank_session(bank),
-            payload={"bank_id": bank.bank_id, "bank_ref": bank.ref},
+            payload={"bank_id": bank.bank_id, "bank_ref": bank.ref, "observation_scopes": scopes},
             summary={"bank_id": bank.bank_id},
             strategy="idle",
         )
@@ -328,6 +333,7 @@ class Consolidation:
         if bank.ref != payload["bank_ref"]:
             raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
         rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
+        rule = scope_rule(payload.get("observation_scopes"), bank.config)
         counters = _Counters()
         try:
             async with self.engine.track(bank):
@@ -339,7 +345,7 @@ class Consolidation:
                         )
                         if not batch:
                             break
-                        await self._round(bank, batch, counters)
+                        await self._round(bank, batch, rule, counters)
                         counters.rounds += 1
                         await rc.emit(
                             EventType.PROGRESS,
@@ -349,13 +355,23 @@ class Consolidation:
             raise OperationCancelled(BANK_DELETED) from exc
         return counters.result()
 
-    async def _round(self, bank: Bank, batch: list[StoredUnit], counters: _Counters) -> None:
-        groups: dict[tuple[str, ...], list[StoredUnit]] = {}
+    async def _round(
+        self, bank: Bank, batch: list[StoredUnit], rule: ScopeRule, counters: _Counters
+    ) -> None:
+        groups: dict[Scope, list[StoredUnit]] = {}
+        unscoped: list[int] = []
         for unit in batch:
-            groups.setdefault(tuple(sorted(unit.tags)), []).append(unit)
-        for tags, facts in groups.items():
-            related = await self._related(bank, facts, list(tags))
-            messages = _prompt(facts, related, bank.config.get("observations_mission"))
+            scopes = scopes_of(unit.tags, rule)
+            for scope in scopes:
+                groups.setdefault(scope, []).append(unit)
+            if not scopes:
+                unscoped.append(unit.seq)
+        if unscoped:  # in no scope of the rule: consolidated, with nothing to observe
+            await run_in_thread(self._write, bank, ObservationChanges(done=unscoped), [])
+            counters.facts += len(unscoped)
+        for scope, facts in groups.items():
+            related = await self._related(bank, facts, list(scope))
+            messages = _prompt(facts, related, mission_for(scope, bank.config))
             try:
                 async with self.llm_lane.slot(background=True):
                     reply = await complete_json(self.provider(), messages, _FORMAT)
@@ -366,7 +382,7 @@ class Consolidation:
                     self._write, bank, ObservationChanges(failed=[f.seq for f in facts]), []
                 )
                 continue
-            changes, fresh = _plan(reply.value, facts, related, counters)
+            changes, fresh = _plan(reply.value, scope, facts, related, counters)
             await run_in_thread(embed_documents, [_document(fresh)], self.engine.embedder)
             await run_in_thread(self._write, bank, changes, fresh)
             counters.facts += len(facts)
@@ -417,11 +433,13 @@ def _prompt(
 
 def _plan(
     reply: dict[str, Any],
+    scope: Scope,
     facts: list[StoredUnit],
     related: list[StoredUnit],
     counters: _Counters,
 ) -> tuple[ObservationChanges, list[PreparedUnit]]:
-    """The round's writes from the model's *reply*: actions naming no valid observation
+    """The writes of *scope*'s part of a round from the model's *reply* (observations carry
+    the scope's tags): actions naming no valid observation
     (an update or merge) are taken as creations; an observation named twice is changed by
     the first action only."""
     now = datetime.now(UTC)
@@ -438,7 +456,7 @@ def _plan(
         ]
         text = str(action["text"]).strip()
         if action["action"] == "create" or not named:
-            created.append(_observation(str(uuid.uuid4()), text, cited, [], [], now))
+            created.append(_observation(str(uuid.uuid4()), text, scope, cited, [], [], now))
             counters.created += 1
             continue
         survivor, others = named[0], named[1:] if action["action"] == "merge" else []
@@ -448,7 +466,7 @@ def _plan(
             *(_version(o.text, o.proof_count, now, f"merged {o.id}") for o in others),
         ][-HISTORY_LIMIT:]
         earlier = [s for o in (survivor, *others) for s in o.source_ids]
-        replaced.append(_observation(survivor.id, text, cited, earlier, history, now))
+        replaced.append(_observation(survivor.id, text, scope, cited, earlier, history, now))
         removed.extend(o.id for o in others)
         touched.update(o.id for o in (survivor, *others))
         if others:
@@ -484,17 +502,18 @@ def _iso_date(value: str | None) -> datetime | None:
 def _observation(
     unit_id: str,
     text: str,
+    scope: Scope,
     facts: list[StoredUnit],
     earlier_sources: list[str],
     history: list[dict[str, Any]],
     now: datetime,
 ) -> PreparedUnit:
-    """An observation unit resting on *facts* (and the sources of what it replaces)."""
+    """An observation unit of *scope* resting on *facts* (and the sources of what it
+    replaces)."""
     sources = list(dict.fromkeys([*earlier_sources, *(f.id for f in facts)]))
     starts = [d for d in (_iso_date(f.occurred_start) for f in facts) if d is not None]
     ends = [d for d in (_iso_date(f.occurred_end) for f in facts) if d is not None]
     mentioned = [d for d in (_iso_date(f.mentioned_at) for f in facts) if d is not None]
-    tags = list(dict.fromkeys(t for f in facts for t in f.tags))
     return PreparedUnit(
         id=unit_id,
         text=text,
@@ -506,7 +525,7 @@ def _observation(
         occurred_end=max(ends) if ends else (max(starts) if starts else None),
         mentioned_at=max(mentioned) if mentioned else now,
         metadata={},
-        tags=tags,
+        tags=list(scope),
         entities=extract_entities(text, [], None),
         source_ids=sources,
         proof_count=len(sources),

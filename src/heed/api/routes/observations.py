@@ -20,7 +20,6 @@ from heed.api.deps import ConsolidationDep, MemoryDep
 from heed.api.input_rules import IdPath
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.memory.models import InvalidInput
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}", tags=["observations"], route_class=HeedRoute
@@ -34,14 +33,11 @@ async def consolidate(
     consolidation: ConsolidationDep,
     body: wire.ConsolidationRequest | None = None,
 ) -> wire.ConsolidationResponse:
-    """Start consolidating the bank's pending memories (or return the busy run)."""
-    if body is not None and body.observation_scopes:
-        raise InvalidInput(
-            "observation_scopes is not supported by heed: observations are scoped by the "
-            "tags of the facts they rest on"
-        )
+    """Start consolidating the bank's pending memories (or return the busy run), scoped by
+    ``observation_scopes`` (else the bank's ``default_observation_scopes``)."""
     bank = await engine.get_bank(bank_id)
-    run, deduplicated = await consolidation.submit(bank)
+    scopes = body.observation_scopes if body is not None else None
+    run, deduplicated = await consolidation.submit(bank, scopes)
     return wire.ConsolidationResponse(
         operation_id=run.id if run is not None else "", deduplicated=deduplicated
     )

@@ -79,6 +79,33 @@ class Disposition(RequestBody):
     empathy: Trait = 3
 
 
+ObservationScopes = (
+    Literal["combined", "shared", "per_tag"]
+    | Annotated[list[TagList], Field(max_length=MAX_LIST_ITEMS)]
+)
+"""How consolidation scopes observations (:mod:`heed.memory.scopes`): a mode, or tag lists
+(fnmatch globs allowed)."""
+
+
+class ScopePattern(RequestBody):
+    """One rule of a consolidation strategy: tag patterns and how they must match."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    tags: TagList | None = None
+    tags_match: Literal["all", "any"] | None = None
+
+
+class ConsolidationStrategy(RequestBody):
+    """The observations mission for the scopes its rules claim (the other settings of
+    Hindsight's strategies are refused by name: heed does not implement them)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    scopes: Annotated[list[ScopePattern], Field(max_length=MAX_LIST_ITEMS)] | None = None
+    observations_mission: Text | None = None
+
+
 class BankWrite(_In):
     """PUT/PATCH body: Hindsight's CreateBankRequest (LLM-only fields are stored or ignored)."""
 
@@ -98,6 +125,10 @@ class BankWrite(_In):
     retain_extraction_mode: Literal["off", "concise", "verbose"] | None = None
     enable_observations: bool | None = None
     observations_mission: Text | None = None
+    default_observation_scopes: ObservationScopes | None = None
+    consolidation_strategies: (
+        Annotated[list[ConsolidationStrategy], Field(max_length=MAX_LIST_ITEMS)] | None
+    ) = None
 
 
 class BankProfileResponse(BaseModel):
@@ -331,7 +362,7 @@ class MemoryHistoryResponse(BaseModel):
 
 
 class ConsolidationRequest(_In):
-    observation_scopes: Annotated[list[TagList], Field(max_length=MAX_LIST_ITEMS)] | None = None
+    observation_scopes: ObservationScopes | None = None
 
 
 class ConsolidationResponse(BaseModel):

@@ -66,6 +66,12 @@ def bank_fields(body: wire.BankWrite) -> dict[str, Any]:
             "retain_extraction_mode": body.retain_extraction_mode,
             "enable_observations": body.enable_observations,
             "observations_mission": body.observations_mission,
+            "default_observation_scopes": body.default_observation_scopes,
+            "consolidation_strategies": (
+                [s.model_dump(exclude_none=True) for s in body.consolidation_strategies]
+                if body.consolidation_strategies is not None
+                else None
+            ),
         },
     }
 
