@@ -13,7 +13,9 @@ Measured, in order:
 1. **baseline**: 8 recall clients for ``--seconds``, then a bulk retain of
    ``--retain-units`` into a scratch bank, with no background work;
 2. **contended**: the same while the bank's consolidation runs, and how many facts it
-   consolidated meanwhile (facts per minute under that load);
+   consolidated meanwhile (facts per minute under that load); baseline and contended
+   phases alternate ``--rounds`` times and each condition's latencies are pooled, so drift
+   in the machine's other load falls on both alike;
 3. **progress** with 2 recall clients and with none (background work yields, but with
    spare capacity it runs at full speed);
 4. **cancel**: ``--cancel-trials`` times, a processing consolidation (mid-LLM-call or
@@ -98,11 +100,17 @@ async def _count(http: httpx.AsyncClient, bank: str, **params: str) -> int:
 
 
 async def _recall_clients(
-    http: httpx.AsyncClient, qs: list[str], clients: int, seconds: float
+    http: httpx.AsyncClient,
+    qs: list[str],
+    clients: int,
+    seconds: float,
+    latencies: list[float] | None = None,
 ) -> dict[str, Any]:
-    """*clients* recall loops on the bank for *seconds*: latency percentiles."""
+    """*clients* recall loops on the bank for *seconds*: latency percentiles (each latency
+    also appended to *latencies*)."""
     cycle = itertools.cycle(qs)
-    latencies: list[float] = []
+    latencies = latencies if latencies is not None else []
+    start = len(latencies)
     deadline = time.perf_counter() + seconds
 
     async def client() -> None:
@@ -115,7 +123,8 @@ async def _recall_clients(
             latencies.append(time.perf_counter() - t0)
 
     await asyncio.gather(*(client() for _ in range(clients)))
-    return {"clients": clients, "requests": len(latencies), **_summary(latencies)}
+    mine = latencies[start:]
+    return {"clients": clients, "requests": len(mine), **_summary(mine)}
 
 
 async def _retain_throughput(http: httpx.AsyncClient, units: int, tag: str) -> dict[str, Any]:
@@ -322,30 +331,59 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             out["build"] = await build_bank(http, BANK, args.units)
             await _recall_clients(http, qs, 1, 3)  # warm-up: loads the vector index
 
-            print("baseline: no background work")
-            baseline = {
-                "recall": await _recall_clients(http, qs, args.clients, args.seconds),
-                "retain": await _retain_throughput(http, args.retain_units, "baseline"),
-            }
-            out["baseline"] = baseline
-            print(f"  {baseline}")
-
-            print("contended: consolidation running")
-            await _processing(http, await _consolidate(http, BANK))
-            rss_start = _rss_mb(server)
-            done0 = await _count(http, BANK, consolidation_state="done")
-            t0 = time.perf_counter()
-            contended = {
-                "recall": await _recall_clients(http, qs, args.clients, args.seconds),
-                "retain": await _retain_throughput(http, args.retain_units, "contended"),
-            }
-            done = await _count(http, BANK, consolidation_state="done") - done0
-            contended["facts_consolidated"] = done
-            contended["facts_per_minute"] = round(done / ((time.perf_counter() - t0) / 60), 1)
-            out["contended"] = contended
-            print(f"  {contended}")
+            # Baseline and contended phases alternate (A B A B ...), so a drift in the
+            # machine's other load falls on both conditions alike.
+            pooled: dict[str, list[float]] = {"baseline": [], "contended": []}
+            retained: dict[str, list[float]] = {"baseline": [0, 0], "contended": [0, 0]}
+            rounds: list[dict[str, Any]] = []
+            rss_start = 0.0
+            consolidated, contended_seconds = 0, 0.0
+            for number in range(args.rounds):
+                for condition in ("baseline", "contended"):
+                    run_id = None
+                    if condition == "contended":
+                        run_id = await _consolidate(http, BANK)
+                        await _processing(http, run_id)
+                        rss_start = rss_start or _rss_mb(server)
+                        done0 = await _count(http, BANK, consolidation_state="done")
+                    t0 = time.perf_counter()
+                    recall = await _recall_clients(
+                        http, qs, args.clients, args.seconds, pooled[condition]
+                    )
+                    retain = await _retain_throughput(http, args.retain_units, condition)
+                    retained[condition][0] += retain["units"]
+                    retained[condition][1] += retain["seconds"]
+                    phase = {"round": number, "condition": condition, "recall": recall}
+                    phase["retain_units_per_second"] = round(retain["units_per_second"], 1)
+                    if run_id is not None:
+                        consolidated += await _count(http, BANK, consolidation_state="done") - done0
+                        contended_seconds += time.perf_counter() - t0
+                        (await http.post(f"/v1/runs/{run_id}/cancel?wait=true")).raise_for_status()
+                    rounds.append(phase)
+                    print(f"  {phase}")
+            baseline, contended = (
+                {
+                    "recall": {
+                        "clients": args.clients,
+                        "requests": len(pooled[c]),
+                        **_summary(pooled[c]),
+                    },
+                    "retain": {
+                        "units": retained[c][0],
+                        "seconds": round(retained[c][1], 2),
+                        "units_per_second": retained[c][0] / retained[c][1],
+                    },
+                }
+                for c in ("baseline", "contended")
+            )
+            contended["facts_consolidated"] = consolidated
+            contended["facts_per_minute"] = round(consolidated / (contended_seconds / 60), 1)
+            out["rounds"] = rounds
+            out["baseline"], out["contended"] = baseline, contended
+            print(f"  baseline {baseline}\n  contended {contended}")
 
             print("progress with 2 clients, then none")
+            await _processing(http, await _consolidate(http, BANK))
             out["progress"] = [
                 await _progress(http, qs, 2, args.seconds),
                 await _progress(http, qs, 0, args.seconds),
@@ -399,7 +437,10 @@ def main() -> None:
     )
     parser.add_argument("--units", type=int, default=11_600, help="units in the bank")
     parser.add_argument("--clients", type=int, default=8, help="interactive recall clients")
-    parser.add_argument("--seconds", type=float, default=60, help="length of each phase")
+    parser.add_argument("--seconds", type=float, default=30, help="length of each phase")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternations of baseline and contended phases"
+    )
     parser.add_argument("--retain-units", type=int, default=1200, help="units per retain probe")
     parser.add_argument("--llm-latency", type=float, default=1.0, help="seconds per LLM reply")
     parser.add_argument("--cancel-trials", type=int, default=60)
