@@ -19,6 +19,8 @@ from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
 from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
+from heed.memory.file_retain import FileRetain
+from heed.memory.files import FileLimits
 from heed.memory.operations import RETAIN_KIND, RetainOperations
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
@@ -112,6 +114,7 @@ class Services:
     reflect: ReflectService = field(init=False)
     reflect_runs: ReflectRuns = field(init=False)
     retain_operations: RetainOperations = field(init=False)
+    file_retain: FileRetain = field(init=False)
     run_store: SqlRunStore = field(init=False)
     session_store: SqlSessionStore = field(init=False)
     manager: RunManager = field(init=False)
@@ -166,6 +169,16 @@ class Services:
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
+        self.file_retain = FileRetain(
+            self.memory,
+            self.retain_operations,
+            FileLimits(
+                max_files=settings.file_max_files,
+                max_bytes=settings.file_max_bytes,
+                max_unpacked_bytes=settings.file_max_unpacked_bytes,
+                max_text_chars=settings.file_max_text_chars,
+            ),
+        )
         self.sessions = sessions = SessionService(session_store, manager, self.memory)
         tools = TurnTools(self.memory, sessions.start_task)
         self.turn_provider = turn_provider = ProviderSlot(lambda: _provider(settings, "turn"))

@@ -342,6 +342,34 @@ class Settings(BaseSettings):
     )
     max_query_tokens: int = Field(default=500, ge=1, description="Longest recall query.")
     max_item_chars: int = Field(default=200_000, ge=1, description="Longest retain item.")
+    # File retain (heed.memory.files): POST .../files/retain.
+    file_max_files: int = Field(default=20, ge=1, description="Most files in one file retain.")
+    file_max_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest file in a file retain."
+    )
+    file_max_unpacked_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes an Office file (a zip) may unpack to: past it, refused.",
+    )
+    file_max_text_chars: int = Field(
+        default=2_000_000, ge=1, description="Most text one file may yield."
+    )
+    # Webhooks (heed.webhooks).
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="Let webhooks target loopback, private and link-local addresses.",
+    )
+    webhook_max_attempts: int = Field(default=6, ge=1, description="Tries per delivery.")
+    webhook_backoff_seconds: float = Field(
+        default=5.0, gt=0, description="First retry delay; doubled per try (capped at 1 h)."
+    )
+    webhook_poll_seconds: float = Field(
+        default=1.0, gt=0, description="How often the delivery worker looks for due work."
+    )
+    webhook_lease_seconds: float = Field(
+        default=90.0, gt=0, description="How long a claimed delivery is held by its worker."
+    )
     vector_cache_mb: int = Field(
         default=2048,
         ge=1,

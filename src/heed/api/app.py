@@ -22,6 +22,7 @@ from heed.api.routes import (
     banks,
     diagnostics,
     documents,
+    files,
     memories,
     observations,
     operations,
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.admission = Admission(settings.max_in_flight, settings.tenant_max_in_flight)
     app.state.stream_slots = StreamSlots(settings.tenant_max_streams)
     install_error_handlers(app)
-    for memory_router in (banks, observations, memories, documents, operations, reflect):
+    for memory_router in (banks, observations, memories, documents, operations, reflect, files):
         app.include_router(memory_router.router)
     app.include_router(system.router)
     app.include_router(auth.router)

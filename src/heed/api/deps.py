@@ -33,6 +33,7 @@ from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
 from heed.memory import MemoryEngine
 from heed.memory.consolidation import Consolidation
+from heed.memory.file_retain import FileRetain
 from heed.memory.operations import RetainOperations
 from heed.reflect.runs import ReflectRuns
 from heed.reflect.service import ReflectService
@@ -48,6 +49,7 @@ __all__ = [
     "BurnRecordsDep",
     "ConsolidationDep",
     "DrainDep",
+    "FileRetainDep",
     "MemoryDep",
     "MetricsDep",
     "ReflectDep",
@@ -128,6 +130,8 @@ ReflectRunsDep = Annotated[ReflectRuns, Depends(_of_services(lambda s: s.reflect
 RetainOperationsDep = Annotated[
     RetainOperations, Depends(_of_services(lambda s: s.retain_operations))
 ]
+#: File retain (multipart files parsed into documents).
+FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_retain))]
 #: Consolidation into observations (background runs).
 ConsolidationDep = Annotated[Consolidation, Depends(_of_services(lambda s: s.consolidation))]
 #: The server's settings.

@@ -94,6 +94,14 @@ async def _send_json(
     await send({"type": "http.response.body", "body": payload})
 
 
+def _header(scope: Scope, name: bytes) -> bytes:
+    """The request header *name* (lower-case), lower-cased; empty when absent."""
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).lower()
+    return b""
+
+
 def _detail(message: str) -> str:
     return json.dumps({"detail": message})
 
@@ -354,7 +362,9 @@ class RequestLifecycleMiddleware:
         ctx: RequestContext,
     ) -> None:
         token = ctx.token
-        problem = await self._body_problem(owner.body, ctx)
+        # A multipart body carries files (binary); the file route checks its text fields.
+        multipart = _header(scope, b"content-type").startswith(b"multipart/form-data")
+        problem = None if multipart else await self._body_problem(owner.body, ctx)
         if problem is not None:
             await _send_json(send, 400, _detail(problem), [])
             return

@@ -1,0 +1,177 @@
+"""File retain: uploaded files become documents, synchronously or as retain operations.
+
+:meth:`FileRetain.retain` is what ``POST .../files/retain`` does, in this order:
+
+1. **Check** every file before reading any: the count, each file's size and type
+   (:mod:`heed.memory.files`), its document id (the ``document_id`` its metadata gives, else
+   the file's name; two files may not be one document), and the metadata's length. A bad file
+   refuses the whole request: nothing is written.
+2. **Parse** every file in the offload (:func:`heed.runtime.run_in_thread`), under a
+   ``retain`` lane slot and as work on the bank (:meth:`MemoryEngine.track`): the token is
+   checked between pages, slides and batches of paragraphs or rows, so a client that leaves
+   (or a bank delete) stops the parsing, and the slot is released only once the thread
+   returned. Any file that cannot be read refuses the request, still before anything is
+   written.
+3. **Retain**: each file is one document (its text cut into items of at most the engine's
+   item size, one document id, ``replace``). Synchronously (the default) through
+   :meth:`MemoryEngine.retain` under the request's token, so a client that leaves stops the
+   embedding too and no document is half-written; with ``async`` each file is submitted as
+   a ``retain`` operation (:class:`heed.memory.operations.RetainOperations`), whose ids are
+   returned. Parsing is always done in the request, so a bad file is a 400 in either mode.
+
+Each document's metadata holds the given metadata plus ``file_name`` and ``file_format``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from heed.memory.engine import MemoryEngine
+from heed.memory.files import (
+    FileLimits,
+    FileRefused,
+    PartHook,
+    UploadedFile,
+    check_count,
+    check_size,
+    detect_format,
+    extract_text,
+    file_label,
+    split_text,
+)
+from heed.memory.models import Bank, RetainItem
+from heed.memory.operations import RetainOperations
+from heed.runtime import run_in_thread
+
+__all__ = ["FileMeta", "FileRetain", "FileRetainResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class FileMeta:
+    """What a client says of one file (an entry of ``files_metadata``)."""
+
+    context: str | None = None
+    document_id: str | None = None
+    tags: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FileRetainResult:
+    """What a file retain did: the documents (one per file, in order), and either the
+    units written (sync) or the operation ids (async, one per file)."""
+
+    document_ids: list[str]
+    operation_ids: list[str]
+    units: int
+    items: int
+    async_: bool
+
+
+class FileRetain:
+    """File retain over the memory engine and its retain operations (module docstring)."""
+
+    def __init__(
+        self, engine: MemoryEngine, operations: RetainOperations, limits: FileLimits
+    ) -> None:
+        self.engine = engine
+        self.operations = operations
+        self.limits = limits
+        #: Tests' view into the parsing thread: called after each part of a file is read.
+        self.part_hook: PartHook | None = None
+
+    async def retain(
+        self,
+        bank: Bank,
+        files: list[UploadedFile],
+        metas: list[FileMeta] | None,
+        *,
+        async_: bool = False,
+    ) -> FileRetainResult:
+        """Parse *files* and retain each as a document of *bank* (see the module docstring).
+
+        *metas*, when given, has one entry per file. Raises ``FileRefused`` /
+        ``FileTooLarge`` / ``InvalidInput`` (nothing written), ``NotFound``,
+        ``OperationCancelled``.
+        """
+        check_count(len(files), self.limits)
+        if metas is None or not metas:
+            metas = [FileMeta() for _ in files]
+        if len(metas) != len(files):
+            raise FileRefused(
+                f"files_metadata has {len(metas)} entries for {len(files)} files: "
+                "give one per file, in order, or none"
+            )
+        document_ids = self._document_ids(files, metas)
+        for index, file in enumerate(files):  # cheap checks first: no parsing for a bad list
+            check_size(index, file, self.limits)
+            detect_format(index, file)
+        async with self.engine.track(bank), self.engine.retain_lane.slot():
+            parsed = await run_in_thread(self._parse_all, files)
+        per_file = [
+            self._items(file, fmt, text, meta, document_id)
+            for file, (fmt, text), meta, document_id in zip(
+                files, parsed, metas, document_ids, strict=True
+            )
+        ]
+        for items in per_file:
+            self.engine.validate_items(items)
+        count = sum(len(items) for items in per_file)
+        if async_:
+            runs = [await self.operations.submit(bank, items, []) for items in per_file]
+            return FileRetainResult(document_ids, [r.id for r in runs], 0, count, True)
+        summary = await self.engine.retain(bank, [i for items in per_file for i in items], [])
+        return FileRetainResult(document_ids, [], summary.units, count, False)
+
+    def _parse_all(self, files: list[UploadedFile]) -> list[tuple[str, str]]:
+        return [
+            extract_text(index, file, self.limits, self.part_hook)
+            for index, file in enumerate(files)
+        ]
+
+    @staticmethod
+    def _document_ids(files: list[UploadedFile], metas: list[FileMeta]) -> list[str]:
+        ids: list[str] = []
+        seen: dict[str, int] = {}
+        for index, (file, meta) in enumerate(zip(files, metas, strict=True)):
+            document_id = meta.document_id or _base_name(file.name)
+            if not document_id:
+                raise FileRefused(
+                    f"{file_label(index, file)} has no file name: give its document_id "
+                    "in files_metadata"
+                )
+            if document_id in seen:
+                raise FileRefused(
+                    f"{file_label(index, file)} and "
+                    f"{file_label(seen[document_id], files[seen[document_id]])} would both be "
+                    f"document {document_id!r}: give each its own document_id"
+                )
+            seen[document_id] = index
+            ids.append(document_id)
+        return ids
+
+    def _items(
+        self, file: UploadedFile, fmt: str, text: str, meta: FileMeta, document_id: str
+    ) -> list[RetainItem]:
+        metadata: dict[str, str] = {
+            **meta.metadata,
+            "file_name": _base_name(file.name) or document_id,
+            "file_format": fmt,
+        }
+        return [
+            RetainItem(
+                content=piece,
+                context=meta.context,
+                metadata=metadata,
+                document_id=document_id,
+                tags=list(meta.tags),
+                update_mode="replace",
+            )
+            for piece in split_text(text, self.engine.max_item_chars)
+        ]
+
+
+def _base_name(name: str) -> str:
+    """The last part of a file name sent with a path (``C:\\a\\b.txt`` or ``a/b.txt``)."""
+    return PurePosixPath(name.replace("\\", "/")).name if name else ""
