@@ -19,13 +19,18 @@ ALLOWED: dict[str, set[str]] = {
     "logs": set(),
     "runs": {"runtime", "errors"},
     "llm": {"runtime", "errors", "settings"},
-    "storage": {"runtime", "errors", "memory", "runs", "sessions", "redact"},
+    "storage": {"runtime", "errors", "memory", "runs", "sessions", "redact", "webhooks"},
     "memory": {"runtime", "errors", "settings", "runs", "llm"},
     # Neither of the two agents imports the other: what both need (the grounded answer,
     # the recall tool's spec) is in ``llm.grounding``.
     "reflect": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
-    "services": {"runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"},
+    # Webhooks: told when a bank's runs end (runs), about banks (memory).
+    "webhooks": {"runtime", "errors", "settings", "memory", "runs"},
+    "services": {
+        *("runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"),
+        "webhooks",
+    },
     # ``heed migrate``: works on two databases (storage) and checks them through memory
     # engines, not through a server.
     "migrate": {"runtime", "errors", "redact", "settings", "storage", "memory", "runs"},
@@ -55,6 +60,7 @@ ALLOWED: dict[str, set[str]] = {
         "web",
         "llm",
         "mcp",
+        "webhooks",
     },
     # ``migrate``: the migrate command works on databases, not through a server.
     "cli": {"api", "mcp", "settings", "version", "migrate", "logs", "redact"},

@@ -41,6 +41,8 @@ from heed.storage.memory import SqlMemoryStore
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
+from heed.storage.webhook_store import SqlWebhookStore
+from heed.webhooks import DeliveryWorker, Webhooks
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
@@ -125,6 +127,9 @@ class Services:
     consolidation: Consolidation = field(init=False)
     model_warmup: ModelWarmup = field(init=False)
     revocation_store: SqlRevocationStore = field(init=False)
+    webhook_store: SqlWebhookStore = field(init=False)
+    webhooks: Webhooks = field(init=False)
+    webhook_worker: DeliveryWorker = field(init=False)
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -141,6 +146,7 @@ class Services:
         self.run_store = run_store = SqlRunStore(self.database)
         self.session_store = session_store = SqlSessionStore(self.database)
         self.revocation_store = SqlRevocationStore(self.database)  # UI logouts
+        self.webhook_store = webhook_store = SqlWebhookStore(self.database)
 
         # Signalling and the run machinery: in-process, or Redis between processes.
         broker = _broker(settings)
@@ -221,6 +227,22 @@ class Services:
         manager.register(REFLECT_KIND, self.reflect_runs.kind_spec())
         manager.register(CONSOLIDATION_KIND, self.consolidation.kind_spec())
 
+        # Webhooks: the outbox is written in the transaction that ends any run of a bank;
+        # the worker sends it (claims leased in the database: once across instances).
+        self.webhooks = Webhooks(
+            webhook_store, self.memory, allow_private=settings.webhook_allow_private
+        )
+        manager.terminal_hooks.append(self.webhooks.on_terminal)
+        self.webhook_worker = DeliveryWorker(
+            webhook_store,
+            manager.worker_id,
+            allow_private=settings.webhook_allow_private,
+            max_attempts=settings.webhook_max_attempts,
+            backoff_seconds=settings.webhook_backoff_seconds,
+            poll_seconds=settings.webhook_poll_seconds,
+            lease_seconds=settings.webhook_lease_seconds,
+        )
+
         # The LLMs' models load at start-up, beside serving (the reflect one, then turns').
         self.model_warmup = ModelWarmup(
             [("reflect", lambda: self.reflect.provider), ("turn", turn_provider.get)]
@@ -235,6 +257,7 @@ class Services:
         await self.consolidation.resume()  # banks whose facts a restart left pending
         self.manager.start_cancel_listener()
         self.reaper.start()
+        self.webhook_worker.start()
         self.model_warmup.start()  # in the background: serving does not wait for it
 
     def _migrate(self) -> None:
@@ -245,10 +268,12 @@ class Services:
         self.run_store.migrate()
         self.session_store.migrate()
         self.revocation_store.migrate()
+        self.webhook_store.migrate()
 
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
         await self.model_warmup.aclose()
+        await self.webhook_worker.aclose()  # sends in flight stop; their leases are given back
         await self.consolidation.aclose()
         await self.reaper.stop()
         await self.manager.close()  # this process's runs end interrupted

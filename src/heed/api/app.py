@@ -28,6 +28,7 @@ from heed.api.routes import (
     operations,
     reflect,
     system,
+    webhooks,
 )
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_error_handlers(app)
     for memory_router in (banks, observations, memories, documents, operations, reflect, files):
         app.include_router(memory_router.router)
+    app.include_router(webhooks.router)
     app.include_router(system.router)
     app.include_router(auth.router)
     app.include_router(runs_routes.router)

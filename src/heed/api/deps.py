@@ -41,6 +41,7 @@ from heed.runs.manager import RunManager
 from heed.services import Services
 from heed.sessions.service import SessionService
 from heed.settings import Settings
+from heed.webhooks import Webhooks
 
 T = TypeVar("T")
 
@@ -61,6 +62,7 @@ __all__ = [
     "SessionsDep",
     "SettingsDep",
     "StreamSlotsDep",
+    "WebhooksDep",
     "drain_of",
     "metrics_of",
     "services_of",
@@ -132,6 +134,8 @@ RetainOperationsDep = Annotated[
 ]
 #: File retain (multipart files parsed into documents).
 FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_retain))]
+#: Webhooks: a bank's subscriptions and their delivery log.
+WebhooksDep = Annotated[Webhooks, Depends(_of_services(lambda s: s.webhooks))]
 #: Consolidation into observations (background runs).
 ConsolidationDep = Annotated[Consolidation, Depends(_of_services(lambda s: s.consolidation))]
 #: The server's settings.

@@ -7,7 +7,8 @@ promises, in this order:
 
 1. **One transaction** holds every step's guarded transition (``RunStore.transition``), their
    journal events, and the kind's ``on_terminal`` hook once a step made the run terminal (a
-   task's wakeup, say): either all of it is stored, or none.
+   task's wakeup, say), then the manager's ``terminal_hooks`` (hooks for runs of every kind:
+   the webhooks' outbox): either all of it is stored, or none.
 2. **Publish** the events to live readers, after the commit.
 3. **Tell** the listeners (``finished``); for an ``interrupted`` run whose worker is gone,
    first the kind's ``on_interrupted`` hook (a turn rebuilds its partial output from the
@@ -124,6 +125,8 @@ async def end_run(
                 spec = manager.kinds.get(final.kind)
                 if spec is not None and spec.on_terminal is not None:
                     spec.on_terminal(final)
+                for hook in manager.terminal_hooks:  # every kind's (webhooks' outbox)
+                    hook(final)
         return final, [t.event for t in written if t.event is not None]
 
     final, events = await manager.io.call(write)

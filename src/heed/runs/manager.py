@@ -64,7 +64,7 @@ from heed.runs.ending import (
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
 from heed.runs.journal import Journal
-from heed.runs.kinds import KindSpec, RunContext
+from heed.runs.kinds import KindSpec, RunContext, TerminalHook
 from heed.runs.model import Phase, Run, Source, new_run_id, summary_json
 from heed.runs.state import (
     DEFAULT_UNWIND_WINDOW,
@@ -199,6 +199,9 @@ class RunManager:
             read_io=self.read_io,
         )
         self.worker_id = make_worker_id()
+        #: In-transaction hooks for a run of any kind becoming terminal, after its kind's
+        #: ``on_terminal`` (:func:`heed.runs.ending.end_run`): webhooks write their outbox.
+        self.terminal_hooks: list[TerminalHook] = []
         self.kinds: dict[str, KindSpec] = {}
         self.workers: dict[str, _Worker] = {}
         self._listeners: list[Listener] = []

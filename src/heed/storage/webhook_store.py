@@ -1,0 +1,327 @@
+"""The SQL implementation of :class:`heed.webhooks.store.WebhookStore` (component
+``webhooks``), on SQLite or PostgreSQL (any :class:`~heed.storage.database.SqlDatabase`).
+
+Two tables: ``webhooks`` (a bank's subscriptions, keyed by the bank's ref so a bank deleted
+and created again starts with none) and ``webhook_deliveries`` (the outbox and its log, one
+row per webhook and event id). ``enqueue`` and ``subscribers`` use ``db.write()`` /
+``db.read()``, which join a transaction the calling thread has open: called from the run
+manager's terminal hook, the deliveries commit with the run's terminal row.
+
+A claim is a guarded ``UPDATE ... WHERE status = 'pending' AND (lease_until IS NULL OR
+lease_until < now)``: on PostgreSQL (``READ COMMITTED``) a second updater waits for the
+first's row lock and re-checks the condition, which no longer holds; on SQLite the writer
+lock serialises them. Either way one claim matches and the others match nothing. A try is
+recorded by an update guarded by the lease owner.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.webhooks.models import PENDING, Delivery, HttpConfig, Webhook
+
+__all__ = ["MIGRATIONS", "SqlWebhookStore"]
+
+#: Timestamps are epoch seconds (``{real}``).
+MIGRATIONS: Final = [
+    Migration(
+        "webhooks",
+        1,
+        """
+        CREATE TABLE webhooks (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            bank_ref TEXT NOT NULL,
+            bank_id TEXT NOT NULL,
+            url TEXT NOT NULL,
+            secret TEXT NOT NULL,
+            event_types TEXT NOT NULL,
+            enabled INTEGER NOT NULL,
+            http_config TEXT NOT NULL,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL
+        );
+        CREATE INDEX webhooks_bank ON webhooks (tenant, bank_ref, created_at);
+        CREATE TABLE webhook_deliveries (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            bank_ref TEXT NOT NULL,
+            webhook_id TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            event_type TEXT NOT NULL,
+            url TEXT NOT NULL,
+            body TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at {real} NOT NULL,
+            lease_owner TEXT,
+            lease_until {real},
+            last_error TEXT,
+            last_response_status INTEGER,
+            last_response_body TEXT,
+            last_attempt_at {real},
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL,
+            UNIQUE (webhook_id, event_id)
+        );
+        CREATE INDEX webhook_deliveries_due ON webhook_deliveries (status, next_attempt_at);
+        CREATE INDEX webhook_deliveries_log ON webhook_deliveries (webhook_id, created_at, id);
+        """,
+    ),
+]
+
+_WEBHOOK_COLUMNS: Final = (
+    "id, tenant, bank_ref, bank_id, url, secret, event_types, enabled, http_config, "
+    "created_at, updated_at"
+)
+_DELIVERY_COLUMNS: Final = (
+    "id, tenant, bank_ref, webhook_id, event_id, event_type, url, body, status, attempts, "
+    "next_attempt_at, lease_owner, lease_until, last_error, last_response_status, "
+    "last_response_body, last_attempt_at, created_at, updated_at"
+)
+#: The fields a try may set (:meth:`SqlWebhookStore.finish`).
+_FINISH_FIELDS: Final = frozenset(
+    {
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "last_error",
+        "last_response_status",
+        "last_response_body",
+        "last_attempt_at",
+        "updated_at",
+    }
+)
+
+
+def _config_json(config: HttpConfig) -> str:
+    return json.dumps(
+        {
+            "method": config.method,
+            "timeout_seconds": config.timeout_seconds,
+            "headers": config.headers,
+            "params": config.params,
+        }
+    )
+
+
+def _webhook(row: Any) -> Webhook:
+    config = json.loads(row["http_config"])
+    return Webhook(
+        id=row["id"],
+        tenant=row["tenant"],
+        bank_ref=row["bank_ref"],
+        bank_id=row["bank_id"],
+        url=row["url"],
+        secret=row["secret"],
+        event_types=json.loads(row["event_types"]),
+        enabled=bool(row["enabled"]),
+        http_config=HttpConfig(
+            method=config["method"],
+            timeout_seconds=int(config["timeout_seconds"]),
+            headers=dict(config["headers"]),
+            params=dict(config["params"]),
+        ),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _delivery(row: Any) -> Delivery:
+    return Delivery(**{name: row[name] for name in _DELIVERY_COLUMNS.split(", ")})
+
+
+class SqlWebhookStore:
+    """Webhooks and their deliveries on a :class:`~heed.storage.database.SqlDatabase`."""
+
+    def __init__(self, database: SqlDatabase) -> None:
+        self.db = database
+
+    def migrate(self) -> None:
+        apply_migrations(self.db, MIGRATIONS)
+
+    # -- webhooks --------------------------------------------------------------------
+
+    def create(self, webhook: Webhook) -> None:
+        with self.db.write() as conn:
+            conn.execute(
+                f"INSERT INTO webhooks ({_WEBHOOK_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self._webhook_row(webhook),
+            )
+
+    @staticmethod
+    def _webhook_row(webhook: Webhook) -> tuple[Any, ...]:
+        return (
+            webhook.id,
+            webhook.tenant,
+            webhook.bank_ref,
+            webhook.bank_id,
+            webhook.url,
+            webhook.secret,
+            json.dumps(webhook.event_types),
+            int(webhook.enabled),
+            _config_json(webhook.http_config),
+            webhook.created_at,
+            webhook.updated_at,
+        )
+
+    def get(self, tenant: str, bank_ref: str, webhook_id: str) -> Webhook | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                f"SELECT {_WEBHOOK_COLUMNS} FROM webhooks "
+                "WHERE id = ? AND tenant = ? AND bank_ref = ?",
+                (webhook_id, tenant, bank_ref),
+            ).fetchone()
+        return _webhook(row) if row is not None else None
+
+    def get_by_id(self, webhook_id: str) -> Webhook | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                f"SELECT {_WEBHOOK_COLUMNS} FROM webhooks WHERE id = ?", (webhook_id,)
+            ).fetchone()
+        return _webhook(row) if row is not None else None
+
+    def list_bank(
+        self, tenant: str, bank_ref: str, limit: int, offset: int
+    ) -> tuple[list[Webhook], int]:
+        with self.db.read() as conn:
+            total = conn.execute(
+                "SELECT COUNT(*) FROM webhooks WHERE tenant = ? AND bank_ref = ?",
+                (tenant, bank_ref),
+            ).fetchone()[0]
+            rows = conn.execute(
+                f"SELECT {_WEBHOOK_COLUMNS} FROM webhooks WHERE tenant = ? AND bank_ref = ? "
+                "ORDER BY created_at, id LIMIT ? OFFSET ?",
+                (tenant, bank_ref, limit, offset),
+            ).fetchall()
+        return [_webhook(r) for r in rows], int(total)
+
+    def update(self, webhook: Webhook) -> bool:
+        row = self._webhook_row(webhook)
+        with self.db.write() as conn:
+            changed = conn.execute(
+                "UPDATE webhooks SET url = ?, secret = ?, event_types = ?, enabled = ?, "
+                "http_config = ?, updated_at = ? WHERE id = ? AND tenant = ? AND bank_ref = ?",
+                (*row[4:9], row[10], webhook.id, webhook.tenant, webhook.bank_ref),
+            ).rowcount
+        return int(changed) > 0
+
+    def delete(self, tenant: str, bank_ref: str, webhook_id: str) -> bool:
+        with self.db.write() as conn:
+            gone = conn.execute(
+                "DELETE FROM webhooks WHERE id = ? AND tenant = ? AND bank_ref = ?",
+                (webhook_id, tenant, bank_ref),
+            ).rowcount
+            if gone:
+                conn.execute("DELETE FROM webhook_deliveries WHERE webhook_id = ?", (webhook_id,))
+        return int(gone) > 0
+
+    def delete_bank(self, tenant: str, bank_ref: str) -> int:
+        with self.db.write() as conn:
+            conn.execute(
+                "DELETE FROM webhook_deliveries WHERE tenant = ? AND bank_ref = ?",
+                (tenant, bank_ref),
+            )
+            return int(
+                conn.execute(
+                    "DELETE FROM webhooks WHERE tenant = ? AND bank_ref = ?", (tenant, bank_ref)
+                ).rowcount
+            )
+
+    # -- the outbox ------------------------------------------------------------------
+
+    def subscribers(self, tenant: str, bank_ref: str) -> list[Webhook]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_WEBHOOK_COLUMNS} FROM webhooks "
+                "WHERE tenant = ? AND bank_ref = ? AND enabled = 1 ORDER BY created_at, id",
+                (tenant, bank_ref),
+            ).fetchall()
+        return [_webhook(r) for r in rows]
+
+    def enqueue(self, deliveries: list[Delivery]) -> None:
+        columns = _DELIVERY_COLUMNS.split(", ")
+        marks = ", ".join("?" for _ in columns)
+        with self.db.write() as conn:
+            for delivery in deliveries:
+                conn.execute(
+                    f"INSERT INTO webhook_deliveries ({_DELIVERY_COLUMNS}) VALUES ({marks}) "
+                    "ON CONFLICT (webhook_id, event_id) DO NOTHING",
+                    tuple(getattr(delivery, c) for c in columns),
+                )
+
+    def due(self, now: float, limit: int) -> list[Delivery]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries "
+                "WHERE status = ? AND next_attempt_at <= ? "
+                "AND (lease_until IS NULL OR lease_until < ?) "
+                "ORDER BY next_attempt_at, id LIMIT ?",
+                (PENDING, now, now, limit),
+            ).fetchall()
+        return [_delivery(r) for r in rows]
+
+    def claim(self, delivery_id: str, owner: str, now: float, lease_until: float) -> bool:
+        with self.db.write() as conn:
+            claimed = conn.execute(
+                "UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ? "
+                "WHERE id = ? AND status = ? AND next_attempt_at <= ? "
+                "AND (lease_until IS NULL OR lease_until < ?)",
+                (owner, lease_until, delivery_id, PENDING, now, now),
+            ).rowcount
+        return int(claimed) == 1
+
+    def finish(self, delivery_id: str, owner: str, fields: dict[str, Any]) -> bool:
+        unknown = set(fields) - _FINISH_FIELDS
+        if unknown:
+            raise ValueError(f"not a field a try sets: {sorted(unknown)}")
+        names = sorted(fields)
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        with self.db.write() as conn:
+            done = conn.execute(
+                f"UPDATE webhook_deliveries SET {assignments}, lease_owner = NULL, "
+                "lease_until = NULL WHERE id = ? AND lease_owner = ? AND status = ?",
+                (*(fields[n] for n in names), delivery_id, owner, PENDING),
+            ).rowcount
+        return int(done) == 1
+
+    def release(self, delivery_id: str, owner: str) -> None:
+        with self.db.write() as conn:
+            conn.execute(
+                "UPDATE webhook_deliveries SET lease_owner = NULL, lease_until = NULL "
+                "WHERE id = ? AND lease_owner = ?",
+                (delivery_id, owner),
+            )
+
+    def deliveries(
+        self,
+        tenant: str,
+        bank_ref: str,
+        webhook_id: str,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> list[Delivery]:
+        sql = (
+            f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries "
+            "WHERE webhook_id = ? AND tenant = ? AND bank_ref = ?"
+        )
+        args: list[Any] = [webhook_id, tenant, bank_ref]
+        if before is not None:
+            sql += " AND (created_at < ? OR (created_at = ? AND id < ?))"
+            args += [before[0], before[0], before[1]]
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        args.append(limit)
+        with self.db.read() as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return [_delivery(r) for r in rows]
+
+    def get_delivery(self, delivery_id: str) -> Delivery | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries WHERE id = ?",
+                (delivery_id,),
+            ).fetchone()
+        return _delivery(row) if row is not None else None
