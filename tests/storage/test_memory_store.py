@@ -9,11 +9,13 @@ cancelling a statement in the server, several writers) is in ``test_memory_postg
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -660,11 +662,13 @@ def test_every_method_of_the_protocol_is_tested_here() -> None:
         for name, _ in inspect.getmembers(protocol, inspect.isfunction)
         if not name.startswith("_")
     }
-    from tests.storage import test_memory_learning
-
+    # This module and its siblings for the store's parts (test_memory_learning.py,
+    # test_memory_directives.py, ...): every tests/storage/test_memory_*.py.
+    parts = sorted(p.stem for p in Path(__file__).parent.glob("test_memory_*.py"))
+    modules = [importlib.import_module(f"tests.storage.{stem}") for stem in parts]
     tests = " ".join(
         name
-        for module in (sys.modules[__name__], test_memory_learning)
+        for module in (sys.modules[__name__], *modules)
         for name in dir(module)
         if name.startswith("test_")
     )

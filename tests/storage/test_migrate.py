@@ -30,6 +30,7 @@ from click.testing import CliRunner
 import heed.migrate as migration
 from heed.cli import main
 from heed.memory import build_memory_engine
+from heed.memory.directives import Directive
 from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
 from heed.migrate import MigrationError, MigrationSummary, engine_factory_for
@@ -131,6 +132,8 @@ async def _retain_memory(data_dir: Path, db: SqliteDatabase) -> None:
         doomed, _ = await engine.list_units(travel, UnitFilter(search=DOOMED[:30]), 10, 0)
         assert len(doomed) == 1
         await engine.delete_unit(travel, doomed[0].id)
+        rule = Directive(str(uuid.uuid4()), travel.ref, "dates", "Give dates.", 2, tags=["t1"])
+        assert store.create_directive(rule, 10) is not None
     with use_context(RequestContext(tenant="acme")):
         cooking = await engine.put_bank("cooking", {})
         await engine.retain(cooking, _items(COOKING[:4], "kitchen-notes"))

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from heed.memory.directives import Directive, DirectivePatch
 from heed.memory.idempotency import LedgerEntry, RetainKey
 from heed.memory.models import (
     Bank,
@@ -45,6 +46,7 @@ from heed.memory.models import (
 __all__ = [
     "BankGone",
     "BankTaken",
+    "DirectiveStore",
     "LearningStore",
     "MemoryStore",
     "ObservationChanges",
@@ -171,7 +173,38 @@ class LearningStore(Protocol):
         ...
 
 
-class MemoryStore(LearningStore, Protocol):
+class DirectiveStore(Protocol):
+    """A bank's directives (:mod:`heed.memory.directives`); part of every
+    :class:`MemoryStore`. Each write is one transaction that checks the bank's row first
+    (:class:`BankGone`, nothing written); deleting a bank deletes its directives. Reads of
+    an id holding NUL find nothing."""
+
+    def create_directive(self, directive: Directive, limit: int) -> Directive | None:
+        """Insert *directive* (``created_at`` and ``updated_at`` are set here) into its bank,
+        unless the bank holds *limit* directives already: then ``None``, nothing written."""
+        ...
+
+    def list_directives(self, bank_ref: str) -> list[Directive]:
+        """Every directive of the bank, in :func:`heed.memory.directives.in_order`."""
+        ...
+
+    def get_directive(self, bank_ref: str, directive_id: str) -> Directive | None:
+        """The bank's directive *directive_id*."""
+        ...
+
+    def update_directive(
+        self, bank_ref: str, directive_id: str, patch: DirectivePatch
+    ) -> Directive | None:
+        """Apply the sent fields of *patch* to the bank's directive in one statement (and
+        set ``updated_at``); ``None`` when the bank has no such directive."""
+        ...
+
+    def delete_directive(self, bank_ref: str, directive_id: str) -> bool:
+        """Delete the bank's directive; whether there was one."""
+        ...
+
+
+class MemoryStore(LearningStore, DirectiveStore, Protocol):
     """Banks, documents, units, entities, links and the keyword index of all tenants (see
     the module docstring for the rules every method keeps)."""
 

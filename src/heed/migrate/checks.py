@@ -76,6 +76,7 @@ def _bank_count_queries(where: str) -> dict[str, str]:
         "memory_chunks",
         "memory_entities",
         "memory_retain_ledger",
+        "memory_directives",
     ):
         out[table] = (
             f"SELECT bank_ref, COUNT(*) FROM {table} t {where.format(ref='t.bank_ref')}"

@@ -167,7 +167,7 @@ class Copier:
     def copy_memory(self) -> None:
         if not self.src.has("memory"):
             return
-        banks, values, documents, chunks, entities, ledger = MEMORY_TABLES
+        banks, values, documents, chunks, entities, ledger, *per_bank = MEMORY_TABLES
         for spec in (banks, values, documents, chunks):
             self._copy_plain(spec)
         self._copy_units()
@@ -175,6 +175,8 @@ class Copier:
         self._copy_memberships()
         self._copy_links()
         self._copy_plain(ledger)
+        for spec in per_bank:  # tables that hang off the bank alone (directives)
+            self._copy_plain(spec)
 
     def _unit_runs(self) -> Iterator[list[sqlite3.Row]]:
         """The units in seq order, cut into runs (see the module docstring)."""

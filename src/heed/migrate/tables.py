@@ -87,6 +87,7 @@ MEMORY_TABLES: Final = (
     TableCopy("memory_chunks", "memory"),
     TableCopy("memory_entities", "memory"),
     TableCopy("memory_retain_ledger", "memory"),
+    TableCopy("memory_directives", "memory"),
 )
 
 #: The tables whose seqs the target assigns, with the columns the memory store writes.
@@ -118,6 +119,7 @@ BANK_TABLES: Final = (
     "memory_unit_entities",
     "memory_links",
     "memory_retain_ledger",
+    "memory_directives",
 )
 
 

@@ -3,11 +3,12 @@
 ``memory_banks``, ``memory_documents``, ``memory_chunks`` (an item's raw text),
 ``memory_units`` (text, fact type, dates, metadata, tags, the float32 vector, the token
 count), ``memory_entities``, ``memory_unit_entities``, ``memory_links``,
-``memory_retain_ledger`` and ``memory_values`` (tags, metadata and contexts shared per bank:
-:mod:`heed.storage.memory.values`). The same columns hold the same text on both databases
-(JSON as text, timestamps as ISO-8601 text in UTC). Text that is compared or sorted (ids,
-timestamps, canonical names) is ``{bytewise}``: bytewise on both, whatever PostgreSQL's
-locale. What only the search structures need differs, by placeholder:
+``memory_retain_ledger``, ``memory_values`` (tags, metadata and contexts shared per bank:
+:mod:`heed.storage.memory.values`) and ``memory_directives`` (a bank's rules). The same
+columns hold the same text on both databases (JSON as text, timestamps as ISO-8601 text in
+UTC). Text that is compared or sorted (ids, timestamps, canonical names) is ``{bytewise}``:
+bytewise on both, whatever PostgreSQL's locale. What only the search structures need
+differs, by placeholder:
 
 - SQLite: ``seq`` is the rowid (``INTEGER PRIMARY KEY``), a vector is a float32 ``BLOB``
   searched in process (:mod:`heed.memory.vectors`), and the keyword index is an FTS5 table
@@ -251,6 +252,27 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
                 WHERE consolidation_state = 'pending';
             CREATE INDEX memory_units_failed ON memory_units (bank_ref, seq)
                 WHERE consolidation_state = 'failed';
+            """,
+        ),
+        Migration(
+            "memory",
+            8,
+            # Directives (heed.memory.directives): a bank's rules, said in reflect's and
+            # bank-bound chat turns' prompts. Tags are JSON text; is_active 0 or 1 (an
+            # integer on both databases). Deleting a bank deletes them (the cascade).
+            """
+            CREATE TABLE memory_directives (
+                id {bytewise} PRIMARY KEY,
+                bank_ref {bytewise} NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+                name TEXT NOT NULL,
+                content TEXT NOT NULL,
+                priority INTEGER NOT NULL,
+                is_active INTEGER NOT NULL,
+                tags TEXT NOT NULL,
+                created_at {bytewise} NOT NULL,
+                updated_at {bytewise} NOT NULL
+            );
+            CREATE INDEX memory_directives_bank ON memory_directives (bank_ref);
             """,
         ),
     ]

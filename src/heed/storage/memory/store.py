@@ -21,6 +21,7 @@ from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.dialect import MemoryDialect
+from heed.storage.memory.directives import DirectiveWrites
 from heed.storage.memory.learning import LearningWrites
 from heed.storage.memory.rows import (
     DOCUMENT_VALUES,
@@ -67,11 +68,12 @@ def _like(search: str) -> str:
     return "%" + search.lower().replace("\\", "\\\\") + "%"
 
 
-class SqlMemoryStore(LearningWrites):
+class SqlMemoryStore(LearningWrites, DirectiveWrites):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
     either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
-    its writes come from :class:`~.writes.DocumentWrites` and consolidation's from
-    :class:`~.learning.LearningWrites`.
+    its writes come from :class:`~.writes.DocumentWrites`, consolidation's from
+    :class:`~.learning.LearningWrites` and directives' from
+    :class:`~.directives.DirectiveWrites`.
 
     *dim* is the size of the vectors the store holds (the embedder's): a unit with another
     size is refused, and on PostgreSQL it sizes the vector column.
