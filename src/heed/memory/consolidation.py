@@ -168,6 +168,8 @@ class _Counters:
     llm_retries: int = 0
     llm_failures: int = 0
     errors: list[str] = field(default_factory=list)
+    #: The scopes (tag sets) whose observations the run changed.
+    touched: set[Scope] = field(default_factory=set)
 
     def result(self) -> dict[str, Any]:
         return {
@@ -213,6 +215,9 @@ class Consolidation:
         self.llm_lane = llm_lane
         self.limits = limits or ConsolidationLimits()
         self._scheduled: dict[str, asyncio.Task[None]] = {}
+        #: Called with the bank and the scopes (tag lists) whose observations a completed
+        #: run changed (mental models' triggers); must return at once.
+        self.after_consolidation: list[Callable[[Bank, list[list[str]]], None]] = []
         engine.before_delete.append(self._cancel_bank_runs)
         engine.after_retain.append(self.schedule)
 
@@ -353,6 +358,10 @@ class Consolidation:
                         )
         except NotFound as exc:
             raise OperationCancelled(BANK_DELETED) from exc
+        if counters.touched:
+            scopes = [list(scope) for scope in sorted(counters.touched)]
+            for hook in self.after_consolidation:
+                hook(bank, scopes)
         return counters.result()
 
     async def _round(
@@ -386,6 +395,8 @@ class Consolidation:
             await run_in_thread(embed_documents, [_document(fresh)], self.engine.embedder)
             await run_in_thread(self._write, bank, changes, fresh)
             counters.facts += len(facts)
+            if changes.created or changes.replaced or changes.removed:
+                counters.touched.add(scope)
 
     async def _related(
         self, bank: Bank, facts: list[StoredUnit], tags: list[str]

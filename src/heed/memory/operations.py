@@ -1,5 +1,6 @@
 """Async retain operations, built as runs of kind ``"retain"`` on :mod:`heed.runs`; a
-bank's operations also list its consolidation runs (:data:`OPERATION_KINDS`).
+bank's operations also list its consolidation runs and its mental models' refreshes
+(:data:`OPERATION_KINDS`).
 
 ``POST .../memories`` with ``async: true`` submits a run whose payload holds
 the validated items (read by its worker alone; listings see its summary: the item
@@ -35,6 +36,7 @@ from heed.runtime import OperationCancelled, run_in_thread
 
 __all__ = [
     "CONSOLIDATION_KIND",
+    "MENTAL_MODEL_REFRESH_KIND",
     "OPERATION_KINDS",
     "RETAIN_KIND",
     "RetainOperations",
@@ -47,8 +49,10 @@ __all__ = [
 RETAIN_KIND: Final = "retain"
 #: Consolidation runs (:mod:`heed.memory.consolidation`), listed with the bank's retains.
 CONSOLIDATION_KIND: Final = "consolidation"
+#: Mental model refreshes (:mod:`heed.mental_models.refresh`), listed with them too.
+MENTAL_MODEL_REFRESH_KIND: Final = "mental_model_refresh"
 #: The kinds of run a bank's operations are.
-OPERATION_KINDS: Final = (RETAIN_KIND, CONSOLIDATION_KIND)
+OPERATION_KINDS: Final = (RETAIN_KIND, CONSOLIDATION_KIND, MENTAL_MODEL_REFRESH_KIND)
 
 _STATUS = {
     Phase.QUEUED: "pending",

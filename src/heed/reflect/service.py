@@ -5,6 +5,7 @@ from __future__ import annotations
 from heed.llm.base import ChatProvider
 from heed.llm.slot import ProviderSlot
 from heed.memory import MemoryEngine
+from heed.memory.mental_models import MentalModelLookup
 from heed.memory.models import Bank
 from heed.reflect.agent import ReflectAgent, ReflectListener, ReflectOutcome, ReflectRequest
 from heed.runtime import Lane
@@ -29,6 +30,8 @@ class ReflectService:
         self.settings = settings
         self.engine = engine
         self.lane = lane
+        #: How reflects consult the bank's mental models first (set by the composition root).
+        self.mental_models: MentalModelLookup | None = None
         self._slot = ProviderSlot(self._build)
 
     def _build(self) -> ChatProvider:
@@ -51,7 +54,7 @@ class ReflectService:
 
     def agent(self) -> ReflectAgent:
         """An agent over the bank engine with the reflect provider (raises its error)."""
-        return ReflectAgent(self.engine, self.provider, self.lane)
+        return ReflectAgent(self.engine, self.provider, self.lane, self.mental_models)
 
     async def run(
         self, bank: Bank, request: ReflectRequest, listener: ReflectListener | None = None

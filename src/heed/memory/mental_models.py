@@ -1,0 +1,312 @@
+"""Mental models and the knowledge base: what they are, their rules, and how they are found.
+
+A **mental model** is a named ``source_query`` of a bank whose answer heed writes (by a
+reflect: :mod:`heed.mental_models`) and keeps fresh. It holds the answer (``content``), the
+reflect's response it came from (``reflect_response``), its scope (``tags``, matched per
+its trigger's ``tags_match``: ``all_strict`` when it has tags), a ``max_tokens`` budget and
+its **trigger** (:func:`merge_trigger`): when it is refreshed besides by hand, how often at
+most, and which reflect settings a refresh uses. Its earlier contents are kept, at most
+:data:`HISTORY_LIMIT`, newest first.
+
+The **knowledge base** is a tree of folders (:class:`KnowledgeFolder`) whose leaves are
+**pages**: a page is a mental model with ``is_page`` set and a parent folder (or none, at
+the root). A node's name is unique among its siblings.
+
+This module is the memory layer's part: the values, the pure rules (triggers, tag
+scopes, node names, the ranking that finds models for a query) and
+:class:`MentalModelLookup`, through which reflect consults a bank's models before anything
+else. The store protocol is :class:`heed.memory.store.MentalModelStore`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from heed.memory.embeddings import Embedder
+from heed.memory.models import FACT_TYPES, Bank, InvalidInput
+from heed.memory.recall.query import keyword_terms
+from heed.runtime import raise_if_cancelled, run_in_thread
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "HISTORY_LIMIT",
+    "MAX_MENTAL_MODELS",
+    "MAX_NODE_DEPTH",
+    "REFUSED_TRIGGER_FIELDS",
+    "HistoryEntry",
+    "KnowledgeFolder",
+    "MentalModel",
+    "MentalModelLookup",
+    "default_trigger",
+    "embedding_text",
+    "merge_trigger",
+    "rank_models",
+    "scope_of",
+    "tags_pass",
+]
+
+#: Earlier contents a mental model keeps (the oldest is dropped past it).
+HISTORY_LIMIT: Final = 20
+#: Mental models (pages included) a bank may hold; knowledge-base folders likewise.
+MAX_MENTAL_MODELS: Final = 1000
+#: How deep the knowledge-base tree may nest.
+MAX_NODE_DEPTH: Final = 32
+#: A model's content budget when the request names none.
+DEFAULT_MAX_TOKENS: Final = 2048
+#: Characters of content an embedding reads (MiniLM reads 256 tokens anyway).
+EMBED_CHARS: Final = 2000
+#: Reciprocal-rank-fusion constant of :func:`rank_models` (as recall's fusion).
+RRF_K: Final = 60
+#: Cosine at or above which a model counts as found by meaning alone (MiniLM: unrelated
+#: sentences score about 0.0-0.2).
+MIN_COSINE: Final = 0.3
+
+_TAGS_MATCH: Final = ("any", "all", "any_strict", "all_strict", "exact")
+_BUDGETS: Final = ("low", "mid", "high")
+
+#: Trigger settings hindsight-client may send that heed does not implement: refused by name
+#: (400) when given a value, never silently ignored.
+REFUSED_TRIGGER_FIELDS: Final = {
+    "refresh_cron": "scheduled refreshes are not implemented; use refresh_after_consolidation,"
+    " refresh_after_retain or POST .../refresh",
+    "full_refresh_cron": "scheduled refreshes are not implemented",
+    "tag_groups": "tag_groups is not supported by heed; use tags and tags_match",
+    "include_chunks": "a refresh's recall options are not configurable in heed",
+    "recall_max_tokens": "a refresh's recall options are not configurable in heed",
+    "recall_chunks_max_tokens": "a refresh's recall options are not configurable in heed",
+    "reflect_search_observations_max_tokens": "heed's reflect has no search_observations tool",
+    "reflect_search_observations_include_entities": "heed's reflect has no search_observations"
+    " tool",
+    "response_schema": "a mental model's content is text; structured content is not implemented",
+}
+
+
+@dataclass(slots=True)
+class MentalModel:
+    """One mental model (or knowledge-base page) of a bank (see the module docstring).
+
+    ``is_stale``: the bank was written to after the content was (read-only; the store
+    computes it). ``embedding`` is only read where asked for."""
+
+    bank_ref: str
+    id: str
+    name: str
+    source_query: str
+    content: str = ""
+    tags: list[str] = field(default_factory=list)
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    trigger: dict[str, Any] = field(default_factory=lambda: default_trigger())
+    parent_id: str | None = None
+    is_page: bool = False
+    reflect_response: dict[str, Any] | None = None
+    embedding: np.ndarray | None = None
+    created_at: str = ""
+    updated_at: str = ""
+    last_refreshed_at: str | None = None
+    last_refresh_failed_at: str | None = None
+    is_stale: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """An earlier content of a mental model: what it was, when it was replaced, and why
+    (``refreshed``, ``cleared``)."""
+
+    version: int
+    previous_content: str
+    changed_at: str
+    reason: str
+
+
+@dataclass(slots=True)
+class KnowledgeFolder:
+    """A folder of the knowledge base; ``managed`` is the client's flag (system-owned)."""
+
+    bank_ref: str
+    id: str
+    name: str
+    parent_id: str | None = None
+    managed: bool = False
+    created_at: str = ""
+    updated_at: str = ""
+
+
+def default_trigger() -> dict[str, Any]:
+    """A new model's trigger: refreshed by hand only, no minimum interval of its own, the
+    reflect's defaults."""
+    return {
+        "mode": "full",
+        "refresh_after_consolidation": False,
+        "refresh_after_retain": False,
+        "min_refresh_interval_seconds": None,
+        "budget": None,
+        "fact_types": None,
+        "exclude_mental_models": False,
+        "exclude_mental_model_ids": None,
+        "tags_match": None,
+        "keep_trace": False,
+    }
+
+
+def merge_trigger(stored: dict[str, Any] | None, patch: dict[str, Any] | None) -> dict[str, Any]:
+    """*stored* (or the default) with the settings *patch* names: a key given ``None`` goes
+    back to its default. Raises :class:`InvalidInput` naming a setting heed does not
+    implement (:data:`REFUSED_TRIGGER_FIELDS`) or a bad value."""
+    merged = {**default_trigger(), **(stored or {})}
+    defaults = default_trigger()
+    for key, value in (patch or {}).items():
+        if key in REFUSED_TRIGGER_FIELDS:
+            if value is not None:
+                raise InvalidInput(f"trigger.{key}: {REFUSED_TRIGGER_FIELDS[key]}")
+            continue
+        if key not in defaults:
+            raise InvalidInput(f"trigger.{key} is not a trigger setting heed knows")
+        merged[key] = defaults[key] if value is None else value
+    _check_trigger(merged)
+    return merged
+
+
+def _check_trigger(trigger: dict[str, Any]) -> None:
+    if trigger["mode"] != "full":
+        raise InvalidInput(
+            f"trigger.mode {trigger['mode']!r} is not supported by heed: a refresh always"
+            " rewrites the content in full (mode 'full')"
+        )
+    if trigger["budget"] is not None and trigger["budget"] not in _BUDGETS:
+        raise InvalidInput(f"trigger.budget must be one of {', '.join(_BUDGETS)}")
+    if trigger["tags_match"] is not None and trigger["tags_match"] not in _TAGS_MATCH:
+        raise InvalidInput(f"trigger.tags_match must be one of {', '.join(_TAGS_MATCH)}")
+    for key in ("refresh_after_consolidation", "refresh_after_retain"):
+        if not isinstance(trigger[key], bool):
+            raise InvalidInput(f"trigger.{key} must be true or false")
+    for key in ("exclude_mental_models", "keep_trace"):
+        if not isinstance(trigger[key], bool):
+            raise InvalidInput(f"trigger.{key} must be true or false")
+    interval = trigger["min_refresh_interval_seconds"]
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int) or interval < 0
+    ):
+        raise InvalidInput("trigger.min_refresh_interval_seconds must be an integer >= 0")
+    types = trigger["fact_types"]
+    if types is not None:
+        unknown = [t for t in types if t not in FACT_TYPES]
+        if unknown:
+            raise InvalidInput(
+                f"trigger.fact_types: unknown fact type(s) {', '.join(map(repr, unknown))}"
+            )
+
+
+def scope_of(model: MentalModel) -> tuple[list[str] | None, str]:
+    """The tags a refresh of *model* recalls with and how they match: its tags, matched per
+    its trigger's ``tags_match``, which is ``all_strict`` for a model with tags (a memory
+    must carry every tag) and ``any`` without."""
+    tags = list(model.tags) or None
+    match = model.trigger.get("tags_match") or ("all_strict" if tags else "any")
+    return tags, match
+
+
+def tags_pass(have: Iterable[str], wanted: Sequence[str] | None, match: str) -> bool:
+    """Whether a thing carrying the tags *have* passes a filter of *wanted* tags matched per
+    *match* (recall's rule: ``any`` and ``all`` also pass the untagged)."""
+    if not wanted and match != "exact":
+        return True
+    want, tags = set(wanted or ()), set(have)
+    if match == "exact":
+        return tags == want
+    if not tags:
+        return match in ("any", "all")
+    if match in ("any", "any_strict"):
+        return bool(tags & want)
+    return want <= tags
+
+
+def embedding_text(model: MentalModel) -> str:
+    """What a model's embedding reads: its name, its question and the start of its content."""
+    return f"{model.name}. {model.source_query}\n{model.content[:EMBED_CHARS]}".strip()
+
+
+def rank_models(
+    query: str, query_vector: np.ndarray | None, models: Sequence[MentalModel]
+) -> list[tuple[MentalModel, float]]:
+    """The *models* a query finds, best first, with a score in 0..1 (1: first in both arms).
+
+    Two arms fused by reciprocal rank (k :data:`RRF_K`): meaning (the cosine of the query
+    and the model's stored embedding; a model counts from :data:`MIN_COSINE`) and words
+    (how many of the query's keyword terms the model's name, question and content hold).
+    A model neither arm finds is left out. Blocking CPU work: call it in the offload."""
+    terms = keyword_terms(query)
+    semantic: list[tuple[float, int]] = []
+    lexical: list[tuple[float, int]] = []
+    for i, model in enumerate(models):
+        if i % 64 == 0:
+            raise_if_cancelled()
+        vector = model.embedding
+        if query_vector is not None and vector is not None and vector.shape == query_vector.shape:
+            cosine = float(vector @ query_vector)
+            if cosine >= MIN_COSINE:
+                semantic.append((cosine, i))
+        if terms:
+            words = set(keyword_terms(f"{model.name} {model.source_query} {model.content}", 4096))
+            overlap = sum(1 for t in terms if t in words)
+            if overlap:
+                lexical.append((overlap / len(terms), i))
+    fused: dict[int, float] = {}
+    for arm in (semantic, lexical):
+        arm.sort(key=lambda pair: (-pair[0], pair[1]))
+        for rank, (_, i) in enumerate(arm):
+            fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank + 1)
+    best = 2.0 / (RRF_K + 1)
+    ranked = sorted(fused.items(), key=lambda pair: (-pair[1], pair[0]))
+    return [(models[i], min(1.0, round(score / best, 6))) for i, score in ranked]
+
+
+def _unit_vector(matrix: np.ndarray) -> np.ndarray:
+    vector = np.asarray(matrix[0], dtype=np.float32)
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 and math.isfinite(norm) else vector
+
+
+class MentalModelLookup:
+    """How reflect consults a bank's mental models (see :mod:`heed.reflect.agent`): the
+    models with content that a query finds (:func:`rank_models`), best first."""
+
+    def __init__(self, store: Any, embedder: Embedder) -> None:
+        #: A :class:`heed.memory.store.MentalModelStore`.
+        self.store = store
+        self.embedder = embedder
+
+    async def relevant(
+        self, bank: Bank, query: str, exclude_ids: Sequence[str] = (), limit: int = 3
+    ) -> list[MentalModel]:
+        """Up to *limit* of *bank*'s models with content that *query* finds, except
+        *exclude_ids*; none (and no embedding work) when the bank has none."""
+        excluded = set(exclude_ids)
+        models = await run_in_thread(self.store.mental_models, bank.ref, True)
+        models = [m for m in models if m.content.strip() and m.id not in excluded]
+        if not models:
+            return []
+        return [m for m, _ in (await self.search(query, models))[:limit]]
+
+    async def search(
+        self, query: str, models: Sequence[MentalModel]
+    ) -> list[tuple[MentalModel, float]]:
+        """:func:`rank_models` over *models* for *query*, its embedding made in the offload."""
+        if not models:
+            return []
+
+        def ranked() -> list[tuple[MentalModel, float]]:
+            vector = _unit_vector(self.embedder.embed([query]))
+            return rank_models(query, vector, models)
+
+        return await run_in_thread(ranked)
+
+    async def embed(self, model: MentalModel) -> np.ndarray:
+        """The embedding of *model* (:func:`embedding_text`), made in the offload."""
+        return await run_in_thread(
+            lambda: _unit_vector(self.embedder.embed([embedding_text(model)]))
+        )

@@ -1,0 +1,157 @@
+"""Refreshes that start by themselves: after retains and consolidations touch a model's scope.
+
+A model's trigger says when: ``refresh_after_consolidation`` (a consolidation run of its
+bank changed observations in a scope its tags filter passes:
+:func:`heed.memory.mental_models.tags_pass`) and heed's ``refresh_after_retain`` (a retain
+wrote into its bank). The hooks (:meth:`RefreshTriggers.after_retain`, registered on
+:attr:`heed.memory.engine.MemoryEngine.after_retain`, and
+:meth:`RefreshTriggers.after_consolidation`, on
+:attr:`heed.memory.consolidation.Consolidation.after_consolidation`) are cheap: they note
+the bank and return; one timer per bank waits :attr:`debounce` seconds of quiet, then reads
+the bank's models once and submits a refresh of each model whose trigger fired, after its
+minimum interval (:meth:`heed.mental_models.refresh.MentalModelRefreshes.remaining`). A
+model whose refresh is busy is tried again after the next debounce, a bounded number of
+times, so what was written meanwhile is read too. A bank delete stops its timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Final
+
+from heed.memory.engine import MemoryEngine
+from heed.memory.mental_models import MentalModel, scope_of, tags_pass
+from heed.memory.models import Bank, NotFound
+from heed.memory.store import MentalModelStore
+from heed.mental_models.refresh import MentalModelRefreshes
+from heed.runtime import OperationCancelled, reraise_cancellation, run_in_thread
+
+__all__ = ["RefreshTriggers"]
+
+log = logging.getLogger("heed.mental_models")
+
+#: Times a triggered refresh of a model whose refresh is busy is tried again.
+BUSY_RETRIES: Final = 10
+
+
+@dataclass
+class _Pending:
+    """What fired for one bank since its timer started."""
+
+    retained: bool = False
+    scopes: list[list[str]] = field(default_factory=list)
+
+
+class RefreshTriggers:
+    """Debounced triggered refreshes (see the module docstring)."""
+
+    def __init__(
+        self,
+        refreshes: MentalModelRefreshes,
+        engine: MemoryEngine,
+        store: MentalModelStore,
+        debounce: float,
+    ) -> None:
+        self.refreshes = refreshes
+        self.engine = engine
+        self.store = store
+        self.debounce = debounce
+        self._pending: dict[str, _Pending] = {}
+        self._timers: dict[str, asyncio.Task[None]] = {}
+        self._waits: dict[tuple[str, str], asyncio.Task[None]] = {}
+        engine.after_retain.append(self.after_retain)
+        engine.before_delete.append(self._forget)
+
+    def after_retain(self, bank: Bank) -> None:
+        """A retain wrote into *bank* (returns at once)."""
+        self._note(bank).retained = True
+
+    def after_consolidation(self, bank: Bank, scopes: list[list[str]]) -> None:
+        """A consolidation of *bank* changed the observations of *scopes* (returns at once)."""
+        self._note(bank).scopes.extend(scopes)
+
+    def _note(self, bank: Bank) -> _Pending:
+        pending = self._pending.setdefault(bank.ref, _Pending())
+        if bank.ref not in self._timers:
+            task = asyncio.get_running_loop().create_task(self._fire_later(bank))
+            self._timers[bank.ref] = task
+            task.add_done_callback(lambda _: self._timers.pop(bank.ref, None))
+        return pending
+
+    @staticmethod
+    def fired(model: MentalModel, pending: _Pending) -> bool:
+        """Whether *pending* fires *model*'s trigger."""
+        trigger = model.trigger
+        if trigger.get("refresh_after_retain") and pending.retained:
+            return True
+        if trigger.get("refresh_after_consolidation"):
+            tags, match = scope_of(model)
+            return any(tags_pass(scope, tags, match) for scope in pending.scopes)
+        return False
+
+    async def _fire_later(self, bank: Bank) -> None:
+        with contextlib.suppress(OperationCancelled, NotFound):
+            try:
+                await asyncio.sleep(self.debounce)
+                pending = self._pending.pop(bank.ref, _Pending())
+                models = await run_in_thread(self.store.mental_models, bank.ref, False)
+                for model in models:
+                    key = (bank.ref, model.id)
+                    if self.fired(model, pending) and key not in self._waits:
+                        task = asyncio.get_running_loop().create_task(self._refresh(bank, model))
+                        self._waits[key] = task
+                        task.add_done_callback(functools.partial(self._forget_wait, key))
+            except Exception as exc:
+                reraise_cancellation(exc)
+                log.warning(
+                    "mental model triggers of bank %s failed: %s", bank.bank_id, exc, exc_info=exc
+                )
+
+    def _forget_wait(self, key: tuple[str, str], _: object) -> None:
+        self._waits.pop(key, None)
+
+    async def _refresh(self, bank: Bank, model: MentalModel) -> None:
+        """Submit a triggered refresh of *model* once its interval allows; while one is busy,
+        again after each debounce (at most :data:`BUSY_RETRIES` times)."""
+        with contextlib.suppress(OperationCancelled, NotFound):
+            try:
+                for _ in range(BUSY_RETRIES):
+                    await asyncio.sleep(self.refreshes.remaining(bank, model))
+                    current = await run_in_thread(self.store.get_mental_model, bank.ref, model.id)
+                    if current is None:
+                        return
+                    wait = self.refreshes.remaining(bank, current)
+                    if wait > 0:
+                        model = current
+                        continue
+                    _, deduplicated = await self.refreshes.submit(
+                        bank, current, "trigger", enforce_interval=False
+                    )
+                    if not deduplicated:
+                        return
+                    await asyncio.sleep(self.debounce)
+            except Exception as exc:
+                reraise_cancellation(exc)
+                log.warning(
+                    "a triggered refresh of %s could not start: %s", model.id, exc, exc_info=exc
+                )
+
+    async def _forget(self, bank: Bank) -> None:
+        """Stop the bank's timers (a bank delete's hook)."""
+        self._pending.pop(bank.ref, None)
+        tasks = [self._timers.pop(bank.ref, None)]
+        tasks += [self._waits.pop(k) for k in list(self._waits) if k[0] == bank.ref]
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop every timer (runs are the manager's)."""
+        tasks = [*self._timers.values(), *self._waits.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

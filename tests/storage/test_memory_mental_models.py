@@ -1,0 +1,158 @@
+"""The memory store's mental-model part (:class:`heed.memory.store.MentalModelStore`), on both
+databases: models, their bounded history, knowledge-base folders and the tree rules, and the
+cascade of a bank delete. Every method of the protocol is named by a test here."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from heed.memory.mental_models import KnowledgeFolder, MentalModel
+from heed.memory.models import Conflict, InvalidInput, NotFound
+from heed.memory.store import BankGone, MentalModelStore
+from heed.storage import SqlDatabase
+from heed.storage.memory import SqlMemoryStore
+from tests.storage.test_memory_store import DIM, _bank
+
+
+@pytest.fixture
+def store(sql_database: SqlDatabase) -> Iterator[SqlMemoryStore]:
+    s = SqlMemoryStore(sql_database, DIM)
+    s.migrate()
+    yield s
+
+
+def _model(bank_ref: str, model_id: str, **kw: object) -> MentalModel:
+    fields: dict[str, object] = {"name": f"name {model_id}", "source_query": "Who?", **kw}
+    return MentalModel(bank_ref=bank_ref, id=model_id, **fields)  # type: ignore[arg-type]
+
+
+def test_create_mental_model_and_get_mental_model_and_mental_models(
+    store: SqlMemoryStore,
+) -> None:
+    bank = _bank(store)
+    vector = np.arange(DIM, dtype=np.float32)
+    made = store.create_mental_model(_model(bank.ref, "m1", tags=["a"], embedding=vector), 10)
+    assert made.created_at and made.is_stale  # never refreshed
+    got = store.get_mental_model(bank.ref, "m1")
+    assert got is not None and got.tags == ["a"] and got.trigger["mode"] == "full"
+    assert got.embedding is not None and np.array_equal(got.embedding, vector)
+    store.create_mental_model(_model(bank.ref, "m2"), 10)
+    listed = store.mental_models(bank.ref)
+    assert [m.id for m in listed] == ["m1", "m2"] and listed[0].embedding is None
+    assert store.mental_models(bank.ref, True)[0].embedding is not None
+    with pytest.raises(Conflict):
+        store.create_mental_model(_model(bank.ref, "m1"), 10)
+    with pytest.raises(InvalidInput):
+        store.create_mental_model(_model(bank.ref, "m3"), 2)
+    assert store.get_mental_model(bank.ref, "m\x00") is None
+    assert store.get_mental_model(_bank(store, "other").ref, "m1") is None
+    with pytest.raises(BankGone):
+        store.create_mental_model(_model("no-such-bank", "x"), 10)
+
+
+def test_write_mental_model_content_keeps_a_bounded_mental_model_history(store: SqlMemoryStore) -> None:
+    bank = _bank(store)
+    store.create_mental_model(_model(bank.ref, "m"), 10)
+    for i in range(5):
+        written = store.write_mental_model_content(
+            bank.ref,
+            "m",
+            f"v{i}",
+            {"text": f"v{i}"},
+            None,
+            reason="refreshed",
+            history_limit=3,
+            refreshed=True,
+        )
+        assert written is not None and written.content == f"v{i}"
+    same = store.write_mental_model_content(
+        bank.ref, "m", "v4", None, None, reason="refreshed", history_limit=3, refreshed=True
+    )
+    assert same is not None and same.last_refreshed_at and not same.is_stale
+    history = store.mental_model_history(bank.ref, "m")
+    assert [h.previous_content for h in history] == ["v3", "v2", "v1"]  # newest first, 3 kept
+    assert [h.version for h in history] == [4, 3, 2]
+    assert (
+        store.write_mental_model_content(
+            bank.ref, "gone", "x", None, None, reason="r", history_limit=3, refreshed=True
+        )
+        is None
+    )
+
+
+def test_update_mental_model_and_mark_refresh_failed(store: SqlMemoryStore) -> None:
+    bank = _bank(store)
+    store.create_mental_model(_model(bank.ref, "m"), 10)
+    updated = store.update_mental_model(
+        bank.ref, "m", {"name": "new", "tags": ["x"], "trigger": {"mode": "full", "k": 1}}
+    )
+    assert updated is not None and updated.name == "new" and updated.tags == ["x"]
+    assert updated.trigger["k"] == 1
+    assert store.update_mental_model(bank.ref, "nope", {"name": "n"}) is None
+    store.mark_refresh_failed(bank.ref, "m")
+    failed = store.get_mental_model(bank.ref, "m")
+    assert failed is not None and failed.last_refresh_failed_at
+
+
+def test_create_knowledge_folder_update_knowledge_folder_knowledge_folders_delete_knowledge_node(
+    store: SqlMemoryStore,
+) -> None:
+    bank = _bank(store)
+    top = store.create_knowledge_folder(KnowledgeFolder(bank.ref, "f1", "Top"), 10)
+    sub = store.create_knowledge_folder(KnowledgeFolder(bank.ref, "f2", "Sub", "f1"), 10)
+    assert [f.id for f in store.knowledge_folders(bank.ref)] == [top.id, sub.id]
+    with pytest.raises(Conflict):  # a sibling of the same name
+        store.create_knowledge_folder(KnowledgeFolder(bank.ref, "f3", "Top"), 10)
+    with pytest.raises(NotFound):
+        store.create_knowledge_folder(KnowledgeFolder(bank.ref, "f4", "X", "missing"), 10)
+    store.create_mental_model(_model(bank.ref, "p1", is_page=True, parent_id="f2"), 10)
+    store.create_mental_model(_model(bank.ref, "p2", is_page=True, parent_id="f1"), 10)
+    store.create_mental_model(_model(bank.ref, "loose"), 10)
+    with pytest.raises(Conflict):  # a page named like its sibling page
+        store.create_mental_model(
+            _model(bank.ref, "p3", is_page=True, parent_id="f2", name="name p1"), 10
+        )
+    with pytest.raises(InvalidInput):  # under its own subtree
+        store.update_knowledge_folder(bank.ref, "f1", {"parent_id": "f2"})
+    moved = store.update_knowledge_folder(bank.ref, "f2", {"parent_id": None, "name": "Moved"})
+    assert moved is not None and moved.parent_id is None and moved.name == "Moved"
+    assert store.update_knowledge_folder(bank.ref, "nope", {"name": "n"}) is None
+    store.update_knowledge_folder(bank.ref, "f2", {"parent_id": "f1"})
+    assert sorted(store.delete_knowledge_node(bank.ref, "f1") or []) == ["p1", "p2"]
+    assert store.knowledge_folders(bank.ref) == []
+    assert [m.id for m in store.mental_models(bank.ref)] == ["loose"]
+    assert store.delete_knowledge_node(bank.ref, "f1") is None
+    assert store.delete_knowledge_node(bank.ref, "loose") is None  # not a page
+
+
+def test_delete_mental_model_and_a_bank_delete_cascade(store: SqlMemoryStore) -> None:
+    bank = _bank(store)
+    store.create_mental_model(_model(bank.ref, "m"), 10)
+    store.write_mental_model_content(
+        bank.ref, "m", "a", None, None, reason="r", history_limit=5, refreshed=True
+    )
+    store.write_mental_model_content(
+        bank.ref, "m", "b", None, None, reason="r", history_limit=5, refreshed=True
+    )
+    assert store.delete_mental_model(bank.ref, "m") is True
+    assert store.delete_mental_model(bank.ref, "m") is False
+    assert store.mental_model_history(bank.ref, "m") == []
+    store.create_mental_model(_model(bank.ref, "k"), 10)
+    store.create_knowledge_folder(KnowledgeFolder(bank.ref, "f", "F"), 10)
+    store.delete_bank(bank.ref)
+    assert store.mental_models(bank.ref) == [] and store.knowledge_folders(bank.ref) == []
+
+
+def test_every_method_of_the_protocol_is_tested_here() -> None:
+    methods = {
+        name
+        for name, _ in inspect.getmembers(MentalModelStore, inspect.isfunction)
+        if not name.startswith("_")
+    }
+    tests = " ".join(name for name in dir(sys.modules[__name__]) if name.startswith("test_"))
+    assert {m for m in methods if m not in tests} == set()
