@@ -27,9 +27,12 @@ ALLOWED: dict[str, set[str]] = {
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     # Webhooks: told when a bank's runs end (runs), about banks (memory).
     "webhooks": {"runtime", "errors", "settings", "memory", "runs"},
+    # Mental models and the knowledge base: a refresh is a reflect, so above it.
+    "mental_models": {"runtime", "errors", "settings", "llm", "memory", "reflect", "runs"},
     "services": {
         *("runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"),
         "webhooks",
+        "mental_models",
     },
     # ``heed migrate``: works on two databases (storage) and checks them through memory
     # engines, not through a server.
@@ -46,6 +49,7 @@ ALLOWED: dict[str, set[str]] = {
         "runs",
         "sessions",
         "services",
+        "mental_models",
     },
     "api": {
         "runtime",
@@ -61,6 +65,7 @@ ALLOWED: dict[str, set[str]] = {
         "llm",
         "mcp",
         "webhooks",
+        "mental_models",
     },
     # ``migrate``: the migrate command works on databases, not through a server.
     "cli": {"api", "mcp", "settings", "version", "migrate", "logs", "redact"},

@@ -315,6 +315,21 @@ class Settings(BaseSettings):
     consolidation_max_seconds: float = Field(
         default=1800.0, gt=0, description="Wall-clock ceiling of one consolidation run."
     )
+    # Mental models (heed.mental_models).
+    mental_model_min_refresh_interval_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="Least time between two refreshes of one mental model, unless its trigger"
+        " or its bank's config (mental_model_min_refresh_interval_seconds) says otherwise.",
+    )
+    mental_model_refresh_debounce_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="Quiet after a retain or consolidation before a triggered refresh starts.",
+    )
+    mental_model_refresh_max_seconds: float = Field(
+        default=600.0, gt=0, description="Wall-clock ceiling of one mental model refresh."
+    )
 
     # Memory engine (heed.memory).
     embeddings_provider: str = Field(

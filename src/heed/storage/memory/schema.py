@@ -4,7 +4,9 @@
 ``memory_units`` (text, fact type, dates, metadata, tags, the float32 vector, the token
 count), ``memory_entities``, ``memory_unit_entities``, ``memory_links``,
 ``memory_retain_ledger``, ``memory_values`` (tags, metadata and contexts shared per bank:
-:mod:`heed.storage.memory.values`) and ``memory_directives`` (a bank's rules). The same
+:mod:`heed.storage.memory.values`), ``memory_directives`` (a bank's rules) and the mental
+models (``memory_mental_models``, ``memory_mental_model_history``,
+``memory_knowledge_folders``: :mod:`heed.storage.memory.mental_models`). The same
 columns hold the same text on both databases (JSON as text, timestamps as ISO-8601 text in
 UTC). Text that is compared or sorted (ids, timestamps, canonical names) is ``{bytewise}``:
 bytewise on both, whatever PostgreSQL's locale. What only the search structures need
@@ -274,5 +276,59 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
             );
             CREATE INDEX memory_directives_bank ON memory_directives (bank_ref);
             """,
+        ),
+        Migration(
+            "memory",
+            9,
+            # Mental models and the knowledge base (heed.memory.mental_models): a named
+            # source query whose answer heed writes and keeps fresh, its bounded history of
+            # earlier contents, and the knowledge base's folders (a page is a mental model
+            # with a parent folder). The embedding (float32 bytes) ranks models for reflect
+            # and for the knowledge-base search. Deleting a bank deletes them (the cascade;
+            # a model's history goes with the model).
+            """
+            CREATE TABLE memory_mental_models (
+                bank_ref {bytewise} NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+                id {bytewise} NOT NULL,
+                name TEXT NOT NULL,
+                source_query TEXT NOT NULL,
+                content TEXT NOT NULL DEFAULT '',
+                tags TEXT NOT NULL,
+                max_tokens INTEGER NOT NULL,
+                trigger_settings TEXT NOT NULL,
+                parent_id {bytewise},
+                is_page INTEGER NOT NULL DEFAULT 0,
+                reflect_response TEXT,
+                embedding {blob},
+                created_at {bytewise} NOT NULL,
+                updated_at {bytewise} NOT NULL,
+                last_refreshed_at {bytewise},
+                last_refresh_failed_at {bytewise},
+                PRIMARY KEY (bank_ref, id)
+            );
+            CREATE INDEX memory_mental_models_parent ON memory_mental_models (bank_ref, parent_id);
+            CREATE TABLE memory_mental_model_history (
+                bank_ref {bytewise} NOT NULL,
+                mental_model_id {bytewise} NOT NULL,
+                version INTEGER NOT NULL,
+                previous_content TEXT NOT NULL,
+                changed_at {bytewise} NOT NULL,
+                reason TEXT NOT NULL,
+                PRIMARY KEY (bank_ref, mental_model_id, version),
+                FOREIGN KEY (bank_ref, mental_model_id)
+                    REFERENCES memory_mental_models (bank_ref, id) ON DELETE CASCADE
+            );
+            CREATE TABLE memory_knowledge_folders (
+                bank_ref {bytewise} NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+                id {bytewise} NOT NULL,
+                name TEXT NOT NULL,
+                parent_id {bytewise},
+                managed INTEGER NOT NULL DEFAULT 0,
+                created_at {bytewise} NOT NULL,
+                updated_at {bytewise} NOT NULL,
+                PRIMARY KEY (bank_ref, id)
+            );
+            """,
+            words={"sqlite": {"blob": "BLOB"}, "postgresql": {"blob": "BYTEA"}},
         ),
     ]
