@@ -24,14 +24,25 @@ Rules every method keeps, on every database (tested once for both:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from heed.memory.bank_rows import (
+    BankReader,
+    BankSelection,
+    DocumentRow,
+    EntityRow,
+    LinkRow,
+    MembershipRow,
+    UnitRow,
+)
 from heed.memory.directives import Directive, DirectivePatch
 from heed.memory.idempotency import LedgerEntry, RetainKey
+from heed.memory.mental_models import HistoryEntry, KnowledgeFolder, MentalModel
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -49,7 +60,9 @@ __all__ = [
     "DirectiveStore",
     "LearningStore",
     "MemoryStore",
+    "MentalModelStore",
     "ObservationChanges",
+    "TransferStore",
     "UnitFilter",
     "VectorChanges",
     "VectorRows",
@@ -204,7 +217,145 @@ class DirectiveStore(Protocol):
         ...
 
 
-class MemoryStore(LearningStore, DirectiveStore, Protocol):
+class MentalModelStore(Protocol):
+    """Mental models, their history and the knowledge base's folders
+    (:mod:`heed.memory.mental_models`); :class:`heed.storage.memory.SqlMemoryStore` implements
+    it beside :class:`MemoryStore` (contract: ``tests/storage/test_memory_mental_models.py``).
+
+    Writes are one transaction each under the bank's lock and check the bank's row first
+    (:class:`BankGone`, nothing written). Ids are unique per bank across models and folders
+    (:class:`Conflict`); a node's name is unique among its siblings (:class:`Conflict`); a
+    parent that is not one of the bank's folders is :class:`NotFound`. Reads whose id holds
+    NUL find nothing."""
+
+    def mental_models(self, bank_ref: str, with_embeddings: bool = False) -> list[MentalModel]:
+        """Every model of the bank (pages too), oldest first (then by id); their embeddings
+        only when asked for."""
+        ...
+
+    def get_mental_model(self, bank_ref: str, model_id: str) -> MentalModel | None:
+        """The bank's model *model_id*, with its embedding."""
+        ...
+
+    def create_mental_model(self, model: MentalModel, limit: int) -> MentalModel:
+        """Insert *model* (its ``created_at`` and ``updated_at`` set now); refuses a bank
+        already holding *limit* models (:class:`~heed.memory.models.InvalidInput`)."""
+        ...
+
+    def update_mental_model(
+        self, bank_ref: str, model_id: str, changes: dict[str, Any]
+    ) -> MentalModel | None:
+        """Set the given fields (``name``, ``source_query``, ``tags``, ``max_tokens``,
+        ``trigger``, ``parent_id``) of the model; ``None`` when the bank has no such model.
+        A move (``parent_id``) checks the name among its new siblings."""
+        ...
+
+    def write_mental_model_content(
+        self,
+        bank_ref: str,
+        model_id: str,
+        content: str,
+        reflect_response: dict[str, Any] | None,
+        embedding: np.ndarray | None,
+        *,
+        reason: str,
+        history_limit: int,
+        refreshed: bool,
+    ) -> MentalModel | None:
+        """Replace the model's content (and the response it came from, and its embedding);
+        the content it replaces, when not empty and not the same, goes to its history with
+        *reason*, which keeps the newest *history_limit*. *refreshed* stamps
+        ``last_refreshed_at``. ``None`` when the bank has no such model."""
+        ...
+
+    def mark_refresh_failed(self, bank_ref: str, model_id: str) -> None:
+        """Stamp the model's ``last_refresh_failed_at`` (nothing when it is gone)."""
+        ...
+
+    def delete_mental_model(self, bank_ref: str, model_id: str) -> bool:
+        """Delete the model and its history; whether there was one."""
+        ...
+
+    def mental_model_history(self, bank_ref: str, model_id: str) -> list[HistoryEntry]:
+        """The model's earlier contents, newest first."""
+        ...
+
+    def knowledge_folders(self, bank_ref: str) -> list[KnowledgeFolder]:
+        """Every folder of the bank's knowledge base, oldest first (then by id)."""
+        ...
+
+    def create_knowledge_folder(self, folder: KnowledgeFolder, limit: int) -> KnowledgeFolder:
+        """Insert *folder* (timestamps set now); refuses a bank already holding *limit*
+        folders (:class:`~heed.memory.models.InvalidInput`)."""
+        ...
+
+    def update_knowledge_folder(
+        self, bank_ref: str, folder_id: str, changes: dict[str, Any]
+    ) -> KnowledgeFolder | None:
+        """Rename (``name``) or move (``parent_id``, ``None``: the root) a folder; a move
+        under itself or its own subtree is :class:`~heed.memory.models.InvalidInput`.
+        ``None`` when the bank has no such folder."""
+        ...
+
+    def delete_knowledge_node(self, bank_ref: str, node_id: str) -> list[str] | None:
+        """Delete a folder with everything under it, or a page: the ids of the models
+        (pages) deleted; ``None`` when the bank has no such node."""
+        ...
+
+
+class TransferStore(Protocol):
+    """A whole bank read and written as rows, in bounded batches, for bank transfers
+    (:mod:`heed.memory.transfer`; the rows: :mod:`heed.memory.bank_rows`); part of every
+    :class:`MemoryStore`. Each ``write_*`` call is one transaction under the bank's lock
+    that checks the bank's row first (:class:`BankGone`, nothing written) and writes
+    everything it was given or nothing (a cancel between batches rolls it back)."""
+
+    def read_bank(
+        self, bank_ref: str, selection: BankSelection
+    ) -> AbstractContextManager[BankReader]:
+        """A reader of the bank's rows (*selection* of them) from one consistent
+        snapshot: writes committed after it opened are not seen. Use it in one thread."""
+        ...
+
+    def write_document_rows(
+        self, bank_ref: str, document: DocumentRow, units: Iterable[Sequence[UnitRow]]
+    ) -> int:
+        """Write a document that the bank does not hold (``ValueError`` when it does), its
+        chunks and its ``unit_count`` units, given in batches (in seq order; read while the
+        transaction is open): the units get consecutive seqs. ``ValueError`` when the
+        units are not ``unit_count`` or name another document, or a vector has another
+        size than the store holds. Returns the units written."""
+        ...
+
+    def write_unit_rows(self, bank_ref: str, units: Sequence[UnitRow]) -> int:
+        """Write units without a document (observations; ``ValueError`` for a document's
+        unit). Returns how many."""
+        ...
+
+    def write_entity_rows(self, bank_ref: str, entities: Sequence[EntityRow]) -> int:
+        """Write entities (canonical names derived from their names; ids and canonical
+        names must be new). Returns how many."""
+        ...
+
+    def write_membership_rows(self, bank_ref: str, memberships: Sequence[MembershipRow]) -> int:
+        """Write entity rows between the bank's units and entities (by id; ``ValueError``
+        naming one the bank does not hold). Returns how many were new."""
+        ...
+
+    def write_link_rows(self, bank_ref: str, links: Sequence[LinkRow]) -> int:
+        """Write links between the bank's units (by id; ``ValueError`` naming one the bank
+        does not hold). Returns how many were new."""
+        ...
+
+    def publish_bank(self, bank: Bank) -> Bank:
+        """Give the bank of ``bank.ref`` its ``tenant``, ``bank_id`` and profile (name,
+        mission, background, disposition, config) in one statement: how a bank written
+        under a hidden name appears whole. :class:`BankTaken` when another bank holds
+        that id, :class:`BankGone` when the ref is gone."""
+        ...
+
+
+class MemoryStore(LearningStore, DirectiveStore, TransferStore, Protocol):
     """Banks, documents, units, entities, links and the keyword index of all tenants (see
     the module docstring for the rules every method keeps)."""
 

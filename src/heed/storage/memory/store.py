@@ -23,6 +23,7 @@ from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.directives import DirectiveWrites
 from heed.storage.memory.learning import LearningWrites
+from heed.storage.memory.mental_models import MentalModelWrites
 from heed.storage.memory.rows import (
     DOCUMENT_VALUES,
     UNIT_COLUMNS,
@@ -39,6 +40,7 @@ from heed.storage.memory.rows import (
 )
 from heed.storage.memory.schema import DEFAULT_DIM, memory_migrations
 from heed.storage.memory.sqlite import SqliteMemory
+from heed.storage.memory.transfer import TransferRows
 
 __all__ = ["SqlMemoryStore", "memory_dialect"]
 
@@ -68,7 +70,7 @@ def _like(search: str) -> str:
     return "%" + search.lower().replace("\\", "\\\\") + "%"
 
 
-class SqlMemoryStore(LearningWrites, DirectiveWrites):
+class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelWrites):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
     either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
     its writes come from :class:`~.writes.DocumentWrites`, consolidation's from
