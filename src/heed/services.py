@@ -18,10 +18,23 @@ from heed.llm.factory import Operation
 from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
+from heed.memory.archive import ArchiveLimits
+from heed.memory.config_service import BankConfigService
 from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
+from heed.memory.mental_models import MentalModelLookup
+from heed.memory.directive_service import DirectiveService
 from heed.memory.file_retain import FileRetain
 from heed.memory.files import FileLimits
 from heed.memory.operations import RETAIN_KIND, RetainOperations
+from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
+from heed.mental_models import (
+    MENTAL_MODEL_REFRESH_KIND,
+    KnowledgeBase,
+    MentalModelRefreshes,
+    MentalModels,
+    RefreshLimits,
+    RefreshTriggers,
+)
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.broker import Broker, InProcessBroker
@@ -37,6 +50,7 @@ from heed.sessions.tools import TurnTools
 from heed.sessions.turn import TurnRunner
 from heed.settings import Settings
 from heed.storage import SqlDatabase, SqliteDatabase
+from heed.storage.archive_store import SqlArchiveStore
 from heed.storage.memory import SqlMemoryStore
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
@@ -113,10 +127,14 @@ class Services:
     database: SqlDatabase = field(init=False)
     broker: Broker = field(init=False)
     memory: MemoryEngine = field(init=False)
+    bank_config: BankConfigService = field(init=False)
+    directives: DirectiveService = field(init=False)
     reflect: ReflectService = field(init=False)
     reflect_runs: ReflectRuns = field(init=False)
     retain_operations: RetainOperations = field(init=False)
     file_retain: FileRetain = field(init=False)
+    transfers: BankTransfers = field(init=False)
+    archive_store: SqlArchiveStore = field(init=False)
     run_store: SqlRunStore = field(init=False)
     session_store: SqlSessionStore = field(init=False)
     manager: RunManager = field(init=False)
@@ -125,6 +143,9 @@ class Services:
     turn_provider: ProviderSlot = field(init=False)
     retain_provider: ProviderSlot = field(init=False)
     consolidation: Consolidation = field(init=False)
+    mental_models: MentalModels = field(init=False)
+    mental_model_triggers: RefreshTriggers = field(init=False)
+    knowledge_base: KnowledgeBase = field(init=False)
     model_warmup: ModelWarmup = field(init=False)
     revocation_store: SqlRevocationStore = field(init=False)
     webhook_store: SqlWebhookStore = field(init=False)
@@ -146,6 +167,7 @@ class Services:
         self.run_store = run_store = SqlRunStore(self.database)
         self.session_store = session_store = SqlSessionStore(self.database)
         self.revocation_store = SqlRevocationStore(self.database)  # UI logouts
+        self.archive_store = SqlArchiveStore(self.database)  # bank archives, in parts
         self.webhook_store = webhook_store = SqlWebhookStore(self.database)
 
         # Signalling and the run machinery: in-process, or Redis between processes.
@@ -172,6 +194,8 @@ class Services:
         self.retain_provider = retain_provider = ProviderSlot(lambda: _provider(settings, "retain"))
         learning = build_learning(settings, retain_provider.get)
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
+        self.bank_config = BankConfigService(self.memory)  # a bank's settings
+        self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
@@ -183,6 +207,17 @@ class Services:
                 max_bytes=settings.file_max_bytes,
                 max_unpacked_bytes=settings.file_max_unpacked_bytes,
                 max_text_chars=settings.file_max_text_chars,
+            ),
+        )
+        # Bank export, import and clone: runs of the bank's operations (archives in parts).
+        self.transfers = BankTransfers(
+            manager,
+            self.memory,
+            self.archive_store,
+            embedding_model(settings),
+            TransferLimits(
+                archive=ArchiveLimits(max_unpacked_bytes=settings.transfer_max_unpacked_bytes),
+                archive_ttl=settings.transfer_archive_ttl_seconds,
             ),
         )
         self.sessions = sessions = SessionService(session_store, manager, self.memory)
@@ -200,6 +235,29 @@ class Services:
                 max_seconds=settings.consolidation_max_seconds,
             ),
         )
+        # Mental models and the knowledge base: refreshed by reflects (background slots),
+        # consulted first by every reflect, refreshed again after retains and consolidations.
+        lookup = MentalModelLookup(memory_store, embedder)
+        self.reflect.mental_models = lookup
+        refreshes = MentalModelRefreshes(
+            manager,
+            self.memory,
+            self.reflect,
+            memory_store,
+            lookup,
+            RefreshLimits(
+                min_interval=settings.mental_model_min_refresh_interval_seconds,
+                max_seconds=settings.mental_model_refresh_max_seconds,
+            ),
+        )
+        self.mental_models = MentalModels(self.memory, memory_store, refreshes)
+        self.knowledge_base = KnowledgeBase(self.memory, memory_store, self.mental_models)
+        self.mental_model_triggers = RefreshTriggers(
+            refreshes, self.memory, memory_store, settings.mental_model_refresh_debounce_seconds
+        )
+        self.consolidation.after_consolidation.append(
+            self.mental_model_triggers.after_consolidation
+        )
         turns = TurnRunner(
             session_store,
             run_store,
@@ -207,6 +265,7 @@ class Services:
             turn_provider.get,
             tools,
             max_steps=settings.turn_max_steps,
+            directives=self.directives.for_turn,
         )
         tasks = TaskRunner(tools, sessions.bank_of)
 
@@ -224,8 +283,11 @@ class Services:
             TASK, KindSpec(execute=tasks.execute, on_terminal=sessions.record_task_wakeup)
         )
         manager.register(RETAIN_KIND, self.retain_operations.kind_spec())
+        for kind, spec in self.transfers.kind_specs().items():
+            manager.register(kind, spec)
         manager.register(REFLECT_KIND, self.reflect_runs.kind_spec())
         manager.register(CONSOLIDATION_KIND, self.consolidation.kind_spec())
+        manager.register(MENTAL_MODEL_REFRESH_KIND, refreshes.kind_spec())
 
         # Webhooks: the outbox is written in the transaction that ends any run of a bank;
         # the worker sends it (claims leased in the database: once across instances).
@@ -255,6 +317,7 @@ class Services:
         # After the other domains: recovery may start their runs.
         await recover(self.manager, await self.sessions.sessions_with_pending_wakeups())
         await self.consolidation.resume()  # banks whose facts a restart left pending
+        await self.transfers.sweep()  # staging banks of imports a dead process left
         self.manager.start_cancel_listener()
         self.reaper.start()
         self.webhook_worker.start()
@@ -268,6 +331,7 @@ class Services:
         self.run_store.migrate()
         self.session_store.migrate()
         self.revocation_store.migrate()
+        self.archive_store.migrate()
         self.webhook_store.migrate()
 
     async def close(self) -> None:
@@ -275,6 +339,8 @@ class Services:
         await self.model_warmup.aclose()
         await self.webhook_worker.aclose()  # sends in flight stop; their leases are given back
         await self.consolidation.aclose()
+        await self.transfers.aclose()  # staging banks being deleted
+        await self.mental_model_triggers.aclose()
         await self.reaper.stop()
         await self.manager.close()  # this process's runs end interrupted
         await self.turn_provider.aclose()

@@ -77,6 +77,24 @@ SEMANTIC_400 = [
     # response_schema that is not a self-contained JSON Schema.
     "POST /v1/default/banks/{bank_id}/memories/recall",
     "POST /v1/default/banks/{bank_id}/reflect",
+    # Mental models and knowledge pages refuse a blank name or question, a question over the
+    # recall's token limit, a custom id outside lowercase letters, digits and hyphens, and
+    # trigger settings heed does not implement (named); folders refuse a blank name and a
+    # move under their own subtree; search refuses a blank query; tag_groups is refused.
+    "POST /v1/default/banks/{bank_id}/mental-models",
+    "PATCH /v1/default/banks/{bank_id}/mental-models/{mental_model_id}",
+    "POST /v1/default/banks/{bank_id}/knowledge-base/folders",
+    "POST /v1/default/banks/{bank_id}/knowledge-base/pages",
+    "PATCH /v1/default/banks/{bank_id}/knowledge-base/nodes/{node_id}",
+    "GET /v1/default/banks/{bank_id}/knowledge-base/search",
+    "GET /v1/default/banks/{bank_id}/knowledge-base/tree",
+    # File retain judges each file (its type, its bytes, its text) and the request field's
+    # JSON; webhooks judge a URL (it must resolve to a public address), the event names, the
+    # HTTP config, and the delivery log's cursor (one the server gave).
+    "POST /v1/default/banks/{bank_id}/files/retain",
+    "POST /v1/default/banks/{bank_id}/webhooks",
+    "PATCH /v1/default/banks/{bank_id}/webhooks/{webhook_id}",
+    "GET /v1/default/banks/{bank_id}/webhooks/{webhook_id}/deliveries",
 ]
 """Operations where a schema-valid request may get a 400: the server judges a value the
 document can only type. The document says so (400: "a value only the server can judge"); the

@@ -69,6 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         reflect_llm_script=json.dumps({"replies": [slow_reply]}),  # echo unless "slowly"
         stream_heartbeat_seconds=0.5,
         stream_poll_seconds=0.2,
+        webhook_allow_private=True,  # A's webhook targets a loopback port nobody serves
     )
     with live_server(create_app(settings)) as srv:
         yield srv
@@ -100,6 +101,9 @@ class AObjects:
     session_id: str
     turn_run_id: str
     reflect_run_id: str
+    webhook_id: str = "wh_0123456789abcdef01234567"
+    mental_model_id: str = "mm-none"
+    folder_id: str = "folder-none"
 
     @property
     def run_ids(self) -> list[str]:
@@ -169,6 +173,10 @@ def a_objects(a_client: httpx.Client) -> AObjects:
 
     units = _ok(a.get(f"{bank}/memories/list"))["items"]
     assert {u["text"] for u in units} >= {*FACTS, ASYNC_FACT}
+    model = _ok(a.post(f"{bank}/mental-models", json={"name": "A's", "source_query": "Who?"}))
+    wait_for(lambda: _phase(a, model["operation_id"]) == "completed", 20)
+    folder = _ok(a.post(f"{bank}/knowledge-base/folders", json={"name": "A's folder"}), 201)
+    hook = _ok(a.post(f"{bank}/webhooks", json={"url": "http://127.0.0.1:9/a"}), 201)
     return AObjects(
         memory_ids=sorted(u["id"] for u in units),
         document_ids=[*DOCS, ASYNC_DOC],
@@ -176,6 +184,9 @@ def a_objects(a_client: httpx.Client) -> AObjects:
         session_id=session["id"],
         turn_run_id=turn["run_id"],
         reflect_run_id=reflect_run_id,
+        webhook_id=hook["id"],
+        mental_model_id=model["mental_model_id"],
+        folder_id=folder["id"],
     )
 
 
@@ -204,6 +215,7 @@ def _a_view(a: httpx.Client, objs: AObjects) -> dict[str, Any]:
         "operation run": _ok(a.get(f"/v1/runs/{objs.operation_id}")),
         "turn journal": _journal(a, objs.turn_run_id),
         "operation journal": _journal(a, objs.operation_id),
+        "webhooks": _ok(a.get(f"{bank}/webhooks")),
     }
 
 
@@ -226,6 +238,7 @@ class Attempt:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     slashes: bool = False
+    files: Any = None  # multipart: the files, with ``body`` as the form fields
 
     def url(self, params: dict[str, str] | None = None) -> str:
         safe = "/" if self.slashes else ""
@@ -245,6 +258,7 @@ class Attempt:
             self.body,
             self.headers,
             self.slashes,
+            self.files,
         ), {fakes[n]: self.params[n] for n in self.owned}
 
 
@@ -259,11 +273,14 @@ def _fake_like(value: str) -> str:
 
 def _send(client: httpx.Client, attempt: Attempt, url: str) -> httpx.Response:
     """Send *attempt*; an event stream (which would be a leak) is closed without reading."""
+    multipart = attempt.files is not None
     with client.stream(
         attempt.method,
         url,
         params=attempt.query,
-        json=attempt.body,
+        json=None if multipart else attempt.body,
+        data=attempt.body if multipart else None,
+        files=attempt.files,
         headers=attempt.headers,
         timeout=httpx.Timeout(10, read=5),
     ) as r:
@@ -276,6 +293,7 @@ BANK_T = "/v1/default/banks/{bank_id}"
 MEM_T = BANK_T + "/memories"
 DOC_T = BANK_T + "/documents"
 OPS_T = BANK_T + "/operations"
+HOOKS_T = BANK_T + "/webhooks"
 SESSION_T = "/v1/sessions/{session_id}"
 RUN_T = "/v1/runs/{run_id}"
 
@@ -326,6 +344,16 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
                 body={"async": True, "items": [{"content": B_FACT}]},
                 headers={"Idempotency-Key": ASYNC_KEY},
             ),
+            Attempt(
+                "POST",
+                BANK_T + "/files/retain",
+                bank,
+                own,
+                body={"request": "{}"},
+                files=[("files", ("b.txt", B_FACT.encode()))],
+            ),
+            Attempt("GET", HOOKS_T, bank, own),
+            Attempt("POST", HOOKS_T, bank, own, body={"url": "http://127.0.0.1:9/b"}),
             Attempt("DELETE", BANK_T, bank, own),
         ]
     for memory_id in objs.memory_ids:
@@ -351,6 +379,59 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
     params = {**bank, "operation_id": objs.operation_id}
     for method in ("GET", "DELETE"):
         out.append(Attempt(method, OPS_T + "/{operation_id}", params, (*own, "operation_id")))
+    params = {**bank, "webhook_id": objs.webhook_id}
+    mine = (*own, "webhook_id")
+    out += [
+        Attempt("PATCH", HOOKS_T + "/{webhook_id}", params, mine, body={"enabled": False}),
+        Attempt("DELETE", HOOKS_T + "/{webhook_id}", params, mine),
+        Attempt("GET", HOOKS_T + "/{webhook_id}/deliveries", params, mine),
+    ]
+    out += mental_model_attempts(objs, bank_is_as=bank_is_as)
+    return out
+
+
+MM_T = BANK_T + "/mental-models"
+KB_T = BANK_T + "/knowledge-base"
+
+
+def mental_model_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
+    """B's attempts on A's mental models and knowledge base."""
+    bank = {"bank_id": BANK}
+    own = ("bank_id",) if bank_is_as else ()
+    out: list[Attempt] = []
+    if bank_is_as:
+        page = {"name": "B's page", "source_query": "Who?"}
+        out += [
+            Attempt("GET", MM_T, bank, own),
+            Attempt("POST", MM_T, bank, own, body=page),
+            Attempt("GET", KB_T + "/tree", bank, own),
+            Attempt("POST", KB_T + "/folders", bank, own, body={"name": "B's"}),
+            Attempt("POST", KB_T + "/pages", bank, own, body=page),
+            Attempt("GET", KB_T + "/search", bank, own, query={"q": "Quux"}),
+            Attempt("GET", KB_T + "/export", bank, own),
+        ]
+    model = {**bank, "mental_model_id": objs.mental_model_id}
+    mine = (*own, "mental_model_id")
+    out += [
+        Attempt("GET", MM_T + "/{mental_model_id}", model, mine),
+        Attempt("PATCH", MM_T + "/{mental_model_id}", model, mine, body={"name": "B's"}),
+        Attempt("DELETE", MM_T + "/{mental_model_id}", model, mine),
+        Attempt("POST", MM_T + "/{mental_model_id}/refresh", model, mine),
+        Attempt("POST", MM_T + "/{mental_model_id}/dry-run-refresh", model, mine),
+        Attempt("POST", MM_T + "/{mental_model_id}/clear", model, mine),
+        Attempt("GET", MM_T + "/{mental_model_id}/history", model, mine),
+        Attempt(
+            "GET",
+            KB_T + "/pages/{page_id}",
+            {**bank, "page_id": objs.mental_model_id},
+            (*own, "page_id"),
+        ),
+    ]
+    node = {**bank, "node_id": objs.folder_id}
+    out += [
+        Attempt("PATCH", KB_T + "/nodes/{node_id}", node, (*own, "node_id"), body={"name": "B"}),
+        Attempt("DELETE", KB_T + "/nodes/{node_id}", node, (*own, "node_id")),
+    ]
     return out
 
 

@@ -30,8 +30,13 @@ from heed.api.routes import (
     system,
     webhooks,
 )
+from heed.api.routes import bank_config as bank_config_routes
+from heed.api.routes import directives as directives_routes
+from heed.api.routes import knowledge as knowledge_routes
+from heed.api.routes import mental_models as mental_models_routes
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
+from heed.api.routes import transfer as transfer_routes
 from heed.api.routing import HeedRoute
 from heed.api.run_metrics import install_run_metrics
 from heed.api.streams import StreamSlots
@@ -102,6 +107,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_error_handlers(app)
     for memory_router in (banks, observations, memories, documents, operations, reflect, files):
         app.include_router(memory_router.router)
+    app.include_router(bank_config_routes.router)  # a bank's settings
+    app.include_router(directives_routes.router)  # a bank's rules
+    app.include_router(mental_models_routes.router)  # answers heed keeps fresh
+    app.include_router(knowledge_routes.router)  # folders of mental-model pages
+    app.include_router(transfer_routes.router)  # bank export, import, clone, downloads
     app.include_router(webhooks.router)
     app.include_router(system.router)
     app.include_router(auth.router)

@@ -32,9 +32,13 @@ from heed.api.revocations import Revocations
 from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
 from heed.memory import MemoryEngine
+from heed.memory.config_service import BankConfigService
 from heed.memory.consolidation import Consolidation
+from heed.memory.directive_service import DirectiveService
 from heed.memory.file_retain import FileRetain
 from heed.memory.operations import RetainOperations
+from heed.memory.transfer import BankTransfers
+from heed.mental_models import KnowledgeBase, MentalModels
 from heed.reflect.runs import ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.manager import RunManager
@@ -47,11 +51,15 @@ T = TypeVar("T")
 
 __all__ = [
     "AuthenticatorDep",
+    "BankConfigDep",
     "BurnRecordsDep",
     "ConsolidationDep",
+    "DirectivesDep",
     "DrainDep",
+    "KnowledgeBaseDep",
     "FileRetainDep",
     "MemoryDep",
+    "MentalModelsDep",
     "MetricsDep",
     "ReflectDep",
     "ReflectRunsDep",
@@ -62,6 +70,7 @@ __all__ = [
     "SessionsDep",
     "SettingsDep",
     "StreamSlotsDep",
+    "TransfersDep",
     "WebhooksDep",
     "drain_of",
     "metrics_of",
@@ -134,10 +143,20 @@ RetainOperationsDep = Annotated[
 ]
 #: File retain (multipart files parsed into documents).
 FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_retain))]
+#: A bank's settings (GET / PATCH / DELETE .../config).
+BankConfigDep = Annotated[BankConfigService, Depends(_of_services(lambda s: s.bank_config))]
+#: A bank's directives.
+DirectivesDep = Annotated[DirectiveService, Depends(_of_services(lambda s: s.directives))]
 #: Webhooks: a bank's subscriptions and their delivery log.
 WebhooksDep = Annotated[Webhooks, Depends(_of_services(lambda s: s.webhooks))]
+#: Bank export, import and clone (runs of the bank's operations).
+TransfersDep = Annotated[BankTransfers, Depends(_of_services(lambda s: s.transfers))]
 #: Consolidation into observations (background runs).
 ConsolidationDep = Annotated[Consolidation, Depends(_of_services(lambda s: s.consolidation))]
+#: Mental models (their refreshes are runs).
+MentalModelsDep = Annotated[MentalModels, Depends(_of_services(lambda s: s.mental_models))]
+#: The knowledge base (folders and pages).
+KnowledgeBaseDep = Annotated[KnowledgeBase, Depends(_of_services(lambda s: s.knowledge_base))]
 #: The server's settings.
 SettingsDep = Annotated[Settings, Depends(_of_services(lambda s: s.settings))]
 #: The app's metrics.

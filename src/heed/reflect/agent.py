@@ -2,6 +2,9 @@
 
 One reflect is:
 
+0. the bank's **mental models** the question finds (:mod:`heed.memory.mental_models`),
+   unless the request excludes them, shown to the model as a ``search_mental_models``
+   tool step and cited in ``based_on.mental_models`` (no step when none is found);
 1. **recall** with the question itself, always, before the model is asked anything
    (shown to the model as its own first tool call, so it sees what it has);
 2. up to ``ITERATIONS[budget]`` model calls with the tools ``recall`` (search
@@ -30,6 +33,11 @@ for the whole loop.
 
 Prompts are short and structured (numbered memories, one line each, capped), so
 the tiny local model stays useful; a stronger ``openai`` model does better.
+
+**Directives**: the bank's active directives that apply to the request's tags (every
+active one with ``apply_all_directives``; :mod:`heed.memory.directives`) are said in the
+system prompt of the loop and of the grounded answer, and listed in
+``based_on.directives``.
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ from heed.llm.grounding import (
     memory_line,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
+from heed.memory.bank_config import DISPOSITION_DEFAULT
+from heed.memory.directive_service import applicable_directives
+from heed.memory.directives import Directive, DirectiveScope, rules_text
+from heed.memory.mental_models import MentalModel, MentalModelLookup
 from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
 from heed.reflect.schema import structured_output
 from heed.runs.events import EventType
@@ -122,11 +134,18 @@ class ReflectRequest:
     query: str
     budget: Budget = "low"
     context: str | None = None
+    #: Say every active directive, whatever its tags (else they are scoped by ``tags``).
+    apply_all_directives: bool = False
     max_tokens: int | None = None
     response_schema: dict[str, Any] | None = None
     tags: list[str] | None = None
     tags_match: TagsMatch = "any"
     include_tool_output: bool = True
+    #: Consult no mental model (``exclude_mental_models``), or not these.
+    exclude_mental_models: bool = False
+    exclude_mental_model_ids: list[str] | None = None
+    #: The fact types the agent's recalls return (``None``: every type).
+    fact_types: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -159,6 +178,10 @@ class ReflectOutcome:
     llm_calls: list[LLMTrace] = field(default_factory=list)
     structured_output: dict[str, Any] | None = None
     structured_output_error: str | None = None
+    #: The directives the prompts said (``based_on.directives``).
+    directives: list[Directive] = field(default_factory=list)
+    #: The mental models consulted before the recall (``based_on.mental_models``).
+    mental_models: list[MentalModel] = field(default_factory=list)
 
 
 #: Streaming callback: ``(event, data)`` for ``tool_call``, ``tool_result``,
@@ -167,7 +190,9 @@ class ReflectOutcome:
 ReflectListener = Callable[[EventType, dict[str, Any]], Awaitable[None]]
 
 
-def _system_prompt(bank: Bank) -> str:
+def _system_prompt(bank: Bank, rules: str = "") -> str:
+    """The loop's system prompt: the task, the bank's mission, background and disposition
+    (when not the default), then its directives (*rules*: :func:`rules_text`)."""
     lines = [
         "You answer questions using the memories of a memory bank.",
         "Use the tools: recall to search, expand to read more, done to give the answer "
@@ -178,33 +203,58 @@ def _system_prompt(bank: Bank) -> str:
         lines.append(f"Bank mission: {bank.mission}")
     if bank.background:
         lines.append(f"Background: {bank.background}")
+    traits = bank.disposition
+    if any(v != DISPOSITION_DEFAULT for v in traits.values()):
+        lines.append("Disposition (1-5): " + ", ".join(f"{k} {v}" for k, v in traits.items()))
+    if rules:
+        lines.append(rules)
     return "\n".join(lines)
 
 
 class ReflectAgent:
     """Runs reflects on one engine with one provider, inside the reflect lane."""
 
-    def __init__(self, engine: MemoryEngine, provider: ChatProvider, lane: Lane) -> None:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        provider: ChatProvider,
+        lane: Lane,
+        mental_models: MentalModelLookup | None = None,
+    ) -> None:
         self.engine = engine
         self.provider = provider
         self.lane = lane
+        #: How the bank's mental models are consulted first (``None``: they are not).
+        self.mental_models = mental_models
 
     async def run(
-        self, bank: Bank, request: ReflectRequest, listener: ReflectListener | None = None
+        self,
+        bank: Bank,
+        request: ReflectRequest,
+        listener: ReflectListener | None = None,
+        *,
+        background: bool = False,
     ) -> ReflectOutcome:
-        """Run one reflect in a reflect lane slot; see the module docstring.
+        """Run one reflect in a reflect lane slot; see the module docstring. *background*
+        work (a mental model's refresh) takes its slot, and its recalls theirs, only when no
+        user's work waits for one (:mod:`heed.runtime.slots`).
 
         Raises ``OperationCancelled`` (and ``LaneFull`` when the lane sheds).
         """
-        async with self.lane.slot():
-            return await self.run_in_held_slot(bank, request, listener)
+        async with self.lane.slot(background=background):
+            return await self.run_in_held_slot(bank, request, listener, background=background)
 
     async def run_in_held_slot(
-        self, bank: Bank, request: ReflectRequest, listener: ReflectListener | None = None
+        self,
+        bank: Bank,
+        request: ReflectRequest,
+        listener: ReflectListener | None = None,
+        *,
+        background: bool = False,
     ) -> ReflectOutcome:
         """:meth:`run` for a caller that already holds a reflect lane slot (the worker of a
         reflect run takes it, as for every run kind with a lane)."""
-        return await _Loop(self, bank, request, listener).run()
+        return await _Loop(self, bank, request, listener, background).run()
 
 
 class _Loop:
@@ -216,9 +266,13 @@ class _Loop:
         bank: Bank,
         request: ReflectRequest,
         listener: ReflectListener | None,
+        background: bool = False,
     ) -> None:
         self.engine = agent.engine
         self.provider = agent.provider
+        self.lookup = agent.mental_models
+        self.background = background
+        self.mental_models: list[MentalModel] = []
         self.bank = bank
         self.request = request
         self.listener = listener
@@ -228,6 +282,8 @@ class _Loop:
         self.completion_tokens = 0
         self.tool_calls: list[ToolTrace] = []
         self.llm_calls: list[LLMTrace] = []
+        self.directives: list[Directive] = []  # the bank's, for this request's scope
+        self.rules = ""  # the directives as the prompts say them
 
     async def _emit(self, event: EventType, data: dict[str, Any]) -> None:
         if self.listener is not None:
@@ -238,9 +294,16 @@ class _Loop:
         question = request.query
         if request.context:
             question = f"{question}\n\nContext: {request.context}"
-        messages = [ChatMessage.system(_system_prompt(self.bank)), ChatMessage.user(question)]
+        rules_scope = DirectiveScope(request.tags, request.tags_match, request.apply_all_directives)
+        self.directives = await applicable_directives(self.engine, self.bank, rules_scope)
+        self.rules = rules_text(self.directives)
+        messages = [
+            ChatMessage.system(_system_prompt(self.bank, self.rules)),
+            ChatMessage.user(question),
+        ]
 
         raise_if_cancelled()
+        await self._consult_mental_models(messages)
         first = ToolCall(id="call_0_recall", name="recall", arguments={"query": request.query})
         messages.append(ChatMessage.assistant("", [first]))
         messages.append(ChatMessage.tool(first.id, await self._tool(first, 0), name="recall"))
@@ -294,6 +357,8 @@ class _Loop:
             usage=Usage(self.prompt_tokens, self.completion_tokens),
             tool_calls=self.tool_calls,
             llm_calls=self.llm_calls,
+            directives=self.directives,
+            mental_models=self.mental_models,
         )
         if request.response_schema is not None:
             raise_if_cancelled()
@@ -302,6 +367,41 @@ class _Loop:
             )
             outcome.usage = Usage(self.prompt_tokens, self.completion_tokens)
         return outcome
+
+    async def _consult_mental_models(self, messages: list[ChatMessage]) -> None:
+        """Before the first recall: the bank's mental models the question finds (unless the
+        request excludes them), shown to the model as a ``search_mental_models`` tool step
+        and cited in ``based_on.mental_models``. No step when none is found."""
+        request = self.request
+        if self.lookup is None or request.exclude_mental_models:
+            return
+        found = await self.lookup.relevant(
+            self.bank, request.query, request.exclude_mental_model_ids or ()
+        )
+        if not found:
+            return
+        self.mental_models = found
+        call = ToolCall(
+            id="call_0_mental_models",
+            name="search_mental_models",
+            arguments={"query": request.query},
+        )
+        await self._emit(
+            EventType.TOOL_CALL,
+            {"id": call.id, "name": call.name, "arguments": call.arguments, "iteration": 0},
+        )
+        output = {"mental_models": [{"id": m.id, "name": m.name} for m in found]}
+        self._trace_tool(call, 0, 0.0, output)
+        await self._emit(
+            EventType.TOOL_RESULT,
+            {"id": call.id, "name": call.name, "ok": True, "output": output, "iteration": 0},
+        )
+        text = "\n\n".join(
+            f"[mental model {m.id}] {m.name} ({m.source_query}):\n{clip(m.content, EXPAND_CHARS)}"
+            for m in found
+        )
+        messages.append(ChatMessage.assistant("", [call]))
+        messages.append(ChatMessage.tool(call.id, text, name=call.name))
 
     async def _answer_from_memories(self, iteration: int) -> str:
         """The answer of a model that could not use the tools (see the module docstring):
@@ -329,7 +429,7 @@ class _Loop:
 
         await grounded.recall(recall)
         return await grounded.answer(
-            generate, say, context=self.request.context, nothing_found=NO_ANSWER
+            generate, say, context=self.request.context, nothing_found=NO_ANSWER, rules=self.rules
         )
 
     # -- model calls -------------------------------------------------------------------
@@ -413,7 +513,9 @@ class _Loop:
                 max_tokens=RECALL_TOKENS[budget],
                 tags=self.request.tags,
                 tags_match=self.request.tags_match,
+                types=self.request.fact_types,
             ),
+            background=self.background,
         )
         units = [hit.unit for hit in outcome.hits[:MEMORIES_PER_RECALL]]
         self.recalled = units

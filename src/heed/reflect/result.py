@@ -49,8 +49,12 @@ def reflect_result(outcome: ReflectOutcome, shape: ResultShape) -> dict[str, Any
     based_on = (
         {
             "memories": [_fact(u) for u in outcome.based_on],
-            "mental_models": [],
-            "directives": [],
+            "mental_models": [
+                {"id": m.id, "text": m.content, "context": m.name} for m in outcome.mental_models
+            ],
+            "directives": [
+                {"id": d.id, "name": d.name, "content": d.content} for d in outcome.directives
+            ],
         }
         if shape.facts
         else None

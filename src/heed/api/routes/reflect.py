@@ -67,11 +67,15 @@ async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
         query=body.query,
         budget=body.budget or "low",
         context=body.context,
+        apply_all_directives=bool(body.apply_all_directives),
         max_tokens=body.max_tokens,
         response_schema=body.response_schema,
         tags=body.tags,
         tags_match=body.tags_match or "any",
         include_tool_output=tool_calls.output if tool_calls is not None else True,
+        exclude_mental_models=bool(body.exclude_mental_models),
+        exclude_mental_model_ids=body.exclude_mental_model_ids,
+        fact_types=body.fact_types,
     )
 
 

@@ -1,6 +1,6 @@
 """Wire models of ``POST /v1/default/banks/{bank_id}/reflect`` (hindsight-client compatible).
 
-Fields heed does not implement (mental models, directives, observation search
+Fields heed does not implement (mental models, observation search
 options) are accepted and ignored, except ``tag_groups``, which is refused
 with a 400 like recall refuses it. ``stream: true`` is heed's extension: the
 answer comes as server-sent events (see :mod:`heed.api.routes.reflect`).
@@ -48,6 +48,9 @@ class ReflectRequest(RequestBody):
     tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] | None = "any"
     tag_groups: Annotated[list[Any], Field(max_length=MAX_LIST_ITEMS)] | None = None
     fact_types: TagList | None = None
+    apply_all_directives: bool | None = None
+    exclude_mental_models: bool | None = None
+    exclude_mental_model_ids: TagList | None = None
     stream: bool = False
     on_disconnect: Literal["cancel", "continue"] = "cancel"
 
