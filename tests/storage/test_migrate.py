@@ -31,6 +31,7 @@ import heed.migrate as migration
 from heed.cli import main
 from heed.memory import build_memory_engine
 from heed.memory.directives import Directive
+from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
 from heed.migrate import MigrationError, MigrationSummary, engine_factory_for
@@ -134,6 +135,22 @@ async def _retain_memory(data_dir: Path, db: SqliteDatabase) -> None:
         await engine.delete_unit(travel, doomed[0].id)
         rule = Directive(str(uuid.uuid4()), travel.ref, "dates", "Give dates.", 2, tags=["t1"])
         assert store.create_directive(rule, 10) is not None
+        folder = KnowledgeFolder(travel.ref, "trips", "Trips")
+        store.create_knowledge_folder(folder, 10)
+        page = MentalModel(travel.ref, "ana", "Ana", "Where did Ana go?", is_page=True)
+        page.parent_id = folder.id
+        store.create_mental_model(page, 10)
+        for text in ("Tokyo.", "Tokyo and Kyoto."):  # the first goes to the page's history
+            store.write_mental_model_content(
+                travel.ref,
+                "ana",
+                text,
+                {"text": text},
+                None,
+                reason="refreshed",
+                history_limit=5,
+                refreshed=True,
+            )
     with use_context(RequestContext(tenant="acme")):
         cooking = await engine.put_bank("cooking", {})
         await engine.retain(cooking, _items(COOKING[:4], "kitchen-notes"))

@@ -77,6 +77,9 @@ def _bank_count_queries(where: str) -> dict[str, str]:
         "memory_entities",
         "memory_retain_ledger",
         "memory_directives",
+        "memory_mental_models",
+        "memory_mental_model_history",
+        "memory_knowledge_folders",
     ):
         out[table] = (
             f"SELECT bank_ref, COUNT(*) FROM {table} t {where.format(ref='t.bank_ref')}"

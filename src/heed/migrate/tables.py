@@ -88,6 +88,9 @@ MEMORY_TABLES: Final = (
     TableCopy("memory_entities", "memory"),
     TableCopy("memory_retain_ledger", "memory"),
     TableCopy("memory_directives", "memory"),
+    TableCopy("memory_mental_models", "memory"),
+    TableCopy("memory_mental_model_history", "memory"),
+    TableCopy("memory_knowledge_folders", "memory"),
 )
 
 #: The tables whose seqs the target assigns, with the columns the memory store writes.
@@ -120,6 +123,9 @@ BANK_TABLES: Final = (
     "memory_links",
     "memory_retain_ledger",
     "memory_directives",
+    "memory_mental_models",
+    "memory_mental_model_history",
+    "memory_knowledge_folders",
 )
 
 
