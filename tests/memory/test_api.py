@@ -202,7 +202,12 @@ async def test_unknown_bank_unknown_fields_and_bad_utf8(server: LiveServer, bank
             f"/v1/default/banks/{bank_id}/memories/recall", json={"query": "hello"}
         )
         assert missing.status_code == 404 and bank_id in missing.text
-        await http.put(f"/v1/default/banks/{bank_id}", json={"name": "x", "some_new_field": 1})
+        # A bank setting heed does not know is refused by name (heed.memory.bank_config).
+        refused = await http.put(
+            f"/v1/default/banks/{bank_id}", json={"name": "x", "some_new_field": 1}
+        )
+        assert refused.status_code == 400 and "'some_new_field'" in refused.text
+        await http.put(f"/v1/default/banks/{bank_id}", json={"name": "x"})
         extra = await http.post(
             f"/v1/default/banks/{bank_id}/memories/recall",
             json={"query": "hello", "future_option": {"a": 1}},

@@ -236,9 +236,12 @@ class GroundedAnswer:
         *,
         context: str | None = None,
         nothing_found: str | None = None,
+        rules: str = "",
     ) -> str:
-        """Answer each part over its memories (*context* joins each question); returns the
-        answers joined by a space, which is exactly what was streamed."""
+        """Answer each part over its memories (*context* joins each question; *rules*, the
+        bank's directives as :func:`heed.memory.directives.rules_text` says them, join the
+        system prompt); returns the answers joined by a space, which is exactly what was
+        streamed."""
         answers: list[str] = []
         for index, part in enumerate(self.parts):
             raise_if_cancelled()
@@ -246,7 +249,9 @@ class GroundedAnswer:
                 await say(" ")
             found = self.memories[index] if index < len(self.memories) else None
             answers.append(
-                await self._answer_part(part, found or (), generate, say, context, nothing_found)
+                await self._answer_part(
+                    part, found or (), generate, say, context, nothing_found, rules
+                )
             )
         return " ".join(answers)
 
@@ -258,6 +263,7 @@ class GroundedAnswer:
         say: Say,
         context: str | None,
         nothing_found: str | None,
+        rules: str = "",
     ) -> str:
         if not memories and nothing_found is not None:
             await say(nothing_found)
@@ -268,7 +274,8 @@ class GroundedAnswer:
             question = grounded_question(
                 [memory_line(m, limit=MEMORY_CHARS) for m in memories], question
             )
-        messages = [ChatMessage.system(ANSWER_FROM_MEMORIES), ChatMessage.user(question)]
+        system = f"{ANSWER_FROM_MEMORIES}\n{rules}" if rules else ANSWER_FROM_MEMORIES
+        messages = [ChatMessage.system(system), ChatMessage.user(question)]
         answer = (await generate(messages)).strip()
         if not memories or not is_unanswered(answer):
             return answer

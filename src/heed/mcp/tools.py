@@ -13,6 +13,10 @@ validation are the HTTP API's own:
 
 Resources: ``heed://banks/{bank_id}``, a bank's profile and counts.
 
+A bank whose ``mcp_enabled_tools`` setting lists tools (:mod:`heed.memory.bank_config`)
+lets only those act on it: another tool naming the bank (or, for ``start_turn``, a session
+bound to it) is a tool error naming the tool and the bank, before any work.
+
 The rules are the domains', as over HTTP: a new session's bank must exist
 (:meth:`SessionService.create <heed.sessions.service.SessionService.create>`), a reflect
 needs a provider that can be built (:meth:`ReflectRuns.submit
@@ -40,8 +44,16 @@ from heed.mcp.calls import (
     progress_reporter,
     tool_call,
 )
+from heed.memory.bank_config import check_mcp_tool
 from heed.memory.dates import parse_timestamp
-from heed.memory.models import FACT_TYPES, InvalidInput, RecallHit, RecallQuery, RetainItem
+from heed.memory.models import (
+    FACT_TYPES,
+    Bank,
+    InvalidInput,
+    RecallHit,
+    RecallQuery,
+    RetainItem,
+)
 from heed.reflect import ReflectRequest
 from heed.reflect.result import ResultShape
 from heed.runs.model import Run
@@ -158,6 +170,20 @@ class HeedTools:
     def _call(self, ctx: Context[Any]) -> AbstractAsyncContextManager[RequestContext]:
         return tool_call(identity_of(ctx, self.stdio_context))
 
+    async def _bank(self, bank_id: str, tool: str) -> Bank:
+        """The caller's bank *bank_id*, if its ``mcp_enabled_tools`` let *tool* act on it
+        (:func:`heed.memory.bank_config.check_mcp_tool`)."""
+        bank = await self.services.memory.get_bank(bank_id)
+        check_mcp_tool(bank, tool)
+        return bank
+
+    async def _allowed(self, bank_id: str, tool: str) -> None:
+        """Refuse *tool* on the caller's bank *bank_id* when its ``mcp_enabled_tools`` leave
+        it out; a bank that does not exist is the domain's to refuse (in its words)."""
+        bank = await self.services.memory.find_bank(bank_id)
+        if bank is not None:
+            check_mcp_tool(bank, tool)
+
     # -- banks -------------------------------------------------------------------------
 
     async def list_banks(
@@ -186,6 +212,7 @@ class HeedTools:
     ) -> BankInfo:
         """Create a memory bank (or update the name and mission of an existing one)."""
         async with self._call(ctx):
+            await self._allowed(bank_id, "create_bank")
             bank = await self.services.memory.put_bank(bank_id, {"name": name, "mission": mission})
         return BankInfo(bank_id=bank.bank_id, name=bank.name, mission=bank.mission)
 
@@ -221,7 +248,7 @@ class HeedTools:
                 if unknown:
                     raise InvalidInput(f"unknown fact type(s) {unknown}: use {list(FACT_TYPES)}")
             engine = self.services.memory
-            bank = await engine.get_bank(bank_id)
+            bank = await self._bank(bank_id, "recall")
             outcome = await engine.recall(
                 bank,
                 RecallQuery(
@@ -245,7 +272,7 @@ class HeedTools:
         progress per document when the call carries a progress token."""
         async with self._call(ctx), progress_reporter(ctx) as report:
             engine = self.services.memory
-            bank = await engine.get_bank(bank_id)
+            bank = await self._bank(bank_id, "retain")
             summary = await engine.retain(
                 bank,
                 [_retain_item(i, item) for i, item in enumerate(items)],
@@ -277,7 +304,7 @@ class HeedTools:
         async with self._call(ctx), progress_reporter(ctx) as report:
             if not query.strip():
                 raise InvalidInput("query is empty")
-            bank = await self.services.memory.get_bank(bank_id)
+            bank = await self._bank(bank_id, "reflect")
             run = await self.services.reflect_runs.submit(  # checks the provider first
                 bank,
                 ReflectRequest(query=query, budget=budget, context=context, max_tokens=max_tokens),
@@ -302,6 +329,13 @@ class HeedTools:
         async with self._call(ctx) as call, progress_reporter(ctx) as report:
             sessions = self.services.sessions
             created = session_id is None
+            bound = (
+                bank_id
+                if session_id is None
+                else (await sessions.get(session_id, call.tenant)).bank_id
+            )
+            if bound is not None:
+                await self._allowed(bound, "start_turn")
             if session_id is None:
                 title = message.strip().splitlines()[0][:60] if message.strip() else ""
                 session = await sessions.create(call.tenant, title=title, bank_id=bank_id)

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from heed.errors import NUL
 from heed.llm.base import ChatProvider
+from heed.memory import bank_config
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.extraction import Extraction, extract_document_facts, extraction_mode
 from heed.memory.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
@@ -309,6 +310,26 @@ class MemoryEngine:
                     ) from exc
                 raise NotFound(f"bank {bank_id!r} not found") from exc
 
+    async def change_bank(self, bank_id: str, change: Callable[[Bank], None]) -> Bank:
+        """Apply *change* to the current tenant's bank *bank_id* and save it, under the lock
+        :meth:`put_bank` takes (its settings: :mod:`heed.memory.bank_config`). 404 when the
+        bank does not exist (or another process deleted it meanwhile), 409 while it is
+        being deleted here."""
+        tenant = current_context().tenant
+        async with self._bank_lock:
+            bank = await run_in_thread(self.store.get_bank, tenant, bank_id)
+            if bank is None:
+                raise NotFound(f"bank {bank_id!r} not found")
+            if bank.ref in self._closing:
+                raise Conflict(f"bank {bank_id!r} is being deleted; retry when that finished")
+            change(bank)
+            self._bank_cache.pop((tenant, bank_id), None)
+            try:
+                return await run_in_thread(self.store.save_bank, bank)
+            except BankGone as exc:  # deleted by another process since the read above
+                self.indexes.drop(bank.ref)
+                raise NotFound(f"bank {bank_id!r} not found") from exc
+
     async def list_banks(self, limit: int, offset: int) -> tuple[list[tuple[Bank, int]], int]:
         """The current tenant's banks with their unit counts, and the total."""
         tenant = current_context().tenant
@@ -479,7 +500,8 @@ class MemoryEngine:
     async def _provenance(
         self, bank: Bank, query: RecallQuery, outcome: RecallOutcome
     ) -> RecallOutcome:
-        """Apply ``prefer_observations`` (a raw fact a returned observation rests on is
+        """Apply ``prefer_observations`` (the query's, else the bank's
+        ``recall_prefer_observations``: a raw fact a returned observation rests on is
         dropped) and fill ``source_facts`` (the returned observations' facts, within
         ``max_source_facts_tokens``)."""
         cited = list(
@@ -492,7 +514,7 @@ class MemoryEngine:
         )
         if not cited:
             return outcome
-        if query.prefer_observations:
+        if bank_config.prefer_observations(bank, query.prefer_observations):
             drop = set(cited)
             outcome.hits = [h for h in outcome.hits if h.unit.id not in drop]
         if query.include_source_facts:

@@ -241,8 +241,9 @@ class RecallQuery:
     min_keyword: float | None = None
     min_final: float | None = None
     temporal_window: tuple[datetime, datetime] | None = None
-    prefer_observations: bool = False
-    """With observations among the types: drop a raw fact a returned observation rests on."""
+    prefer_observations: bool | None = None
+    """With observations among the types: drop a raw fact a returned observation rests on
+    (``None``: the bank's ``recall_prefer_observations``, :mod:`heed.memory.bank_config`)."""
 
 
 @dataclass(slots=True)

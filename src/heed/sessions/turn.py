@@ -22,6 +22,11 @@ cancellable at the recall's own checkpoints; its cost is in the turn's result
 ``remember_messages`` then retains the user's message into its bank, as a ``retain`` tool
 step (``trace.remembered``).
 
+**Directives.** Every turn of a bank-bound session says the bank's active global
+directives (:mod:`heed.memory.directives`: the rules reflect says too, in the same words)
+in its system prompt, or in the grounded answer's; their ids are in ``trace.directives``.
+A bank deleted meanwhile has none.
+
 **A model that cannot use tools** (``provider.follows_tools`` false: the embedded model)
 gets the grounded answer reflect also gives (:class:`heed.llm.grounding.GroundedAnswer`):
 each part of the message ("...'s cat and where does she work?" is two, each recalled on
@@ -41,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from heed.llm.base import (
@@ -53,8 +58,9 @@ from heed.llm.base import (
     ToolSpec,
 )
 from heed.llm.grounding import GroundedAnswer, RecallPart, grounded_question
+from heed.memory.directives import Directive, rules_text
 from heed.memory.entities import query_entity_names
-from heed.memory.models import StoredUnit
+from heed.memory.models import NotFound, StoredUnit
 from heed.runs.ending import SHUTDOWN
 from heed.runs.events import EventType
 from heed.runs.io import BlockingIO
@@ -88,6 +94,10 @@ def _context_of(previous: str) -> str:
     nobody."""
     names = query_entity_names(previous)
     return " ".join(names) if names else previous[:PREVIOUS_MESSAGE_CHARS]
+
+
+#: ``directives(tenant, bank_id)``: the directives a turn of a session bound to the bank says.
+DirectiveLookup = Callable[[str, str], Awaitable[list[Directive]]]
 
 
 def _message_id() -> str:
@@ -134,6 +144,7 @@ class TurnRunner:
         *,
         max_steps: int = 6,
         max_tokens: int | None = None,
+        directives: DirectiveLookup | None = None,
     ) -> None:
         self.sessions = sessions
         self.runs = runs
@@ -142,6 +153,7 @@ class TurnRunner:
         self.tools = tools
         self.max_steps = max_steps
         self.max_tokens = max_tokens
+        self.directives = directives
 
     async def _store(self, run: Run, role: str, content: str, **fields: Any) -> Message:
         assert run.session_id is not None
@@ -172,6 +184,7 @@ class TurnRunner:
         parts: list[str] = []  # the text of the model step in progress (kept on cancel)
         trace: dict[str, Any] = {}
         try:
+            rules = await self._rules(run.tenant, session.bank_id, trace)
             grounded = GroundedAnswer.of(content, split=not provider.follows_tools)
             if run.source != Source.WAKEUP and session.bank_id:
                 recall = self._recall_part(rc, history, session.bank_id, grounded, trace)
@@ -180,7 +193,7 @@ class TurnRunner:
                     # after the recall: the message is not its own memory
                     trace["remembered"] = await self._remember(rc, content, session.bank_id)
             if not provider.follows_tools and grounded.recalled:
-                text = await self._answer_from_memories(rc, provider, grounded, parts)
+                text = await self._answer_from_memories(rc, provider, grounded, parts, rules)
             else:
                 found = grounded.memories[0] if grounded.memories else None
                 question = (
@@ -188,7 +201,8 @@ class TurnRunner:
                     if found is None
                     else grounded_question(memory_lines(found).splitlines(), content)
                 )
-                conversation = [ChatMessage.system(SYSTEM_PROMPT), *to_chat(history)]
+                system = f"{SYSTEM_PROMPT}\n{rules}" if rules else SYSTEM_PROMPT
+                conversation = [ChatMessage.system(system), *to_chat(history)]
                 conversation.append(ChatMessage.user(question))
                 text = await self._agent_loop(rc, provider, conversation, session.bank_id, parts)
             final = await self._store(run, "assistant", text)
@@ -198,6 +212,18 @@ class TurnRunner:
             status = "interrupted" if rc.token.reason == SHUTDOWN else "cancelled"
             await self._store(run, "assistant", "".join(parts), status=status)
             raise
+
+    async def _rules(self, tenant: str, bank_id: str | None, trace: dict[str, Any]) -> str:
+        """The bank's directives as the prompt says them (``""`` for none), their ids in
+        ``trace["directives"]``."""
+        if self.directives is None or not bank_id:
+            return ""
+        try:
+            found = await self.directives(tenant, bank_id)
+        except NotFound:
+            return ""  # the session's bank was deleted: no bank, no rules
+        trace["directives"] = [d.id for d in found]
+        return rules_text(found)
 
     async def _agent_loop(
         self,
@@ -248,6 +274,7 @@ class TurnRunner:
         provider: ChatProvider,
         grounded: GroundedAnswer,
         parts: list[str],
+        rules: str = "",
     ) -> str:
         """A model that cannot use tools gives the grounded answer (see the module
         docstring): each part from its own memories in one generation, without the earlier
@@ -263,7 +290,7 @@ class TurnRunner:
             parts.append(text)
             await rc.emit(EventType.TEXT_DELTA, {"text": text})
 
-        return await grounded.answer(generate, say)
+        return await grounded.answer(generate, say, rules=rules)
 
     async def _model_step(
         self,

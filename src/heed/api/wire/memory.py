@@ -2,15 +2,16 @@
 
 Requests accept (and ignore) fields heed does not implement, unless ignoring
 them would silently change results (``tag_groups``, attachments): those get a
-400 naming the field. Responses carry every field the client's models require.
+400 naming the field; a bank body refuses every field that is not a setting heed honours
+(:mod:`heed.memory.bank_config`). Responses carry every field the client's models require.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from heed.api.input_rules import (
     JSON_INTEGER,
@@ -27,6 +28,8 @@ from heed.api.input_rules import (
     Text,
     TokenBudget,
 )
+from heed.api.wire.config import SettingsBody, setting_fields
+from heed.memory import bank_config
 
 __all__ = [
     "BankListItem",
@@ -79,56 +82,34 @@ class Disposition(RequestBody):
     empathy: Trait = 3
 
 
-ObservationScopes = (
-    Literal["combined", "shared", "per_tag"]
-    | Annotated[list[TagList], Field(max_length=MAX_LIST_ITEMS)]
-)
+ObservationScopes = bank_config.ObservationScopes
 """How consolidation scopes observations (:mod:`heed.memory.scopes`): a mode, or tag lists
 (fnmatch globs allowed)."""
 
 
-class ScopePattern(RequestBody):
-    """One rule of a consolidation strategy: tag patterns and how they must match."""
+class BankProfileWrite(SettingsBody):
+    """The profile fields of a bank body; the settings are added from
+    :data:`heed.memory.bank_config.SETTINGS` (:class:`BankWrite`)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    tags: TagList | None = None
-    tags_match: Literal["all", "any"] | None = None
-
-
-class ConsolidationStrategy(RequestBody):
-    """The observations mission for the scopes its rules claim (the other settings of
-    Hindsight's strategies are refused by name: heed does not implement them)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    scopes: Annotated[list[ScopePattern], Field(max_length=MAX_LIST_ITEMS)] | None = None
-    observations_mission: Text | None = None
-
-
-class BankWrite(_In):
-    """PUT/PATCH body: Hindsight's CreateBankRequest (LLM-only fields are stored or ignored)."""
+    model_config = ConfigDict(populate_by_name=True)
 
     name: Name | None = None
     mission: Text | None = None
-    reflect_mission: Text | None = None
     background: Text | None = None
     disposition: Disposition | None = None
-    disposition_skepticism: Trait | None = None
-    disposition_literalism: Trait | None = None
-    disposition_empathy: Trait | None = None
-    enable_text_search: bool | None = None
-    enable_temporal_retrieval: bool | None = None
-    enable_graph_retrieval: bool | None = None
-    enable_reranking: bool | None = None
-    retain_mission: Text | None = None
-    retain_extraction_mode: Literal["off", "concise", "verbose"] | None = None
-    enable_observations: bool | None = None
-    observations_mission: Text | None = None
-    default_observation_scopes: ObservationScopes | None = None
-    consolidation_strategies: (
-        Annotated[list[ConsolidationStrategy], Field(max_length=MAX_LIST_ITEMS)] | None
-    ) = None
+
+
+if TYPE_CHECKING:
+    BankWrite = BankProfileWrite
+else:
+    BankWrite = create_model(
+        "BankWrite",
+        __base__=BankProfileWrite,
+        __doc__="PUT/PATCH body: Hindsight's CreateBankRequest. Its settings are the bank "
+        "settings heed honours (also ``PATCH .../config``); any other field is a 400 naming "
+        "it.",
+        **setting_fields(),
+    )
 
 
 class BankProfileResponse(BaseModel):

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from heed.api.wire import memory as wire
-from heed.memory import InvalidInput
+from heed.api.wire.config import sent_settings
+from heed.memory import InvalidInput, bank_config
 from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
     FACT_TYPES,
@@ -44,35 +45,24 @@ def profile_of(bank: Bank) -> wire.BankProfileResponse:
 
 
 def bank_fields(body: wire.BankWrite) -> dict[str, Any]:
-    """Engine fields of a PUT/PATCH body (only what was sent)."""
+    """Engine fields of a PUT/PATCH body (only what was sent). Its settings are checked by
+    :func:`heed.memory.bank_config.validate`: a field that is not a setting heed honours is
+    a 400 naming it, and nothing is written."""
+    changes = bank_config.validate(sent_settings(body), where="body")
     disposition: dict[str, int] = {}
     if body.disposition is not None:
         disposition.update(body.disposition.model_dump())
     for trait in ("skepticism", "literalism", "empathy"):
-        value = getattr(body, f"disposition_{trait}")
+        value = changes.pop(f"disposition_{trait}", None)
         if value is not None:
             disposition[trait] = value
+    reflect_mission = changes.pop("reflect_mission", None)
     return {
         "name": body.name,
-        "mission": body.mission if body.mission is not None else body.reflect_mission,
+        "mission": body.mission if body.mission is not None else reflect_mission,
         "background": body.background,
         "disposition": disposition,
-        "config": {
-            "enable_text_search": body.enable_text_search,
-            "enable_temporal_retrieval": body.enable_temporal_retrieval,
-            "enable_graph_retrieval": body.enable_graph_retrieval,
-            "enable_reranking": body.enable_reranking,
-            "retain_mission": body.retain_mission,
-            "retain_extraction_mode": body.retain_extraction_mode,
-            "enable_observations": body.enable_observations,
-            "observations_mission": body.observations_mission,
-            "default_observation_scopes": body.default_observation_scopes,
-            "consolidation_strategies": (
-                [s.model_dump(exclude_none=True) for s in body.consolidation_strategies]
-                if body.consolidation_strategies is not None
-                else None
-            ),
-        },
+        "config": changes,  # a null setting leaves the bank's own value as it is
     }
 
 
@@ -175,7 +165,7 @@ def recall_query(body: wire.RecallRequest) -> RecallQuery:
         min_keyword=scores.keyword,
         min_final=scores.final if scores.final is not None else scores.reranker,
         temporal_window=window,
-        prefer_observations=bool(body.prefer_observations),
+        prefer_observations=body.prefer_observations,
     )
 
 

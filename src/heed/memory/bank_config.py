@@ -1,0 +1,367 @@
+"""A bank's configuration: which settings exist, their types, defaults and validation.
+
+hindsight-client reads and writes a bank's settings as one flat map
+(``GET / PATCH / DELETE .../banks/{bank_id}/config``, and the extra fields of
+``create_bank``). This module is the one list of the settings heed honours
+(:data:`SETTINGS`), how each value is checked (strict JSON types: ``0`` is not ``false``),
+where it lives, its default, and the one rule for a name heed does not honour: **refused
+by name** (:class:`InvalidInput`, 400), never stored and ignored. A Hindsight setting heed
+does not implement (:data:`NOT_IMPLEMENTED`) is named as such; any other name is unknown.
+Keys may also be written the Hindsight server's environment way
+(``HINDSIGHT_API_RETAIN_EXTRACTION_MODE``).
+
+Where a setting lives: most in the bank's ``config`` map (absent: the default); the reflect
+mission in the bank's ``mission`` and the disposition traits in its ``disposition`` (the
+profile fields ``create_bank`` has always written). A ``null`` value removes the bank's own
+value, so the server's default applies again; a reset (:func:`reset`) removes them all.
+
+What reads them: recall its retrieval switches (``enable_*``) and ``recall_prefer_observations``
+(the default of a recall that does not say); retain ``retain_mission`` and
+``retain_extraction_mode``; consolidation ``enable_observations``, ``observations_mission``,
+``default_observation_scopes`` and ``consolidation_strategies`` (:mod:`heed.memory.scopes`);
+reflect the mission and the disposition; the MCP tools ``mcp_enabled_tools``
+(:func:`check_mcp_tool`). Two defaults are the server's (``HEED_RETAIN_EXTRACTION``,
+``HEED_OBSERVATIONS``): :class:`ServerDefaults`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+
+from heed.errors import HeedError
+from heed.memory.models import Bank, InvalidInput
+
+__all__ = [
+    "DISPOSITION_DEFAULT",
+    "MCP_TOOLS",
+    "NOT_IMPLEMENTED",
+    "SETTINGS",
+    "ConsolidationStrategy",
+    "ObservationScopes",
+    "ScopePattern",
+    "ServerDefaults",
+    "Setting",
+    "ToolNotEnabled",
+    "apply",
+    "check_mcp_tool",
+    "overrides",
+    "prefer_observations",
+    "reset",
+    "resolve",
+    "validate",
+]
+
+#: Longest text setting (a mission), as for any free text heed accepts.
+TEXT_CHARS: Final = 200_000
+#: Longest tag, and most entries of any list a setting holds.
+TAG_CHARS: Final = 256
+LIST_ITEMS: Final = 64
+#: A disposition trait nobody set.
+DISPOSITION_DEFAULT: Final = 3
+#: The tools of heed's MCP server (:mod:`heed.mcp.tools`) a bank's ``mcp_enabled_tools``
+#: may name. A tool added there is added here (a test keeps the two equal).
+MCP_TOOLS: Final = ("list_banks", "create_bank", "recall", "retain", "reflect", "start_turn")
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer: ``3.0`` is one (and ``true`` or ``"3"`` are not)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Text = Annotated[str, Field(max_length=TEXT_CHARS)]
+Tag = Annotated[str, Field(min_length=1, max_length=TAG_CHARS)]
+TagList = Annotated[list[Tag], Field(max_length=LIST_ITEMS)]
+Trait = Annotated[int, Field(ge=1, le=5), BeforeValidator(_integral)]
+
+ObservationScopes = (
+    Literal["combined", "shared", "per_tag"]
+    | Annotated[list[TagList], Field(max_length=LIST_ITEMS)]
+)
+"""How consolidation scopes observations (:mod:`heed.memory.scopes`): a mode, or tag lists
+(fnmatch globs allowed)."""
+
+
+class ScopePattern(BaseModel):
+    """One rule of a consolidation strategy: tag patterns and how they must match."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    tags: TagList | None = None
+    tags_match: Literal["all", "any"] | None = None
+
+
+class ConsolidationStrategy(BaseModel):
+    """The observations mission for the scopes its rules claim (the other settings of
+    Hindsight's strategies are refused by name: heed does not implement them)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    scopes: Annotated[list[ScopePattern], Field(max_length=LIST_ITEMS)] | None = None
+    observations_mission: Text | None = None
+
+
+Home = Literal["config", "mission", "disposition"]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting: the type its value has (validated strictly), its default (``None`` with
+    a server default: :class:`ServerDefaults`), where it lives, and what it does."""
+
+    annotation: Any
+    default: Any
+    home: Home = "config"
+    help: str = ""
+
+
+SETTINGS: Final[Mapping[str, Setting]] = {
+    "reflect_mission": Setting(Text, "", "mission", "who reflect answers as, and why"),
+    "disposition_skepticism": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
+    "disposition_literalism": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
+    "disposition_empathy": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
+    "retain_mission": Setting(Text | None, None, help="what retain's extraction looks for"),
+    "retain_extraction_mode": Setting(
+        Literal["off", "concise", "verbose"], None, help="facts extracted at retain"
+    ),
+    "enable_observations": Setting(bool, None, help="consolidate retains into observations"),
+    "observations_mission": Setting(Text | None, None, help="what observations keep"),
+    "default_observation_scopes": Setting(ObservationScopes, "combined"),
+    "consolidation_strategies": Setting(
+        Annotated[list[ConsolidationStrategy], Field(max_length=LIST_ITEMS)], []
+    ),
+    "enable_text_search": Setting(bool, True, help="recall's keyword (BM25) arm"),
+    "enable_temporal_retrieval": Setting(bool, True, help="recall's temporal arm"),
+    "enable_graph_retrieval": Setting(bool, True, help="recall's entity graph arm"),
+    "enable_reranking": Setting(bool, True, help="recall's rerank stage"),
+    "recall_prefer_observations": Setting(
+        bool, False, help="prefer_observations of a recall that does not say"
+    ),
+    "mcp_enabled_tools": Setting(
+        Annotated[list[Literal[MCP_TOOLS]], Field(max_length=LIST_ITEMS)] | None,  # type: ignore[valid-type]
+        None,
+        help="the MCP tools that may act on the bank (null: all)",
+    ),
+}
+
+#: Each setting's validator: strict JSON types.
+_ADAPTERS: Final[Mapping[str, TypeAdapter[Any]]] = {
+    name: TypeAdapter(s.annotation, config=ConfigDict(strict=True)) for name, s in SETTINGS.items()
+}
+
+#: Hindsight's bank settings heed does not implement (hindsight-client 1.1.0's
+#: ``update_bank_config`` and ``create_bank``), refused by name, with why where it helps.
+NOT_IMPLEMENTED: Final[Mapping[str, str]] = {
+    **dict.fromkeys(
+        (
+            "retain_custom_instructions",
+            "retain_chunk_size",
+            "retain_structured_chunk_size",
+            "retain_max_attachments_per_chunk",
+            "retain_default_strategy",
+            "retain_strategies",
+            "retain_chunk_batch_size",
+            "store_document_text",
+        ),
+        "heed's retain chunks and stores every document one way",
+    ),
+    **dict.fromkeys(("entity_labels", "entities_allow_free_form"), "heed has no entity labels"),
+    **dict.fromkeys(
+        (
+            "max_observations_per_scope",
+            "observation_scope_limits",
+            "enable_auto_consolidation",
+            "consolidation_use_decision_model",
+            "consolidation_llm_parallelism",
+            "consolidation_max_memories_per_round",
+            "consolidation_llm_batch_size",
+            "consolidation_source_facts_max_tokens",
+            "consolidation_source_facts_max_tokens_per_observation",
+        ),
+        "heed's consolidation is sized by the server (HEED_CONSOLIDATION_*)",
+    ),
+    **dict.fromkeys(
+        (
+            "mental_model_min_refresh_interval_seconds",
+            "knowledge_page_default_trigger",
+            "mental_model_refresh_use_decision_model",
+            "mental_model_delta_use_decision_model",
+        ),
+        "not a bank setting in heed",
+    ),
+    **dict.fromkeys(
+        (
+            "reflect_source_facts_max_tokens",
+            "reflect_default_options",
+            "reflect_use_decision_model",
+        ),
+        "heed's reflect has no observation search or decision model",
+    ),
+    **dict.fromkeys(
+        (
+            "recall_max_tokens",
+            "recall_include_chunks",
+            "recall_chunks_max_tokens",
+            "recall_budget_function",
+            "recall_budget_fixed_low",
+            "recall_budget_fixed_mid",
+            "recall_budget_fixed_high",
+            "recall_budget_adaptive_low",
+            "recall_budget_adaptive_mid",
+            "recall_budget_adaptive_high",
+            "recall_budget_min",
+            "recall_budget_max",
+        ),
+        "a recall says its own budget, max_tokens and include",
+    ),
+    **dict.fromkeys(
+        ("llm_gemini_safety_settings", "memory_defense", "audit_log_enabled"),
+        "heed has no such feature",
+    ),
+}
+
+_ENV_PREFIX: Final = "HINDSIGHT_API_"
+
+
+class ToolNotEnabled(HeedError):
+    """An MCP tool the bank's ``mcp_enabled_tools`` does not list (HTTP 403)."""
+
+    status_code = 403
+
+
+@dataclass(frozen=True, slots=True)
+class ServerDefaults:
+    """The defaults the server's settings choose (``HEED_RETAIN_EXTRACTION``,
+    ``HEED_OBSERVATIONS``, resolved by :func:`heed.memory.build_learning`)."""
+
+    retain_extraction_mode: str = "off"
+    enable_observations: bool = False
+
+
+def _name(key: str) -> str:
+    """*key* as a setting's name (the environment form ``HINDSIGHT_API_X`` is ``x``)."""
+    return key[len(_ENV_PREFIX) :].lower() if key.startswith(_ENV_PREFIX) else key
+
+
+def _problem(where: str, error: ValidationError) -> str:
+    first = error.errors(include_url=False)[0]
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+    return f"{where}{loc}: {first['msg']}"
+
+
+def validate(updates: Mapping[str, Any], *, where: str = "updates") -> dict[str, Any]:
+    """*updates* checked, as ``{setting: value}`` (a value as stored, JSON-able; ``None``:
+    back to the default). Raises :class:`InvalidInput` naming every key that is not a
+    setting heed honours, else the first value of the wrong type (nothing is applied)."""
+    named: dict[str, Any] = {}
+    not_implemented: list[str] = []
+    unknown: list[str] = []
+    for key, value in updates.items():
+        name = _name(key)
+        if name in SETTINGS:
+            named[name] = value
+        elif name in NOT_IMPLEMENTED:
+            not_implemented.append(f"{key} ({NOT_IMPLEMENTED[name]})")
+        else:
+            unknown.append(key)
+    if not_implemented or unknown:
+        parts = []
+        if not_implemented:
+            parts.append(
+                "Hindsight settings heed does not implement: " + "; ".join(not_implemented)
+            )
+        if unknown:
+            parts.append(
+                "unknown settings: "
+                + ", ".join(repr(k) for k in unknown)
+                + f" (heed's are {', '.join(SETTINGS)})"
+            )
+        raise InvalidInput(f"{where}: " + "; ".join(parts))
+    out: dict[str, Any] = {}
+    for name, value in named.items():
+        if value is None:
+            out[name] = None
+            continue
+        adapter = _ADAPTERS[name]
+        try:
+            checked = adapter.validate_python(value)
+        except ValidationError as exc:
+            raise InvalidInput(_problem(f"{where}.{name}", exc)) from None
+        out[name] = adapter.dump_python(checked, mode="json", exclude_none=True)
+        if name == "mcp_enabled_tools":
+            out[name] = list(dict.fromkeys(out[name]))
+    return out
+
+
+def apply(bank: Bank, changes: Mapping[str, Any]) -> None:
+    """Set the validated *changes* (:func:`validate`) on *bank* (``None``: the default)."""
+    for name, value in changes.items():
+        setting = SETTINGS[name]
+        if setting.home == "mission":
+            bank.mission = value or ""
+        elif setting.home == "disposition":
+            trait = name.removeprefix("disposition_")
+            bank.disposition[trait] = DISPOSITION_DEFAULT if value is None else int(value)
+        elif value is None:
+            bank.config.pop(name, None)
+        else:
+            bank.config[name] = value
+
+
+def reset(bank: Bank) -> None:
+    """Remove every setting of *bank*'s own: the server's defaults apply again."""
+    bank.config = {}
+    bank.mission = ""
+    bank.disposition = dict.fromkeys(("skepticism", "literalism", "empathy"), DISPOSITION_DEFAULT)
+
+
+def overrides(bank: Bank) -> dict[str, Any]:
+    """The settings *bank* sets itself (a trait at the default is not one)."""
+    out: dict[str, Any] = {}
+    for name, setting in SETTINGS.items():
+        if setting.home == "mission":
+            if bank.mission:
+                out[name] = bank.mission
+        elif setting.home == "disposition":
+            value = bank.disposition.get(name.removeprefix("disposition_"), DISPOSITION_DEFAULT)
+            if value != DISPOSITION_DEFAULT:
+                out[name] = value
+        elif name in bank.config:
+            out[name] = bank.config[name]
+    return out
+
+
+def resolve(bank: Bank, defaults: ServerDefaults) -> dict[str, Any]:
+    """Every setting's value for *bank*: its own, else the default."""
+    out: dict[str, Any] = {}
+    for name, setting in SETTINGS.items():
+        default = setting.default
+        if default is None and hasattr(defaults, name):
+            default = getattr(defaults, name)
+        out[name] = default
+    out.update(overrides(bank))
+    return out
+
+
+def prefer_observations(bank: Bank, asked: bool | None) -> bool:
+    """A recall's ``prefer_observations``: what it asked, else the bank's
+    ``recall_prefer_observations``."""
+    if asked is not None:
+        return asked
+    return bool(bank.config.get("recall_prefer_observations", False))
+
+
+def check_mcp_tool(bank: Bank, tool: str) -> None:
+    """Raise :class:`ToolNotEnabled` when *bank* lists its MCP tools and *tool* is not one."""
+    enabled = bank.config.get("mcp_enabled_tools")
+    if enabled is not None and tool not in enabled:
+        listed = ", ".join(enabled) if enabled else "none"
+        raise ToolNotEnabled(
+            f"the MCP tool {tool!r} is not enabled for bank {bank.bank_id!r} "
+            f"(its mcp_enabled_tools: {listed})"
+        )

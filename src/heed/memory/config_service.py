@@ -1,0 +1,68 @@
+"""A tenant's bank configuration through the memory engine: read it resolved, change some
+settings, reset it (the rules: :mod:`heed.memory.bank_config`).
+
+A change is validated whole before anything is written (a refused key or a bad value is a
+400 naming it, and no setting changes), then applied and saved under the engine's bank lock
+(:meth:`heed.memory.engine.MemoryEngine.change_bank`), so two changes of different settings
+both land. Every call is tenant-scoped (another tenant's bank is a 404).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from heed.memory import bank_config
+from heed.memory.engine import MemoryEngine
+from heed.memory.models import Bank
+
+__all__ = ["BankConfigService", "BankConfigView"]
+
+
+@dataclass(frozen=True, slots=True)
+class BankConfigView:
+    """A bank's configuration: every setting's value (``config``) and the bank's own
+    (``overrides``)."""
+
+    bank_id: str
+    config: dict[str, Any]
+    overrides: dict[str, Any]
+
+
+class BankConfigService:
+    """Read, change and reset the current tenant's bank settings (see the module
+    docstring)."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        self.engine = engine
+
+    def defaults(self) -> bank_config.ServerDefaults:
+        """The defaults this server's settings choose."""
+        learning = self.engine.learning
+        return bank_config.ServerDefaults(
+            retain_extraction_mode=learning.extraction_default if learning.extractor else "off",
+            enable_observations=learning.observations_default,
+        )
+
+    def view(self, bank: Bank) -> BankConfigView:
+        return BankConfigView(
+            bank_id=bank.bank_id,
+            config=bank_config.resolve(bank, self.defaults()),
+            overrides=bank_config.overrides(bank),
+        )
+
+    async def read(self, bank_id: str) -> BankConfigView:
+        """The bank's configuration (404 when it does not exist)."""
+        return self.view(await self.engine.get_bank(bank_id))
+
+    async def update(self, bank_id: str, updates: Mapping[str, Any]) -> BankConfigView:
+        """Set *updates* (``null``: back to the default); 400 naming a refused key or a bad
+        value before anything changes."""
+        changes = bank_config.validate(updates)
+        bank = await self.engine.change_bank(bank_id, lambda bank: bank_config.apply(bank, changes))
+        return self.view(bank)
+
+    async def reset(self, bank_id: str) -> BankConfigView:
+        """Remove every setting of the bank's own: the server's defaults apply again."""
+        return self.view(await self.engine.change_bank(bank_id, bank_config.reset))
