@@ -61,6 +61,9 @@ from heed.webhooks import DeliveryWorker, Webhooks
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
 LANE_NAMES = ("recall", "reflect", "retain", "turn")
+#: The lanes whose interactive work is CPU work (embedding, search, ranking): while it holds
+#: as many of their slots as there are cores, background work in every lane waits.
+CPU_LANES = ("recall", "retain")
 
 
 def build_lanes(settings: Settings) -> Lanes:
@@ -72,7 +75,8 @@ def build_lanes(settings: Settings) -> Lanes:
 
     Background work's share is the same in every lane (``HEED_BACKGROUND_CAPACITY``, capped
     at the lane's slots; unset: all but one; ``HEED_BACKGROUND_MAX_DEFER_SECONDS``,
-    ``HEED_BACKGROUND_MAX_QUEUE``).
+    ``HEED_BACKGROUND_MAX_QUEUE``), and background work also waits while interactive recalls
+    and retains use every core (:data:`CPU_LANES`, :class:`heed.runtime.CpuBudget`).
     """
     recall = settings.recall_concurrency
     dear = {"recall": settings.recall_dear_concurrency or max(1, recall - 1)}
@@ -86,6 +90,7 @@ def build_lanes(settings: Settings) -> Lanes:
             background_capacity=settings.background_capacity,
             background_max_defer=settings.background_max_defer_seconds,
             background_max_queue=settings.background_max_queue,
+            cpu_bound=name in CPU_LANES,
         )
         for name in LANE_NAMES
     )

@@ -347,3 +347,56 @@ def test_background_limits_default_and_are_checked() -> None:
         Lane("x", capacity=2, max_queue=1, background_max_defer=-1.0)
     with pytest.raises(ValueError, match="background_max_queue"):
         Lane("x", capacity=2, max_queue=1, background_max_queue=-1)
+
+
+async def test_background_work_in_any_lane_waits_while_interactive_cpu_work_fills_the_cores() -> (
+    None
+):
+    from heed.runtime import Lanes
+
+    retain = Lane("retain", capacity=2, max_queue=10, cpu_bound=True)
+    recall = Lane("recall", capacity=2, max_queue=10, cpu_bound=True)
+    reflect = Lane("reflect", capacity=2, max_queue=10)
+    lanes = Lanes([retain, recall, reflect], cores=2)
+    order: list[str] = []
+    releases = {name: asyncio.Event() for name in ("r1", "r2", "bg", "llm", "chat")}
+    r1 = asyncio.create_task(_hold(retain, "r1", releases["r1"], order))
+    r2 = asyncio.create_task(_hold(retain, "r2", releases["r2"], order))
+    await _settle()
+    assert lanes.cpu_budget.full()
+    # The recall lane is idle, but both cores do a user's retains: background work waits,
+    # in the recall lane and in the (not CPU-bound) reflect lane alike.
+    bg = asyncio.create_task(_hold(recall, "bg", releases["bg"], order, background=True))
+    llm = asyncio.create_task(_hold(reflect, "llm", releases["llm"], order, background=True))
+    # Interactive work in a lane that is not CPU-bound is not counted and not held back.
+    chat = asyncio.create_task(_hold(reflect, "chat", releases["chat"], order))
+    await _settle()
+    assert order == ["r1", "r2", "chat"]
+    assert recall.stats().background_queued == 1 and reflect.stats().background_queued == 1
+    releases["r1"].set()  # a core comes free: the waiting background work goes
+    await _settle()
+    assert sorted(order[3:]) == ["bg", "llm"]
+    assert lanes.cpu_budget.held == 1  # background slots are not counted
+    for event in releases.values():
+        event.set()
+    await asyncio.gather(r1, r2, bg, llm, chat)
+    assert lanes.cpu_budget.held == 0
+
+
+async def test_aged_background_work_goes_even_while_the_cores_are_full() -> None:
+    from heed.runtime import Lanes
+
+    retain = Lane("retain", capacity=2, max_queue=10, cpu_bound=True)
+    recall = Lane("recall", capacity=2, max_queue=10, cpu_bound=True, background_max_defer=0.05)
+    Lanes([retain, recall], cores=2)
+    order: list[str] = []
+    hold = asyncio.Event()
+    users = [asyncio.create_task(_hold(retain, f"u{i}", hold, order)) for i in range(2)]
+    await _settle()
+    bg = asyncio.create_task(_hold(recall, "bg", hold, order, background=True))
+    await _settle()
+    assert "bg" not in order
+    await asyncio.sleep(0.2)  # past background_max_defer: never starved forever
+    assert "bg" in order
+    hold.set()
+    await asyncio.gather(*users, bg)

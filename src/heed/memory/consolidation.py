@@ -98,6 +98,10 @@ __all__ = [
 MAX_ATTEMPTS: Final = 3
 #: Earlier versions an observation keeps.
 HISTORY_LIMIT: Final = 20
+#: The most recalls a scope's round makes for its related observations.
+RELATED_QUERIES: Final = 4
+#: The longest query text of one of those recalls.
+QUERY_CHARS: Final = 400
 #: The most banks :meth:`Consolidation.resume` schedules at start-up.
 RESUME_LIMIT: Final = 10_000
 
@@ -401,12 +405,17 @@ class Consolidation:
     async def _related(
         self, bank: Bank, facts: list[StoredUnit], tags: list[str]
     ) -> list[StoredUnit]:
-        """The observations related to *facts* in their scope, best first, deduplicated."""
+        """The observations related to *facts* in their scope, best first, deduplicated:
+        at most :data:`RELATED_QUERIES` recalls, each with the text of a few facts (a
+        round's background CPU stays small beside users' recalls)."""
         seen: dict[str, StoredUnit] = {}
-        per_fact = max(2, self.limits.related // max(1, len(facts)))
-        for fact in facts:
+        queries = min(RELATED_QUERIES, len(facts))
+        per_query = max(2, self.limits.related // max(1, queries))
+        for number in range(queries):
+            group = facts[number::queries]  # every queries-th fact: a few, spread over the batch
+            share = QUERY_CHARS // len(group)
             query = RecallQuery(
-                query=fact.text[:400],
+                query=" ".join(f.text[:share] for f in group),
                 types=["observation"],
                 budget="low",
                 max_tokens=2048,
@@ -414,7 +423,7 @@ class Consolidation:
                 tags_match="all_strict" if tags else "any",
             )
             outcome = await self.engine.recall(bank, query, background=True)
-            for hit in outcome.hits[:per_fact]:
+            for hit in outcome.hits[:per_query]:
                 seen.setdefault(hit.unit.id, hit.unit)
             if len(seen) >= self.limits.related:
                 break

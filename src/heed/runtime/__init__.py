@@ -23,13 +23,14 @@ from heed.runtime.context import (
 )
 from heed.runtime.offload import WorkerProcessDied, run_blocking, run_in_process, run_in_thread
 from heed.runtime.retry import retry_async
-from heed.runtime.slots import Lane, LaneFull, Lanes, LaneStats
+from heed.runtime.slots import CpuBudget, Lane, LaneFull, Lanes, LaneStats
 from heed.runtime.tasks import settle
 
 __all__ = [
     "DEADLINE_EXCEEDED",
     "DEFAULT_TENANT",
     "CancellationToken",
+    "CpuBudget",
     "Lane",
     "LaneFull",
     "LaneStats",

@@ -38,6 +38,12 @@ same lanes, with a lower priority rather than a pool of its own:
   waiter is queued in the lane; a freed slot goes to interactive waiters first (by the
   rules above), to background waiters only when no interactive waiter is queued. With
   spare capacity, background work takes a free slot at once.
+- **Interactive first across lanes, for the CPU.** Lanes that do CPU work (``cpu_bound``:
+  recall and retain) share a :class:`CpuBudget`: while interactive work holds as many of
+  their slots as the budget (the machine's cores), background work in *any* lane waits,
+  so a consolidation's recalls do not take a core a user's retain is using, although the
+  recall lane itself is idle. When the interactive work drops below the budget, waiting
+  background work is dispatched in every lane.
 - **A reserve for interactive work.** Background work holds at most
   ``background_capacity`` slots at once (by default all but one: on a 2-slot lane one
   slot stays free for a user's request while background work runs); a background
@@ -62,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
@@ -71,7 +78,7 @@ from dataclasses import dataclass, field
 from heed.runtime.cancellation import CancellationToken, OperationCancelled
 from heed.runtime.context import _current
 
-__all__ = ["Lane", "LaneFull", "LaneStats", "Lanes"]
+__all__ = ["CpuBudget", "Lane", "LaneFull", "LaneStats", "Lanes"]
 
 #: Weight of the newest slot hold time in the moving average.
 _EWMA_WEIGHT = 0.2
@@ -107,6 +114,31 @@ class LaneStats:
     """Slots held by background work (part of ``in_use``)."""
     background_queued: int = 0
     """Background waiters (not part of ``queued``, which counts interactive waiters)."""
+
+
+class CpuBudget:
+    """How many interactive slots of ``cpu_bound`` lanes may be held before background work
+    in every lane waits (see the module docstring). One per :class:`Lanes`."""
+
+    def __init__(self, cores: int) -> None:
+        if cores < 1:
+            raise ValueError(f"a CPU budget needs cores >= 1, got {cores}")
+        self.cores = cores
+        self.held = 0
+        self._lanes: list[Lane] = []
+
+    def full(self) -> bool:
+        """Whether interactive CPU work uses every core: background work waits."""
+        return self.held >= self.cores
+
+    def _attach(self, lane: Lane) -> None:
+        self._lanes.append(lane)
+
+    def _dispatch(self) -> None:
+        """A core came free: background work waiting in any lane may go."""
+        for lane in self._lanes:
+            if lane._background:
+                lane._dispatch()
 
 
 class _Slot:
@@ -152,6 +184,7 @@ class Lane:
         background_capacity: int | None = None,
         background_max_defer: float | None = 10.0,
         background_max_queue: int = 64,
+        cpu_bound: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"lane {name!r} needs capacity >= 1, got {capacity}")
@@ -187,6 +220,9 @@ class Lane:
         )
         self.background_max_defer = background_max_defer
         self.background_max_queue = background_max_queue
+        #: Whether its interactive slots count in the :class:`CpuBudget` of its lanes.
+        self.cpu_bound = cpu_bound
+        self._budget: CpuBudget | None = None
         self._background_held = 0
         #: Background waiters, in arrival order (first in, first out).
         self._background: deque[_Waiter] = deque()
@@ -309,6 +345,7 @@ class Lane:
             and self._background_held < self.background_capacity
             and not self._queued
             and not self._background
+            and not self._cpu_full()
         ):
             return self._grant(token, False, True)
         if len(self._background) >= self.background_max_queue:
@@ -401,12 +438,21 @@ class Lane:
         waiter.aged = True
         self._dispatch()
 
+    def _cpu_full(self) -> bool:
+        return self._budget is not None and self._budget.full()
+
     def _grant(self, token: CancellationToken | None, dear: bool, background: bool) -> _Slot:
         slot = _Slot(token, dear, background)
         self._held.add(slot)
         self._dear_held += dear
         self._background_held += background
+        if self._counts(slot) and self._budget is not None:
+            self._budget.held += 1
         return slot
+
+    def _counts(self, slot: _Slot) -> bool:
+        """Whether *slot* counts in the CPU budget (interactive work of a CPU-bound lane)."""
+        return self.cpu_bound and not slot.background
 
     def _release(self, slot: _Slot) -> None:
         if slot not in self._held:
@@ -414,13 +460,18 @@ class Lane:
         self._held.discard(slot)
         self._dear_held -= slot.dear
         self._background_held -= slot.background
+        budget = self._budget if self._counts(slot) else None
+        if budget is not None:
+            budget.held -= 1
         held = time.monotonic() - slot.granted_at
         self._hold_seconds = (
             held
             if self._hold_seconds == 0.0
             else (1 - _EWMA_WEIGHT) * self._hold_seconds + _EWMA_WEIGHT * held
         )
-        self._dispatch()
+        self._dispatch()  # this lane's interactive waiters first
+        if budget is not None and not budget.full():
+            budget._dispatch()
 
     def _dispatch(self) -> None:
         """Hand free slots to waiters: interactive ones one tenant at a time in turn, then
@@ -447,7 +498,7 @@ class Lane:
         waiter = self._next_waiter() if self._queued else None
         if waiter is not None:
             return waiter
-        if head is not None and (head.aged or not self._queued):
+        if head is not None and (head.aged or (not self._queued and not self._cpu_full())):
             return self._background.popleft()
         return None
 
@@ -507,10 +558,15 @@ class Lane:
 
 
 class Lanes:
-    """The lanes of one server, by name."""
+    """The lanes of one server, by name; its ``cpu_bound`` lanes share one
+    :class:`CpuBudget` of *cores* (default: the machine's)."""
 
-    def __init__(self, lanes: Iterable[Lane]) -> None:
+    def __init__(self, lanes: Iterable[Lane], cores: int | None = None) -> None:
         self._lanes = {lane.name: lane for lane in lanes}
+        self.cpu_budget = CpuBudget(cores or os.cpu_count() or 1)
+        for lane in self._lanes.values():
+            lane._budget = self.cpu_budget
+            self.cpu_budget._attach(lane)
 
     def __getitem__(self, name: str) -> Lane:
         return self._lanes[name]
