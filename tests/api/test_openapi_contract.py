@@ -95,6 +95,9 @@ SEMANTIC_400 = [
     "POST /v1/default/banks/{bank_id}/webhooks",
     "PATCH /v1/default/banks/{bank_id}/webhooks/{webhook_id}",
     "GET /v1/default/banks/{bank_id}/webhooks/{webhook_id}/deliveries",
+    # Directives refuse a blank name, content or tag, and a bank's 101st directive.
+    "POST /v1/default/banks/{bank_id}/directives",
+    "PATCH /v1/default/banks/{bank_id}/directives/{directive_id}",
 ]
 """Operations where a schema-valid request may get a 400: the server judges a value the
 document can only type. The document says so (400: "a value only the server can judge"); the
@@ -119,7 +122,11 @@ def _seed(client: httpx.Client) -> dict[str, list[str]]:
     assert turn.status_code == 202, turn.text
     run_id = turn.json()["run_id"]
     wait_for(lambda: client.get(f"/v1/runs/{run_id}").json()["phase"] == "completed")
+    directive = client.post(
+        f"/v1/default/banks/{BANK}/directives", json={"name": "r", "content": "Be brief."}
+    ).json()["id"]
     return {
+        "directive_id": [directive],
         "bank_id": [BANK],
         "document_id": [DOCUMENT],
         "memory_id": [m["id"] for m in memories],

@@ -104,6 +104,7 @@ class AObjects:
     webhook_id: str = "wh_0123456789abcdef01234567"
     mental_model_id: str = "mm-none"
     folder_id: str = "folder-none"
+    directive_id: str = "directive-none"
 
     @property
     def run_ids(self) -> list[str]:
@@ -177,6 +178,8 @@ def a_objects(a_client: httpx.Client) -> AObjects:
     wait_for(lambda: _phase(a, model["operation_id"]) == "completed", 20)
     folder = _ok(a.post(f"{bank}/knowledge-base/folders", json={"name": "A's folder"}), 201)
     hook = _ok(a.post(f"{bank}/webhooks", json={"url": "http://127.0.0.1:9/a"}), 201)
+    rule = _ok(a.post(f"{bank}/directives", json={"name": "A's rule", "content": "Say Quux."}))
+    _ok(a.patch(f"{bank}/config", json={"updates": {"retain_mission": "A's mission"}}))
     return AObjects(
         memory_ids=sorted(u["id"] for u in units),
         document_ids=[*DOCS, ASYNC_DOC],
@@ -187,6 +190,7 @@ def a_objects(a_client: httpx.Client) -> AObjects:
         webhook_id=hook["id"],
         mental_model_id=model["mental_model_id"],
         folder_id=folder["id"],
+        directive_id=rule["id"],
     )
 
 
@@ -216,6 +220,9 @@ def _a_view(a: httpx.Client, objs: AObjects) -> dict[str, Any]:
         "turn journal": _journal(a, objs.turn_run_id),
         "operation journal": _journal(a, objs.operation_id),
         "webhooks": _ok(a.get(f"{bank}/webhooks")),
+        "directives": _ok(a.get(f"{bank}/directives", params={"active_only": "false"})),
+        "directive": _ok(a.get(f"{bank}/directives/{objs.directive_id}")),
+        "config": _ok(a.get(f"{bank}/config")),
     }
 
 
@@ -387,7 +394,35 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
         Attempt("GET", HOOKS_T + "/{webhook_id}/deliveries", params, mine),
     ]
     out += mental_model_attempts(objs, bank_is_as=bank_is_as)
+    out += directive_and_config_attempts(objs, bank_is_as=bank_is_as)
     return out
+
+
+DIR_T = BANK_T + "/directives"
+CONFIG_T = BANK_T + "/config"
+
+
+def directive_and_config_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
+    """B's attempts on A's bank settings and directives."""
+    bank = {"bank_id": BANK}
+    own = ("bank_id",) if bank_is_as else ()
+    out: list[Attempt] = []
+    if bank_is_as:
+        out += [
+            Attempt("GET", CONFIG_T, bank, own),
+            Attempt("PATCH", CONFIG_T, bank, own, body={"updates": {"retain_mission": "B's"}}),
+            Attempt("DELETE", CONFIG_T, bank, own),
+            Attempt("GET", DIR_T, bank, own),
+            Attempt("POST", DIR_T, bank, own, body={"name": "B's", "content": "B's rule"}),
+        ]
+    rule = {**bank, "directive_id": objs.directive_id}
+    mine = (*own, "directive_id")
+    return [
+        *out,
+        Attempt("GET", DIR_T + "/{directive_id}", rule, mine),
+        Attempt("PATCH", DIR_T + "/{directive_id}", rule, mine, body={"content": "B's rule"}),
+        Attempt("DELETE", DIR_T + "/{directive_id}", rule, mine),
+    ]
 
 
 MM_T = BANK_T + "/mental-models"
