@@ -45,12 +45,25 @@ def _request(raw: str) -> wire.FileRetainRequest:
         raise InvalidInput(f"request.{where}: {error['msg']}") from None
 
 
+async def _uploaded(part: UploadFile | str) -> UploadedFile:
+    """A multipart part as a file; a plain field (no file name) is a nameless file."""
+    if isinstance(part, str):
+        return UploadedFile("", None, part.encode("utf-8", "surrogatepass"))
+    return UploadedFile(part.filename or "", part.content_type, await part.read())
+
+
 @router.post("/retain")
 async def retain_files(
     bank_id: IdPath,
-    files: Annotated[list[UploadFile], File(description="The files: each becomes a document.")],
     engine: MemoryDep,
     service: FileRetainDep,
+    files: Annotated[
+        list[UploadFile | str] | None,
+        File(
+            description="The files: each becomes a document (a part without a file name "
+            "needs a document_id)."
+        ),
+    ] = None,
     request: Annotated[
         str,
         Form(max_length=1_000_000, description="JSON: Hindsight's FileRetainRequest."),
@@ -61,7 +74,7 @@ async def retain_files(
     operation."""
     body = _request(request)
     bank = await engine.get_bank(bank_id)
-    uploaded = [UploadedFile(f.filename or "", f.content_type, await f.read()) for f in files]
+    uploaded = [await _uploaded(f) for f in files or ()]
     metas = [
         FileMeta(
             context=m.context,
