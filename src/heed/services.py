@@ -199,7 +199,9 @@ class Services:
         self.retain_provider = retain_provider = ProviderSlot(lambda: _provider(settings, "retain"))
         learning = build_learning(settings, retain_provider.get)
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
-        self.bank_config = BankConfigService(self.memory)  # a bank's settings
+        self.bank_config = BankConfigService(  # a bank's settings
+            self.memory, min_refresh_interval=settings.mental_model_min_refresh_interval_seconds
+        )
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
         self.reflect_runs = ReflectRuns(manager, self.reflect)

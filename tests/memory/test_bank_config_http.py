@@ -46,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "enable_graph_retrieval": True,
     "enable_reranking": True,
     "recall_prefer_observations": False,
+    "mental_model_min_refresh_interval_seconds": 0.0,
     "mcp_enabled_tools": None,
 }
 
@@ -331,6 +332,25 @@ def test_reflect_says_the_bank_mission_and_disposition(
     client.reflect(bank, "How many cats?")
     system = provider.requests[-1].messages[0].content
     assert "Bank mission" not in system and "Disposition" not in system
+
+
+def test_a_bank_minimum_refresh_interval_holds_its_mental_models_back(
+    server: LiveServer, http: httpx.Client, bank: str
+) -> None:
+    provider = ScriptedProvider({"replies": [{"text": "unused"}, {"text": "Alice has cats."}]})
+    server.app.state.services.reflect.provider = provider
+    base = f"/v1/default/banks/{bank}/mental-models"
+    made = http.post(base, json={"name": "Alice", "source_query": "Who is Alice?"})
+    assert made.status_code == 200, made.text
+    run = made.json()["operation_id"]
+    wait_for(lambda: http.get(f"/v1/runs/{run}").json()["phase"] == "completed", 30)
+    refresh = f"{base}/{made.json()['mental_model_id']}/refresh"
+
+    assert patch(http, bank, {"mental_model_min_refresh_interval_seconds": 3600}).is_success
+    early = http.post(refresh)
+    assert early.status_code == 409 and "retry-after" in early.headers, early.text
+    assert patch(http, bank, {"mental_model_min_refresh_interval_seconds": None}).is_success
+    assert http.post(refresh).status_code == 200  # the server's default: no interval
 
 
 # -- mcp_enabled_tools --------------------------------------------------------------------------

@@ -19,9 +19,11 @@ What reads them: recall its retrieval switches (``enable_*``) and ``recall_prefe
 (the default of a recall that does not say); retain ``retain_mission`` and
 ``retain_extraction_mode``; consolidation ``enable_observations``, ``observations_mission``,
 ``default_observation_scopes`` and ``consolidation_strategies`` (:mod:`heed.memory.scopes`);
-reflect the mission and the disposition; the MCP tools ``mcp_enabled_tools``
-(:func:`check_mcp_tool`). Two defaults are the server's (``HEED_RETAIN_EXTRACTION``,
-``HEED_OBSERVATIONS``): :class:`ServerDefaults`.
+reflect the mission and the disposition; mental-model refreshes
+``mental_model_min_refresh_interval_seconds`` (:mod:`heed.mental_models.refresh`); the MCP
+tools ``mcp_enabled_tools`` (:func:`check_mcp_tool`). Three defaults are the server's
+(``HEED_RETAIN_EXTRACTION``, ``HEED_OBSERVATIONS``,
+``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``): :class:`ServerDefaults`.
 """
 
 from __future__ import annotations
@@ -64,7 +66,11 @@ LIST_ITEMS: Final = 64
 DISPOSITION_DEFAULT: Final = 3
 #: The tools of heed's MCP server (:mod:`heed.mcp.tools`) a bank's ``mcp_enabled_tools``
 #: may name. A tool added there is added here (a test keeps the two equal).
-MCP_TOOLS: Final = ("list_banks", "create_bank", "recall", "retain", "reflect", "start_turn")
+MCP_TOOLS: Final = (
+    *("list_banks", "create_bank", "recall", "retain", "reflect", "start_turn"),
+    *("list_mental_models", "get_mental_model", "create_mental_model", "refresh_mental_model"),
+    *("list_directives", "create_directive", "update_directive", "delete_directive"),
+)
 
 
 def _integral(value: Any) -> Any:
@@ -142,6 +148,11 @@ SETTINGS: Final[Mapping[str, Setting]] = {
     "recall_prefer_observations": Setting(
         bool, False, help="prefer_observations of a recall that does not say"
     ),
+    "mental_model_min_refresh_interval_seconds": Setting(
+        Annotated[float, Field(ge=0, le=366 * 24 * 3600)],
+        None,
+        help="least seconds between two refreshes of a mental model (its trigger may say)",
+    ),
     "mcp_enabled_tools": Setting(
         Annotated[list[Literal[MCP_TOOLS]], Field(max_length=LIST_ITEMS)] | None,  # type: ignore[valid-type]
         None,
@@ -187,7 +198,6 @@ NOT_IMPLEMENTED: Final[Mapping[str, str]] = {
     ),
     **dict.fromkeys(
         (
-            "mental_model_min_refresh_interval_seconds",
             "knowledge_page_default_trigger",
             "mental_model_refresh_use_decision_model",
             "mental_model_delta_use_decision_model",
@@ -237,10 +247,12 @@ class ToolNotEnabled(HeedError):
 @dataclass(frozen=True, slots=True)
 class ServerDefaults:
     """The defaults the server's settings choose (``HEED_RETAIN_EXTRACTION``,
-    ``HEED_OBSERVATIONS``, resolved by :func:`heed.memory.build_learning`)."""
+    ``HEED_OBSERVATIONS``, resolved by :func:`heed.memory.build_learning`;
+    ``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``)."""
 
     retain_extraction_mode: str = "off"
     enable_observations: bool = False
+    mental_model_min_refresh_interval_seconds: float = 0.0
 
 
 def _name(key: str) -> str:

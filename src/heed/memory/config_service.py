@@ -34,8 +34,10 @@ class BankConfigService:
     """Read, change and reset the current tenant's bank settings (see the module
     docstring)."""
 
-    def __init__(self, engine: MemoryEngine) -> None:
+    def __init__(self, engine: MemoryEngine, *, min_refresh_interval: float = 0.0) -> None:
         self.engine = engine
+        #: ``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``.
+        self.min_refresh_interval = min_refresh_interval
 
     def defaults(self) -> bank_config.ServerDefaults:
         """The defaults this server's settings choose."""
@@ -43,6 +45,7 @@ class BankConfigService:
         return bank_config.ServerDefaults(
             retain_extraction_mode=learning.extraction_default if learning.extractor else "off",
             enable_observations=learning.observations_default,
+            mental_model_min_refresh_interval_seconds=self.min_refresh_interval,
         )
 
     def view(self, bank: Bank) -> BankConfigView:
