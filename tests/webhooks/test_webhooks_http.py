@@ -36,6 +36,7 @@ def _settings(data_dir: Path, url: str | None = None, **extra: Any) -> Settings:
         "webhook_poll_seconds": 0.05,
         "webhook_backoff_seconds": 0.05,
         "webhook_max_attempts": 3,
+        "llm_provider": "scripted",  # consolidations and mental-model refreshes: an echo
         **extra,
     }
     return Settings(data_dir=data_dir, database_url=url, **fields)
@@ -176,6 +177,41 @@ def test_only_the_subscribed_events_are_sent(server: LiveServer, hook_receiver: 
     time.sleep(0.5)
     assert [r.json["type"] for r in hook_receiver.at(path)] == ["retain.completed"]
     assert hook_receiver.at(disabled) == []
+
+
+@pytest.mark.parametrize(
+    ("kind_event", "start"),
+    [
+        ("consolidation.completed", lambda bank: ("/consolidate", {})),
+        (
+            "mental_model.refreshed",
+            lambda bank: ("/mental-models", {"name": "pets", "source_query": "Who has pets?"}),
+        ),
+    ],
+)
+def test_each_kind_of_bank_run_has_its_event(
+    server: LiveServer, hook_receiver: Receiver, kind_event: str, start: Any
+) -> None:
+    bank = new_bank(server)
+    path = f"/kind-{bank}"
+    create_hook(server, bank, url=f"{hook_receiver.url}{path}")
+    async_retain(server, bank, "Gus has a tortoise named Flash.")
+    route, body = start(bank)
+    r = httpx.post(f"{server.url}/v1/default/banks/{bank}{route}", json=body, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    got = wait_for(lambda: [x for x in hook_receiver.at(path) if x.json["type"] == kind_event], 30)
+    [event] = got
+    assert event.json["bank_id"] == bank and event.json["data"]["status"] == "completed"
+    run_id = event.json["data"]["run_id"]
+    completed = wait_for(
+        lambda: [
+            x
+            for x in hook_receiver.at(path)
+            if x.json["type"] == "run.completed" and x.json["data"]["run_id"] == run_id
+        ],
+        10,
+    )
+    assert len(completed) == 1
 
 
 def test_a_failing_receiver_is_retried_with_backoff_then_failed(
