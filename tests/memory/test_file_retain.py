@@ -263,6 +263,13 @@ def test_two_files_cannot_be_one_document(server: LiveServer) -> None:
     assert "would both be document 'a.txt'" in r.json()["detail"]
 
 
+def test_a_file_name_too_long_for_a_document_id_is_refused(server: LiveServer) -> None:
+    bank = new_bank(server)
+    r = post_files(server, bank, [("n" * 600 + ".txt", b"Ola skis.")])
+    assert r.status_code == 400 and "the limit is 512" in r.json()["detail"]
+    assert documents(server, bank) == {}
+
+
 def test_unknown_bank_is_a_404(server: LiveServer) -> None:
     r = post_files(server, "no-such-bank-" + uuid.uuid4().hex[:6], [("a.txt", b"x")])
     assert r.status_code == 404

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Final
 
 from heed.memory.engine import MemoryEngine
 from heed.memory.files import (
@@ -44,7 +45,10 @@ from heed.memory.models import Bank, RetainItem
 from heed.memory.operations import RetainOperations
 from heed.runtime import run_in_thread
 
-__all__ = ["FileMeta", "FileRetain", "FileRetainResult"]
+__all__ = ["MAX_DOCUMENT_ID_CHARS", "FileMeta", "FileRetain", "FileRetainResult"]
+
+#: The longest document id a file's name may give (as any id heed takes).
+MAX_DOCUMENT_ID_CHARS: Final = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,11 @@ class FileRetain:
                 raise FileRefused(
                     f"{file_label(index, file)} has no file name: give its document_id "
                     "in files_metadata"
+                )
+            if len(document_id) > MAX_DOCUMENT_ID_CHARS:
+                raise FileRefused(
+                    f"{file_label(index, file)}: its document id has {len(document_id)} "
+                    f"characters; the limit is {MAX_DOCUMENT_ID_CHARS}"
                 )
             if document_id in seen:
                 raise FileRefused(
