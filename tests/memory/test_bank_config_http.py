@@ -198,6 +198,12 @@ def test_reset_bank_config_returns_to_the_server_defaults(
         ({"retain_extraction_mode": "custom"}, 422, ["retain_extraction_mode"]),
         ({"consolidation_strategies": [{"max_observations": 3}]}, 422, ["max_observations"]),
         ({"HINDSIGHT_API_ENABLE_RERANKING": "no"}, 400, ["enable_reranking"]),
+        (
+            {"enable_reranking": True, "HINDSIGHT_API_ENABLE_RERANKING": False},
+            400,
+            ["enable_reranking is given twice"],
+        ),
+        ({f"knob{i}": i for i in range(40)}, 400, ["'knob9', and 30 more"]),
     ],
 )
 def test_refused_settings_are_named_and_nothing_changes(

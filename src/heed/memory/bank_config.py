@@ -266,6 +266,16 @@ def _problem(where: str, error: ValidationError) -> str:
     return f"{where}{loc}: {first['msg']}"
 
 
+#: Refused names an error lists (the rest are counted), and the characters shown of each.
+_NAMES_SHOWN: Final = 10
+_NAME_SHOWN: Final = 100
+
+
+def _listed(names: list[str], sep: str) -> str:
+    more = len(names) - _NAMES_SHOWN
+    return sep.join(names[:_NAMES_SHOWN]) + (f"{sep}and {more} more" if more > 0 else "")
+
+
 def validate(updates: Mapping[str, Any], *, where: str = "updates") -> dict[str, Any]:
     """*updates* checked, as ``{setting: value}`` (a value as stored, JSON-able; ``None``:
     back to the default). Raises :class:`InvalidInput` naming every key that is not a
@@ -275,23 +285,23 @@ def validate(updates: Mapping[str, Any], *, where: str = "updates") -> dict[str,
     unknown: list[str] = []
     for key, value in updates.items():
         name = _name(key)
+        if name in named:
+            raise InvalidInput(f"{where}: {name} is given twice (as {key!r} too)")
         if name in SETTINGS:
             named[name] = value
         elif name in NOT_IMPLEMENTED:
             not_implemented.append(f"{key} ({NOT_IMPLEMENTED[name]})")
         else:
-            unknown.append(key)
+            unknown.append(repr(key[:_NAME_SHOWN]))
     if not_implemented or unknown:
         parts = []
         if not_implemented:
             parts.append(
-                "Hindsight settings heed does not implement: " + "; ".join(not_implemented)
+                "Hindsight settings heed does not implement: " + _listed(not_implemented, "; ")
             )
         if unknown:
             parts.append(
-                "unknown settings: "
-                + ", ".join(repr(k) for k in unknown)
-                + f" (heed's are {', '.join(SETTINGS)})"
+                f"unknown settings: {_listed(unknown, ', ')} (heed's are {', '.join(SETTINGS)})"
             )
         raise InvalidInput(f"{where}: " + "; ".join(parts))
     out: dict[str, Any] = {}
