@@ -316,6 +316,23 @@ def test_a_bank_bound_chat_turn_says_the_global_directives(
     assert RULES_HEADING not in provider.requests[-1].messages[0].content
 
 
+def test_a_chat_turn_of_a_model_without_tools_says_them_with_the_memories(
+    server: LiveServer, client: Hindsight, http: httpx.Client, bank: str
+) -> None:
+    client.create_directive(bank, name="french", content=FRENCH)
+    provider = ScriptedProvider({"follows_tools": False, "replies": [{"text": "Deux chats."}]})
+    server.app.state.services.turn_provider.current = provider
+    session = http.post("/v1/sessions", json={"bank_id": bank}).json()["id"]
+    body = {"content": "How many cats does Alice have?"}
+    run_id = http.post(f"/v1/sessions/{session}/turns", json=body).json()["run_id"]
+    run = wait_for(
+        lambda: (x := http.get(f"/v1/runs/{run_id}").json())["phase"] == "completed" and x
+    )
+    assert run["result"]["text"] == "Deux chats."
+    system = provider.requests[-1].messages[0].content
+    assert system.startswith(ANSWER_FROM_MEMORIES) and system.endswith(f"1. {FRENCH}")
+
+
 def rules_text_of(contents: list[str]) -> str:
     return rules_text([Directive(str(i), "b", "n", c) for i, c in enumerate(contents)])
 
