@@ -112,6 +112,8 @@ export const sessions = {
 
 export const runs = {
   get: (id) => request("GET", `/v1/runs/${enc(id)}`),
+  /** Runs not yet terminal (any kind), oldest first: how a page finds work it did not start. */
+  active: ({ limit = 100 } = {}) => request("GET", `/v1/runs?active=true&limit=${limit}`),
   cancel: (id) => request("POST", `/v1/runs/${enc(id)}/cancel`),
   streamUrl: (id, after) => `/v1/runs/${enc(id)}/stream?after=${after || 0}`,
 };
@@ -161,6 +163,50 @@ export const memory = {
     if (!response.ok) throw await errorFrom(response);
     return response;
   },
+};
+
+// --- what a bank learns (issue 31): observations, mental models, directives ---
+
+const query = (params) => {
+  const search = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    if (value !== undefined && value !== null && value !== "") search.set(key, String(value));
+  }
+  return search.toString();
+};
+
+export const observations = {
+  list: (bankId, { limit = 50, offset = 0 } = {}) =>
+    request("GET", `${bankPath(bankId)}/memories/list?${query({ type: "observation", limit, offset })}`),
+  /** One memory unit (an observation's source). */
+  memory: (bankId, memoryId) => request("GET", `${bankPath(bankId)}/memories/${enc(memoryId)}`),
+  history: (bankId, memoryId) => request("GET", `${bankPath(bankId)}/memories/${enc(memoryId)}/history`),
+  /** Start a consolidation: {operation_id ("" when none started), deduplicated}. */
+  consolidate: (bankId) => request("POST", `${bankPath(bankId)}/consolidate`),
+  clear: (bankId) => request("DELETE", `${bankPath(bankId)}/observations`),
+};
+
+export const mentalModels = {
+  list: (bankId, { limit = 100, offset = 0 } = {}) =>
+    request("GET", `${bankPath(bankId)}/mental-models?${query({ detail: "content", limit, offset })}`),
+  get: (bankId, id) => request("GET", `${bankPath(bankId)}/mental-models/${enc(id)}?detail=content`),
+  /** Create one: {mental_model_id, operation_id} (its first refresh is that run). */
+  create: (bankId, { name, source_query }) =>
+    request("POST", `${bankPath(bankId)}/mental-models`, { name, source_query }),
+  /** Start a refresh: {operation_id, status, deduplicated} (409 sooner than its interval). */
+  refresh: (bankId, id) => request("POST", `${bankPath(bankId)}/mental-models/${enc(id)}/refresh`),
+  history: (bankId, id) => request("GET", `${bankPath(bankId)}/mental-models/${enc(id)}/history`),
+  remove: (bankId, id) => request("DELETE", `${bankPath(bankId)}/mental-models/${enc(id)}`),
+};
+
+export const directives = {
+  /** Every directive, inactive ones too, in the order they are said (priority first). */
+  list: (bankId, { limit = 100, offset = 0 } = {}) =>
+    request("GET", `${bankPath(bankId)}/directives?${query({ active_only: false, limit, offset })}`),
+  create: (bankId, { name, content, priority = 0, is_active = true, tags = null }) =>
+    request("POST", `${bankPath(bankId)}/directives`, { name, content, priority, is_active, tags }),
+  update: (bankId, id, patch) => request("PATCH", `${bankPath(bankId)}/directives/${enc(id)}`, patch),
+  remove: (bankId, id) => request("DELETE", `${bankPath(bankId)}/directives/${enc(id)}`),
 };
 
 export const system = {

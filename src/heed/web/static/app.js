@@ -1,4 +1,4 @@
-// app.js: the entry point: the login first (auth.js), then routes (#/chat/<id>, #/memory/<bank>),
+// app.js: the entry point: the login first (auth.js), then routes (#/chat/<id>, #/memory/<bank>[/<tab>]),
 // server health, tab visibility, and the narrow-screen sidebar toggle. Each page lives in its own
 // module.
 
@@ -35,12 +35,12 @@ let sessionsLoaded = false;
 
 function parseRoute() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
-  const [page = "chat", id = ""] = parts;
-  return { page: page === "memory" ? "memory" : "chat", id };
+  const [page = "chat", id = "", tab = ""] = parts;
+  return { page: page === "memory" ? "memory" : "chat", id, tab };
 }
 
 async function route({ force = false } = {}) {
-  const { page, id } = parseRoute();
+  const { page, id, tab } = parseRoute();
   $("chat-view").hidden = page !== "chat";
   $("memory-view").hidden = page !== "memory";
   for (const link of document.querySelectorAll("nav.pages a")) {
@@ -53,9 +53,10 @@ async function route({ force = false } = {}) {
   if (page === "memory") {
     chat.close();
     document.title = id ? `${id} · memory · heed` : "memory · heed";
-    await memoryPage.show(id);
+    await memoryPage.show(id, tab);
     return;
   }
+  memoryPage.close();
   if (!sessionsLoaded) {
     sessionsLoaded = true;
     await sessionsPanel.refresh();
@@ -104,7 +105,8 @@ document.addEventListener("keydown", (event) => {
     $("new-session-title")?.focus();
   } else if (event.key === "/" && !/INPUT|TEXTAREA|SELECT/.test(document.activeElement?.tagName ?? "")) {
     event.preventDefault();
-    ($("chat-view").hidden ? $("recall-query") : $("message-input"))?.focus();
+    if ($("chat-view").hidden) memoryPage.focusInput();
+    else $("message-input")?.focus();
   }
 });
 
@@ -113,6 +115,7 @@ document.addEventListener("keydown", (event) => {
 document.addEventListener("visibilitychange", () => {
   const visible = document.visibilityState !== "hidden";
   chat.setVisible(visible);
+  memoryPage.setVisible(visible, { shown: !$("memory-view").hidden });
   if (visible) sessionsPanel.pollStatuses();
 });
 

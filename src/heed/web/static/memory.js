@@ -1,11 +1,29 @@
-// memory.js: the memory page of a bank: banks, retain, list, recall with its stage timings, reflect.
+// memory.js: the memory page of a bank: banks, then tabs: Memories (retain, list, recall with its
+// stage timings, reflect), Observations, Mental models and Directives (each in its own module).
 
 import { memory } from "./api.js";
+import { DirectivesSection } from "./directives.js";
 import { EVENT, TERMINAL_EVENTS } from "./events.js";
+import { MentalModelsSection } from "./mental_models.js";
+import { ObservationsSection } from "./observations.js";
 import { readSse } from "./stream.js";
-import { clear, describeError, formatTime, h, shorten } from "./ui.js";
+import { card, clear, describeError, formatTime, h, setStatus as status, shorten } from "./ui.js";
 
 const PAGE = 50;
+
+/** The tabs of a bank, in order; the first is the default (#/memory/<bank>/<tab> picks one). */
+export const TABS = Object.freeze([
+  { name: "memories", label: "Memories" },
+  { name: "observations", label: "Observations" },
+  { name: "mental-models", label: "Mental models" },
+  { name: "directives", label: "Directives" },
+]);
+
+/** The route of a bank's tab. */
+export function bankHash(bankId, tab = TABS[0].name) {
+  const base = `#/memory/${encodeURIComponent(bankId)}`;
+  return tab && tab !== TABS[0].name ? `${base}/${tab}` : base;
+}
 
 /** Per-stage timings from a recall trace, as [{name, ms}] in pipeline order. */
 export function stageTimings(trace) {
@@ -104,24 +122,20 @@ function factView(fact) {
   );
 }
 
-function card(title, ...body) {
-  const id = `card-${title.toLowerCase().replaceAll(" ", "-")}`;
-  return h("section", { class: "card", "aria-labelledby": id }, h("h3", { id }, title), ...body);
-}
-
-function status(el, text, kind = "") {
-  el.textContent = text;
-  el.className = `form-status ${kind}`;
-}
-
-/** The memory view: mount(root), show(bankId). */
+/** The memory view: mount(root), show(bankId, tab), close(). */
 export class MemoryPage {
   constructor(root, { navigate }) {
     this.root = root;
     this.navigate = navigate;
     this.bankId = null;
+    this.tab = TABS[0].name;
     this.offset = 0;
     this.reflectAbort = null; // the AbortController of a streamed reflect in flight
+    this.sections = {
+      observations: new ObservationsSection(),
+      "mental-models": new MentalModelsSection(),
+      directives: new DirectivesSection(),
+    };
     this.build();
   }
 
@@ -215,9 +229,9 @@ export class MemoryPage {
     this.memoryCount = listHeader.querySelector("#memory-count");
 
     this.emptyHint = h("p", { class: "muted", id: "bank-empty" }, "Choose a bank, or create one.");
-    this.panels = h(
+    const memoriesGrid = h(
       "div",
-      { class: "memory-grid", hidden: true },
+      { class: "memory-grid" },
       h(
         "div",
         { class: "memory-column" },
@@ -231,11 +245,98 @@ export class MemoryPage {
         card("Reflect", reflectForm, this.reflectSteps, this.reflectAnswer, this.reflectUsed, this.reflectFacts),
       ),
     );
+    this.panels = this.buildTabs({ memories: memoriesGrid });
 
     clear(this.root).append(
       h("aside", { class: "sidebar", id: "bank-sidebar", "aria-label": "banks" }, bankForm, this.bankList),
       h("section", { class: "content memory-content" }, this.bankTitle, this.bankMeta, this.emptyHint, this.panels),
     );
+  }
+
+  /** The tab bar and one tab panel per tab (arrow keys move between tabs). */
+  buildTabs(contents) {
+    this.tabButtons = new Map();
+    this.tabPanels = new Map();
+    const bar = h("div", { class: "tabs", role: "tablist", "aria-label": "bank views", id: "bank-tabs" });
+    const panels = [];
+    for (const { name, label } of TABS) {
+      const button = h(
+        "button",
+        {
+          type: "button",
+          role: "tab",
+          id: `tab-${name}`,
+          class: "tab",
+          "aria-controls": `panel-${name}`,
+          "aria-selected": "false",
+          tabindex: "-1",
+          dataset: { tab: name },
+          onclick: () => this.selectTab(name),
+        },
+        label,
+      );
+      bar.append(button);
+      this.tabButtons.set(name, button);
+      const panel = h(
+        "div",
+        { role: "tabpanel", id: `panel-${name}`, class: "tab-panel", "aria-labelledby": `tab-${name}`, hidden: true },
+        contents[name] ?? this.sections[name].el,
+      );
+      panels.push(panel);
+      this.tabPanels.set(name, panel);
+    }
+    bar.addEventListener("keydown", (event) => {
+      const names = TABS.map((t) => t.name);
+      const at = names.indexOf(event.target.dataset?.tab);
+      if (at < 0) return;
+      const next = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: names.length - 1 }[event.key];
+      if (next === undefined) return;
+      event.preventDefault();
+      const name = names[(next + names.length) % names.length];
+      this.selectTab(name);
+      this.tabButtons.get(name).focus();
+    });
+    return h("div", { class: "bank-panels", hidden: true }, bar, ...panels);
+  }
+
+  /** Show tab *name* (and load its section); the route follows without a new history entry. */
+  selectTab(name, { updateRoute = true } = {}) {
+    if (!this.tabButtons.has(name)) name = TABS[0].name;
+    this.tab = name;
+    for (const [tab, button] of this.tabButtons) {
+      const current = tab === name;
+      button.setAttribute("aria-selected", String(current));
+      button.setAttribute("tabindex", current ? "0" : "-1");
+      button.classList.toggle("current", current);
+      this.tabPanels.get(tab).hidden = !current;
+    }
+    if (!this.bankId) return;
+    if (updateRoute && location.hash !== bankHash(this.bankId, name)) {
+      history.replaceState(null, "", bankHash(this.bankId, name));
+    }
+    for (const link of this.bankList.querySelectorAll("a[data-bank]")) {
+      link.setAttribute("href", bankHash(link.dataset.bank, name));
+    }
+    this.sections[name]?.load();
+  }
+
+  /** "/" on the memory page: the recall query, or the current tab's first field. */
+  focusInput() {
+    const panel = this.tabPanels.get(this.tab);
+    const field = this.tab === TABS[0].name ? this.recallQuery : panel?.querySelector("input, textarea");
+    field?.focus();
+  }
+
+  /** Leaving the page: stop following runs (they go on; coming back attaches again). */
+  close() {
+    for (const section of Object.values(this.sections)) section.close();
+  }
+
+  /** A hidden browser tab holds no stream (docs/web-ui.md, rule 5); shown again, the current
+   * tab reloads and attaches to what still runs. */
+  setVisible(visible, { shown = true } = {}) {
+    if (!visible) this.close();
+    else if (shown && this.bankId) this.sections[this.tab]?.load();
   }
 
   async refreshBanks() {
@@ -252,8 +353,9 @@ export class MemoryPage {
             h(
               "a",
               {
-                href: `#/memory/${encodeURIComponent(bank.bank_id)}`,
+                href: bankHash(bank.bank_id, this.tab),
                 class: current ? "current" : "",
+                dataset: { bank: bank.bank_id },
                 "aria-current": current ? "page" : null,
               },
               h("span", {}, bank.name || bank.bank_id),
@@ -270,11 +372,14 @@ export class MemoryPage {
     }
   }
 
-  async show(bankId) {
+  async show(bankId, tab = "") {
     this.bankId = bankId || null;
-    await this.refreshBanks();
+    for (const section of Object.values(this.sections)) section.setBank(this.bankId);
     this.panels.hidden = !this.bankId;
     this.emptyHint.hidden = Boolean(this.bankId);
+    // Before any await: a tab chosen while the page loads is not overridden afterwards.
+    this.selectTab(this.tabButtons.has(tab) ? tab : TABS[0].name, { updateRoute: false });
+    await this.refreshBanks();
     if (!this.bankId) {
       this.bankTitle.textContent = "Memory";
       this.bankMeta.textContent = "";

@@ -24,6 +24,46 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+/** A titled card section (the memory page's panels); its heading labels it. */
+export function card(title, ...body) {
+  const id = `card-${title.toLowerCase().replaceAll(" ", "-")}`;
+  return h("section", { class: "card", "aria-labelledby": id }, h("h3", { id }, title), ...body);
+}
+
+/** Set a status line (class form-status; its other classes stay): kind is "", "pending", "ok" or "error". */
+export function setStatus(el, text, kind = "") {
+  el.textContent = text;
+  el.classList.remove("pending", "ok", "error");
+  el.classList.add("form-status");
+  if (kind) el.classList.add(kind);
+}
+
+/**
+ * A button that asks first, inline: a click shows *question* with a confirming button and
+ * Cancel; the confirming button runs onConfirm (errors are the caller's to show).
+ */
+export function askFirst({ label, ariaLabel, question, confirmLabel = label, onConfirm, className = "secondary" }) {
+  const wrap = h("span", { class: "ask-first" });
+  const button = h("button", { type: "button", class: className, "aria-label": ariaLabel, onclick: () => ask() }, label);
+  const reset = () => wrap.replaceChildren(button);
+  const ask = () => {
+    const yes = h("button", { type: "button", class: "danger confirm-yes" }, confirmLabel);
+    yes.addEventListener("click", async () => {
+      yes.disabled = true;
+      try {
+        await onConfirm();
+      } finally {
+        reset();
+      }
+    });
+    const no = h("button", { type: "button", class: "secondary", onclick: () => (reset(), button.focus()) }, "Cancel");
+    wrap.replaceChildren(h("span", { class: "confirm" }, question), yes, no);
+    yes.focus();
+  };
+  wrap.append(button);
+  return wrap;
+}
+
 export function clear(el) {
   while (el.firstChild) el.removeChild(el.firstChild);
   return el;
