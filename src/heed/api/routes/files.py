@@ -16,7 +16,7 @@ from fastapi import APIRouter, File, Form, UploadFile
 from pydantic import ValidationError
 
 from heed.api.deps import FileRetainDep, MemoryDep
-from heed.api.input_rules import IdPath, body_problem
+from heed.api.input_rules import MAX_LIST_ITEMS, IdPath, body_problem
 from heed.api.routing import HeedRoute
 from heed.api.wire import files as wire
 from heed.memory.file_retain import FileMeta
@@ -61,7 +61,8 @@ async def retain_files(
         list[UploadFile | str] | None,
         File(
             description="The files: each becomes a document (a part without a file name "
-            "needs a document_id)."
+            "needs a document_id); HEED_FILE_MAX_FILES bounds how many.",
+            max_length=MAX_LIST_ITEMS,
         ),
     ] = None,
     request: Annotated[

@@ -9,7 +9,7 @@ ignore them. Times are ISO 8601 strings.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,10 +40,15 @@ _Pairs = Annotated[
 ]
 
 
+#: Unknown fields are allowed in, to be refused by name (a 400, not a 422); the schema
+#: still bounds how many a client may send.
+_REFUSED_EXTRAS: Final[dict[str, Any]] = {"maxProperties": 32}
+
+
 class WebhookHttpConfig(RequestBody):
     """How deliveries are sent: ``POST`` only; 1-60 s; extra headers and query parameters."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra=_REFUSED_EXTRAS)
 
     method: Annotated[str, Field(max_length=16)] = "POST"
     timeout_seconds: Annotated[int, Field(ge=-(2**31), le=2**31), JSON_INTEGER] = 30
@@ -61,7 +66,7 @@ class WebhookHttpConfig(RequestBody):
 
 
 class CreateWebhookRequest(RequestBody):
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra=_REFUSED_EXTRAS)
 
     url: Annotated[str, Field(max_length=MAX_URL_CHARS)]
     secret: Annotated[str, Field(max_length=512)] | None = None
@@ -73,7 +78,7 @@ class CreateWebhookRequest(RequestBody):
 class UpdateWebhookRequest(RequestBody):
     """Only the fields given change."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra=_REFUSED_EXTRAS)
 
     url: Annotated[str, Field(max_length=MAX_URL_CHARS)] | None = None
     secret: Annotated[str, Field(max_length=512)] | None = None
