@@ -357,6 +357,19 @@ class Settings(BaseSettings):
     )
     max_query_tokens: int = Field(default=500, ge=1, description="Longest recall query.")
     max_item_chars: int = Field(default=200_000, ge=1, description="Longest retain item.")
+    # Bank transfer (heed.memory.transfer): exports, imports and clones of banks.
+    transfer_archive_ttl_seconds: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="How long an export's archive stays downloadable (and an uploaded "
+        "archive waits for its import).",
+    )
+    transfer_max_unpacked_bytes: int = Field(
+        default=16 * 1024**3,
+        ge=1024,
+        description="Most bytes an imported archive's entries may declare in all "
+        "(the upload itself is bounded by HEED_MAX_BODY_BYTES).",
+    )
     # File retain (heed.memory.files): POST .../files/retain.
     file_max_files: int = Field(default=20, ge=1, description="Most files in one file retain.")
     file_max_bytes: int = Field(

@@ -105,6 +105,7 @@ class AObjects:
     mental_model_id: str = "mm-none"
     folder_id: str = "folder-none"
     directive_id: str = "directive-none"
+    archive_key: str = "0123456789abcdef0123456789abcdef"
 
     @property
     def run_ids(self) -> list[str]:
@@ -180,6 +181,9 @@ def a_objects(a_client: httpx.Client) -> AObjects:
     hook = _ok(a.post(f"{bank}/webhooks", json={"url": "http://127.0.0.1:9/a"}), 201)
     rule = _ok(a.post(f"{bank}/directives", json={"name": "A's rule", "content": "Say Quux."}))
     _ok(a.patch(f"{bank}/config", json={"updates": {"retain_mission": "A's mission"}}))
+    export = _ok(a.post(f"{bank}/transfer/export"), 202)["operation_id"]
+    wait_for(lambda: _phase(a, export) == "completed", 20)
+    archive_key = _ok(a.get(f"{bank}/operations/{export}"))["result_metadata"]["storage_key"]
     return AObjects(
         memory_ids=sorted(u["id"] for u in units),
         document_ids=[*DOCS, ASYNC_DOC],
@@ -191,6 +195,7 @@ def a_objects(a_client: httpx.Client) -> AObjects:
         mental_model_id=model["mental_model_id"],
         folder_id=folder["id"],
         directive_id=rule["id"],
+        archive_key=archive_key,
     )
 
 
@@ -395,7 +400,23 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
     ]
     out += mental_model_attempts(objs, bank_is_as=bank_is_as)
     out += directive_and_config_attempts(objs, bank_is_as=bank_is_as)
+    out += transfer_attempts(objs, bank_is_as=bank_is_as)
     return out
+
+
+def transfer_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
+    """B's attempts to export, import into, clone A's bank, and to download A's archive."""
+    if not bank_is_as:  # in B's own bank these are B's to use
+        return []
+    bank, own = {"bank_id": BANK}, ("bank_id",)
+    archive = [("file", ("a.zip", b"PK\x05\x06" + bytes(18), "application/zip"))]
+    return [
+        Attempt("POST", BANK_T + "/transfer/export", bank, own),
+        Attempt("POST", BANK_T + "/document-transfer/export", bank, own),
+        Attempt("POST", BANK_T + "/clone", bank, own, query={"target_bank_id": "b-clone"}),
+        Attempt("POST", BANK_T + "/transfer/import", bank, own, files=archive),
+        Attempt("GET", "/v1/default/files/download/{key}", {"key": objs.archive_key}, ("key",)),
+    ]
 
 
 DIR_T = BANK_T + "/directives"

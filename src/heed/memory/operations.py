@@ -39,6 +39,7 @@ __all__ = [
     "MENTAL_MODEL_REFRESH_KIND",
     "OPERATION_KINDS",
     "RETAIN_KIND",
+    "TRANSFER_KINDS",
     "RetainOperations",
     "bank_session",
     "cancel_bank_runs",
@@ -51,8 +52,15 @@ RETAIN_KIND: Final = "retain"
 CONSOLIDATION_KIND: Final = "consolidation"
 #: Mental model refreshes (:mod:`heed.mental_models.refresh`), listed with them too.
 MENTAL_MODEL_REFRESH_KIND: Final = "mental_model_refresh"
+#: Bank transfers (:mod:`heed.memory.transfer`): exports, imports and clones.
+TRANSFER_KINDS: Final = ("bank_export", "bank_import", "bank_clone")
 #: The kinds of run a bank's operations are.
-OPERATION_KINDS: Final = (RETAIN_KIND, CONSOLIDATION_KIND, MENTAL_MODEL_REFRESH_KIND)
+OPERATION_KINDS: Final = (
+    RETAIN_KIND,
+    CONSOLIDATION_KIND,
+    MENTAL_MODEL_REFRESH_KIND,
+    *TRANSFER_KINDS,
+)
 
 _STATUS = {
     Phase.QUEUED: "pending",

@@ -178,17 +178,30 @@ class _Reader:
     # -- units -------------------------------------------------------------------------------
 
     def _unit_page(self, where: str, params: Sequence[Any]) -> tuple[list[UnitRow], int]:
-        """The units of ``WHERE`` *where* (with its order and limit), with their keyword
-        text (SQLite) and vectors, and the last one's seq."""
-        index = _SQLITE_INDEX_TEXT if not self.postgres else "NULL AS index_text"
-        rows = self.conn.execute(
-            f"SELECT {UNIT_COLUMNS}, {index} FROM memory_units WHERE {where}", tuple(params)
-        ).fetchall()
-        if not rows:
+        """The units of ``SELECT seq FROM memory_units WHERE`` *where* (with its order and
+        limit), in that order, with their keyword text (SQLite) and vectors. The page's
+        seqs come first, by an index alone, and only its rows are read whole: selecting the
+        whole rows with the order made SQLite build every row of the bank before sorting."""
+        seqs = [
+            int(r[0])
+            for r in self.conn.execute(
+                f"SELECT seq FROM memory_units WHERE {where}", tuple(params)
+            ).fetchall()
+        ]
+        if not seqs:
             return [], 0
-        vectors = self._vectors([int(r["seq"]) for r in rows])
+        index = _SQLITE_INDEX_TEXT if not self.postgres else "NULL AS index_text"
+        match, seq_params = self.dialect.any_of("seq", seqs, "bigint")
+        rows = {
+            int(r["seq"]): r
+            for r in self.conn.execute(
+                f"SELECT {UNIT_COLUMNS}, {index} FROM memory_units WHERE {match}", seq_params
+            ).fetchall()
+        }
+        vectors = self._vectors(seqs)
         out = []
-        for r in rows:
+        for seq in seqs:
+            r = rows[seq]
             stored = unit_from_row(r)
             out.append(
                 UnitRow(
@@ -211,10 +224,10 @@ class _Reader:
                     source_ids=stored.source_ids,
                     proof_count=stored.proof_count,
                     history=stored.history,
-                    vector=vectors.get(stored.seq),
+                    vector=vectors.get(seq),
                 )
             )
-        return out, int(rows[-1]["seq"])
+        return out, seqs[-1]
 
     def _vectors(self, seqs: list[int]) -> dict[int, np.ndarray]:
         match, params = self.dialect.any_of("seq", seqs, "bigint")
@@ -232,11 +245,9 @@ class _Reader:
         while True:
             raise_if_cancelled()
             page, last = self._unit_page(
-                f"{where} AND memory_units.document_id IS NOT NULL AND"
-                " (memory_units.document_id > ? OR"
-                " (memory_units.document_id = ? AND memory_units.seq > ?))"
-                " ORDER BY memory_units.document_id, memory_units.seq LIMIT ?",
-                (*params, document, document, seq, batch),
+                f"{where} AND document_id IS NOT NULL AND (document_id, seq) > (?, ?)"
+                " ORDER BY document_id, seq LIMIT ?",
+                (*params, document, seq, batch),
             )
             if not page:
                 return
@@ -313,9 +324,11 @@ class _Reader:
         targets, target_params = self._units_where("t")
         for ids in self._unit_ids(batch):
             match, params = self.dialect.any_of("l.from_seq", list(ids), "bigint")
+            # CROSS JOIN: the links of the page first, then their targets by key (with a
+            # plain join SQLite walked the whole bank's units for every page).
             rows = self.conn.execute(
                 "SELECT l.from_seq, t.id, l.link_type, l.weight FROM memory_links l"
-                f" JOIN memory_units t ON t.seq = l.to_seq WHERE {match} AND {targets}"
+                f" CROSS JOIN memory_units t WHERE t.seq = l.to_seq AND {match} AND {targets}"
                 " ORDER BY l.from_seq, l.to_seq, l.link_type",
                 (*params, *target_params),
             ).fetchall()
@@ -558,17 +571,18 @@ class TransferRows(DocumentWrites):
         return len(rows)
 
     def _seqs_of(self, conn: Any, bank_ref: str, unit_ids: Iterable[str]) -> dict[str, int]:
-        """The bank's seqs of *unit_ids* (those it holds)."""
+        """The bank's seqs of *unit_ids* (those it holds). By the unique index on ``id``
+        alone: with ``bank_ref`` in the condition SQLite walked the whole bank instead."""
         wanted = list(dict.fromkeys(unit_ids))
         out: dict[str, int] = {}
         step = self.dialect.list_max
         for start in range(0, len(wanted), step):
             match, params = self.dialect.any_of("id", wanted[start : start + step], "text")
-            for unit_id, seq in conn.execute(
-                f"SELECT id, seq FROM memory_units WHERE bank_ref = ? AND {match}",
-                (bank_ref, *params),
+            for unit_id, seq, ref in conn.execute(
+                f"SELECT id, seq, bank_ref FROM memory_units WHERE {match}", params
             ).fetchall():
-                out[str(unit_id)] = int(seq)
+                if ref == bank_ref:
+                    out[str(unit_id)] = int(seq)
         return out
 
     def _missing(self, found: dict[str, int], wanted: Iterable[str], what: str) -> None:

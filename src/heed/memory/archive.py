@@ -1,0 +1,647 @@
+"""The bank archive: a versioned zip of sections, written and read in bounded pieces.
+
+docs/bank-archive.md is the format's reference; this module is its implementation.
+
+**Container.** A zip (stored or deflated entries only) holding ``manifest.json`` and, per
+section, its entries: ``bank.json`` (one JSON object), else JSON lines in numbered shards
+``<section>/000001.jsonl`` of at most :data:`RECORDS_PER_ENTRY` records. The manifest
+names the format and its :data:`VERSION`, what was exported (``scope``: a whole ``bank``,
+or ``documents``), the source bank, the embedding model and vector size, and the sections
+with their entries and record counts, in :data:`SECTIONS` order.
+
+**Versions and sections.** A reader takes every version up to its own and refuses a newer
+one by number; it refuses a section it does not know by name (never skipped: that would
+lose data silently). A later version adds sections (directives and mental models are the
+next: ``directives``, ``mental_models``) and the archives of earlier versions still import,
+without them. A section an archive lacks is empty.
+
+**Bounded.** :class:`ArchiveWriter` streams records into the open entry (one at a time,
+as zipfile writes); :class:`ArchiveReader` reads one line at a time. Neither holds more
+than a record and zipfile's buffers, whatever the bank's size.
+
+**Hostile archives.** :class:`ArchiveReader` refuses, before reading any record, what is
+not a zip, entries it would not write (a name that is not a manifest, a bank or a numbered
+shard of a known section: so no path trick reaches anything, and nothing is ever extracted
+to disk), a name twice, directories, encrypted or otherwise compressed entries, more than
+:attr:`ArchiveLimits.max_entries` entries, an entry declaring more than
+:attr:`ArchiveLimits.max_entry_bytes` or a compression ratio past
+:attr:`ArchiveLimits.max_ratio` (a zip bomb), more than
+:attr:`ArchiveLimits.max_unpacked_bytes` in all, and an entry the manifest does not list
+(or one it lists that is missing). Reads are capped at the declared sizes (zipfile stops
+there and checks the CRC), a line at :attr:`ArchiveLimits.max_record_bytes`.
+:func:`check_archive` then reads every record once (:mod:`heed.memory.archive_records`:
+types, UTF-8, JSON) and checks what spans records: unique ids, a document's units
+following it in order and in number, chunks and entities and units referenced where they
+exist, record counts as declared, vectors of the declared size. Every refusal is an
+:class:`~heed.memory.archive_records.InvalidArchive` (400) naming the entry and line.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any, Final, Literal
+
+from heed.memory.archive_records import (
+    BankRecord,
+    InvalidArchive,
+    bank_record,
+    decode,
+    encode,
+    encode_bank,
+    parse_line,
+)
+from heed.memory.bank_rows import DocumentRow, EntityRow, UnitRow
+from heed.memory.entities import canonical
+from heed.memory.models import Bank
+from heed.runtime import raise_if_cancelled, reraise_cancellation
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "RECORDS_PER_ENTRY",
+    "SECTIONS",
+    "VERSION",
+    "ArchiveCheck",
+    "ArchiveLimits",
+    "ArchiveReader",
+    "ArchiveWriter",
+    "InvalidArchive",
+    "Manifest",
+    "check_archive",
+]
+
+FORMAT: Final = "heed-bank-archive"
+#: The format version this heed writes, and the newest it reads.
+VERSION: Final = 1
+MANIFEST: Final = "manifest.json"
+#: The sections of version 1, in the order they are written and read.
+SECTIONS: Final = (
+    "bank",
+    "documents",
+    "units",
+    "observations",
+    "entities",
+    "unit_entities",
+    "links",
+)
+#: Records per shard of a section.
+RECORDS_PER_ENTRY: Final = 5000
+#: A shard's name: ``<section>/<six digits>.jsonl``.
+_SHARD: Final = re.compile(r"^([a-z_]{1,32})/(\d{6})\.jsonl$")
+#: The manifest's own size limit.
+_MANIFEST_BYTES: Final = 4 * 1024 * 1024
+
+Scope = Literal["bank", "documents"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveLimits:
+    """What an archive may hold (see the module docstring)."""
+
+    max_entries: int = 100_000
+    max_entry_bytes: int = 512 * 1024 * 1024
+    max_unpacked_bytes: int = 16 * 1024 * 1024 * 1024
+    max_record_bytes: int = 64 * 1024 * 1024
+    max_ratio: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A section of an archive: its entries (in order) and how many records they hold."""
+
+    name: str
+    entries: tuple[str, ...]
+    records: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """``manifest.json``: what an archive holds."""
+
+    version: int
+    scope: Scope
+    source_bank_id: str
+    embedding_model: str
+    dim: int
+    created_at: str
+    written_by: str
+    sections: dict[str, Section]
+
+    def records(self, section: str) -> int:
+        found = self.sections.get(section)
+        return found.records if found is not None else 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "version": self.version,
+                "scope": self.scope,
+                "created_at": self.created_at,
+                "written_by": self.written_by,
+                "source": {"bank_id": self.source_bank_id},
+                "embedding": {"model": self.embedding_model, "dim": self.dim},
+                "sections": [
+                    {"name": s.name, "entries": list(s.entries), "records": s.records}
+                    for s in self.sections.values()
+                ],
+            },
+            indent=2,
+        ).encode("utf-8")
+
+
+def _written_by() -> str:
+    try:
+        return f"heed {importlib.metadata.version('heed')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "heed"
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+class ArchiveWriter:
+    """Writes an archive into *target* (a binary file), section after section.
+
+    Call :meth:`bank` (a whole bank's archive only), then :meth:`write` with each section's
+    rows in :data:`SECTIONS` order, then :meth:`finish`, which writes the manifest and the
+    zip's directory. *compress* ``False`` stores entries (a clone's archive never leaves
+    the process: no time spent deflating).
+    """
+
+    def __init__(
+        self,
+        target: IO[bytes],
+        *,
+        scope: Scope,
+        source_bank_id: str,
+        embedding_model: str,
+        dim: int,
+        compress: bool = True,
+    ) -> None:
+        self.zip = zipfile.ZipFile(
+            target,
+            "w",
+            compression=zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED,
+            compresslevel=6 if compress else None,
+        )
+        self.scope: Scope = scope
+        self.source_bank_id = source_bank_id
+        self.embedding_model = embedding_model
+        self.dim = dim
+        self._sections: dict[str, Section] = {}
+        self._current: str | None = None
+        self._entry: IO[bytes] | None = None
+        self._in_entry = 0
+        self._entries: list[str] = []
+        self._records = 0
+
+    def bank(self, bank: Bank) -> None:
+        """Write the ``bank`` section (the profile and configuration)."""
+        self._start("bank")
+        self.zip.writestr("bank.json", encode_bank(bank))
+        self._sections["bank"] = Section("bank", ("bank.json",), 1)
+        self._current = None
+
+    def _start(self, section: str) -> None:
+        if section not in SECTIONS:
+            raise ValueError(f"no section {section!r}")
+        order = SECTIONS.index(section)
+        if self._current is not None and self._current != section:
+            self._close_section()
+        if self._current is None:
+            if any(SECTIONS.index(done) >= order for done in self._sections):
+                raise ValueError(f"section {section!r} out of order")
+            self._current = section
+
+    def write(self, section: str, rows: list[Any]) -> None:
+        """Append *rows* to *section* (the current one, or the next in order)."""
+        self._start(section)
+        for row in rows:
+            if self._entry is None or self._in_entry >= RECORDS_PER_ENTRY:
+                self._next_entry(section)
+            assert self._entry is not None
+            self._entry.write(encode(row))
+            self._in_entry += 1
+            self._records += 1
+
+    def _next_entry(self, section: str) -> None:
+        if self._entry is not None:
+            self._entry.close()
+        name = f"{section}/{len(self._entries) + 1:06d}.jsonl"
+        self._entries.append(name)
+        self._entry = self.zip.open(name, "w", force_zip64=True)
+        self._in_entry = 0
+
+    def _close_section(self) -> None:
+        if self._entry is not None:
+            self._entry.close()
+        assert self._current is not None
+        self._sections[self._current] = Section(self._current, tuple(self._entries), self._records)
+        self._current, self._entry, self._entries, self._records = None, None, [], 0
+        self._in_entry = 0
+
+    def finish(self) -> Manifest:
+        """Close the last section, write the manifest and the zip's directory."""
+        if self._current is not None:
+            self._close_section()
+        manifest = Manifest(
+            version=VERSION,
+            scope=self.scope,
+            source_bank_id=self.source_bank_id,
+            embedding_model=self.embedding_model,
+            dim=self.dim,
+            created_at=datetime.now(UTC).isoformat(),
+            written_by=_written_by(),
+            sections=dict(self._sections),
+        )
+        self.zip.writestr(MANIFEST, manifest.to_json())
+        self.zip.close()
+        return manifest
+
+    def abort(self) -> None:
+        """Close what is open after a failure (the target is garbage)."""
+        try:
+            if self._entry is not None:
+                self._entry.close()
+        finally:
+            self.zip.close()
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def _manifest(value: dict[str, Any]) -> Manifest:
+    """The manifest in *value*, checked (see the module docstring)."""
+    if value.get("format") != FORMAT:
+        raise InvalidArchive(f"{MANIFEST}: format is {value.get('format')!r}, not {FORMAT!r}")
+    version = value.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InvalidArchive(f"{MANIFEST}: version {version!r} is not a format version")
+    if version > VERSION:
+        raise InvalidArchive(
+            f"archive format version {version} is newer than this heed reads (up to {VERSION})"
+        )
+    known = {"format", "version", "scope", "created_at", "written_by", "source", "embedding"}
+    extra = set(value) - known - {"sections"}
+    if extra:
+        raise InvalidArchive(f"{MANIFEST}: unknown field(s) {sorted(extra)}")
+    scope = value.get("scope")
+    if scope not in ("bank", "documents"):
+        raise InvalidArchive(f"{MANIFEST}: scope {scope!r} is neither 'bank' nor 'documents'")
+    source = value.get("source")
+    embedding = value.get("embedding")
+    if not isinstance(source, dict) or not isinstance(source.get("bank_id"), str):
+        raise InvalidArchive(f"{MANIFEST}: source.bank_id is missing")
+    if (
+        not isinstance(embedding, dict)
+        or not isinstance(embedding.get("model"), str)
+        or not isinstance(embedding.get("dim"), int)
+        or isinstance(embedding.get("dim"), bool)
+        or not 1 <= embedding["dim"] <= 65_536
+    ):
+        raise InvalidArchive(f"{MANIFEST}: embedding needs a model name and a dim (1-65536)")
+    raw_sections = value.get("sections")
+    if not isinstance(raw_sections, list):
+        raise InvalidArchive(f"{MANIFEST}: sections must be a list")
+    sections: dict[str, Section] = {}
+    for raw in raw_sections:
+        if not isinstance(raw, dict) or set(raw) != {"name", "entries", "records"}:
+            raise InvalidArchive(f"{MANIFEST}: a section is {{name, entries, records}}")
+        name, entries, records = raw["name"], raw["entries"], raw["records"]
+        if name not in SECTIONS:
+            raise InvalidArchive(
+                f"section {name!r} is not one this heed imports (format version {VERSION} "
+                f"has {', '.join(SECTIONS)})"
+            )
+        if name in sections:
+            raise InvalidArchive(f"{MANIFEST}: section {name!r} twice")
+        if SECTIONS.index(name) < max((SECTIONS.index(s) for s in sections), default=-1):
+            raise InvalidArchive(f"{MANIFEST}: section {name!r} out of order")
+        if (
+            not isinstance(records, int)
+            or isinstance(records, bool)
+            or records < 0
+            or not isinstance(entries, list)
+            or not all(isinstance(e, str) for e in entries)
+        ):
+            raise InvalidArchive(f"{MANIFEST}: section {name!r} has bad entries or records")
+        for entry in entries:
+            expected = entry == "bank.json" if name == "bank" else _shard_of(entry) == name
+            if not expected:
+                raise InvalidArchive(
+                    f"{MANIFEST}: entry {entry[:100]!r} does not belong to section {name!r}"
+                )
+        sections[name] = Section(name, tuple(entries), records)
+    bank = sections.get("bank")
+    if scope == "bank" and (bank is None or bank.records != 1 or len(bank.entries) != 1):
+        raise InvalidArchive(f"{MANIFEST}: a bank archive holds one bank record")
+    if scope == "documents" and bank is not None:
+        raise InvalidArchive(f"{MANIFEST}: a documents archive holds no bank section")
+    return Manifest(
+        version=version,
+        scope=scope,
+        source_bank_id=str(source["bank_id"]),
+        embedding_model=str(embedding["model"]),
+        dim=int(embedding["dim"]),
+        created_at=str(value.get("created_at", "")),
+        written_by=str(value.get("written_by", "")),
+        sections=sections,
+    )
+
+
+def _damaged(entry: str, exc: Exception) -> InvalidArchive:
+    """*exc*, raised reading *entry*, as the refusal to give (a refusal stays itself)."""
+    if isinstance(exc, InvalidArchive):
+        return exc
+    return InvalidArchive(f"entry {entry!r} is damaged ({type(exc).__name__}: {exc})")
+
+
+def _shard_of(name: str) -> str | None:
+    match = _SHARD.fullmatch(name)
+    return match[1] if match else None
+
+
+def _readable(name: str) -> bool:
+    """Whether *name* is an entry heed writes (the path-trick guard)."""
+    return name in (MANIFEST, "bank.json") or _shard_of(name) in SECTIONS
+
+
+class ArchiveReader:
+    """Reads an archive from *source* (a seekable binary file); the zip's directory and the
+    manifest are checked on opening (see the module docstring)."""
+
+    def __init__(self, source: IO[bytes], limits: ArchiveLimits | None = None) -> None:
+        self.limits = limits or ArchiveLimits()
+        try:
+            self.zip = zipfile.ZipFile(source)
+        except Exception as exc:  # zipfile's many ways to say "not a zip I can read"
+            reraise_cancellation(exc)
+            raise InvalidArchive(f"not a zip archive heed can read ({exc})") from exc
+        try:
+            self._check_directory()
+            self.manifest = _manifest(self._manifest_json())
+            self._check_listed()
+        except BaseException:
+            self.zip.close()
+            raise
+
+    def close(self) -> None:
+        self.zip.close()
+
+    def __enter__(self) -> ArchiveReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_directory(self) -> None:
+        infos = self.zip.infolist()
+        limits = self.limits
+        if len(infos) > limits.max_entries:
+            raise InvalidArchive(f"{len(infos)} entries; the limit is {limits.max_entries}")
+        seen: set[str] = set()
+        total = 0
+        for info in infos:
+            name = info.filename
+            shown = repr(name[:100])
+            if name in seen:
+                raise InvalidArchive(f"entry {shown} is in the archive twice")
+            seen.add(name)
+            if info.is_dir() or not _readable(name):
+                raise InvalidArchive(
+                    f"entry {shown} is not one a heed archive holds "
+                    "(manifest.json, bank.json, <section>/<number>.jsonl)"
+                )
+            if info.flag_bits & 0x1:
+                raise InvalidArchive(f"entry {shown} is encrypted")
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise InvalidArchive(
+                    f"entry {shown} uses compression method {info.compress_type} "
+                    "(heed reads stored and deflated entries)"
+                )
+            if info.file_size > limits.max_entry_bytes:
+                raise InvalidArchive(
+                    f"entry {shown} declares {info.file_size} bytes; the limit is "
+                    f"{limits.max_entry_bytes}"
+                )
+            if info.file_size > 1024 * 1024 and info.file_size > limits.max_ratio * max(
+                1, info.compress_size
+            ):
+                raise InvalidArchive(
+                    f"entry {shown} would unpack {info.compress_size} bytes into "
+                    f"{info.file_size} (more than {limits.max_ratio} times: a zip bomb?)"
+                )
+            total += info.file_size
+        if total > limits.max_unpacked_bytes:
+            raise InvalidArchive(
+                f"the entries declare {total} bytes in all; the limit is "
+                f"{limits.max_unpacked_bytes}"
+            )
+        if MANIFEST not in seen:
+            raise InvalidArchive(f"no {MANIFEST}: not a heed bank archive")
+
+    def _manifest_json(self) -> dict[str, Any]:
+        info = self.zip.getinfo(MANIFEST)
+        if info.file_size > _MANIFEST_BYTES:
+            raise InvalidArchive(f"{MANIFEST} declares {info.file_size} bytes")
+        return parse_line(self._read_whole(MANIFEST, _MANIFEST_BYTES), MANIFEST)
+
+    def _check_listed(self) -> None:
+        listed = {e for s in self.manifest.sections.values() for e in s.entries}
+        names = set(self.zip.namelist()) - {MANIFEST}
+        for name in sorted(names - listed):
+            raise InvalidArchive(f"entry {name[:100]!r} is not listed in {MANIFEST}")
+        for name in sorted(listed - names):
+            raise InvalidArchive(f"entry {name[:100]!r} is listed in {MANIFEST} but missing")
+        if len(listed) != sum(len(s.entries) for s in self.manifest.sections.values()):
+            raise InvalidArchive(f"{MANIFEST} lists an entry twice")
+
+    def _read_whole(self, name: str, limit: int) -> bytes:
+        try:
+            with self.zip.open(name) as stream:
+                data = stream.read(limit + 1)
+        except Exception as exc:
+            reraise_cancellation(exc)
+            raise _damaged(name, exc) from exc
+        if len(data) > limit:
+            raise InvalidArchive(f"entry {name!r} is larger than {limit} bytes")
+        return data
+
+    def bank(self) -> BankRecord | None:
+        """The ``bank`` record (``None`` in a documents archive)."""
+        if "bank" not in self.manifest.sections:
+            return None
+        data = self._read_whole("bank.json", self.limits.max_record_bytes)
+        return bank_record(parse_line(data, "bank.json"), "bank.json")
+
+    def lines(self, section: str) -> Iterator[tuple[bytes, str]]:
+        """The raw lines of *section* (each with ``entry:line`` for messages), one at a
+        time; the token is checked between lines of a thousand."""
+        found = self.manifest.sections.get(section)
+        if found is None:
+            return
+        limit = self.limits.max_record_bytes
+        for entry in found.entries:
+            try:
+                with self.zip.open(entry) as stream:
+                    number = 0
+                    while True:
+                        line = stream.readline(limit + 1)
+                        if not line:
+                            break
+                        number += 1
+                        if number % 1000 == 0:
+                            raise_if_cancelled()
+                        where = f"{entry}:{number}"
+                        if len(line) > limit or not line.endswith(b"\n"):
+                            if len(line) > limit:
+                                raise InvalidArchive(f"{where}: a record over {limit} bytes")
+                            raise InvalidArchive(f"{where}: the last record lacks its newline")
+                        yield line[:-1], where
+            except Exception as exc:
+                reraise_cancellation(exc)
+                raise _damaged(entry, exc) from exc
+
+    def rows(self, section: str) -> Iterator[Any]:
+        """The rows of *section* (:mod:`heed.memory.bank_rows`), each checked on its own."""
+        dim = self.manifest.dim
+        for line, where in self.lines(section):
+            yield decode(section, parse_line(line, where), dim, where)
+
+
+# -- the whole check -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ArchiveCheck:
+    """What :func:`check_archive` read: the manifest and the records per section."""
+
+    manifest: Manifest
+    bank: BankRecord | None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return sum(self.counts.values())
+
+
+def check_archive(reader: ArchiveReader) -> ArchiveCheck:
+    """Read every record of the archive once and check what spans records (see the module
+    docstring); raises :class:`InvalidArchive` naming the first problem. Blocking; checks
+    the token. Memory: the ids of the archive's units, chunks and entities, one record."""
+    manifest = reader.manifest
+    check = ArchiveCheck(manifest, reader.bank())
+    documents = reader.rows("documents")
+    unit_ids: set[str] = set()
+    chunk_ids: set[str] = set()
+
+    def counted(section: str, n: int) -> None:
+        check.counts[section] = n
+        if n != manifest.records(section):
+            raise InvalidArchive(
+                f"section {section!r} holds {n} records; {MANIFEST} declares "
+                f"{manifest.records(section)}"
+            )
+
+    # Documents and their units, in step: a document's units follow it, in its order.
+    document_ids: set[str] = set()
+    current: DocumentRow | None = None
+    own_chunks: set[str] = set()
+    left = 0
+    n_documents = n_units = 0
+    for unit in reader.rows("units"):
+        assert isinstance(unit, UnitRow)
+        where = f"unit {unit.id[:100]!r}"
+        while left == 0:
+            current = next(documents, None)
+            if current is None:
+                raise InvalidArchive(f"{where} follows the last document's memories")
+            n_documents += 1
+            _check_document(current, document_ids, chunk_ids)
+            own_chunks = {c.id for c in current.chunks}
+            left = current.unit_count
+        assert current is not None
+        if unit.document_id != current.document_id:
+            raise InvalidArchive(
+                f"{where} names document {unit.document_id!r} where document "
+                f"{current.document_id!r}'s memories are ({left} left)"
+            )
+        if unit.chunk_id is not None and unit.chunk_id not in own_chunks:
+            raise InvalidArchive(f"{where} names chunk {unit.chunk_id!r} of no document of its")
+        _add_unique(unit.id, unit_ids, "memory id")
+        left -= 1
+        n_units += 1
+    if left:
+        assert current is not None
+        raise InvalidArchive(
+            f"document {current.document_id!r} declares {current.unit_count} memories; "
+            f"the units section ends {left} short"
+        )
+    for document in documents:
+        n_documents += 1
+        _check_document(document, document_ids, chunk_ids)
+        if document.unit_count:
+            raise InvalidArchive(
+                f"document {document.document_id!r} declares {document.unit_count} memories; "
+                "the units section has none left for it"
+            )
+    counted("documents", n_documents)
+    counted("units", n_units)
+
+    n = 0
+    for unit in reader.rows("observations"):
+        n += 1
+        if unit.document_id is not None or unit.chunk_id is not None:
+            raise InvalidArchive(f"observation {unit.id[:100]!r} names a document or chunk")
+        _add_unique(unit.id, unit_ids, "memory id")
+    counted("observations", n)
+
+    entity_ids: set[str] = set()
+    canonicals: set[str] = set()
+    n = 0
+    for entity in reader.rows("entities"):
+        assert isinstance(entity, EntityRow)
+        n += 1
+        _add_unique(entity.id, entity_ids, "entity id")
+        key = canonical(entity.name)
+        if not key:
+            raise InvalidArchive(f"entity {entity.id[:100]!r} has no name to match by")
+        _add_unique(key, canonicals, "entity name (case and spaces aside)")
+    counted("entities", n)
+
+    n = 0
+    for membership in reader.rows("unit_entities"):
+        n += 1
+        if membership.unit_id not in unit_ids:
+            raise InvalidArchive(f"an entity row names memory {membership.unit_id[:100]!r}")
+        if membership.entity_id not in entity_ids:
+            raise InvalidArchive(f"an entity row names entity {membership.entity_id[:100]!r}")
+    counted("unit_entities", n)
+
+    n = 0
+    for link in reader.rows("links"):
+        n += 1
+        for end in (link.from_id, link.to_id):
+            if end not in unit_ids:
+                raise InvalidArchive(f"a link names memory {end[:100]!r}, which is not here")
+    counted("links", n)
+    return check
+
+
+def _add_unique(value: str, seen: set[str], what: str) -> None:
+    if value in seen:
+        raise InvalidArchive(f"{what} {value[:100]!r} is in the archive twice")
+    seen.add(value)
+
+
+def _check_document(document: DocumentRow, ids: set[str], chunk_ids: set[str]) -> None:
+    _add_unique(document.document_id, ids, "document id")
+    for chunk in document.chunks:
+        _add_unique(chunk.id, chunk_ids, "chunk id")

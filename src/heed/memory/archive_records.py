@@ -1,0 +1,426 @@
+"""The records of a bank archive: one JSON object per line, checked field by field.
+
+:mod:`heed.memory.archive` is the container (a zip of sections); this module is what one
+line holds, for each section of format version 1 (docs/bank-archive.md), and the two
+directions: :func:`encode` turns a row of :mod:`heed.memory.bank_rows` into a JSON line,
+:func:`decode` turns a line back into a row or raises :class:`InvalidArchive` naming the
+problem. Decoding is strict: the bytes must be UTF-8, the JSON standard (no ``NaN``, no key
+twice in an object), every text valid Unicode without NUL (no lone surrogate), every field
+of the section's record present with its type (an ``int`` is not a ``str``; a field the
+record does not have is refused by name), times ISO-8601 with a zone (kept as UTC text),
+vectors base64 of little-endian float32 with finite values. Cross-record rules (unique
+ids, references, counts) are :func:`heed.memory.archive.check_archive`'s.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from heed.memory.bank_rows import (
+    ChunkRow,
+    DocumentRow,
+    EntityRow,
+    LinkRow,
+    MembershipRow,
+    UnitRow,
+)
+from heed.memory.models import CONSOLIDATION_STATES, FACT_TYPES, Bank, InvalidInput
+
+__all__ = [
+    "BankRecord",
+    "InvalidArchive",
+    "bank_record",
+    "decode",
+    "decode_vector",
+    "encode",
+    "encode_bank",
+    "encode_vector",
+    "iso_utc",
+]
+
+#: Longest id the archive may hold (the API's id limit).
+ID_CHARS: Final = 512
+#: Most tags on one unit or document.
+MAX_TAGS: Final = 1024
+#: Longest link type (``entity``, ``temporal``, ``source``, ``causal`` today).
+LINK_TYPE: Final = re.compile(r"^[a-z][a-z_]{0,31}$")
+
+
+class InvalidArchive(InvalidInput):
+    """The archive cannot be imported; the message names the entry, line and problem
+    (HTTP 400). Nothing was written."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"invalid bank archive: {problem}")
+
+
+# -- JSON lines ------------------------------------------------------------------------------
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} twice in one object")
+        out[key] = value
+    return out
+
+
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _bad_text(value: Any) -> str | None:
+    """Why a string in *value* (a key or a value, any depth) cannot be stored, or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "a text holds NUL (\\u0000)"
+            if _SURROGATE.search(item):
+                return "a text holds a lone UTF-16 surrogate"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def parse_line(line: bytes, where: str) -> dict[str, Any]:
+    """One JSON object from *line* (see the module docstring); *where* names it."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArchive(
+            f"{where}: not UTF-8 (byte 0x{line[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    try:
+        value = json.loads(text, parse_constant=_no_constants, object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArchive(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InvalidArchive(f"{where}: a record must be a JSON object")
+    if "\\u" in text and (problem := _bad_text(value)) is not None:
+        raise InvalidArchive(f"{where}: {problem}")
+    return value
+
+
+# -- field types -----------------------------------------------------------------------------
+
+
+def iso_utc(value: str) -> str:
+    """*value* (ISO-8601 with a zone) as the stores write times: UTC ``isoformat``."""
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError("a time needs a zone (e.g. +00:00)")
+    return parsed.astimezone(UTC).isoformat()
+
+
+Id = Annotated[str, Field(min_length=1, max_length=ID_CHARS)]
+Tags = Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=MAX_TAGS)]
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class ChunkRecord(_Record):
+    id: Id
+    chunk_index: Count
+    text: str
+
+
+class DocumentRecord(_Record):
+    document_id: Id
+    original_text: str
+    content_hash: str | None
+    metadata: dict[str, Any]
+    tags: Tags
+    created_at: str
+    updated_at: str
+    unit_count: Count
+    chunks: list[ChunkRecord]
+
+
+class HistoryRecord(_Record):
+    """An observation's earlier version (what consolidation writes)."""
+
+    text: str
+    proof_count: int | None = None
+    changed_at: str | None = None
+    reason: str | None = None
+    state: str = "invalidated"
+
+
+class UnitRecord(_Record):
+    id: Id
+    document_id: Id | None
+    chunk_id: Id | None
+    text: Annotated[str, Field(min_length=1)]
+    index_text: str
+    fact_type: Literal["world", "experience", "observation"]
+    context: str | None
+    occurred_start: str | None
+    occurred_end: str | None
+    mentioned_at: str | None
+    metadata: dict[str, str]
+    tags: Tags
+    created_at: str
+    updated_at: str | None
+    token_count: Count | None
+    consolidation_state: Literal["pending", "done", "failed"] | None
+    source_ids: Annotated[list[Id], Field(max_length=100_000)]
+    proof_count: Count | None
+    history: list[HistoryRecord]
+    vector: str | None
+
+
+class EntityRecord(_Record):
+    id: Id
+    name: Annotated[str, Field(min_length=1, max_length=2000)]
+    type: Annotated[str, Field(max_length=200)] | None
+
+
+class MembershipRecord(_Record):
+    unit_id: Id
+    entity_id: Id
+
+
+class LinkRecord(_Record):
+    from_id: Id
+    to_id: Id
+    link_type: Annotated[str, Field(pattern=LINK_TYPE.pattern)]
+    weight: float
+
+
+class Disposition(_Record):
+    skepticism: Annotated[int, Field(ge=1, le=5)] = 3
+    literalism: Annotated[int, Field(ge=1, le=5)] = 3
+    empathy: Annotated[int, Field(ge=1, le=5)] = 3
+
+
+class BankRecord(_Record):
+    """The bank's profile and configuration (section ``bank``, one record)."""
+
+    bank_id: Id
+    name: Annotated[str, Field(max_length=500)]
+    mission: str
+    background: str | None
+    disposition: Disposition
+    config: dict[str, Any]
+    created_at: str
+
+
+_MODELS: Final[dict[str, type[_Record]]] = {
+    "bank": BankRecord,
+    "documents": DocumentRecord,
+    "units": UnitRecord,
+    "observations": UnitRecord,
+    "entities": EntityRecord,
+    "unit_entities": MembershipRecord,
+    "links": LinkRecord,
+}
+
+assert set(FACT_TYPES) == {"world", "experience", "observation"}
+assert set(CONSOLIDATION_STATES) == {"pending", "done", "failed"}
+
+
+def _problem(error: ValidationError) -> str:
+    first = error.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(the record)"
+    return f"{loc}: {first['msg']}"
+
+
+def _time(value: str | None, field: str, where: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return iso_utc(value)
+    except ValueError as exc:
+        raise InvalidArchive(f"{where}: {field} {value[:60]!r} is not a time ({exc})") from None
+
+
+# -- vectors -----------------------------------------------------------------------------------
+
+
+def encode_vector(vector: Any) -> str | None:
+    """A float32 vector as base64 of its little-endian bytes (``None`` stays ``None``)."""
+    if vector is None:
+        return None
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+def decode_vector(text: str, dim: int, where: str) -> np.ndarray:
+    """The float32 vector of *text* (:func:`encode_vector`), which must have *dim* finite
+    values."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArchive(f"{where}: vector is not base64") from None
+    if len(raw) != 4 * dim:
+        raise InvalidArchive(
+            f"{where}: vector has {len(raw) / 4:g} dimensions; the archive declares {dim}"
+        )
+    vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not np.isfinite(vector).all():
+        raise InvalidArchive(f"{where}: vector holds a value that is not finite")
+    return vector
+
+
+# -- rows <-> records ------------------------------------------------------------------------
+
+
+def _unit_dict(unit: UnitRow) -> dict[str, Any]:
+    return {
+        "id": unit.id,
+        "document_id": unit.document_id,
+        "chunk_id": unit.chunk_id,
+        "text": unit.text,
+        "index_text": unit.index_text if unit.index_text is not None else unit.text,
+        "fact_type": unit.fact_type,
+        "context": unit.context,
+        "occurred_start": unit.occurred_start,
+        "occurred_end": unit.occurred_end,
+        "mentioned_at": unit.mentioned_at,
+        "metadata": unit.metadata,
+        "tags": unit.tags,
+        "created_at": unit.created_at,
+        "updated_at": unit.updated_at,
+        "token_count": unit.token_count,
+        "consolidation_state": unit.consolidation_state,
+        "source_ids": unit.source_ids,
+        "proof_count": unit.proof_count,
+        "history": unit.history,
+        "vector": encode_vector(unit.vector),
+    }
+
+
+def encode(row: Any) -> bytes:
+    """One row of :mod:`heed.memory.bank_rows` as a JSON line (newline included)."""
+    if isinstance(row, UnitRow):
+        value: dict[str, Any] = _unit_dict(row)
+    elif isinstance(row, DocumentRow):
+        value = {
+            "document_id": row.document_id,
+            "original_text": row.original_text,
+            "content_hash": row.content_hash,
+            "metadata": row.metadata,
+            "tags": row.tags,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+            "unit_count": row.unit_count,
+            "chunks": [
+                {"id": c.id, "chunk_index": c.chunk_index, "text": c.text} for c in row.chunks
+            ],
+        }
+    elif isinstance(row, EntityRow):
+        value = {"id": row.id, "name": row.name, "type": row.type}
+    elif isinstance(row, MembershipRow):
+        value = {"unit_id": row.unit_id, "entity_id": row.entity_id}
+    elif isinstance(row, LinkRow):
+        value = {
+            "from_id": row.from_id,
+            "to_id": row.to_id,
+            "link_type": row.link_type,
+            "weight": row.weight,
+        }
+    else:
+        raise TypeError(f"not a bank row: {type(row).__name__}")
+    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
+
+
+def encode_bank(bank: Bank) -> bytes:
+    """The ``bank`` section's record of *bank* (its profile and configuration)."""
+    value = {
+        "bank_id": bank.bank_id,
+        "name": bank.name,
+        "mission": bank.mission,
+        "background": bank.background,
+        "disposition": bank.disposition,
+        "config": bank.config,
+        "created_at": bank.created_at,
+    }
+    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def bank_record(value: dict[str, Any], where: str) -> BankRecord:
+    """The ``bank`` section's record, checked."""
+    try:
+        record = BankRecord.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidArchive(f"{where}: {_problem(exc)}") from None
+    _time(record.created_at, "created_at", where)
+    return record
+
+
+def decode(section: str, value: dict[str, Any], dim: int, where: str) -> Any:
+    """The row a parsed line of *section* holds (see the module docstring); vectors must
+    have *dim* values."""
+    model = _MODELS[section]
+    try:
+        record = model.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidArchive(f"{where}: {_problem(exc)}") from None
+    if isinstance(record, UnitRecord):
+        return _unit_row(record, dim, where)
+    if isinstance(record, DocumentRecord):
+        return DocumentRow(
+            document_id=record.document_id,
+            original_text=record.original_text,
+            content_hash=record.content_hash,
+            metadata=dict(record.metadata),
+            tags=list(record.tags),
+            created_at=_time(record.created_at, "created_at", where) or "",
+            updated_at=_time(record.updated_at, "updated_at", where) or "",
+            unit_count=record.unit_count,
+            chunks=[ChunkRow(c.id, c.chunk_index, c.text) for c in record.chunks],
+        )
+    if isinstance(record, EntityRecord):
+        return EntityRow(record.id, record.name, record.type)
+    if isinstance(record, MembershipRecord):
+        return MembershipRow(record.unit_id, record.entity_id)
+    if isinstance(record, LinkRecord):
+        if not math.isfinite(record.weight):
+            raise InvalidArchive(f"{where}: weight is not finite")
+        return LinkRow(record.from_id, record.to_id, record.link_type, record.weight)
+    raise InvalidArchive(f"{where}: section {section!r} has no rows")  # pragma: no cover
+
+
+def _unit_row(record: UnitRecord, dim: int, where: str) -> UnitRow:
+    return UnitRow(
+        id=record.id,
+        document_id=record.document_id,
+        chunk_id=record.chunk_id,
+        text=record.text,
+        index_text=record.index_text,
+        fact_type=record.fact_type,
+        context=record.context,
+        occurred_start=_time(record.occurred_start, "occurred_start", where),
+        occurred_end=_time(record.occurred_end, "occurred_end", where),
+        mentioned_at=_time(record.mentioned_at, "mentioned_at", where),
+        metadata=dict(record.metadata),
+        tags=list(record.tags),
+        created_at=_time(record.created_at, "created_at", where) or "",
+        updated_at=_time(record.updated_at, "updated_at", where),
+        token_count=record.token_count,
+        consolidation_state=record.consolidation_state,
+        source_ids=list(record.source_ids),
+        proof_count=record.proof_count,
+        history=[h.model_dump() for h in record.history],
+        vector=decode_vector(record.vector, dim, where) if record.vector is not None else None,
+    )

@@ -1,0 +1,820 @@
+"""Bank transfer: export a bank (or some of its documents) as an archive, import an archive
+as a new bank, clone a bank. Each is a run, cancellable while it processes, with progress.
+
+**Runs.** Three kinds, each in the bank's run group (``bank:<ref>``, so they are the bank's
+operations: listed, read and cancelled with its retains and consolidations):
+
+- ``bank_export`` (:data:`EXPORT_KIND`): reads the bank from one snapshot
+  (:meth:`heed.memory.store.TransferStore.read_bank`) into an archive
+  (:mod:`heed.memory.archive`) in a temporary file, then stores it
+  (:mod:`heed.memory.archive_store`) until it expires; the run's result carries
+  ``download_url`` (``/v1/default/files/download/<key>``), ``storage_key``, ``byte_size``
+  and ``filename``, as hindsight-client expects.
+- ``bank_import`` (:data:`IMPORT_KIND`): the uploaded archive was checked whole before the
+  run was submitted (:func:`heed.memory.archive.check_archive`: a bad archive is a 400 and
+  nothing is stored or written) and stored; the run writes it into a **staging bank**, then
+  publishes it under its id.
+- ``bank_clone`` (:data:`CLONE_KIND`): an export into a temporary file (entries stored,
+  not deflated) and an import from it, in one run; no archive is kept.
+
+**No half bank.** An import or a clone writes into a staging bank: a bank of the hidden
+tenant :data:`STAGING_TENANT` (a comma: no tenant of ``HEED_API_KEYS`` has one), named by
+the run id, with no configuration (so nothing, consolidation included, touches it). Its
+writes are transactions of one document, or of a batch of observations, entities, entity
+rows or links. When everything is written, one statement gives it its real tenant, id,
+profile and configuration (:meth:`~heed.memory.store.TransferStore.publish_bank`): the bank
+appears whole or not at all. A failure or a cancel leaves the staging bank, which is deleted
+right after the run ended (in the background: the cancel does not wait for a large delete),
+and at start-up and before each import any staging bank whose run is over is deleted too (a
+process that died mid-import). Ids are never reused: the import maps every memory, chunk
+and entity id of the archive to a new one derived from the new bank (UUID 5), provenance
+(``source_ids``) included, so the same archive imports twice, or into the server it came
+from, beside its source. Document ids are the bank's and are kept.
+
+**Nothing re-embedded.** Vectors travel in the archive; an import writes them as they are.
+So an archive imports only where the embedder is the one that made them: the same model
+name and vector size, else the import is refused (400, naming both).
+
+**Cancel and bank delete.** Every run's token is checked between pages (a page is at most
+:attr:`TransferLimits.batch` rows) and a running statement stops when it is cancelled
+(:meth:`~heed.storage.database.SqlDatabase.cancellable`); the work runs in the offload
+holding a retain slot as background work (:mod:`heed.runtime.slots`). Deleting the bank an
+operation belongs to cancels it (``before_delete``) and waits until it stopped; an export
+or clone also registers as its source bank's work (:meth:`MemoryEngine.track`), and an
+import or clone as the work of the bank it is writing (the staging bank, which keeps its
+ref when published: deleting the new bank while the run ends cancels it too).
+
+**Memory.** A page of rows, one archive record, the current document's chunks and the ids
+of the archive's memories and entities (the check), whatever the bank's size; an archive
+lives in a temporary file, not in memory (an upload is the request body, which the server's
+body limit bounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import IO, Any, Final, Literal
+
+from heed.memory.archive import (
+    ArchiveCheck,
+    ArchiveLimits,
+    ArchiveReader,
+    ArchiveWriter,
+    InvalidArchive,
+    Manifest,
+    check_archive,
+)
+from heed.memory.archive_store import PART_BYTES, ArchiveStore, StoredArchive
+from heed.memory.bank_rows import BankSelection, DocumentRow, MembershipRow, UnitRow
+from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
+from heed.memory.models import Bank, Conflict, InvalidInput, NotFound
+from heed.memory.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
+from heed.memory.store import BankTaken
+from heed.memory.units import index_text, neighbour_texts, with_neighbours
+from heed.runs.events import EventType
+from heed.runs.kinds import KindSpec, RunContext
+from heed.runs.manager import RunManager, RunNotFound
+from heed.runs.model import Run
+from heed.runs.state import is_terminal
+from heed.runtime import (
+    OperationCancelled,
+    current_context,
+    detached,
+    raise_if_cancelled,
+    reraise_cancellation,
+    run_in_thread,
+    use_context,
+)
+from heed.settings import Settings
+
+__all__ = [
+    "CLONE_KIND",
+    "DOWNLOAD_PREFIX",
+    "EXPORT_KIND",
+    "IMPORT_KIND",
+    "STAGING_TENANT",
+    "TRANSFER_KINDS",
+    "BankTransfers",
+    "TransferLimits",
+    "embedding_model",
+]
+
+#: The kinds of run a bank transfer is (a bank's operations: :data:`OPERATION_KINDS`).
+EXPORT_KIND, IMPORT_KIND, CLONE_KIND = TRANSFER_KINDS
+#: The tenant of staging banks (see the module docstring).
+STAGING_TENANT: Final = ",transfer-staging"
+#: Where an export's archive is downloaded: this plus its key.
+DOWNLOAD_PREFIX: Final = "/v1/default/files/download/"
+#: Memories written per batch on import (a cancel waits for at most one).
+IMPORT_BATCH: Final = 64
+#: The namespace of the ids an import gives (UUID 5 of the new bank's ref and the old id).
+_ID_NAMESPACE: Final = uuid.UUID("1b1f7c2e-3a55-4d1e-9e65-7c3c6d1f0a42")
+
+log = logging.getLogger("heed.memory.transfer")
+
+
+def embedding_model(settings: Settings) -> str:
+    """The name archives give this server's embedder (:mod:`heed.memory.embeddings`)."""
+    if settings.embeddings_provider == "openai":
+        return f"openai:{settings.embeddings_model}"
+    return "onnx:all-MiniLM-L6-v2-int8"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferLimits:
+    """How transfers are bounded (``HEED_TRANSFER_*``)."""
+
+    archive: ArchiveLimits = field(default_factory=ArchiveLimits)
+    #: Rows per page read from a bank.
+    batch: int = 256
+    #: How long an export's archive (and an upload waiting for its import) is kept.
+    archive_ttl: float = 24 * 3600.0
+    #: Most document ids one export names.
+    max_document_ids: int = 500
+
+
+@dataclass(frozen=True, slots=True)
+class _Flags:
+    """What a transfer carries."""
+
+    include_data: bool = True
+    include_bank_config: bool = True
+
+    @classmethod
+    def of(cls, payload: dict[str, Any]) -> _Flags:
+        return cls(bool(payload["include_data"]), bool(payload["include_bank_config"]))
+
+
+class _Progress:
+    """Progress events of a run, sent from its worker thread (at most every 0.2 s)."""
+
+    def __init__(self, rc: RunContext, loop: asyncio.AbstractEventLoop, stage: str) -> None:
+        self.rc = rc
+        self.loop = loop
+        self.stage = stage
+        self.total = 0
+        self.done = 0
+        self._last = 0.0
+        self._sent: list[Future[Any]] = []
+
+    def start(self, stage: str, total: int) -> None:
+        self.stage, self.total, self.done = stage, total, 0
+        self._send()
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if time.monotonic() - self._last >= 0.2:
+            self._send()
+
+    def _send(self) -> None:
+        self._last = time.monotonic()
+        data = {"processed": self.done, "total": max(self.total, self.done), "stage": self.stage}
+        self._sent.append(
+            asyncio.run_coroutine_threadsafe(self.rc.emit(EventType.PROGRESS, data), self.loop)
+        )
+
+    async def drain(self) -> None:
+        """Wait for the events sent (a closed journal drops them; errors are logged)."""
+        results = await asyncio.gather(
+            *(asyncio.wrap_future(f) for f in self._sent), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, OperationCancelled):
+                log.warning("a transfer's progress event was lost: %s", result)
+
+
+class _Ids:
+    """The new ids an import gives an archive's memories, chunks and entities."""
+
+    def __init__(self, bank_ref: str) -> None:
+        self.prefix = _ID_NAMESPACE.bytes + (bank_ref + "/").encode()
+
+    def __call__(self, old: str) -> str:
+        """``uuid5(_ID_NAMESPACE, bank_ref + "/" + old)``, without the UUID object (an
+        import maps every id several times: it was a tenth of its CPU)."""
+        raw = bytearray(hashlib.sha1(self.prefix + old.encode()).digest()[:16])
+        raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+        raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+        x = raw.hex()
+        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+    def unit(self, unit: UnitRow) -> UnitRow:
+        unit.id = self(unit.id)
+        unit.chunk_id = self(unit.chunk_id) if unit.chunk_id is not None else None
+        unit.source_ids = [self(s) for s in unit.source_ids]
+        return unit
+
+
+def _pages(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(rows)
+    while page := list(itertools.islice(iterator, size)):
+        yield page
+
+
+def _when(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(value)
+    return None
+
+
+def _rebuilt(units: list[UnitRow]) -> None:
+    """Give *units* (one document's, in order, or observations) the keyword text retain
+    and consolidation give (:mod:`heed.memory.units`) where the store could not read it
+    back: a document's units their text, context and date, and its verbatim units (those
+    resting on no other) the neighbours among them; an observation its text."""
+    verbatim = [u for u in units if u.document_id is not None and not u.source_ids]
+    texts = [u.text for u in verbatim]
+    position = {id(u): i for i, u in enumerate(verbatim)}
+    for unit in units:
+        if unit.index_text is not None:
+            continue
+        if unit.document_id is None:
+            unit.index_text = index_text(unit.text, None, None)
+            continue
+        base = index_text(unit.text, unit.context, _when(unit.mentioned_at))
+        at = position.get(id(unit))
+        unit.index_text = base if at is None else with_neighbours(base, neighbour_texts(texts, at))
+
+
+def _with_index_texts(pages: Iterator[list[UnitRow]], size: int) -> Iterator[list[UnitRow]]:
+    """*pages* of units, each document's units given their keyword text where missing
+    (:func:`_rebuilt`, which needs a whole document: pages are regrouped by document)."""
+    flat = (unit for page in pages for unit in page)
+    for _, group in itertools.groupby(flat, key=lambda u: u.document_id):
+        units = list(group)
+        if any(u.index_text is None for u in units):
+            _rebuilt(units)
+        yield from _pages(units, size)
+
+
+class BankTransfers:
+    """Submits, runs and serves bank transfers (see the module docstring)."""
+
+    def __init__(
+        self,
+        manager: RunManager,
+        engine: MemoryEngine,
+        archives: ArchiveStore,
+        model: str,
+        limits: TransferLimits | None = None,
+    ) -> None:
+        self.manager = manager
+        self.engine = engine
+        self.archives = archives
+        self.model = model
+        self.limits = limits or TransferLimits()
+        self._discarding: set[asyncio.Task[None]] = set()
+        engine.before_delete.append(self._cancel_bank_runs)
+
+    def kind_specs(self) -> dict[str, KindSpec]:
+        """How transfer runs execute: register each under its kind."""
+        return {
+            EXPORT_KIND: KindSpec(execute=self._execute_export),
+            IMPORT_KIND: KindSpec(execute=self._execute_import, on_terminal=self._drop_upload),
+            CLONE_KIND: KindSpec(execute=self._execute_clone),
+        }
+
+    # -- submitting ----------------------------------------------------------------------
+
+    @staticmethod
+    def _refuse_history(include_history: bool) -> None:
+        if include_history:
+            raise InvalidInput(
+                "include_history: heed keeps no audit log or LLM request log to carry "
+                "(send false or leave it out)"
+            )
+
+    async def _new_bank_id(self, bank_id: str, what: str) -> None:
+        if not is_bank_id(bank_id):
+            raise InvalidInput(
+                f"invalid {what} {bank_id!r}: use 1-128 letters, digits, '.', '_', ':', '@' or '-'"
+            )
+        if await self.engine.find_bank(bank_id) is not None:
+            raise Conflict(
+                f"bank {bank_id!r} exists: a transfer restores a whole bank into a new one "
+                "(choose another id, or delete that bank first)"
+            )
+
+    async def _submit(
+        self, kind: str, bank: Bank, payload: dict[str, Any], summary: dict[str, Any]
+    ) -> Run:
+        run = await self.manager.submit(
+            kind,
+            tenant=bank.tenant,
+            session_id=bank_session(bank),
+            payload={"bank_id": bank.bank_id, "bank_ref": bank.ref, **payload},
+            summary={"bank_id": bank.bank_id, **summary},
+        )
+        assert run is not None
+        return run
+
+    async def submit_export(
+        self,
+        bank: Bank,
+        *,
+        include_data: bool = True,
+        include_bank_config: bool = True,
+        include_history: bool = False,
+        document_ids: Sequence[str] | None = None,
+        documents_only: bool = False,
+        include_observations: bool = True,
+        include_knowledge_base: bool = False,
+    ) -> Run:
+        """Queue an export of *bank* (its documents *document_ids* only, when given: an
+        archive of ``documents`` scope, without the bank's profile or observations; the
+        same with *documents_only*, observations when *include_observations*)."""
+        self._refuse_history(include_history)
+        if include_knowledge_base:
+            raise InvalidInput(
+                "include_knowledge_base: heed's bank archive (format version 1) does not "
+                "carry mental models or knowledge pages yet"
+            )
+        ids = list(dict.fromkeys(document_ids)) if document_ids is not None else None
+        if ids is not None:
+            if not ids:
+                raise InvalidInput("document_id: name at least one document, or leave it out")
+            if len(ids) > self.limits.max_document_ids:
+                raise InvalidInput(
+                    f"document_id: {len(ids)} ids; the limit is {self.limits.max_document_ids}"
+                )
+            for document_id in ids:
+                if not document_id or "\x00" in document_id or len(document_id) > 512:
+                    raise InvalidInput(f"document_id {document_id[:100]!r} is not a document id")
+        scope = "documents" if ids is not None or documents_only else "bank"
+        payload = {
+            "scope": scope,
+            "document_ids": ids,
+            "include_observations": include_observations and ids is None,
+            "include_data": include_data,
+            "include_bank_config": include_bank_config,
+        }
+        return await self._submit(EXPORT_KIND, bank, payload, {"scope": scope})
+
+    async def submit_clone(
+        self,
+        bank: Bank,
+        target_bank_id: str,
+        *,
+        include_data: bool = True,
+        include_bank_config: bool = True,
+        include_history: bool = False,
+    ) -> Run:
+        """Queue a clone of *bank* as the new bank *target_bank_id*."""
+        self._refuse_history(include_history)
+        await self._new_bank_id(target_bank_id, "target_bank_id")
+        payload = {
+            "target_bank_id": target_bank_id,
+            "include_data": include_data,
+            "include_bank_config": include_bank_config,
+        }
+        return await self._submit(CLONE_KIND, bank, payload, {"target_bank_id": target_bank_id})
+
+    async def submit_import(
+        self,
+        bank: Bank,
+        archive: bytes,
+        filename: str | None = None,
+        *,
+        target_bank_id: str | None = None,
+        mode: str | None = None,
+        document_conflict: str | None = None,
+        include_data: bool = True,
+        include_bank_config: bool = True,
+        include_history: bool = False,
+    ) -> Run:
+        """Check *archive* whole (:class:`InvalidArchive`, 400, naming the problem: nothing
+        stored), store it and queue its import into the new bank *target_bank_id* (default:
+        the archive's source bank id), recorded as an operation of *bank*."""
+        self._refuse_history(include_history)
+        if mode not in (None, "restore"):
+            raise InvalidInput(
+                f"mode {mode!r}: heed imports an archive as a new bank (mode=restore); "
+                "merging into an existing bank is not implemented"
+            )
+        if document_conflict is not None:
+            raise InvalidInput("document_conflict applies to mode=merge, which heed does not do")
+        check = await run_in_thread(self.check_upload, archive)
+        target = target_bank_id or check.manifest.source_bank_id
+        await self._new_bank_id(target, "target_bank_id")
+        stored = await run_in_thread(
+            self.archives.put_archive,
+            self._archive_row(bank, "upload", filename or "upload.zip"),
+            _parts(memoryview(archive)),
+        )
+        try:
+            return await self._submit(
+                IMPORT_KIND,
+                bank,
+                {
+                    "archive_id": stored.id,
+                    "target_bank_id": target,
+                    "include_data": include_data,
+                    "include_bank_config": include_bank_config,
+                    "records": check.records,
+                },
+                {"target_bank_id": target, "archive_id": stored.id},
+            )
+        except BaseException:
+            with use_context(detached()):
+                await run_in_thread(self.archives.delete_archive, stored.id)
+            raise
+
+    def check_upload(self, archive: bytes | IO[bytes]) -> ArchiveCheck:
+        """Check an archive whole (see :func:`check_archive`), and that this server's
+        embedder made its vectors. Blocking; checks the token."""
+        import io
+
+        source = io.BytesIO(archive) if isinstance(archive, bytes | bytearray) else archive
+        with ArchiveReader(source, self.limits.archive) as reader:
+            self._same_embedder(reader.manifest)
+            return check_archive(reader)
+
+    def _same_embedder(self, manifest: Manifest) -> None:
+        dim = self.engine.embedder.dim
+        if (manifest.embedding_model, manifest.dim) != (self.model, dim):
+            raise InvalidArchive(
+                f"its vectors were made by {manifest.embedding_model!r} ({manifest.dim} "
+                f"dimensions); this server embeds with {self.model!r} ({dim} dimensions), "
+                "and heed imports vectors without embedding again"
+            )
+
+    def _archive_row(
+        self, bank: Bank, kind: Literal["export", "upload"], name: str
+    ) -> StoredArchive:
+        now = time.time()
+        return StoredArchive(
+            id=uuid.uuid4().hex,
+            tenant=bank.tenant,
+            kind=kind,
+            bank_id=bank.bank_id,
+            filename=name,
+            byte_size=0,
+            sha256="",
+            created_at=now,
+            expires_at=now + self.limits.archive_ttl,
+        )
+
+    # -- downloads -------------------------------------------------------------------------
+
+    async def download(self, key: str) -> StoredArchive:
+        """The current tenant's exported archive *key*; :class:`NotFound` otherwise."""
+        tenant = current_context().tenant
+        archive = await run_in_thread(self.archives.get_archive, tenant, key)
+        if archive is None or archive.kind != "export":
+            raise NotFound(f"file {key!r} not found")
+        return archive
+
+    async def archive_bytes(self, archive: StoredArchive) -> AsyncIterator[bytes]:
+        """The archive's bytes, a part at a time (each read in the offload)."""
+        parts = self.archives.archive_parts(archive.id)
+        while True:
+            part = await run_in_thread(next, parts, None)
+            if part is None:
+                return
+            yield part
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def _source(self, rc: RunContext) -> Bank:
+        """The run's bank, unless it was deleted (or deleted and made again) meanwhile."""
+        try:
+            bank = await self.engine.get_bank(rc.payload["bank_id"], tenant=rc.run.tenant)
+        except NotFound as exc:
+            raise OperationCancelled(BANK_DELETED) from exc
+        if bank.ref != rc.payload["bank_ref"]:
+            raise OperationCancelled(BANK_DELETED)
+        return bank
+
+    async def _execute_export(self, rc: RunContext) -> dict[str, Any]:
+        bank = await self._source(rc)
+        payload = rc.payload
+        ids = payload.get("document_ids")
+        selection = BankSelection(
+            document_ids=ids, observations=bool(payload.get("include_observations", True))
+        )
+        progress = _Progress(rc, asyncio.get_running_loop(), "export")
+        try:
+            async with self.engine.track(bank), self.engine.retain_lane.slot(background=True):
+                stored, counts = await run_in_thread(
+                    self._export_blocking, bank, selection, _Flags.of(payload), payload, progress
+                )
+        except NotFound as exc:
+            raise OperationCancelled(BANK_DELETED) from exc
+        finally:
+            await progress.drain()
+        return {
+            "download_url": DOWNLOAD_PREFIX + stored.id,
+            "storage_key": stored.id,
+            "byte_size": stored.byte_size,
+            "filename": stored.filename,
+            "sha256": stored.sha256,
+            "expires_at": datetime.fromtimestamp(stored.expires_at, UTC).isoformat(),
+            **counts,
+        }
+
+    def _export_blocking(
+        self,
+        bank: Bank,
+        selection: BankSelection,
+        flags: _Flags,
+        payload: dict[str, Any],
+        progress: _Progress,
+    ) -> tuple[StoredArchive, dict[str, int]]:
+        scope = payload["scope"]
+        name = f"{bank.bank_id}-{scope}-{datetime.now().strftime('%Y%m%dT%H%M%S')}.zip"
+        with tempfile.TemporaryFile() as tmp:
+            counts = self._write_archive(tmp, bank, selection, flags, scope, progress)
+            tmp.seek(0)
+            row = self._archive_row(bank, "export", name)
+            try:
+                stored = self.archives.put_archive(row, _file_parts(tmp))
+            except BaseException:
+                self.archives.delete_archive(row.id)
+                raise
+        return stored, counts
+
+    def _write_archive(
+        self,
+        target: IO[bytes],
+        bank: Bank,
+        selection: BankSelection,
+        flags: _Flags,
+        scope: Literal["bank", "documents"],
+        progress: _Progress,
+        *,
+        compress: bool = True,
+    ) -> dict[str, int]:
+        """Write *bank* (its *selection*) as an archive into *target*; the records per
+        section. Blocking; checks the token between pages."""
+        writer = ArchiveWriter(
+            target,
+            scope=scope,
+            source_bank_id=bank.bank_id,
+            embedding_model=self.model,
+            dim=self.engine.embedder.dim,
+            compress=compress,
+        )
+        batch = self.limits.batch
+        try:
+            if scope == "bank":
+                profile = replace(
+                    bank, config=dict(bank.config), disposition=dict(bank.disposition)
+                )
+                if not flags.include_bank_config:
+                    profile.config, profile.mission = {}, ""
+                    profile.disposition = {"skepticism": 3, "literalism": 3, "empathy": 3}
+                writer.bank(profile)
+            if flags.include_data:
+                with self.engine.store.read_bank(bank.ref, selection) as reader:
+                    progress.start("export", reader.count_units())
+                    for documents in reader.documents(max(1, batch // 8)):
+                        writer.write("documents", documents)
+                    for units in _with_index_texts(reader.units(batch), batch):
+                        writer.write("units", units)
+                        progress.add(len(units))
+                    for units in _with_index_texts(reader.observations(batch), batch):
+                        writer.write("observations", units)
+                        progress.add(len(units))
+                    for section, pages in (
+                        ("entities", reader.entities(batch)),
+                        ("unit_entities", reader.memberships(batch)),
+                        ("links", reader.links(batch)),
+                    ):
+                        for page in pages:
+                            writer.write(section, page)
+            manifest = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        return {name: manifest.records(name) for name in manifest.sections if name != "bank"}
+
+    async def _execute_import(self, rc: RunContext) -> dict[str, Any]:
+        await self._source(rc)
+        payload = rc.payload
+        progress = _Progress(rc, asyncio.get_running_loop(), "import")
+        try:
+            with tempfile.TemporaryFile() as tmp:
+                await run_in_thread(self._fetch, rc.run.tenant, payload["archive_id"], tmp)
+                bank, counts = await self._into_new_bank(rc, tmp, progress)
+        finally:
+            await progress.drain()
+        return {"bank_id": bank.bank_id, **counts}
+
+    def _fetch(self, tenant: str, archive_id: str, target: IO[bytes]) -> None:
+        archive = self.archives.get_archive(tenant, archive_id)
+        if archive is None:
+            raise NotFound("the uploaded archive is gone (expired): upload it again")
+        for part in self.archives.archive_parts(archive.id):
+            target.write(part)
+        target.seek(0)
+
+    async def _execute_clone(self, rc: RunContext) -> dict[str, Any]:
+        source = await self._source(rc)
+        flags = _Flags.of(rc.payload)
+        progress = _Progress(rc, asyncio.get_running_loop(), "export")
+        try:
+            with tempfile.TemporaryFile() as tmp:
+                try:
+                    async with self.engine.track(source):
+                        await run_in_thread(
+                            self._write_archive,
+                            tmp,
+                            source,
+                            BankSelection(),
+                            flags,
+                            "bank",
+                            progress,
+                            compress=False,
+                        )
+                except NotFound as exc:
+                    raise OperationCancelled(BANK_DELETED) from exc
+                tmp.seek(0)
+                bank, counts = await self._into_new_bank(rc, tmp, progress)
+        finally:
+            await progress.drain()
+        return {"bank_id": bank.bank_id, "source_bank_id": source.bank_id, **counts}
+
+    async def _into_new_bank(
+        self, rc: RunContext, archive: IO[bytes], progress: _Progress
+    ) -> tuple[Bank, dict[str, int]]:
+        """Import *archive* into a staging bank and publish it as the run's target bank
+        (see the module docstring)."""
+        await self.sweep()
+        payload = rc.payload
+        store = self.engine.store
+        staging = Bank(tenant=STAGING_TENANT, bank_id=rc.run.id, ref=str(uuid.uuid4()))
+        staging.config = {"enable_observations": False, "retain_extraction_mode": "off"}
+        staging = await run_in_thread(store.save_bank, staging)
+        try:
+            async with self.engine.track(staging), self.engine.retain_lane.slot(background=True):
+                target, counts = await run_in_thread(
+                    self._import_blocking, archive, staging, rc.run.tenant, payload, progress
+                )
+                try:
+                    published = await run_in_thread(store.publish_bank, target)
+                except BankTaken as exc:
+                    raise Conflict(
+                        f"bank {target.bank_id!r} was created while this transfer ran; "
+                        "nothing was imported"
+                    ) from exc
+        except BaseException:
+            self._discard_later(staging.ref)
+            raise
+        for hook in self.engine.after_retain:  # e.g. consolidation of pending memories
+            hook(published)
+        return published, counts
+
+    def _import_blocking(
+        self,
+        archive: IO[bytes],
+        staging: Bank,
+        tenant: str,
+        payload: dict[str, Any],
+        progress: _Progress,
+    ) -> tuple[Bank, dict[str, int]]:
+        """Write *archive* into *staging*; the bank to publish and the rows per section.
+        Blocking; checks the token between batches."""
+        flags = _Flags.of(payload)
+        store = self.engine.store
+        ids = _Ids(staging.ref)
+        counts: dict[str, int] = {}
+        with ArchiveReader(archive, self.limits.archive) as reader:
+            self._same_embedder(reader.manifest)
+            record = reader.bank()
+            target = Bank(tenant=tenant, bank_id=payload["target_bank_id"], ref=staging.ref)
+            target.name = target.bank_id
+            if record is not None:
+                # A bank named by its id (the default) is named by its new id.
+                if record.name not in ("", record.bank_id):
+                    target.name = record.name
+                target.background = record.background
+                if flags.include_bank_config:
+                    target.mission = record.mission
+                    target.disposition = record.disposition.model_dump()
+                    target.config = dict(record.config)
+            if not flags.include_data:
+                return target, counts
+            progress.start("import", int(payload.get("records") or 0) or _records(reader))
+            units = reader.rows("units")
+            documents = 0
+            for document in reader.rows("documents"):
+                assert isinstance(document, DocumentRow)
+                document.chunks = [replace(c, id=ids(c.id)) for c in document.chunks]
+                mine = (ids.unit(u) for u in itertools.islice(units, document.unit_count))
+                batches = _counted(_pages(mine, IMPORT_BATCH), progress)
+                counts["units"] = counts.get("units", 0) + store.write_document_rows(
+                    staging.ref, document, batches
+                )
+                documents += 1
+                progress.add(1)
+            counts["documents"] = documents
+            if next(units, None) is not None:
+                raise InvalidArchive("the units section holds memories of no document")
+            counts["observations"] = 0
+            for page in _pages(reader.rows("observations"), IMPORT_BATCH):
+                counts["observations"] += store.write_unit_rows(
+                    staging.ref, [ids.unit(u) for u in page]
+                )
+                progress.add(len(page))
+            counts["entities"] = 0
+            for page in _pages(reader.rows("entities"), self.limits.batch):
+                counts["entities"] += store.write_entity_rows(
+                    staging.ref, [replace(e, id=ids(e.id)) for e in page]
+                )
+                progress.add(len(page))
+            counts["unit_entities"] = 0
+            for page in _pages(reader.rows("unit_entities"), self.limits.batch):
+                counts["unit_entities"] += store.write_membership_rows(
+                    staging.ref, [MembershipRow(ids(m.unit_id), ids(m.entity_id)) for m in page]
+                )
+                progress.add(len(page))
+            counts["links"] = 0
+            for page in _pages(reader.rows("links"), self.limits.batch):
+                moved = [replace(k, from_id=ids(k.from_id), to_id=ids(k.to_id)) for k in page]
+                counts["links"] += store.write_link_rows(staging.ref, moved)
+                progress.add(len(page))
+        raise_if_cancelled()
+        return target, counts
+
+    # -- cleaning up -----------------------------------------------------------------------
+
+    def _drop_upload(self, run: Run) -> None:
+        """``on_terminal`` of an import: its uploaded archive is no longer needed."""
+        archive_id = run.summary.get("archive_id")
+        if archive_id:
+            self.archives.delete_archive(str(archive_id))
+
+    def _discard_later(self, staging_ref: str) -> None:
+        """Delete a staging bank in the background (the run ends without waiting)."""
+        task = asyncio.get_running_loop().create_task(self._discard(staging_ref))
+        self._discarding.add(task)
+        task.add_done_callback(self._discarding.discard)
+
+    async def _discard(self, staging_ref: str) -> None:
+        with use_context(detached()):
+            try:
+                await run_in_thread(self.engine.store.delete_bank, staging_ref)
+            except Exception as exc:
+                reraise_cancellation(exc)
+                log.warning("could not delete staging bank %s: %s", staging_ref, exc, exc_info=exc)
+
+    async def sweep(self) -> int:
+        """Delete the staging banks whose run is over (or unknown) and the expired
+        archives: at start-up and before each import. How many banks were deleted."""
+        with use_context(detached()):
+            await run_in_thread(self.archives.delete_expired, time.time())
+            banks, _ = await run_in_thread(self.engine.store.list_banks, STAGING_TENANT, 1000, 0)
+            deleted = 0
+            for bank, _units in banks:
+                try:
+                    run = await self.manager.get(bank.bank_id)
+                except RunNotFound:
+                    run = None
+                if run is None or is_terminal(run):
+                    await run_in_thread(self.engine.store.delete_bank, bank.ref)
+                    deleted += 1
+        return deleted
+
+    async def _cancel_bank_runs(self, bank: Bank) -> None:
+        for kind in TRANSFER_KINDS:
+            await cancel_bank_runs(self.manager, bank, kind)
+
+    async def aclose(self) -> None:
+        """Wait for the staging banks being deleted."""
+        if self._discarding:
+            await asyncio.gather(*self._discarding, return_exceptions=True)
+
+
+def _records(reader: ArchiveReader) -> int:
+    return sum(s.records for name, s in reader.manifest.sections.items() if name != "bank")
+
+
+def _counted(pages: Iterator[list[UnitRow]], progress: _Progress) -> Iterator[list[UnitRow]]:
+    for page in pages:
+        yield page
+        progress.add(len(page))
+
+
+def _parts(data: memoryview) -> Iterator[bytes]:
+    for start in range(0, len(data), PART_BYTES):
+        raise_if_cancelled()
+        yield bytes(data[start : start + PART_BYTES])
+
+
+def _file_parts(source: IO[bytes]) -> Iterator[bytes]:
+    while part := source.read(PART_BYTES):
+        raise_if_cancelled()
+        yield part

@@ -1,0 +1,174 @@
+"""Bank archives in the database (component ``transfer_archives``), on SQLite or PostgreSQL.
+
+:class:`SqlArchiveStore` implements :class:`heed.memory.archive_store.ArchiveStore`: a row
+per archive in ``transfer_archives`` and its bytes in ``transfer_archive_parts`` (a
+``BLOB`` on SQLite, ``BYTEA`` on PostgreSQL), one part per row, written a few parts per
+transaction so a large archive never holds SQLite's writer lock for long. A row is
+``complete`` only once its last part is stored; readers see complete rows only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Any, Final
+
+from heed.memory.archive_store import PART_BYTES, StoredArchive
+from heed.runtime import raise_if_cancelled
+from heed.storage.database import Migration, SqlDatabase, apply_migrations
+
+__all__ = ["MIGRATIONS", "SqlArchiveStore"]
+
+#: Parts written per transaction.
+PARTS_PER_TRANSACTION: Final = 4
+
+MIGRATIONS: Final = [
+    Migration(
+        "transfer_archives",
+        1,
+        """
+        CREATE TABLE transfer_archives (
+            id {bytewise} PRIMARY KEY,
+            tenant {bytewise} NOT NULL,
+            kind TEXT NOT NULL,
+            bank_id TEXT NOT NULL,
+            filename TEXT NOT NULL,
+            byte_size {bigint} NOT NULL,
+            sha256 TEXT NOT NULL,
+            complete INTEGER NOT NULL,
+            created_at {real} NOT NULL,
+            expires_at {real} NOT NULL
+        );
+        CREATE INDEX transfer_archives_expiry ON transfer_archives (expires_at);
+        CREATE TABLE transfer_archive_parts (
+            archive_id {bytewise} NOT NULL
+                REFERENCES transfer_archives (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL,
+            data {blob} NOT NULL,
+            PRIMARY KEY (archive_id, part)
+        );
+        """,
+        words={"sqlite": {"blob": "BLOB"}, "postgresql": {"blob": "BYTEA"}},
+    )
+]
+
+
+def _archive(row: Any) -> StoredArchive:
+    return StoredArchive(
+        id=row["id"],
+        tenant=row["tenant"],
+        kind=row["kind"],
+        bank_id=row["bank_id"],
+        filename=row["filename"],
+        byte_size=int(row["byte_size"]),
+        sha256=row["sha256"],
+        created_at=float(row["created_at"]),
+        expires_at=float(row["expires_at"]),
+    )
+
+
+class SqlArchiveStore:
+    """Archives in parts (see the module docstring). Calls block."""
+
+    def __init__(self, db: SqlDatabase) -> None:
+        self.db = db
+
+    def migrate(self) -> None:
+        """Apply the ``transfer_archives`` component's migrations."""
+        apply_migrations(self.db, MIGRATIONS)
+
+    def put_archive(self, archive: StoredArchive, parts: Iterable[bytes]) -> StoredArchive:
+        with self.db.write() as conn:
+            conn.execute(
+                "INSERT INTO transfer_archives (id, tenant, kind, bank_id, filename,"
+                " byte_size, sha256, complete, created_at, expires_at)"
+                " VALUES (?,?,?,?,?,0,'',0,?,?)",
+                (
+                    archive.id,
+                    archive.tenant,
+                    archive.kind,
+                    archive.bank_id,
+                    archive.filename,
+                    archive.created_at,
+                    archive.expires_at,
+                ),
+            )
+        digest = hashlib.sha256()
+        size = 0
+        batch: list[tuple[str, int, bytes]] = []
+        number = 0
+        for part in parts:
+            if len(part) > PART_BYTES:
+                raise ValueError(f"a part of {len(part)} bytes; parts hold {PART_BYTES}")
+            if not part:
+                continue
+            digest.update(part)
+            size += len(part)
+            batch.append((archive.id, number, bytes(part)))
+            number += 1
+            if len(batch) >= PARTS_PER_TRANSACTION:
+                self._write_parts(batch)
+                batch = []
+        self._write_parts(batch)
+        done = replace(archive, byte_size=size, sha256=digest.hexdigest())
+        with self.db.write() as conn:
+            conn.execute(
+                "UPDATE transfer_archives SET byte_size = ?, sha256 = ?, complete = 1 WHERE id = ?",
+                (done.byte_size, done.sha256, done.id),
+            )
+        return done
+
+    def _write_parts(self, batch: list[tuple[str, int, bytes]]) -> None:
+        if not batch:
+            return
+        raise_if_cancelled()
+        with self.db.write() as conn:
+            conn.executemany(
+                "INSERT INTO transfer_archive_parts (archive_id, part, data) VALUES (?,?,?)",
+                batch,
+            )
+
+    def get_archive(self, tenant: str, archive_id: str) -> StoredArchive | None:
+        if "\x00" in tenant or "\x00" in archive_id:
+            return None
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT * FROM transfer_archives WHERE id = ? AND tenant = ? AND complete = 1"
+                " AND expires_at > ?",
+                (archive_id, tenant, time.time()),
+            ).fetchone()
+        return _archive(row) if row is not None else None
+
+    def archive_parts(self, archive_id: str) -> Iterator[bytes]:
+        number = 0
+        while True:
+            raise_if_cancelled()
+            with self.db.read() as conn:
+                row = conn.execute(
+                    "SELECT data FROM transfer_archive_parts WHERE archive_id = ? AND part = ?",
+                    (archive_id, number),
+                ).fetchone()
+            if row is None:
+                return
+            yield bytes(row[0])
+            number += 1
+
+    def delete_archive(self, archive_id: str) -> bool:
+        with self.db.write() as conn:
+            conn.execute("DELETE FROM transfer_archive_parts WHERE archive_id = ?", (archive_id,))
+            deleted = conn.execute(
+                "DELETE FROM transfer_archives WHERE id = ?", (archive_id,)
+            ).rowcount
+        return bool(deleted)
+
+    def delete_expired(self, now: float) -> int:
+        with self.db.read() as conn:
+            ids = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT id FROM transfer_archives WHERE expires_at <= ?", (now,)
+                ).fetchall()
+            ]
+        return sum(self.delete_archive(archive_id) for archive_id in ids)

@@ -1,0 +1,664 @@
+"""Bank transfer end to end over HTTP, on SQLite and PostgreSQL: export, import, clone and
+export_documents through the unmodified hindsight-client, as runs of the bank's operations
+(progress on the run's stream, cancel while processing, a bank delete stops them) that
+leave no half bank; hostile archives refused with a 400 naming the problem, nothing
+written. The archive moving from SQLite to PostgreSQL is ``test_transfer_across_databases``.
+
+Real server on a socket; the scripted provider plays the LLM of extraction and
+consolidation, so the source bank holds extracted facts with provenance and an observation
+with its history.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hindsight_client import Hindsight
+
+from heed.api.app import create_app
+from heed.llm import ScriptedProvider
+from heed.memory.transfer import STAGING_TENANT
+from heed.settings import Settings
+from tests.memory import archive_support as arc
+from tests.pg_support import fresh_schema
+from tests.support import LiveServer, live_server, wait_for
+
+TURNS = [
+    "Caroline: I adopted a puppy named Rex last week.",
+    "Melanie: That's lovely! What breed is he?",
+    "Caroline: A beagle. He loves the park near my flat in Lyon.",
+]
+EXTRACTION = {
+    "when": "[0] (",
+    "json": {
+        "facts": [
+            {
+                "text": "Caroline adopted a beagle puppy named Rex.",
+                "fact_type": "experience",
+                "who": "Caroline",
+                "entities": ["Caroline", "Rex"],
+                "sources": [0, 2],
+            },
+            {
+                "text": "Rex loves the park near Caroline's flat in Lyon.",
+                "fact_type": "world",
+                "where": "Lyon",
+                "entities": ["Rex", "Lyon"],
+                "sources": [2],
+                "causes": [0],
+            },
+        ]
+    },
+}
+CREATE = {
+    "when": "new facts:",
+    "json": {
+        "actions": [
+            {"action": "create", "text": "Caroline owns a beagle called Rex.", "facts": [0, 1]}
+        ]
+    },
+}
+UPDATE = {
+    "when": "new facts:",
+    "json": {
+        "actions": [
+            {
+                "action": "update",
+                "observations": [0],
+                "text": "Caroline owns a two-year-old beagle called Rex.",
+                "facts": [0],
+            }
+        ]
+    },
+}
+QUERIES = ["Caroline's dog", "Where is the park?", "sailing trip to Brest", "What breed is Rex?"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    def settings(url: str | None) -> Settings:
+        return Settings(
+            data_dir=tmp_path_factory.mktemp("transfer"),
+            database_url=url,
+            llm_provider="scripted",
+            retain_extraction="concise",
+            observations="on",
+            consolidation_debounce_seconds=0.05,
+            run_reaper_interval=0.2,
+            max_body_bytes=64 * 1024 * 1024,
+        )
+
+    if request.param == "sqlite":
+        with live_server(create_app(settings(None))) as srv:
+            yield srv
+        return
+    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+        yield srv
+
+
+def script(server: LiveServer, *replies: dict[str, Any]) -> None:
+    server.app.state.services.retain_provider.current = ScriptedProvider({"replies": list(replies)})
+
+
+def get(server: LiveServer, path: str, **params: Any) -> Any:
+    response = httpx.get(f"{server.url}{path}", params=params, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def memories(server: LiveServer, bank: str, **params: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get(
+        server, f"/v1/default/banks/{bank}/memories/list", limit=1000, **params
+    )["items"]
+    return items
+
+
+def wait_done(server: LiveServer, bank: str, operation_id: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        status = get(server, f"/v1/default/banks/{bank}/operations/{operation_id}")
+        return status if status["status"] in ("completed", "failed", "cancelled") else None
+
+    status: dict[str, Any] = wait_for(done, seconds=180, interval=0.1)
+    return status
+
+
+@pytest.fixture(scope="module")
+def source(server: LiveServer) -> str:
+    """A bank with two documents, extracted facts with provenance, and an observation
+    updated once (so it has a history), a mission, a disposition and settings."""
+    bank = "src-" + uuid.uuid4().hex[:6]
+    httpx.put(
+        f"{server.url}/v1/default/banks/{bank}",
+        json={"mission": "Remember pets.", "disposition": {"empathy": 5}, "name": "Pets"},
+        timeout=30,
+    ).raise_for_status()
+    client = Hindsight(base_url=server.url, timeout=60)
+    try:
+        script(server, EXTRACTION, CREATE)
+        client.retain(bank, "\n".join(TURNS), context="chat", document_id="chat", tags=["pets"])
+        wait_for(lambda: memories(server, bank, type="observation"), seconds=30)
+        wait_for(lambda: not memories(server, bank, consolidation_state="pending"), seconds=30)
+        script(server, EXTRACTION, UPDATE)
+        client.retain(
+            bank,
+            "Caroline: Rex turned two yesterday.",
+            document_id="birthday",
+            metadata={"source": "chat"},
+        )
+
+        def updated() -> bool:
+            return any(
+                m["text"].startswith("Caroline owns a two-year-old")
+                for m in memories(server, bank, type="observation")
+            )
+
+        wait_for(updated, seconds=30)
+        wait_for(lambda: not memories(server, bank, consolidation_state="pending"), seconds=30)
+        script(
+            server,
+            {"when": "[0] (", "json": {"facts": []}},
+            {"when": "new facts:", "json": {"actions": []}},
+        )
+        client.retain(bank, "Bob went sailing to Brest in May.", document_id="trip")
+        wait_for(lambda: not memories(server, bank, consolidation_state="pending"), seconds=30)
+    finally:
+        client.close()
+    return bank
+
+
+def snapshot(server: LiveServer, bank: str) -> dict[str, Any]:
+    """Everything the API shows of a bank, with memory ids replaced by texts (an import
+    gives new ids)."""
+    units = memories(server, bank)
+    text_of = {u["id"]: u["text"] for u in units}
+    profile = get(server, f"/v1/default/banks/{bank}")
+    stats = get(server, f"/v1/default/banks/{bank}/stats")
+    documents = get(server, f"/v1/default/banks/{bank}/documents")["items"]
+    history = {
+        u["text"]: get(server, f"/v1/default/banks/{bank}/memories/{u['id']}/history")["history"]
+        for u in units
+        if u["fact_type"] == "observation"
+    }
+    recalls = {}
+    for query in QUERIES:
+        response = httpx.post(
+            f"{server.url}/v1/default/banks/{bank}/memories/recall",
+            json={"query": query, "types": ["world", "experience", "observation"]},
+            timeout=30,
+        )
+        response.raise_for_status()
+        recalls[query] = [r["text"] for r in response.json()["results"][:5]]
+    keep = (
+        "text",
+        "fact_type",
+        "context",
+        "occurred_start",
+        "occurred_end",
+        "mentioned_at",
+        "tags",
+        "metadata",
+        "document_id",
+        "consolidation_state",
+        "proof_count",
+    )
+    return {
+        "profile": {k: profile[k] for k in ("mission", "disposition", "background")},
+        "units": sorted(
+            (
+                {k: u.get(k) for k in keep}
+                | {
+                    "entities": sorted(u.get("entities") or []),
+                    "sources": sorted(text_of.get(i, "?") for i in u["source_memory_ids"] or []),
+                }
+                for u in units
+            ),
+            key=lambda u: json.dumps(u, sort_keys=True),
+        ),
+        "stats": {
+            k: stats[k] for k in ("nodes_by_fact_type", "links_by_link_type", "total_documents")
+        },
+        "documents": sorted(
+            (d["id"], d["text_length"], d["tags"], d["document_metadata"], d["memory_unit_count"])
+            for d in documents
+        ),
+        "history": {k: [(h["text"], h["reason"]) for h in v] for k, v in history.items()},
+        "recall": recalls,
+    }
+
+
+def test_export_then_import_carries_the_whole_bank(server: LiveServer, source: str) -> None:
+    before = snapshot(server, source)
+    assert before["history"] and any(before["history"].values())  # an updated observation
+    assert any(u["sources"] for u in before["units"] if u["fact_type"] != "observation")
+    client = Hindsight(base_url=server.url, timeout=60)
+    try:
+        archive = client.export_bank(source, poll_interval=0.1)
+        target = "imported-" + uuid.uuid4().hex[:6]
+        operation_id = client.import_bank(source, archive, target_bank_id=target)
+    finally:
+        client.close()
+    status = wait_done(server, source, operation_id)
+    assert status["status"] == "completed", status
+    assert status["operation_type"] == "bank_import"
+    assert status["result_metadata"]["bank_id"] == target
+    assert status["result_metadata"]["documents"] == 3
+    after = snapshot(server, target)
+    assert after == before
+    assert get(server, f"/v1/default/banks/{target}")["name"] == "Pets"
+    # New ids for memories; the document ids are the bank's and stay.
+    assert not {u["id"] for u in memories(server, target)} & {
+        u["id"] for u in memories(server, source)
+    }
+    # The uploaded archive is gone with its run; the export stays downloadable.
+    rows = _count(server, "SELECT COUNT(*) FROM transfer_archives WHERE kind = 'upload'")
+    assert rows == 0
+
+
+def _count(server: LiveServer, sql: str, *params: Any) -> int:
+    with server.app.state.services.database.read() as conn:
+        return int(conn.execute(sql, params).fetchone()[0])
+
+
+def test_clone_with_and_without_data_and_configuration(server: LiveServer, source: str) -> None:
+    before = snapshot(server, source)
+    client = Hindsight(base_url=server.url, timeout=60)
+    try:
+        whole = "clone-" + uuid.uuid4().hex[:6]
+        status = wait_done(server, source, client.clone_bank(source, whole))
+        assert status["status"] == "completed", status
+        assert status["operation_type"] == "bank_clone"
+        assert snapshot(server, whole) == before
+
+        empty = "clone-" + uuid.uuid4().hex[:6]
+        op = client.clone_bank(source, empty, include_data=False)
+        assert wait_done(server, source, op)["status"] == "completed"
+        assert memories(server, empty) == []
+        assert get(server, f"/v1/default/banks/{empty}")["mission"] == "Remember pets."
+
+        bare = "clone-" + uuid.uuid4().hex[:6]
+        op = client.clone_bank(source, bare, include_bank_config=False)
+        assert wait_done(server, source, op)["status"] == "completed"
+        profile = get(server, f"/v1/default/banks/{bare}")
+        assert profile["mission"] == "" and profile["disposition"]["empathy"] == 3
+        assert len(memories(server, bare)) == len(before["units"])
+    finally:
+        client.close()
+
+    base = f"{server.url}/v1/default/banks/{source}"
+    taken = httpx.post(f"{base}/clone", params={"target_bank_id": whole}, timeout=30)
+    assert taken.status_code == 409 and "exists" in taken.json()["detail"]
+    history = httpx.post(
+        f"{base}/clone", params={"target_bank_id": "x-new", "include_history": "true"}, timeout=30
+    )
+    assert history.status_code == 400 and "include_history" in history.json()["detail"]
+    bad = httpx.post(f"{base}/clone", params={"target_bank_id": "-bad id"}, timeout=30)
+    assert bad.status_code == 400 and "target_bank_id" in bad.json()["detail"]
+    missing = httpx.post(
+        f"{server.url}/v1/default/banks/nope-{uuid.uuid4().hex}/clone",
+        params={"target_bank_id": "x-new"},
+        timeout=30,
+    )
+    assert missing.status_code == 404
+    assert httpx.get(f"{server.url}/v1/default/banks/x-new", timeout=30).status_code == 404
+
+
+def test_export_documents_carries_the_documents_named(server: LiveServer, source: str) -> None:
+    client = Hindsight(base_url=server.url, timeout=60)
+    try:
+        archive = client.export_documents(source, ["trip"], poll_interval=0.1)
+        manifest = arc.manifest_of(arc.entries(archive))
+        assert manifest["scope"] == "documents"
+        target = "docs-" + uuid.uuid4().hex[:6]
+        status = wait_done(
+            server, source, client.import_bank(source, archive, target_bank_id=target)
+        )
+        assert status["status"] == "completed", status
+        assert [d["id"] for d in get(server, f"/v1/default/banks/{target}/documents")["items"]] == [
+            "trip"
+        ]
+        assert {u["text"] for u in memories(server, target)} == {
+            "Bob went sailing to Brest in May."
+        }
+        with_observations = client.export_documents(
+            source, include_observations=True, poll_interval=0.1
+        )
+        names = {s["name"] for s in arc.manifest_of(arc.entries(with_observations))["sections"]}
+        assert "observations" in names and "bank" not in names
+    finally:
+        client.close()
+    knowledge = httpx.post(
+        f"{server.url}/v1/default/banks/{source}/document-transfer/export",
+        params={"include_knowledge_base": "true"},
+        timeout=30,
+    )
+    assert knowledge.status_code == 400 and "include_knowledge_base" in knowledge.json()["detail"]
+
+
+def _import(
+    server: LiveServer, bank: str, archive: bytes, target: str, **params: str
+) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/transfer/import",
+        params={"target_bank_id": target, **params},
+        files={"file": ("bank.zip", archive, "application/zip")},
+        timeout=60,
+    )
+
+
+def _stream_events(server: LiveServer, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    events = []
+    with httpx.stream("GET", f"{server.url}/v1/runs/{run_id}/stream", timeout=60) as response:
+        kind = None
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and kind:
+                events.append((kind, json.loads(line.split(":", 1)[1])["data"]))
+    return events
+
+
+def test_an_import_is_an_operation_with_progress_on_its_stream(server: LiveServer) -> None:
+    bank = "host-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30).raise_for_status()
+    target = "synthetic-" + uuid.uuid4().hex[:6]
+    response = _import(server, bank, arc.synthetic_archive(3000), target)
+    assert response.status_code == 202, response.text
+    run_id = response.json()["operation_id"]
+    events = _stream_events(server, run_id)
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "started" and kinds[-1] == "completed", kinds
+    progress = [d for k, d in events if k == "progress"]
+    assert progress and progress[-1]["processed"] <= progress[-1]["total"]
+    assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
+    listed = get(server, f"/v1/default/banks/{bank}/operations")["operations"]
+    assert [(o["id"], o["operation_type"], o["status"]) for o in listed] == [
+        (run_id, "bank_import", "completed")
+    ]
+    stats = get(server, f"/v1/default/banks/{target}/stats")
+    assert stats["nodes_by_fact_type"] == {"world": 3000}
+    assert stats["links_by_link_type"] == {"temporal": 2970}
+    hits = httpx.post(
+        f"{server.url}/v1/default/banks/{target}/memories/recall",
+        json={"query": "note 1234 about the kayak"},
+        timeout=30,
+    ).json()["results"]
+    assert hits[0]["text"].startswith("Speaker2: note 1234 about ")
+
+
+def _staging_banks(server: LiveServer) -> int:
+    return _count(server, "SELECT COUNT(*) FROM memory_banks WHERE tenant = ?", STAGING_TENANT)
+
+
+def _processing(server: LiveServer, bank: str, run_id: str) -> bool:
+    status = get(server, f"/v1/default/banks/{bank}/operations/{run_id}")
+    progress = status.get("progress") or {}
+    return status["status"] == "processing" and 0 < progress.get("processed", 0) < progress.get(
+        "total", 0
+    )
+
+
+@pytest.fixture(scope="module")
+def big_archive(server: LiveServer) -> bytes:
+    """An archive whose import takes seconds: on SQLite 12,000 memories (about 10 s on
+    two cores), on PostgreSQL 2,000 (its HNSW index takes a few ms per vector)."""
+    sqlite = server.app.state.services.database.dialect == "sqlite"
+    return arc.synthetic_archive(12_000 if sqlite else 2_000, per_document=400)
+
+
+def test_a_cancel_while_processing_leaves_no_bank(server: LiveServer, big_archive: bytes) -> None:
+    bank = "host-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30).raise_for_status()
+    target = "cancelled-" + uuid.uuid4().hex[:6]
+    response = _import(server, bank, big_archive, target)
+    assert response.status_code == 202, response.text
+    run_id = response.json()["operation_id"]
+    wait_for(lambda: _processing(server, bank, run_id), seconds=60)
+    sent = time.time()
+    cancelled = httpx.delete(
+        f"{server.url}/v1/default/banks/{bank}/operations/{run_id}", timeout=30
+    )
+    assert cancelled.status_code == 200
+    run = wait_for(
+        lambda: (r := get(server, f"/v1/runs/{run_id}"))["phase"] == "cancelled" and r, seconds=30
+    )
+    assert run["finished_at"] - sent < 5  # generous: the benchmark measures the latency
+    assert httpx.get(f"{server.url}/v1/default/banks/{target}", timeout=30).status_code == 404
+    lane = server.app.state.services.lanes["retain"]
+    assert lane.stats().in_use == 0
+    wait_for(lambda: _staging_banks(server) == 0, seconds=30)  # the partial bank is deleted
+    orphans = (
+        "SELECT COUNT(*) FROM memory_units u"
+        " WHERE NOT EXISTS (SELECT 1 FROM memory_banks b WHERE b.ref = u.bank_ref)"
+    )
+    assert _count(server, orphans) == 0
+    assert _count(server, "SELECT COUNT(*) FROM transfer_archives WHERE kind = 'upload'") == 0
+
+
+def test_deleting_the_bank_stops_its_import(server: LiveServer, big_archive: bytes) -> None:
+    bank = "host-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30).raise_for_status()
+    target = "orphan-" + uuid.uuid4().hex[:6]
+    response = _import(server, bank, big_archive, target)
+    run_id = response.json()["operation_id"]
+    wait_for(lambda: _processing(server, bank, run_id), seconds=60)
+    started = time.monotonic()
+    assert httpx.delete(f"{server.url}/v1/default/banks/{bank}", timeout=30).status_code == 200
+    assert time.monotonic() - started < 10
+    run = get(server, f"/v1/runs/{run_id}")
+    assert run["phase"] == "cancelled" and run["cancel_reason"] == "bank deleted"
+    assert httpx.get(f"{server.url}/v1/default/banks/{target}", timeout=30).status_code == 404
+    wait_for(lambda: _staging_banks(server) == 0, seconds=30)
+
+
+def test_deleting_the_source_stops_its_clone(server: LiveServer, big_archive: bytes) -> None:
+    host = "host-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{host}", json={}, timeout=30).raise_for_status()
+    big = "big-" + uuid.uuid4().hex[:6]
+    op = _import(server, host, big_archive, big).json()["operation_id"]
+    assert wait_done(server, host, op)["status"] == "completed"
+    target = "clone-" + uuid.uuid4().hex[:6]
+    response = httpx.post(
+        f"{server.url}/v1/default/banks/{big}/clone", params={"target_bank_id": target}, timeout=30
+    )
+    run_id = response.json()["operation_id"]
+    wait_for(lambda: _processing(server, big, run_id), seconds=60)
+    assert httpx.delete(f"{server.url}/v1/default/banks/{big}", timeout=60).status_code == 200
+    run = get(server, f"/v1/runs/{run_id}")
+    assert run["phase"] == "cancelled" and run["cancel_reason"] == "bank deleted"
+    assert httpx.get(f"{server.url}/v1/default/banks/{target}", timeout=30).status_code == 404
+    wait_for(lambda: _staging_banks(server) == 0, seconds=30)
+
+
+# -- hostile archives ----------------------------------------------------------------------
+
+
+def _patch_directory(
+    archive: bytes, name: str, *, size: int | None = None, flags: int | None = None
+) -> bytes:
+    """*archive* with the central directory record of *name* claiming *size* bytes
+    unpacked, or *flags* (what a crafted zip would say)."""
+    data = bytearray(archive)
+    at = 0
+    while (at := data.find(b"PK\x01\x02", at)) >= 0:
+        length = struct.unpack_from("<H", data, at + 28)[0]
+        if data[at + 46 : at + 46 + length] == name.encode():
+            if size is not None:
+                struct.pack_into("<I", data, at + 24, size)
+            if flags is not None:
+                struct.pack_into("<H", data, at + 8, flags)
+            return bytes(data)
+        at += 4
+    raise AssertionError(f"no {name} in the directory")
+
+
+def _first_line(archive: bytes, prefix: str, record: dict[str, Any]) -> bytes:
+    """*archive* with the first record of its first entry named *prefix...* replaced."""
+
+    def change(files: dict[str, bytes]) -> None:
+        name = next(n for n in files if n.startswith(prefix))
+        rest = files[name].splitlines(keepends=True)[1:]
+        files[name] = b"".join([json.dumps(record).encode() + b"\n", *rest])
+
+    return arc.changed(archive, change)
+
+
+def _hostile() -> list[tuple[str, bytes, str]]:
+    good = arc.synthetic_archive(30, per_document=10)
+    files = arc.entries(good)
+    units_entry, lines = arc.first_unit_line(files)
+    first = json.loads(lines[0])
+    cases: list[tuple[str, bytes, str]] = [("not a zip", b"hello, not a zip", "not a zip")]
+
+    def manifest_change(**fields: Any) -> bytes:
+        def change(f: dict[str, bytes]) -> None:
+            arc.with_manifest(f, {**arc.manifest_of(f), **fields})
+
+        return arc.changed(good, change)
+
+    def unit_change(line: bytes) -> bytes:
+        def change(f: dict[str, bytes]) -> None:
+            f[units_entry] = b"".join([line, *lines[1:]])
+
+        return arc.changed(good, change)
+
+    def unit_json(**fields: Any) -> bytes:
+        return unit_change(json.dumps({**first, **fields}).encode() + b"\n")
+
+    stored = arc.zipped(list(files.items()))
+    raw = base64.b64decode(first["vector"])
+    manifest = arc.manifest_of(files)
+    sections = manifest["sections"]
+    assert isinstance(sections, list)
+    cases += [
+        ("newer version", manifest_change(version=2), "version 2 is newer"),
+        ("another format", manifest_change(format="zip-of-stuff"), "format is"),
+        (
+            "unknown section",
+            manifest_change(
+                sections=[*sections, {"name": "directives", "entries": [], "records": 0}]
+            ),
+            "'directives' is not one this heed imports",
+        ),
+        (
+            "wrong dimension",
+            manifest_change(embedding={"model": arc.MODEL, "dim": 768}),
+            "768 dimensions",
+        ),
+        (
+            "another model",
+            manifest_change(embedding={"model": "openai:x", "dim": 384}),
+            "'openai:x'",
+        ),
+        (
+            "bad count",
+            manifest_change(
+                sections=[
+                    {**s, "records": s["records"] + 1} if s["name"] == "links" else s
+                    for s in sections
+                ]
+            ),
+            "declares",
+        ),
+        ("bad UTF-8", unit_change(b'{"id": "\xff\xfe"}\n'), "not UTF-8"),
+        ("invalid JSON", unit_change(b'{"id": \n'), "not valid JSON"),
+        (
+            "NaN",
+            unit_change(
+                json.dumps({**first, "proof_count": 1})
+                .replace('"proof_count": 1', '"proof_count": NaN')
+                .encode()
+                + b"\n"
+            ),
+            "not valid JSON",
+        ),
+        ("duplicate key", unit_change(b'{"id": "a", "id": "b"}\n'), "twice in one object"),
+        (
+            "lone surrogate",
+            unit_change(json.dumps({**first, "text": "x\ud800y"}).encode() + b"\n"),
+            "surrogate",
+        ),
+        ("NUL", unit_json(text="a\x00b"), "NUL"),
+        ("short vector", unit_json(vector=base64.b64encode(raw[:-4]).decode()), "383 dimensions"),
+        ("not a vector", unit_json(vector="!!!"), "not base64"),
+        ("unknown field", unit_json(secret="x"), "secret"),
+        ("wrong type", unit_json(token_count="12"), "token_count"),
+        ("duplicate id", unit_json(id=json.loads(lines[1])["id"]), "twice"),
+        ("bad time", unit_json(mentioned_at="yesterday"), "mentioned_at"),
+        ("another document", unit_json(document_id="doc-99999"), "names document"),
+        (
+            "dangling link",
+            _first_line(
+                good,
+                "links/",
+                {"from_id": "nobody", "to_id": first["id"], "link_type": "temporal", "weight": 1.0},
+            ),
+            "a link names memory",
+        ),
+        (
+            "path trick",
+            arc.zipped([*files.items(), ("../../etc/passwd", b"x")]),
+            "is not one a heed archive holds",
+        ),
+        (
+            "absolute path",
+            arc.zipped([*files.items(), ("/units/000001.jsonl", b"x")]),
+            "is not one a heed archive holds",
+        ),
+        ("unlisted entry", arc.zipped([*files.items(), ("units/000099.jsonl", b"")]), "not listed"),
+        ("twice", arc.zipped([*files.items(), (units_entry, files[units_entry])]), "twice"),
+        ("declared huge", _patch_directory(stored, units_entry, size=2**31), "declares"),
+        ("encrypted", _patch_directory(stored, units_entry, flags=0x1), "encrypted"),
+        (
+            "zip bomb",
+            arc.zipped([*files.items(), ("units/000077.jsonl", b"\n" * 3_000_000)]),
+            "zip bomb",
+        ),
+        (
+            "lying size",
+            _patch_directory(stored, units_entry, size=len(files[units_entry]) - len(lines[-1])),
+            "damaged",
+        ),
+    ]
+    return cases
+
+
+HOSTILE = _hostile()
+
+
+@pytest.mark.parametrize(("case", "archive", "says"), HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_a_hostile_archive_is_a_400_naming_the_problem_and_writes_nothing(
+    server: LiveServer, case: str, archive: bytes, says: str
+) -> None:
+    bank = "host-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30).raise_for_status()
+    target = "hostile-" + uuid.uuid4().hex[:6]
+    archives = _count(server, "SELECT COUNT(*) FROM transfer_archives")
+    response = _import(server, bank, archive, target)
+    assert response.status_code == 400, (case, response.text)
+    assert says in response.json()["detail"], (case, response.json()["detail"])
+    assert httpx.get(f"{server.url}/v1/default/banks/{target}", timeout=30).status_code == 404
+    assert get(server, f"/v1/default/banks/{bank}/operations")["total"] == 0
+    assert _count(server, "SELECT COUNT(*) FROM transfer_archives") == archives
+    assert _staging_banks(server) == 0
+
+
+def test_import_refuses_what_heed_does_not_do(server: LiveServer) -> None:
+    bank = "host-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30).raise_for_status()
+    archive = arc.synthetic_archive(5, per_document=5)
+    merge = _import(server, bank, archive, "m-" + bank, mode="merge")
+    assert merge.status_code == 400 and "mode" in merge.json()["detail"]
+    history = _import(server, bank, archive, "h-" + bank, include_history="true")
+    assert history.status_code == 400 and "include_history" in history.json()["detail"]
+    taken = _import(server, bank, archive, bank)
+    assert taken.status_code == 409
