@@ -147,7 +147,11 @@ async def test_the_tools_and_the_bank_resource_are_listed(server: LiveServer) ->
     async with connect(server) as client:
         tools = {t.name for t in (await client.list_tools()).tools}
         templates = (await client.list_resource_templates()).resource_templates
-    assert tools == {"list_banks", "create_bank", "recall", "retain", "reflect", "start_turn"}
+    assert tools == {
+        *("list_banks", "create_bank", "recall", "retain", "reflect", "start_turn"),
+        *("list_mental_models", "get_mental_model", "create_mental_model", "refresh_mental_model"),
+        *("list_directives", "create_directive", "update_directive", "delete_directive"),
+    }
     assert [t.uri_template for t in templates] == ["heed://banks/{bank_id}"]
 
 

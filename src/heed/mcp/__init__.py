@@ -4,7 +4,8 @@ Built on the official ``mcp`` SDK. ``heed serve`` answers it over streamable HTT
 ``/mcp``; ``heed mcp`` over stdio. The promise is heed's own: a client that cancels a
 call (``notifications/cancelled``, or closing the stream) stops its work, inside worker
 threads and LLM generations, and frees its lane slot before the call ends; long work
-(reflect, a chat turn) is a run that ``/v1/runs`` shows and can cancel by id.
+(reflect, a chat turn, a mental model's refresh) is a run that ``/v1/runs`` shows and can
+cancel by id.
 
 - :mod:`heed.mcp.calls`: one tool call's identity, token, errors, progress and run
   following;

@@ -19,15 +19,17 @@ the session. So every call builds its own context explicitly (:func:`tool_call`)
   input, a busy session) become :class:`ToolError` results naming the problem; anything
   else is the SDK's generic "error executing tool", logged with its traceback.
 
-Work that is a run (reflect, a chat turn) is followed with :func:`follow_run`.
+Work that is a run (reflect, a chat turn, a mental model's refresh) is started with
+:func:`start_run`, so a cancel that comes while it is being submitted cannot leave it
+running unseen, and followed with :func:`follow_run`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
@@ -46,8 +48,11 @@ __all__ = [
     "follow_run",
     "identity_of",
     "progress_reporter",
+    "start_run",
     "tool_call",
 ]
+
+T = TypeVar("T")
 
 #: The cancel reason of work whose MCP call was cancelled (or whose stream closed).
 MCP_CANCELLED: Final = "mcp call cancelled"
@@ -124,6 +129,33 @@ async def progress_reporter(ctx: Context[Any]) -> AsyncIterator[Progress]:
     await settle(sender, stop=lambda: None)
 
 
+async def start_run(
+    manager: RunManager,
+    submit: Awaitable[T],
+    run_of: Callable[[T], Run | None],
+    *,
+    on_disconnect: DisconnectPolicy = "cancel",
+) -> T:
+    """Await *submit*, which starts a run, and return what it returned.
+
+    A run is written before its submit returns, so a call cancelled (the handler's
+    ``CancelledError``) while *submit* is under way would leave a run nobody follows. Here
+    *submit* always finishes; then, with ``on_disconnect="cancel"``, the run it started
+    (``run_of(result)``; ``None``: it started none of its own, say a busy run it joined) is
+    cancelled and waited for before the ``CancelledError`` is re-raised.
+    """
+    task = asyncio.ensure_future(submit)
+    try:
+        await settle(task, stop=lambda: None)
+    except asyncio.CancelledError:
+        if on_disconnect == "cancel" and not task.cancelled() and task.exception() is None:
+            run = run_of(task.result())
+            if run is not None:
+                await _cancel_and_wait(manager, run.id)
+        raise
+    return task.result()
+
+
 async def follow_run(
     manager: RunManager,
     run_id: str,
@@ -178,6 +210,8 @@ def _step(event: RunEvent) -> str | None:
         return f"{data.get('name')} {'returned' if data.get('ok', True) else 'failed'}"
     if event.type == EventType.MESSAGE:
         return "answer written"
+    if event.type == EventType.PROGRESS and data.get("stage"):
+        return str(data["stage"])  # a mental model's refresh: reflecting, writing, done
     return None
 
 

@@ -35,7 +35,9 @@ MCP_PATH = "/mcp"
 _INSTRUCTIONS = (
     "heed keeps memory banks for agents. recall looks memories up, retain stores new ones, "
     "reflect answers a question from a bank by reasoning over what it recalls, and "
-    "start_turn talks to a chat agent in a session. Cancelling a call stops its work."
+    "start_turn talks to a chat agent in a session. A mental model is a question whose answer "
+    "heed keeps for a bank (create_mental_model, refresh_mental_model); directives are "
+    "standing rules reflect and chat turns follow. Cancelling a call stops its work."
 )
 
 
