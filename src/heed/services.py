@@ -21,10 +21,10 @@ from heed.memory import MemoryEngine, build_embedder, build_learning, build_memo
 from heed.memory.archive import ArchiveLimits
 from heed.memory.config_service import BankConfigService
 from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
-from heed.memory.mental_models import MentalModelLookup
 from heed.memory.directive_service import DirectiveService
 from heed.memory.file_retain import FileRetain
 from heed.memory.files import FileLimits
+from heed.memory.mental_models import MentalModelLookup
 from heed.memory.operations import RETAIN_KIND, RetainOperations
 from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
 from heed.mental_models import (

@@ -371,7 +371,9 @@ class Settings(BaseSettings):
         "(the upload itself is bounded by HEED_MAX_BODY_BYTES).",
     )
     # File retain (heed.memory.files): POST .../files/retain.
-    file_max_files: int = Field(default=20, ge=1, description="Most files in one file retain.")
+    file_max_files: int = Field(
+        default=20, ge=1, le=64, description="Most files in one file retain (at most 64)."
+    )
     file_max_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="Largest file in a file retain."
     )

@@ -55,7 +55,9 @@ def test_create_mental_model_and_get_mental_model_and_mental_models(
         store.create_mental_model(_model("no-such-bank", "x"), 10)
 
 
-def test_write_mental_model_content_keeps_a_bounded_mental_model_history(store: SqlMemoryStore) -> None:
+def test_write_mental_model_content_keeps_a_bounded_mental_model_history(
+    store: SqlMemoryStore,
+) -> None:
     bank = _bank(store)
     store.create_mental_model(_model(bank.ref, "m"), 10)
     for i in range(5):
