@@ -32,7 +32,7 @@ from heed.api.input_rules import MAX_ID_CHARS, MAX_REASON_CHARS, IdPath, Limit
 from heed.api.openapi import TOO_MANY, event_stream
 from heed.api.routing import HeedRoute
 from heed.api.sse import journal_frames, parse_cursor, sse_response
-from heed.memory.operations import RETAIN_KIND
+from heed.memory.operations import OPERATION_KINDS
 from heed.reflect.runs import REFLECT_KIND
 from heed.runtime import current_context
 from heed.sessions.service import TASK, TURN
@@ -40,9 +40,20 @@ from heed.sessions.service import TASK, TURN
 router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=HeedRoute)
 
 
-RunKind = Literal["turn", "task", "retain", "reflect"]
-"""Every registered kind of run, as a type, so the schema lists them."""
-if set(get_args(RunKind)) != {TURN, TASK, RETAIN_KIND, REFLECT_KIND}:  # pragma: no cover
+RunKind = Literal[
+    "turn",
+    "task",
+    "reflect",
+    "retain",
+    "consolidation",
+    "mental_model_refresh",
+    "bank_export",
+    "bank_import",
+    "bank_clone",
+]
+"""Every registered kind of run, as a type, so the schema lists them (a test checks it
+against the kinds :class:`heed.services.Services` registers)."""
+if set(get_args(RunKind)) != {TURN, TASK, REFLECT_KIND, *OPERATION_KINDS}:  # pragma: no cover
     raise RuntimeError(f"RunKind {get_args(RunKind)} differs from the registered kinds")
 
 
