@@ -17,7 +17,7 @@ import pytest
 from heed.errors import InvalidText
 from heed.memory.bank_rows import BankSelection, DocumentRow, EntityRow, LinkRow, MembershipRow
 from heed.memory.models import Bank
-from heed.memory.store import BankGone, BankTaken, ObservationChanges
+from heed.memory.store import BankGone, BankTaken, ObservationChanges, UnitFilter
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 from heed.storage import SqlDatabase
 from heed.storage.memory import SqlMemoryStore
@@ -273,45 +273,64 @@ def _row(text: str, document_id: str | None = "d", vector: np.ndarray | None = N
     )
 
 
-def test_write_document_rows_refuses_what_does_not_fit_and_writes_nothing(
-    store: SqlMemoryStore,
-) -> None:
+def test_write_document_rows_refuses_what_does_not_fit(store: SqlMemoryStore) -> None:
     bank = _bank(store)
-    with pytest.raises(ValueError, match="not its unit_count"):
-        store.write_document_rows(bank.ref, _document(2), [[_row("one")]])
-    with pytest.raises(ValueError, match="more memories"):
-        store.write_document_rows(bank.ref, _document(1), [[_row("one"), _row("two")]])
-    with pytest.raises(ValueError, match="belongs to document"):
-        store.write_document_rows(bank.ref, _document(1), [[_row("one", "other")]])
-    with pytest.raises(ValueError, match="3-dimensional vector"):
-        store.write_document_rows(bank.ref, _document(1), [[_row("x", vector=np.ones(3))]])
+    cases = [
+        (_document(2, "a"), [[_row("one", "a")]], "not its unit_count"),
+        (_document(1, "b"), [[_row("one", "b"), _row("two", "b")]], "more memories"),
+        (_document(1, "c"), [[_row("one", "other")]], "belongs to document"),
+        (_document(1, "d"), [[_row("x", "d", vector=np.ones(3))]], "3-dimensional vector"),
+    ]
+    for document, batches, says in cases:
+        with pytest.raises(ValueError, match=says):
+            store.write_document_rows(bank.ref, document, batches)
     with pytest.raises(InvalidText):
-        store.write_document_rows(bank.ref, _document(1), [[_row("nul\x00")]])
-    assert _count(store, "memory_units") == 0 and _count(store, "memory_documents") == 0
-    assert store.write_document_rows(bank.ref, _document(1), [[_row("one")]]) == 1
+        store.write_document_rows(bank.ref, _document(1, "e"), [[_row("nul\x00", "e")]])
+    with pytest.raises(InvalidText):  # refused before anything is written
+        store.write_document_rows(bank.ref, replace(_document(1, "f"), original_text="\x00"), [])
+    assert store.get_document(bank.ref, "f") is None
+    assert store.write_document_rows(bank.ref, _document(1, "g"), [[_row("one", "g")]]) == 1
     with pytest.raises(ValueError, match="in the bank already"):
-        store.write_document_rows(bank.ref, _document(1), [[_row("again")]])
+        store.write_document_rows(bank.ref, _document(1, "g"), [[_row("again", "g")]])
     store.delete_bank(bank.ref)
     with pytest.raises(BankGone):
-        store.write_document_rows(bank.ref, _document(1, "e"), [[_row("late")]])
-    assert _count(store, "memory_units") == 0
+        store.write_document_rows(bank.ref, _document(1, "h"), [[_row("late", "h")]])
+    assert _count(store, "memory_units") == 0  # the bank's rows went with it
 
 
-def test_write_document_rows_cancelled_between_batches_leaves_nothing(
+def test_write_document_rows_reserves_the_seqs_of_a_document_written_in_batches(
     store: SqlMemoryStore,
 ) -> None:
-    bank = _bank(store)
+    bank, other = _bank(store), _bank(store, "other")
     token = CancellationToken()
+    seen: list[int] = []
 
     def batches() -> Iterator[list[object]]:
-        yield [_row(f"unit {i}") for i in range(300)]
+        for i in range(3):
+            yield [_row(f"unit {i}-{j}") for j in range(100)]
+            # Between batches another writer gets in, and takes none of the document's seqs.
+            seen.extend(s for s, _ in store.write_document(other.ref, _doc([_unit("x")])).added)
+
+    store.write_document_rows(bank.ref, _document(300), batches())  # type: ignore[arg-type]
+    units = store.list_units(bank.ref, UnitFilter(document_id="d"), -1, 0)[0]
+    seqs = sorted(u.seq for u in units)
+    assert seqs == list(range(seqs[0], seqs[0] + 300))  # consecutive, placeholder replaced
+    assert not set(seen) & set(seqs)
+    assert all(u.text.startswith("unit ") for u in units)
+    assert store.keyword_search(bank.ref, ["unit"], -1)  # each batch indexed
+
+    def cancelled() -> Iterator[list[object]]:
+        yield [_row(f"kept {i}", "e") for i in range(100)]
         token.cancel("stop")
-        yield [_row("after the cancel")]
+        yield [_row("never", "e")]
 
     with use_context(RequestContext(token=token)), pytest.raises(OperationCancelled):
-        store.write_document_rows(bank.ref, _document(301), batches())  # type: ignore[arg-type]
-    assert _count(store, "memory_units") == 0 and _count(store, "memory_documents") == 0
-    assert store.keyword_search(bank.ref, ["unit"], 10) == []
+        store.write_document_rows(bank.ref, _document(101, "e"), cancelled())  # type: ignore[arg-type]
+    written = store.list_units(bank.ref, UnitFilter(document_id="e"), -1, 0)[0]
+    # The batches before the cancel stay (for the caller to discard with its staging bank);
+    # nothing after it is written.
+    assert {u.text for u in written} - {""} == {f"kept {i}" for i in range(100)}
+    assert "never" not in {u.text for u in written}
 
 
 def test_write_unit_rows_takes_observations_only(store: SqlMemoryStore) -> None:

@@ -306,9 +306,11 @@ class MentalModelStore(Protocol):
 class TransferStore(Protocol):
     """A whole bank read and written as rows, in bounded batches, for bank transfers
     (:mod:`heed.memory.transfer`; the rows: :mod:`heed.memory.bank_rows`); part of every
-    :class:`MemoryStore`. Each ``write_*`` call is one transaction under the bank's lock
-    that checks the bank's row first (:class:`BankGone`, nothing written) and writes
-    everything it was given or nothing (a cancel between batches rolls it back)."""
+    :class:`MemoryStore`. The writes are meant for a bank nobody else sees yet (a staging
+    bank, published whole by :meth:`publish_bank`, discarded on failure): each ``write_*``
+    call is one transaction under the bank's lock that checks the bank's row first
+    (:class:`BankGone`, nothing written) and writes everything it was given or nothing,
+    except :meth:`write_document_rows`, which commits a batch at a time."""
 
     def read_bank(
         self, bank_ref: str, selection: BankSelection
@@ -321,10 +323,13 @@ class TransferStore(Protocol):
         self, bank_ref: str, document: DocumentRow, units: Iterable[Sequence[UnitRow]]
     ) -> int:
         """Write a document that the bank does not hold (``ValueError`` when it does), its
-        chunks and its ``unit_count`` units, given in batches (in seq order; read while the
-        transaction is open): the units get consecutive seqs. ``ValueError`` when the
-        units are not ``unit_count`` or name another document, or a vector has another
-        size than the store holds. Returns the units written."""
+        chunks and its ``unit_count`` units, given in batches (in seq order; read as they
+        are written): the units get consecutive seqs. The document's row, chunks and
+        reserved seqs are one transaction, then each batch is one (the token checked
+        between them): a failure or a cancel part-way leaves part of the document, for the
+        caller to discard with its bank. ``ValueError`` when the units are not
+        ``unit_count`` or name another document, or a vector has another size than the
+        store holds. Returns the units written."""
         ...
 
     def write_unit_rows(self, bank_ref: str, units: Sequence[UnitRow]) -> int:

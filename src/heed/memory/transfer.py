@@ -385,7 +385,7 @@ class BankTransfers:
     async def submit_import(
         self,
         bank: Bank,
-        archive: bytes,
+        archive: IO[bytes],
         filename: str | None = None,
         *,
         target_bank_id: str | None = None,
@@ -395,9 +395,10 @@ class BankTransfers:
         include_bank_config: bool = True,
         include_history: bool = False,
     ) -> Run:
-        """Check *archive* whole (:class:`InvalidArchive`, 400, naming the problem: nothing
-        stored), store it and queue its import into the new bank *target_bank_id* (default:
-        the archive's source bank id), recorded as an operation of *bank*."""
+        """Check *archive* (a seekable binary file: the upload) whole
+        (:class:`InvalidArchive`, 400, naming the problem: nothing stored), store it and
+        queue its import into the new bank *target_bank_id* (default: the archive's source
+        bank id), recorded as an operation of *bank*."""
         self._refuse_history(include_history)
         if mode not in (None, "restore"):
             raise InvalidInput(
@@ -410,9 +411,7 @@ class BankTransfers:
         target = target_bank_id or check.manifest.source_bank_id
         await self._new_bank_id(target, "target_bank_id")
         stored = await run_in_thread(
-            self.archives.put_archive,
-            self._archive_row(bank, "upload", filename or "upload.zip"),
-            _parts(memoryview(archive)),
+            self._store_upload, self._archive_row(bank, "upload", filename or "upload.zip"), archive
         )
         try:
             return await self._submit(
@@ -432,15 +431,21 @@ class BankTransfers:
                 await run_in_thread(self.archives.delete_archive, stored.id)
             raise
 
-    def check_upload(self, archive: bytes | IO[bytes]) -> ArchiveCheck:
+    def check_upload(self, archive: IO[bytes]) -> ArchiveCheck:
         """Check an archive whole (see :func:`check_archive`), and that this server's
         embedder made its vectors. Blocking; checks the token."""
-        import io
-
-        source = io.BytesIO(archive) if isinstance(archive, bytes | bytearray) else archive
-        with ArchiveReader(source, self.limits.archive) as reader:
+        archive.seek(0)
+        with ArchiveReader(archive, self.limits.archive) as reader:
             self._same_embedder(reader.manifest)
             return check_archive(reader)
+
+    def _store_upload(self, row: StoredArchive, archive: IO[bytes]) -> StoredArchive:
+        archive.seek(0)
+        try:
+            return self.archives.put_archive(row, _file_parts(archive))
+        except BaseException:
+            self.archives.delete_archive(row.id)  # a part-written upload is no archive
+            raise
 
     def _same_embedder(self, manifest: Manifest) -> None:
         dim = self.engine.embedder.dim
@@ -806,12 +811,6 @@ def _counted(pages: Iterator[list[UnitRow]], progress: _Progress) -> Iterator[li
     for page in pages:
         yield page
         progress.add(len(page))
-
-
-def _parts(data: memoryview) -> Iterator[bytes]:
-    for start in range(0, len(data), PART_BYTES):
-        raise_if_cancelled()
-        yield bytes(data[start : start + PART_BYTES])
 
 
 def _file_parts(source: IO[bytes]) -> Iterator[bytes]:

@@ -97,7 +97,7 @@ async def import_bank(
     bank = await engine.get_bank(bank_id)
     run = await transfers.submit_import(
         bank,
-        await file.read(),
+        file.file,  # the upload, spooled by the form parser: read in the offload
         file.filename,
         target_bank_id=target_bank_id,
         mode=mode,

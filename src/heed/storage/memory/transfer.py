@@ -15,12 +15,13 @@ stops a running statement and the next page never starts. Memory holds one page.
 keyword text is the FTS5 body on SQLite; PostgreSQL keeps only its ``tsvector``, so there
 it is ``None`` and the reader rebuilds it (:mod:`heed.memory.archive`).
 
-**Writing** is one transaction per call, under the bank's lock, checking the bank's row
-first (:class:`~heed.memory.store.BankGone`, nothing written): a document with its chunks
-and all its units (seqs allocated for the whole document at once, so its units are
-consecutive; units inserted in batches of :data:`~.writes.WRITE_BATCH`, the token checked
-between them: a cancel rolls the document back), a batch of observations, entities,
-entity rows or links (unit and entity ids resolved to the bank's seqs and entities).
+**Writing** is in short transactions under the bank's lock, each checking the bank's row
+first (:class:`~heed.memory.store.BankGone`): a batch of observations, entities, entity
+rows or links per call (unit and entity ids resolved to the bank's seqs and entities),
+and a document in several: its row and chunks with its seqs reserved (all of them at
+once, so its units are consecutive), then a transaction per batch of its units, the token
+checked between them. So a document is whole only when the call returns: the writes are
+for a staging bank, discarded whole on failure (:mod:`heed.memory.transfer`).
 Shared values (long tags, metadata, contexts) are stored once per bank as every write does
 (:mod:`~.values`). :meth:`TransferRows.publish_bank` moves a finished bank to its real
 ``(tenant, bank_id)`` in one statement.
@@ -32,6 +33,7 @@ import hashlib
 import json
 import sqlite3
 import sys
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final
@@ -336,6 +338,32 @@ class _Reader:
                 yield [LinkRow(ids[int(r[0])], str(r[1]), str(r[2]), float(r[3])) for r in rows]
 
 
+def _placeholder(document_id: str, now: str) -> UnitRow:
+    """The row that holds a document's last seq until its last memory is written (see
+    :meth:`TransferRows.write_document_rows`): no text, no vector."""
+    return UnitRow(
+        id=f"reserved-{uuid.uuid4()}",
+        document_id=document_id,
+        chunk_id=None,
+        text="",
+        index_text="",
+        fact_type="world",
+        context=None,
+        occurred_start=None,
+        occurred_end=None,
+        mentioned_at=None,
+        metadata={},
+        tags=[],
+        created_at=now,
+        updated_at=None,
+        token_count=None,
+        consolidation_state=None,
+        source_ids=[],
+        proof_count=None,
+        history=[],
+    )
+
+
 def _unique_violation(exc: Exception) -> bool:
     """Whether *exc* is the database refusing a duplicate key (either database's driver)."""
     if isinstance(exc, sqlite3.IntegrityError):
@@ -461,14 +489,22 @@ class TransferRows(DocumentWrites):
     def write_document_rows(
         self, bank_ref: str, document: DocumentRow, units: Iterable[Sequence[UnitRow]]
     ) -> int:
-        """See :meth:`heed.memory.store.TransferStore.write_document_rows`."""
+        """See :meth:`heed.memory.store.TransferStore.write_document_rows`.
+
+        The first transaction writes the document's row and chunks and reserves its seqs:
+        it allocates them all and writes a placeholder row on the last one, so no other
+        writer takes one (on SQLite a seq is the largest plus one; PostgreSQL's blocks are
+        reserved already). Each batch of units is then a transaction of its own, and the
+        last one replaces the placeholder. Short transactions keep SQLite's one writer lock
+        free for others: a cancel, which writes the run's phase, waits for one batch, not
+        for a whole document of hundreds of memories."""
         refuse_nul(document.document_id, "document_id")
         refuse_nul(document.original_text, f"the text of document {document.document_id!r}")
         for chunk in document.chunks:
             refuse_nul(chunk.text, f"a chunk of document {document.document_id!r}")
+        count = document.unit_count
         now = now_iso()
         values = ValueWriter()
-        written = 0
         with self.db.write() as conn:
             self.lock_bank(conn, bank_ref)
             generation = touch_bank(conn, bank_ref, now)
@@ -502,30 +538,43 @@ class TransferRows(DocumentWrites):
                         for c in document.chunks
                     ],
                 )
-            [seqs] = self.dialect.allocate_seqs(conn, [document.unit_count])
-            for batch in units:
-                if written + len(batch) > document.unit_count:
-                    raise ValueError(
-                        f"document {document.document_id!r} has more memories than its "
-                        f"unit_count ({document.unit_count})"
-                    )
-                for unit in batch:
-                    if unit.document_id != document.document_id:
-                        raise ValueError(
-                            f"memory {unit.id} belongs to document {unit.document_id!r}, "
-                            f"not {document.document_id!r}"
-                        )
-                self._insert(
-                    conn, bank_ref, batch, seqs[written : written + len(batch)], generation, values
-                )
-                written += len(batch)
-            if written != document.unit_count:
-                raise ValueError(
-                    f"document {document.document_id!r} has {written} memories, "
-                    f"not its unit_count ({document.unit_count})"
-                )
-            raise_if_cancelled()
+            [seqs] = self.dialect.allocate_seqs(conn, [count])
+            if count:
+                reserve = _placeholder(document.document_id, now)
+                self._insert(conn, bank_ref, [reserve], seqs[-1:], generation, values)
             values.store(conn, bank_ref)
+        written = 0
+        for batch in units:
+            if not batch:
+                continue
+            if written + len(batch) > count:
+                raise ValueError(
+                    f"document {document.document_id!r} has more memories than its "
+                    f"unit_count ({count})"
+                )
+            for unit in batch:
+                if unit.document_id != document.document_id:
+                    raise ValueError(
+                        f"memory {unit.id} belongs to document {unit.document_id!r}, "
+                        f"not {document.document_id!r}"
+                    )
+            raise_if_cancelled()
+            values = ValueWriter()
+            with self.db.write() as conn:
+                self.lock_bank(conn, bank_ref)
+                generation = touch_bank(conn, bank_ref, now)
+                if written + len(batch) == count:  # the last batch takes the placeholder's seq
+                    conn.execute("DELETE FROM memory_units WHERE seq = ?", (seqs[-1],))
+                    self.dialect.drop_keywords(conn, seqs[-1:])
+                mine = seqs[written : written + len(batch)]
+                self._insert(conn, bank_ref, batch, mine, generation, values)
+                values.store(conn, bank_ref)
+            written += len(batch)
+        if written != count:
+            raise ValueError(
+                f"document {document.document_id!r} has {written} memories, "
+                f"not its unit_count ({count})"
+            )
         return written
 
     def write_unit_rows(self, bank_ref: str, units: Sequence[UnitRow]) -> int:
