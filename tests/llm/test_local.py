@@ -257,3 +257,53 @@ def test_the_schema_reaches_the_prompt_and_the_grammar() -> None:
     turns = _render([ChatMessage.user("q")], [], CITY)
     assert '"city"' in turns[0][1], "the system prompt shows the schema"
     assert "city" in _grammar(json.dumps(CITY.schema, sort_keys=True))._grammar
+
+
+def test_extraction_and_consolidation_schemas_do_not_crash_the_local_model() -> None:
+    """Their length and count bounds once made llama.cpp refuse the grammar at sampling
+    time, and llama-cpp-python segfaulted: the whole server died on the first extraction.
+    Run in a child process, so a crash fails this test instead of killing the suite."""
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio\n"
+        "from heed.llm.base import ChatMessage, JsonSchemaFormat, BadModelOutput\n"
+        "from heed.llm.local import LocalProvider\n"
+        "from heed.llm.structured import complete_json\n"
+        "from heed.memory.consolidation import OBSERVATIONS_SCHEMA\n"
+        "from heed.memory.extraction import FACTS_SCHEMA\n"
+        "async def main():\n"
+        "    provider = LocalProvider(threads=2)\n"
+        "    for schema in (FACTS_SCHEMA, OBSERVATIONS_SCHEMA):\n"
+        "        fmt = JsonSchemaFormat(name='s', schema=schema, strict=False)\n"
+        "        message = [ChatMessage.user('[0] (2023-05-08) Caroline: I adopted a dog.')]\n"
+        "        try:\n"
+        "            await complete_json(provider, message, fmt, max_tokens=24, retries=0)\n"
+        "        except BadModelOutput:\n"
+        "            pass  # cut off at 24 tokens: a bad reply, not a crash\n"
+        "    print('survived')\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "survived" in done.stdout
+
+
+def test_the_grammar_leaves_out_repetition_bounds() -> None:
+    from heed.llm.local import _grammar_schema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "array", "maxItems": 64, "items": {"type": "string", "maxLength": 9}}
+        },
+        "required": ["a"],
+    }
+    assert _grammar_schema(schema) == {
+        "type": "object",
+        "properties": {"a": {"type": "array", "items": {"type": "string"}}},
+        "required": ["a"],
+    }

@@ -325,15 +325,35 @@ def _schema_prompt(json_schema: JsonSchemaFormat) -> str:
     )
 
 
+#: Keywords left out of the grammar: llama.cpp writes a bound as that many repetitions of
+#: a rule, and past its limit it refuses the grammar when sampling starts, which crashes
+#: llama-cpp-python (a ``maxLength`` of 2000 is enough). The reply is still validated
+#: against the whole schema (:func:`heed.llm.structured.complete_json`).
+_UNGRAMMATICAL: Final = frozenset(
+    {"maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties"}
+)
+
+
+def _grammar_schema(node: Any) -> Any:
+    """*node* (a JSON Schema or a part of one) without :data:`_UNGRAMMATICAL` bounds."""
+    if isinstance(node, dict):
+        return {k: _grammar_schema(v) for k, v in node.items() if k not in _UNGRAMMATICAL}
+    if isinstance(node, list):
+        return [_grammar_schema(v) for v in node]
+    return node
+
+
 @functools.lru_cache(maxsize=32)
 def _grammar(schema_json: str) -> Any:
-    """The llama.cpp grammar for a JSON Schema (as JSON text), as llama-cpp-python's
-    ``response_format`` handling builds it; the generic JSON grammar as its fallback.
-    A ``LlamaGrammar`` holds only the grammar's text, so one serves every generation."""
+    """The llama.cpp grammar for a JSON Schema (as JSON text) without its repetition bounds
+    (:data:`_UNGRAMMATICAL`), as llama-cpp-python's ``response_format`` handling builds it;
+    the generic JSON grammar as its fallback. A ``LlamaGrammar`` holds only the grammar's
+    text, so one serves every generation."""
     from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
     try:
-        return LlamaGrammar.from_json_schema(schema_json, verbose=False)
+        unbounded = json.dumps(_grammar_schema(json.loads(schema_json)), sort_keys=True)
+        return LlamaGrammar.from_json_schema(unbounded, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any conversion failure: fall back, as llama-cpp does
         reraise_cancellation(exc)
         return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
