@@ -15,6 +15,7 @@ from heed.llm import (
     ChatMessage,
     JsonSchemaFormat,
     LlmObserver,
+    ProviderError,
     ScriptedProvider,
     StructuredReply,
     UpstreamUnavailable,
@@ -231,3 +232,38 @@ def test_json_schema_format_checks_its_name() -> None:
     with pytest.raises(ValueError, match="dict"):
         JsonSchemaFormat(name="ok", schema=[])  # type: ignore[arg-type]
     assert JsonSchemaFormat(name="facts_v1-2", schema={}).strict is True
+
+
+class _RefusesTheReAsk(ScriptedProvider):
+    """Answers badly, then refuses the re-ask as a bad request (a small model's context
+    overflowing), recording the conversation it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__({"replies": [{"text": "x" * 5000}]})
+        self.calls = 0
+        self.seen: list[int] = []
+
+    async def stream(self, messages, tools=(), **kwargs):  # type: ignore[no-untyped-def,override]
+        self.calls += 1
+        self.seen.append(sum(len(m.content or "") for m in messages))
+        if self.calls > 1:
+            raise ProviderError("local: the prompt has 2100 tokens", provider="x", status_code=400)
+        async for event in super().stream(messages, tools=tools, **kwargs):
+            yield event
+
+
+async def test_a_refused_re_ask_is_bad_output_and_the_echo_is_clipped() -> None:
+    from heed.llm.structured import ECHO_CHARS
+
+    provider = _RefusesTheReAsk()
+    with pytest.raises(BadModelOutput, match="re-ask was refused"):
+        await complete_json(provider, ASK, PERSON)
+    first, second = provider.seen
+    # The re-ask shows the start of the 5000-character reply, not all of it.
+    assert second - first < ECHO_CHARS + 400
+    # The first call's refusal is the provider's, unchanged.
+    refusing = _RefusesTheReAsk()
+    refusing.calls = 1
+    with pytest.raises(ProviderError) as caught:
+        await complete_json(refusing, ASK, PERSON)
+    assert not isinstance(caught.value, BadModelOutput) and caught.value.status_code == 400

@@ -50,6 +50,7 @@ from heed.llm.base import (
     ChatMessage,
     ChatProvider,
     JsonSchemaFormat,
+    ProviderError,
     Usage,
     complete,
 )
@@ -62,6 +63,9 @@ EXCERPT_CHARS: Final = 120
 MESSAGE_CHARS: Final = 200
 #: Validation errors named in one re-ask (the most relevant first).
 MAX_ERRORS_NAMED: Final = 3
+#: How much of an unusable reply the re-ask shows the model: enough to see its mistake,
+#: not a whole cut-off reply that would fill a small model's context.
+ECHO_CHARS: Final = 600
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
 
@@ -193,8 +197,10 @@ async def complete_json(
     Returns a :class:`StructuredReply` (the object, the attempts it took, the
     tokens spent). At most ``1 + retries`` model calls are made; when none gives
     a valid object, raises :class:`BadModelOutput` (502) naming the last problem
-    and quoting the start of the last reply. Cancellation and provider errors
-    propagate unchanged. *messages* is not modified.
+    and quoting the start of the last reply; so does a re-ask the provider refuses
+    as a bad request (400: the conversation no longer fits the model's context).
+    Cancellation and other provider errors propagate unchanged. *messages* is not
+    modified.
     """
     if retries < 0:
         raise ValueError("retries must be >= 0")
@@ -204,13 +210,23 @@ async def complete_json(
     attempts = 0
     while True:
         attempts += 1
-        reply = await complete(
-            provider,
-            conversation,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            json_schema=schema,
-        )
+        try:
+            reply = await complete(
+                provider,
+                conversation,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                json_schema=schema,
+            )
+        except ProviderError as exc:
+            if attempts == 1 or exc.status_code != 400:
+                raise
+            notify_failure(provider.name, None, "refused", detail=str(exc))
+            raise BadModelOutput(
+                f"{provider.name}: no usable {schema.name} JSON from the model: the re-ask "
+                f"was refused ({exc})",
+                provider=provider.name,
+            ) from exc
         prompt_tokens += reply.usage.prompt_tokens
         completion_tokens += reply.usage.completion_tokens
         try:
@@ -230,7 +246,8 @@ async def complete_json(
                     provider=provider.name,
                 ) from None
             notify_retry(provider.name, None, exc.problem, 0.0, detail=problem)
-            conversation += [ChatMessage.assistant(reply.text), _ask_again(problem, schema)]
+            echo = _clip(reply.text, ECHO_CHARS)
+            conversation += [ChatMessage.assistant(echo), _ask_again(problem, schema)]
             continue
         return StructuredReply(
             value=value,
