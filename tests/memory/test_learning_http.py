@@ -173,6 +173,7 @@ def test_a_malformed_reply_keeps_the_chunk_verbatim_and_consolidates_the_turns(
         timeout=30,
     )
     assert response.status_code == 200, response.text
+    assert response.json()["extraction"] == {"facts": 0, "chunks": 1, "failed_chunks": 1}
     units = memories(server, bank)
     assert {u["text"] for u in units} == set(TURNS)  # verbatim only, nothing lost
     extraction_calls = [r for r in provider.requests if r.json_schema is not None]

@@ -135,6 +135,10 @@ class Extraction:
     failed_chunks: int = 0
     failures: list[str] = field(default_factory=list)
 
+    def report(self) -> dict[str, int]:
+        """The counts a retain reports (its response, its run's result)."""
+        return {"facts": self.facts, "chunks": self.chunks, "failed_chunks": self.failed_chunks}
+
 
 def chunk_units(units: Sequence[PreparedUnit], limit: int = CHUNK_CHARS) -> list[list[int]]:
     """Positions of *units* in chunks of whole units of about *limit* characters (a unit

@@ -232,6 +232,7 @@ class RetainOperations:
             "documents": summary.documents,
             "units": summary.units,
             "document_ids": summary.document_ids,
+            **({"extraction": summary.extraction.report()} if summary.extraction else {}),
         }
 
     async def _by_phase(self, bank: Bank) -> dict[str, int]:

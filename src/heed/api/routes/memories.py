@@ -90,6 +90,7 @@ async def retain(
             "async": False,
             "units_count": summary.units,
             "document_ids": summary.document_ids,
+            "extraction": summary.extraction.report() if summary.extraction else None,
         }
     )
 

@@ -190,6 +190,15 @@ class RetainRequest(_In):
     operation_id: Identifier | None = None
 
 
+class RetainExtraction(BaseModel):
+    """What fact extraction did for a retain (heed's field; null when the bank does not
+    extract): facts written, chunks read, chunks whose reply stayed malformed."""
+
+    facts: int
+    chunks: int
+    failed_chunks: int
+
+
 class RetainResponse(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
@@ -201,6 +210,7 @@ class RetainResponse(BaseModel):
     operation_ids: list[str] | None = None
     units_count: int | None = None
     document_ids: list[str] | None = None
+    extraction: RetainExtraction | None = None
 
 
 # -- recall --------------------------------------------------------------------------------
