@@ -726,9 +726,10 @@ def test_webhooks(server: LiveServer, twin: Twin, hook_receiver: Receiver) -> No
     finish(twin, "webhooks")
 
 
-def test_list_memories_filters_by_tags_and_state(server: LiveServer) -> None:
-    """``list_memories``' ``tags`` / ``tags_match`` and ``state`` filters (the client sends
-    them as query parameters of ``GET .../memories/list``) filter, as recall's tags do."""
+def test_list_memories_filters_by_state_and_refuses_tags_by_name(server: LiveServer) -> None:
+    """``list_memories``' ``state`` filter works (every stored unit is valid); its ``tags`` /
+    ``tags_match`` filters are refused by name (a 400: listing does not filter by tags in
+    heed; recall does), never silently ignored."""
     client = Hindsight(base_url=server.url, timeout=30)
     try:
         bank = new_bank_id("filters")
@@ -736,9 +737,10 @@ def test_list_memories_filters_by_tags_and_state(server: LiveServer) -> None:
         client.retain(bank, WORK, tags=["work"], document_id="work")
         client.retain(bank, SKI, document_id="ski")
         assert client.list_memories(bank).total == 2
-        worked = client.list_memories(bank, tags=["work"], tags_match="all_strict")
-        assert [m.text for m in worked.items] == [WORK] and worked.total == 1
-        assert client.list_memories(bank, tags=["golf"], tags_match="any_strict").total == 0
+        with pytest.raises(Exception) as refused:
+            client.list_memories(bank, tags=["work"], tags_match="all_strict")
+        assert getattr(refused.value, "status", None) == 400
+        assert "tags" in str(getattr(refused.value, "body", refused.value))
         assert client.list_memories(bank, state="valid").total == 2
         assert client.list_memories(bank, state="invalidated").total == 0
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 
 from heed.api.deps import MemoryDep, RetainOperationsDep
@@ -24,7 +24,7 @@ from heed.api.wire.memory_convert import (
     unit_item,
 )
 from heed.memory.idempotency import MAX_KEY_CHARS
-from heed.memory.models import FACT_TYPES
+from heed.memory.models import FACT_TYPES, InvalidInput
 from heed.memory.store import UnitFilter
 
 router = APIRouter(
@@ -105,6 +105,7 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -
 
 @router.get("/list")
 async def list_memories(
+    request: Request,
     bank_id: IdPath,
     engine: MemoryDep,
     type: FactType | None = None,
@@ -115,10 +116,20 @@ async def list_memories(
     start_date: QueryId | None = None,
     end_date: QueryId | None = None,
     consolidation_state: Literal["pending", "done", "failed"] | None = None,
+    state: Literal["valid", "invalidated"] | None = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:
-    """Memory units, newest first (or by ``time_field``), with filters."""
+    """Memory units, newest first (or by ``time_field``), with filters. ``state``: every
+    stored unit is ``valid`` (an observation's earlier versions are its history, not
+    units), so ``invalidated`` lists none. ``tags`` / ``tags_match`` are refused by name:
+    listing does not filter by tags (recall does)."""
+    if "tags" in request.query_params or "tags_match" in request.query_params:
+        raise InvalidInput(
+            "tags and tags_match are not supported by memories/list in heed; recall filters by tags"
+        )
+    if state == "invalidated":
+        return wire.ListMemoryUnitsResponse(items=[], total=0, limit=limit, offset=offset)
     bank = await engine.get_bank(bank_id)
     units, total = await engine.list_units(
         bank,
