@@ -512,6 +512,17 @@ def _first_line(archive: bytes, prefix: str, record: dict[str, Any]) -> bytes:
     return arc.changed(archive, change)
 
 
+def _bank_config(archive: bytes, config: dict[str, Any]) -> bytes:
+    """*archive* whose bank's settings are *config*."""
+
+    def change(files: dict[str, bytes]) -> None:
+        files["bank.json"] = json.dumps(
+            {**json.loads(files["bank.json"]), "config": config}
+        ).encode()
+
+    return arc.changed(archive, change)
+
+
 def _hostile() -> list[tuple[str, bytes, str]]:
     good = arc.synthetic_archive(30, per_document=10)
     files = arc.entries(good)
@@ -603,6 +614,12 @@ def _hostile() -> list[tuple[str, bytes, str]]:
                 {"from_id": "nobody", "to_id": first["id"], "link_type": "temporal", "weight": 1.0},
             ),
             "a link names memory",
+        ),
+        ("unknown setting", _bank_config(good, {"not_a_setting": 1}), "not_a_setting"),
+        (
+            "wrong setting type",
+            _bank_config(good, {"enable_observations": "yes"}),
+            "enable_observations",
         ),
         (
             "path trick",

@@ -399,3 +399,20 @@ def test_publish_bank_moves_a_bank_whole(store: SqlMemoryStore) -> None:
     assert store.get_bank("t", "imported") is not None  # unchanged
     with pytest.raises(BankGone):
         store.publish_bank(replace(ready, ref=str(uuid.uuid4())))
+
+
+def test_delete_bank_in_batches_leaves_nothing_and_other_banks_alone(
+    store: SqlMemoryStore,
+) -> None:
+    doomed, kept = _filled(store, "doomed"), _filled(store, "kept")
+    before = {t: _count(store, t) for t in ("memory_units", "memory_links", "memory_entities")}
+    assert store.delete_bank_in_batches(doomed.ref, 2) == 7
+    assert store.get_bank("t", "doomed") is None
+    assert store.delete_bank_in_batches(doomed.ref, 2) == 0  # gone already
+    for table, n in before.items():
+        assert _count(store, table) == n // 2, table
+    assert _count(store, "memory_units", f"WHERE bank_ref = '{doomed.ref}'") == 0
+    for table in ("memory_documents", "memory_chunks", "memory_values", "memory_entities"):
+        assert _count(store, table, f"WHERE bank_ref = '{doomed.ref}'") == 0, table
+    assert len(store.keyword_search(kept.ref, ["tom"], 10)) == 3
+    assert store.keyword_search(doomed.ref, ["tom"], 10) == []

@@ -93,7 +93,7 @@ SECTIONS: Final = (
 #: Records per shard of a section.
 RECORDS_PER_ENTRY: Final = 5000
 #: Records written or read between two token checks (a few milliseconds of work).
-CHECK_EVERY: Final = 64
+CHECK_EVERY: Final = 32
 #: Deflate's level: 1 is three times faster than the default 6 and the archive barely
 #: larger (base64 vectors, most of it, hardly compress at any level).
 COMPRESS_LEVEL: Final = 1

@@ -352,6 +352,13 @@ class TransferStore(Protocol):
         does not hold). Returns how many were new."""
         ...
 
+    def delete_bank_in_batches(self, bank_ref: str, batch: int) -> int:
+        """Delete the bank and everything in it as :meth:`MemoryStore.delete_bank` does, but
+        its units in transactions of at most *batch* (the writer is free between them): for
+        a bank nobody sees (a staging bank), whose part-deleted state nobody reads. Returns
+        how many units it held."""
+        ...
+
     def publish_bank(self, bank: Bank) -> Bank:
         """Give the bank of ``bank.ref`` its ``tenant``, ``bank_id`` and profile (name,
         mission, background, disposition, config) in one statement: how a bank written

@@ -53,16 +53,13 @@ body limit bounds).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import itertools
 import logging
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
@@ -70,18 +67,21 @@ from heed.memory.archive import (
     ArchiveCheck,
     ArchiveLimits,
     ArchiveReader,
-    ArchiveWriter,
-    InvalidArchive,
-    Manifest,
     check_archive,
 )
 from heed.memory.archive_store import PART_BYTES, ArchiveStore, StoredArchive
-from heed.memory.bank_rows import BankSelection, DocumentRow, MembershipRow, UnitRow
+from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
 from heed.memory.models import Bank, Conflict, InvalidInput, NotFound
 from heed.memory.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
 from heed.memory.store import BankTaken
-from heed.memory.units import index_text, neighbour_texts, with_neighbours
+from heed.memory.transfer_work import (
+    Flags,
+    bank_settings,
+    check_embedder,
+    import_archive,
+    write_archive,
+)
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
@@ -116,10 +116,8 @@ EXPORT_KIND, IMPORT_KIND, CLONE_KIND = TRANSFER_KINDS
 STAGING_TENANT: Final = ",transfer-staging"
 #: Where an export's archive is downloaded: this plus its key.
 DOWNLOAD_PREFIX: Final = "/v1/default/files/download/"
-#: Memories written per batch on import (a cancel waits for at most one).
-IMPORT_BATCH: Final = 64
-#: The namespace of the ids an import gives (UUID 5 of the new bank's ref and the old id).
-_ID_NAMESPACE: Final = uuid.UUID("1b1f7c2e-3a55-4d1e-9e65-7c3c6d1f0a42")
+#: Memories deleted per transaction when a staging bank is discarded.
+DISCARD_BATCH: Final = 256
 
 log = logging.getLogger("heed.memory.transfer")
 
@@ -142,18 +140,6 @@ class TransferLimits:
     archive_ttl: float = 24 * 3600.0
     #: Most document ids one export names.
     max_document_ids: int = 500
-
-
-@dataclass(frozen=True, slots=True)
-class _Flags:
-    """What a transfer carries."""
-
-    include_data: bool = True
-    include_bank_config: bool = True
-
-    @classmethod
-    def of(cls, payload: dict[str, Any]) -> _Flags:
-        return cls(bool(payload["include_data"]), bool(payload["include_bank_config"]))
 
 
 class _Progress:
@@ -185,79 +171,17 @@ class _Progress:
         )
 
     async def drain(self) -> None:
-        """Wait for the events sent (a closed journal drops them; errors are logged)."""
+        """Wait for the events sent (errors are logged). Not once the run is cancelled: its
+        journal is closed and drops them, and the run ends without waiting for the
+        database (where a staging bank's delete may hold SQLite's writer)."""
+        if self.rc.token.cancelled:
+            return
         results = await asyncio.gather(
             *(asyncio.wrap_future(f) for f in self._sent), return_exceptions=True
         )
         for result in results:
             if isinstance(result, Exception) and not isinstance(result, OperationCancelled):
                 log.warning("a transfer's progress event was lost: %s", result)
-
-
-class _Ids:
-    """The new ids an import gives an archive's memories, chunks and entities."""
-
-    def __init__(self, bank_ref: str) -> None:
-        self.prefix = _ID_NAMESPACE.bytes + (bank_ref + "/").encode()
-
-    def __call__(self, old: str) -> str:
-        """``uuid5(_ID_NAMESPACE, bank_ref + "/" + old)``, without the UUID object (an
-        import maps every id several times: it was a tenth of its CPU)."""
-        raw = bytearray(hashlib.sha1(self.prefix + old.encode()).digest()[:16])
-        raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
-        raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-        x = raw.hex()
-        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
-
-    def unit(self, unit: UnitRow) -> UnitRow:
-        unit.id = self(unit.id)
-        unit.chunk_id = self(unit.chunk_id) if unit.chunk_id is not None else None
-        unit.source_ids = [self(s) for s in unit.source_ids]
-        return unit
-
-
-def _pages(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    iterator = iter(rows)
-    while page := list(itertools.islice(iterator, size)):
-        yield page
-
-
-def _when(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    with contextlib.suppress(ValueError):
-        return datetime.fromisoformat(value)
-    return None
-
-
-def _rebuilt(units: list[UnitRow]) -> None:
-    """Give *units* (one document's, in order, or observations) the keyword text retain
-    and consolidation give (:mod:`heed.memory.units`) where the store could not read it
-    back: a document's units their text, context and date, and its verbatim units (those
-    resting on no other) the neighbours among them; an observation its text."""
-    verbatim = [u for u in units if u.document_id is not None and not u.source_ids]
-    texts = [u.text for u in verbatim]
-    position = {id(u): i for i, u in enumerate(verbatim)}
-    for unit in units:
-        if unit.index_text is not None:
-            continue
-        if unit.document_id is None:
-            unit.index_text = index_text(unit.text, None, None)
-            continue
-        base = index_text(unit.text, unit.context, _when(unit.mentioned_at))
-        at = position.get(id(unit))
-        unit.index_text = base if at is None else with_neighbours(base, neighbour_texts(texts, at))
-
-
-def _with_index_texts(pages: Iterator[list[UnitRow]], size: int) -> Iterator[list[UnitRow]]:
-    """*pages* of units, each document's units given their keyword text where missing
-    (:func:`_rebuilt`, which needs a whole document: pages are regrouped by document)."""
-    flat = (unit for page in pages for unit in page)
-    for _, group in itertools.groupby(flat, key=lambda u: u.document_id):
-        units = list(group)
-        if any(u.index_text is None for u in units):
-            _rebuilt(units)
-        yield from _pages(units, size)
 
 
 class BankTransfers:
@@ -422,7 +346,6 @@ class BankTransfers:
                     "target_bank_id": target,
                     "include_data": include_data,
                     "include_bank_config": include_bank_config,
-                    "records": check.records,
                 },
                 {"target_bank_id": target, "archive_id": stored.id},
             )
@@ -436,8 +359,11 @@ class BankTransfers:
         embedder made its vectors. Blocking; checks the token."""
         archive.seek(0)
         with ArchiveReader(archive, self.limits.archive) as reader:
-            self._same_embedder(reader.manifest)
-            return check_archive(reader)
+            check_embedder(reader.manifest, self.model, self.engine.embedder.dim)
+            check = check_archive(reader)
+        if check.bank is not None:
+            bank_settings(check.bank.config)
+        return check
 
     def _store_upload(self, row: StoredArchive, archive: IO[bytes]) -> StoredArchive:
         archive.seek(0)
@@ -446,15 +372,6 @@ class BankTransfers:
         except BaseException:
             self.archives.delete_archive(row.id)  # a part-written upload is no archive
             raise
-
-    def _same_embedder(self, manifest: Manifest) -> None:
-        dim = self.engine.embedder.dim
-        if (manifest.embedding_model, manifest.dim) != (self.model, dim):
-            raise InvalidArchive(
-                f"its vectors were made by {manifest.embedding_model!r} ({manifest.dim} "
-                f"dimensions); this server embeds with {self.model!r} ({dim} dimensions), "
-                "and heed imports vectors without embedding again"
-            )
 
     def _archive_row(
         self, bank: Bank, kind: Literal["export", "upload"], name: str
@@ -514,7 +431,7 @@ class BankTransfers:
         try:
             async with self.engine.track(bank), self.engine.retain_lane.slot(background=True):
                 stored, counts = await run_in_thread(
-                    self._export_blocking, bank, selection, _Flags.of(payload), payload, progress
+                    self._export_blocking, bank, selection, Flags.of(payload), payload, progress
                 )
         except NotFound as exc:
             raise OperationCancelled(BANK_DELETED) from exc
@@ -534,14 +451,25 @@ class BankTransfers:
         self,
         bank: Bank,
         selection: BankSelection,
-        flags: _Flags,
+        flags: Flags,
         payload: dict[str, Any],
         progress: _Progress,
     ) -> tuple[StoredArchive, dict[str, int]]:
         scope = payload["scope"]
         name = f"{bank.bank_id}-{scope}-{datetime.now().strftime('%Y%m%dT%H%M%S')}.zip"
         with tempfile.TemporaryFile() as tmp:
-            counts = self._write_archive(tmp, bank, selection, flags, scope, progress)
+            counts = write_archive(
+                self.engine.store,
+                tmp,
+                bank,
+                selection,
+                flags,
+                scope,
+                progress,
+                model=self.model,
+                dim=self.engine.embedder.dim,
+                batch=self.limits.batch,
+            )
             tmp.seek(0)
             row = self._archive_row(bank, "export", name)
             try:
@@ -550,61 +478,6 @@ class BankTransfers:
                 self.archives.delete_archive(row.id)
                 raise
         return stored, counts
-
-    def _write_archive(
-        self,
-        target: IO[bytes],
-        bank: Bank,
-        selection: BankSelection,
-        flags: _Flags,
-        scope: Literal["bank", "documents"],
-        progress: _Progress,
-        *,
-        compress: bool = True,
-    ) -> dict[str, int]:
-        """Write *bank* (its *selection*) as an archive into *target*; the records per
-        section. Blocking; checks the token between pages."""
-        writer = ArchiveWriter(
-            target,
-            scope=scope,
-            source_bank_id=bank.bank_id,
-            embedding_model=self.model,
-            dim=self.engine.embedder.dim,
-            compress=compress,
-        )
-        batch = self.limits.batch
-        try:
-            if scope == "bank":
-                profile = replace(
-                    bank, config=dict(bank.config), disposition=dict(bank.disposition)
-                )
-                if not flags.include_bank_config:
-                    profile.config, profile.mission = {}, ""
-                    profile.disposition = {"skepticism": 3, "literalism": 3, "empathy": 3}
-                writer.bank(profile)
-            if flags.include_data:
-                with self.engine.store.read_bank(bank.ref, selection) as reader:
-                    progress.start("export", reader.count_units())
-                    for documents in reader.documents(max(1, batch // 8)):
-                        writer.write("documents", documents)
-                    for units in _with_index_texts(reader.units(batch), batch):
-                        writer.write("units", units)
-                        progress.add(len(units))
-                    for units in _with_index_texts(reader.observations(batch), batch):
-                        writer.write("observations", units)
-                        progress.add(len(units))
-                    for section, pages in (
-                        ("entities", reader.entities(batch)),
-                        ("unit_entities", reader.memberships(batch)),
-                        ("links", reader.links(batch)),
-                    ):
-                        for page in pages:
-                            writer.write(section, page)
-            manifest = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        return {name: manifest.records(name) for name in manifest.sections if name != "bank"}
 
     async def _execute_import(self, rc: RunContext) -> dict[str, Any]:
         await self._source(rc)
@@ -628,21 +501,28 @@ class BankTransfers:
 
     async def _execute_clone(self, rc: RunContext) -> dict[str, Any]:
         source = await self._source(rc)
-        flags = _Flags.of(rc.payload)
+        flags = Flags.of(rc.payload)
         progress = _Progress(rc, asyncio.get_running_loop(), "export")
         try:
             with tempfile.TemporaryFile() as tmp:
                 try:
-                    async with self.engine.track(source):
+                    async with (
+                        self.engine.track(source),
+                        self.engine.retain_lane.slot(background=True),
+                    ):
                         await run_in_thread(
-                            self._write_archive,
+                            write_archive,
+                            self.engine.store,
                             tmp,
                             source,
                             BankSelection(),
                             flags,
                             "bank",
                             progress,
-                            compress=False,
+                            model=self.model,
+                            dim=self.engine.embedder.dim,
+                            batch=self.limits.batch,
+                            compress=False,  # it never leaves the process: no deflating
                         )
                 except NotFound as exc:
                     raise OperationCancelled(BANK_DELETED) from exc
@@ -663,10 +543,21 @@ class BankTransfers:
         staging = Bank(tenant=STAGING_TENANT, bank_id=rc.run.id, ref=str(uuid.uuid4()))
         staging.config = {"enable_observations": False, "retain_extraction_mode": "off"}
         staging = await run_in_thread(store.save_bank, staging)
+        target = Bank(tenant=rc.run.tenant, bank_id=payload["target_bank_id"], ref=staging.ref)
         try:
             async with self.engine.track(staging), self.engine.retain_lane.slot(background=True):
-                target, counts = await run_in_thread(
-                    self._import_blocking, archive, staging, rc.run.tenant, payload, progress
+                counts = await run_in_thread(
+                    import_archive,
+                    store,
+                    archive,
+                    staging,
+                    target,
+                    Flags.of(payload),
+                    progress,
+                    limits=self.limits.archive,
+                    model=self.model,
+                    dim=self.engine.embedder.dim,
+                    batch=self.limits.batch,
                 )
                 try:
                     published = await run_in_thread(store.publish_bank, target)
@@ -681,78 +572,6 @@ class BankTransfers:
         for hook in self.engine.after_retain:  # e.g. consolidation of pending memories
             hook(published)
         return published, counts
-
-    def _import_blocking(
-        self,
-        archive: IO[bytes],
-        staging: Bank,
-        tenant: str,
-        payload: dict[str, Any],
-        progress: _Progress,
-    ) -> tuple[Bank, dict[str, int]]:
-        """Write *archive* into *staging*; the bank to publish and the rows per section.
-        Blocking; checks the token between batches."""
-        flags = _Flags.of(payload)
-        store = self.engine.store
-        ids = _Ids(staging.ref)
-        counts: dict[str, int] = {}
-        with ArchiveReader(archive, self.limits.archive) as reader:
-            self._same_embedder(reader.manifest)
-            record = reader.bank()
-            target = Bank(tenant=tenant, bank_id=payload["target_bank_id"], ref=staging.ref)
-            target.name = target.bank_id
-            if record is not None:
-                # A bank named by its id (the default) is named by its new id.
-                if record.name not in ("", record.bank_id):
-                    target.name = record.name
-                target.background = record.background
-                if flags.include_bank_config:
-                    target.mission = record.mission
-                    target.disposition = record.disposition.model_dump()
-                    target.config = dict(record.config)
-            if not flags.include_data:
-                return target, counts
-            progress.start("import", int(payload.get("records") or 0) or _records(reader))
-            units = reader.rows("units")
-            documents = 0
-            for document in reader.rows("documents"):
-                assert isinstance(document, DocumentRow)
-                document.chunks = [replace(c, id=ids(c.id)) for c in document.chunks]
-                mine = (ids.unit(u) for u in itertools.islice(units, document.unit_count))
-                batches = _counted(_pages(mine, IMPORT_BATCH), progress)
-                counts["units"] = counts.get("units", 0) + store.write_document_rows(
-                    staging.ref, document, batches
-                )
-                documents += 1
-                progress.add(1)
-            counts["documents"] = documents
-            if next(units, None) is not None:
-                raise InvalidArchive("the units section holds memories of no document")
-            counts["observations"] = 0
-            for page in _pages(reader.rows("observations"), IMPORT_BATCH):
-                counts["observations"] += store.write_unit_rows(
-                    staging.ref, [ids.unit(u) for u in page]
-                )
-                progress.add(len(page))
-            counts["entities"] = 0
-            for page in _pages(reader.rows("entities"), self.limits.batch):
-                counts["entities"] += store.write_entity_rows(
-                    staging.ref, [replace(e, id=ids(e.id)) for e in page]
-                )
-                progress.add(len(page))
-            counts["unit_entities"] = 0
-            for page in _pages(reader.rows("unit_entities"), self.limits.batch):
-                counts["unit_entities"] += store.write_membership_rows(
-                    staging.ref, [MembershipRow(ids(m.unit_id), ids(m.entity_id)) for m in page]
-                )
-                progress.add(len(page))
-            counts["links"] = 0
-            for page in _pages(reader.rows("links"), self.limits.batch):
-                moved = [replace(k, from_id=ids(k.from_id), to_id=ids(k.to_id)) for k in page]
-                counts["links"] += store.write_link_rows(staging.ref, moved)
-                progress.add(len(page))
-        raise_if_cancelled()
-        return target, counts
 
     # -- cleaning up -----------------------------------------------------------------------
 
@@ -771,7 +590,9 @@ class BankTransfers:
     async def _discard(self, staging_ref: str) -> None:
         with use_context(detached()):
             try:
-                await run_in_thread(self.engine.store.delete_bank, staging_ref)
+                await run_in_thread(
+                    self.engine.store.delete_bank_in_batches, staging_ref, DISCARD_BATCH
+                )
             except Exception as exc:
                 reraise_cancellation(exc)
                 log.warning("could not delete staging bank %s: %s", staging_ref, exc, exc_info=exc)
@@ -789,7 +610,9 @@ class BankTransfers:
                 except RunNotFound:
                     run = None
                 if run is None or is_terminal(run):
-                    await run_in_thread(self.engine.store.delete_bank, bank.ref)
+                    await run_in_thread(
+                        self.engine.store.delete_bank_in_batches, bank.ref, DISCARD_BATCH
+                    )
                     deleted += 1
         return deleted
 
@@ -801,16 +624,6 @@ class BankTransfers:
         """Wait for the staging banks being deleted."""
         if self._discarding:
             await asyncio.gather(*self._discarding, return_exceptions=True)
-
-
-def _records(reader: ArchiveReader) -> int:
-    return sum(s.records for name, s in reader.manifest.sections.items() if name != "bank")
-
-
-def _counted(pages: Iterator[list[UnitRow]], progress: _Progress) -> Iterator[list[UnitRow]]:
-    for page in pages:
-        yield page
-        progress.add(len(page))
 
 
 def _file_parts(source: IO[bytes]) -> Iterator[bytes]:

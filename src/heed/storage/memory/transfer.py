@@ -466,25 +466,35 @@ class TransferRows(DocumentWrites):
         }
         return tuple(by_column[column] for column in UNIT_WRITE_COLUMNS)
 
+    def _rows(
+        self, bank_ref: str, units: Sequence[UnitRow], values: ValueWriter
+    ) -> list[tuple[Any, ...]]:
+        """*units*' rows, built before the transaction (their seq and generation, known in
+        it, are filled in by :meth:`_insert`): the transaction holds the writer only for
+        the statements."""
+        return [self._row(bank_ref, unit, 0, 0, values) for unit in units]
+
     def _insert(
         self,
         conn: Any,
         bank_ref: str,
         units: Sequence[UnitRow],
+        rows: Sequence[tuple[Any, ...]],
         seqs: Sequence[int],
         generation: int,
-        values: ValueWriter,
     ) -> None:
+        """Insert *units* (their *rows* from :meth:`_rows`) on *seqs*, with their keyword
+        text, in the caller's transaction."""
         token = bank_token(bank_ref)
         for start in range(0, len(units), WRITE_BATCH):
             raise_if_cancelled()
-            part = units[start : start + WRITE_BATCH]
-            rows = [
-                self._row(bank_ref, unit, seq, generation, values)
-                for unit, seq in zip(part, seqs[start : start + WRITE_BATCH], strict=True)
+            end = start + WRITE_BATCH
+            ready = [
+                (seq, *row[1:-1], generation)
+                for seq, row in zip(seqs[start:end], rows[start:end], strict=True)
             ]
-            keywords = [(token, unit.index_text or unit.text) for unit in part]
-            self.dialect.insert_units(conn, rows, keywords)
+            keywords = [(token, unit.index_text or unit.text) for unit in units[start:end]]
+            self.dialect.insert_units(conn, ready, keywords)
 
     def write_document_rows(
         self, bank_ref: str, document: DocumentRow, units: Iterable[Sequence[UnitRow]]
@@ -540,8 +550,9 @@ class TransferRows(DocumentWrites):
                 )
             [seqs] = self.dialect.allocate_seqs(conn, [count])
             if count:
-                reserve = _placeholder(document.document_id, now)
-                self._insert(conn, bank_ref, [reserve], seqs[-1:], generation, values)
+                reserve = [_placeholder(document.document_id, now)]
+                rows = self._rows(bank_ref, reserve, values)
+                self._insert(conn, bank_ref, reserve, rows, seqs[-1:], generation)
             values.store(conn, bank_ref)
         written = 0
         for batch in units:
@@ -560,6 +571,7 @@ class TransferRows(DocumentWrites):
                     )
             raise_if_cancelled()
             values = ValueWriter()
+            rows = self._rows(bank_ref, batch, values)
             with self.db.write() as conn:
                 self.lock_bank(conn, bank_ref)
                 generation = touch_bank(conn, bank_ref, now)
@@ -567,7 +579,7 @@ class TransferRows(DocumentWrites):
                     conn.execute("DELETE FROM memory_units WHERE seq = ?", (seqs[-1],))
                     self.dialect.drop_keywords(conn, seqs[-1:])
                 mine = seqs[written : written + len(batch)]
-                self._insert(conn, bank_ref, batch, mine, generation, values)
+                self._insert(conn, bank_ref, batch, rows, mine, generation)
                 values.store(conn, bank_ref)
             written += len(batch)
         if written != count:
@@ -588,11 +600,12 @@ class TransferRows(DocumentWrites):
         if not units:
             return 0
         values = ValueWriter()
+        rows = self._rows(bank_ref, units, values)
         with self.db.write() as conn:
             self.lock_bank(conn, bank_ref)
             generation = touch_bank(conn, bank_ref, now_iso())
             [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
-            self._insert(conn, bank_ref, units, seqs, generation, values)
+            self._insert(conn, bank_ref, units, rows, seqs, generation)
             values.store(conn, bank_ref)
         return len(units)
 
@@ -688,6 +701,34 @@ class TransferRows(DocumentWrites):
                 LINK_COLUMNS,
                 [(seqs[k.from_id], seqs[k.to_id], k.link_type, float(k.weight)) for k in links],
             )
+
+    def delete_bank_in_batches(self, bank_ref: str, batch: int) -> int:
+        """See :meth:`heed.memory.store.TransferStore.delete_bank_in_batches`."""
+        deleted = 0
+        while True:
+            with self.db.write() as conn:
+                self.lock_bank(conn, bank_ref)
+                seqs = [
+                    int(r[0])
+                    for r in conn.execute(
+                        "SELECT seq FROM memory_units WHERE bank_ref = ? ORDER BY seq LIMIT ?",
+                        (bank_ref, max(1, batch)),
+                    ).fetchall()
+                ]
+                if not seqs:
+                    break
+                self.dialect.drop_keywords(conn, seqs)
+                for table, column in (
+                    ("memory_links", "from_seq"),
+                    ("memory_links", "to_seq"),
+                    ("memory_unit_entities", "unit_seq"),
+                    ("memory_units", "seq"),
+                ):
+                    match, params = self.dialect.any_of(column, seqs, "bigint")
+                    conn.execute(f"DELETE FROM {table} WHERE {match}", params)
+            deleted += len(seqs)
+        self.delete_bank(bank_ref)  # what is left: documents, chunks, entities, the row
+        return deleted
 
     def publish_bank(self, bank: Bank) -> Bank:
         """See :meth:`heed.memory.store.TransferStore.publish_bank`."""

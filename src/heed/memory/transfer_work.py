@@ -1,0 +1,300 @@
+"""The blocking halves of a bank transfer (:mod:`heed.memory.transfer` runs them in the
+offload): a bank into an archive (:func:`write_archive`), an archive into a staging bank
+(:func:`import_archive`). Both go through the store's bank rows
+(:class:`heed.memory.store.TransferStore`) and the archive's container
+(:mod:`heed.memory.archive`) a page at a time, checking the token between pages, and report
+progress to a :class:`Progress`.
+
+Two rules live here: the keyword text a memory gets when the store could not read it back
+(PostgreSQL keeps only a ``tsvector``: :func:`with_index_texts` rebuilds it by the rule of
+retain and consolidation, :mod:`heed.memory.units`), and the new ids an import gives
+(:class:`NewIds`: UUID 5 of the new bank and the old id, so no id is ever reused and the
+same archive imports twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import IO, Any, Final, Literal, Protocol
+
+from heed.memory import bank_config
+from heed.memory.archive import (
+    ArchiveLimits,
+    ArchiveReader,
+    ArchiveWriter,
+    InvalidArchive,
+    Manifest,
+)
+from heed.memory.bank_rows import BankSelection, DocumentRow, MembershipRow, UnitRow
+from heed.memory.models import Bank, InvalidInput
+from heed.memory.store import MemoryStore
+from heed.memory.units import index_text, neighbour_texts, with_neighbours
+from heed.runtime import raise_if_cancelled
+
+__all__ = [
+    "IMPORT_BATCH",
+    "Flags",
+    "NewIds",
+    "Progress",
+    "bank_settings",
+    "check_embedder",
+    "import_archive",
+    "with_index_texts",
+    "write_archive",
+]
+
+#: Memories written per batch on import (a cancel waits for at most one: a few ms).
+IMPORT_BATCH: Final = 32
+#: The namespace of the ids an import gives.
+_ID_NAMESPACE: Final = uuid.UUID("1b1f7c2e-3a55-4d1e-9e65-7c3c6d1f0a42")
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """What a transfer carries: the memories and what backs them, the bank's settings."""
+
+    include_data: bool = True
+    include_bank_config: bool = True
+
+    @classmethod
+    def of(cls, payload: dict[str, Any]) -> Flags:
+        return cls(bool(payload["include_data"]), bool(payload["include_bank_config"]))
+
+
+class Progress(Protocol):
+    """Where a transfer reports how far it is (called from its worker thread)."""
+
+    def start(self, stage: str, total: int) -> None: ...
+
+    def add(self, n: int) -> None: ...
+
+
+class NewIds:
+    """The new ids an import gives an archive's memories, chunks and entities."""
+
+    def __init__(self, bank_ref: str) -> None:
+        self.prefix = _ID_NAMESPACE.bytes + (bank_ref + "/").encode()
+
+    def __call__(self, old: str) -> str:
+        """``uuid5(_ID_NAMESPACE, bank_ref + "/" + old)``, without the UUID object (an
+        import maps every id several times: it was a tenth of its CPU)."""
+        raw = bytearray(hashlib.sha1(self.prefix + old.encode()).digest()[:16])
+        raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+        raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+        x = raw.hex()
+        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+    def unit(self, unit: UnitRow) -> UnitRow:
+        """*unit* with its id, chunk id and provenance mapped."""
+        unit.id = self(unit.id)
+        unit.chunk_id = self(unit.chunk_id) if unit.chunk_id is not None else None
+        unit.source_ids = [self(s) for s in unit.source_ids]
+        return unit
+
+
+def pages(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """*rows* in lists of at most *size*."""
+    iterator = iter(rows)
+    while page := list(itertools.islice(iterator, size)):
+        yield page
+
+
+def _when(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(value)
+    return None
+
+
+def _rebuilt(units: list[UnitRow]) -> None:
+    """Give *units* (one document's, in order, or observations) the keyword text retain
+    and consolidation give (:mod:`heed.memory.units`) where the store could not read it
+    back: a document's units their text, context and date, and its verbatim units (those
+    resting on no other) the neighbours among them; an observation its text."""
+    verbatim = [u for u in units if u.document_id is not None and not u.source_ids]
+    texts = [u.text for u in verbatim]
+    position = {id(u): i for i, u in enumerate(verbatim)}
+    for unit in units:
+        if unit.index_text is not None:
+            continue
+        if unit.document_id is None:
+            unit.index_text = index_text(unit.text, None, None)
+            continue
+        base = index_text(unit.text, unit.context, _when(unit.mentioned_at))
+        at = position.get(id(unit))
+        unit.index_text = base if at is None else with_neighbours(base, neighbour_texts(texts, at))
+
+
+def with_index_texts(units: Iterator[list[UnitRow]], size: int) -> Iterator[list[UnitRow]]:
+    """Pages of *units*, each document's given its keyword text where missing
+    (:func:`_rebuilt`, which needs a whole document: pages are regrouped by document)."""
+    flat = (unit for page in units for unit in page)
+    for _, group in itertools.groupby(flat, key=lambda u: u.document_id):
+        mine = list(group)
+        if any(u.index_text is None for u in mine):
+            _rebuilt(mine)
+        yield from pages(mine, size)
+
+
+def bank_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The bank settings of an archive's ``config``, checked by the rule every setting
+    meets (:func:`heed.memory.bank_config.validate`: a name heed does not honour, or a value
+    of the wrong type, is refused by name)."""
+    try:
+        checked = bank_config.validate(config, where="bank.json: config")
+    except InvalidInput as exc:
+        raise InvalidArchive(exc.message) from exc
+    return {name: value for name, value in checked.items() if value is not None}
+
+
+def check_embedder(manifest: Manifest, model: str, dim: int) -> None:
+    """Refuse an archive whose vectors another embedder made (they are imported as they
+    are)."""
+    if (manifest.embedding_model, manifest.dim) != (model, dim):
+        raise InvalidArchive(
+            f"its vectors were made by {manifest.embedding_model!r} ({manifest.dim} "
+            f"dimensions); this server embeds with {model!r} ({dim} dimensions), "
+            "and heed imports vectors without embedding again"
+        )
+
+
+def write_archive(
+    store: MemoryStore,
+    target: IO[bytes],
+    bank: Bank,
+    selection: BankSelection,
+    flags: Flags,
+    scope: Literal["bank", "documents"],
+    progress: Progress,
+    *,
+    model: str,
+    dim: int,
+    batch: int,
+    compress: bool = True,
+) -> dict[str, int]:
+    """Write *bank* (its *selection*) as an archive into *target*; the records per
+    section. Blocking; checks the token between pages."""
+    writer = ArchiveWriter(
+        target,
+        scope=scope,
+        source_bank_id=bank.bank_id,
+        embedding_model=model,
+        dim=dim,
+        compress=compress,
+    )
+    try:
+        if scope == "bank":
+            profile = replace(bank, config=dict(bank.config), disposition=dict(bank.disposition))
+            if not flags.include_bank_config:
+                profile.config, profile.mission = {}, ""
+                profile.disposition = {"skepticism": 3, "literalism": 3, "empathy": 3}
+            writer.bank(profile)
+        if flags.include_data:
+            with store.read_bank(bank.ref, selection) as reader:
+                progress.start("export", reader.count_units())
+                for documents in reader.documents(max(1, batch // 8)):
+                    writer.write("documents", documents)
+                for units in with_index_texts(reader.units(batch), batch):
+                    writer.write("units", units)
+                    progress.add(len(units))
+                for units in with_index_texts(reader.observations(batch), batch):
+                    writer.write("observations", units)
+                    progress.add(len(units))
+                for section, rows in (
+                    ("entities", reader.entities(batch)),
+                    ("unit_entities", reader.memberships(batch)),
+                    ("links", reader.links(batch)),
+                ):
+                    for page in rows:
+                        writer.write(section, page)
+        manifest = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return {name: manifest.records(name) for name in manifest.sections if name != "bank"}
+
+
+def _counted(units: Iterator[list[UnitRow]], progress: Progress) -> Iterator[list[UnitRow]]:
+    for page in units:
+        yield page
+        progress.add(len(page))
+
+
+def import_archive(
+    store: MemoryStore,
+    archive: IO[bytes],
+    staging: Bank,
+    target: Bank,
+    flags: Flags,
+    progress: Progress,
+    *,
+    limits: ArchiveLimits,
+    model: str,
+    dim: int,
+    batch: int,
+) -> dict[str, int]:
+    """Write *archive* into the bank *staging*, and give *target* (the bank to publish)
+    the archive's profile and settings; the rows written per section. Blocking; checks the
+    token between batches."""
+    ids = NewIds(staging.ref)
+    counts: dict[str, int] = {}
+    with ArchiveReader(archive, limits) as reader:
+        check_embedder(reader.manifest, model, dim)
+        record = reader.bank()
+        target.name = target.bank_id
+        if record is not None:
+            if record.name not in ("", record.bank_id):  # else named by its new id
+                target.name = record.name
+            target.background = record.background
+            if flags.include_bank_config:
+                target.mission = record.mission
+                target.disposition = record.disposition.model_dump()
+                target.config = bank_settings(record.config)
+        if not flags.include_data:
+            return counts
+        total = sum(s.records for n, s in reader.manifest.sections.items() if n != "bank")
+        progress.start("import", total)
+        units = reader.rows("units")
+        counts["documents"] = counts["units"] = 0
+        for document in reader.rows("documents"):
+            assert isinstance(document, DocumentRow)
+            document.chunks = [replace(c, id=ids(c.id)) for c in document.chunks]
+            mine = (ids.unit(u) for u in itertools.islice(units, document.unit_count))
+            batches = _counted(pages(mine, IMPORT_BATCH), progress)
+            counts["units"] += store.write_document_rows(staging.ref, document, batches)
+            counts["documents"] += 1
+            progress.add(1)
+        if next(units, None) is not None:
+            raise InvalidArchive("the units section holds memories of no document")
+        counts["observations"] = 0
+        for page in pages(reader.rows("observations"), IMPORT_BATCH):
+            counts["observations"] += store.write_unit_rows(
+                staging.ref, [ids.unit(u) for u in page]
+            )
+            progress.add(len(page))
+        counts["entities"] = 0
+        for page in pages(reader.rows("entities"), batch):
+            counts["entities"] += store.write_entity_rows(
+                staging.ref, [replace(e, id=ids(e.id)) for e in page]
+            )
+            progress.add(len(page))
+        counts["unit_entities"] = 0
+        for page in pages(reader.rows("unit_entities"), batch):
+            counts["unit_entities"] += store.write_membership_rows(
+                staging.ref, [MembershipRow(ids(m.unit_id), ids(m.entity_id)) for m in page]
+            )
+            progress.add(len(page))
+        counts["links"] = 0
+        for page in pages(reader.rows("links"), batch):
+            moved = [replace(k, from_id=ids(k.from_id), to_id=ids(k.to_id)) for k in page]
+            counts["links"] += store.write_link_rows(staging.ref, moved)
+            progress.add(len(page))
+    raise_if_cancelled()
+    return counts
