@@ -142,6 +142,10 @@ def source(server: LiveServer) -> str:
         json={"mission": "Remember pets.", "disposition": {"empathy": 5}, "name": "Pets"},
         timeout=30,
     ).raise_for_status()
+    rule = {"name": "french", "content": "Answer in French.", "priority": 3, "tags": ["fr"]}
+    httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/directives", json=rule, timeout=30
+    ).raise_for_status()
     client = Hindsight(base_url=server.url, timeout=60)
     try:
         script(server, EXTRACTION, CREATE)
@@ -211,8 +215,12 @@ def snapshot(server: LiveServer, bank: str) -> dict[str, Any]:
         "consolidation_state",
         "proof_count",
     )
+    directives = get(server, f"/v1/default/banks/{bank}/directives")["items"]
     return {
         "profile": {k: profile[k] for k in ("mission", "disposition", "background")},
+        "directives": [
+            (d["name"], d["content"], d["priority"], d["is_active"], d["tags"]) for d in directives
+        ],
         "units": sorted(
             (
                 {k: u.get(k) for k in keep}
@@ -239,6 +247,7 @@ def snapshot(server: LiveServer, bank: str) -> dict[str, Any]:
 def test_export_then_import_carries_the_whole_bank(server: LiveServer, source: str) -> None:
     before = snapshot(server, source)
     assert before["history"] and any(before["history"].values())  # an updated observation
+    assert before["directives"] == [("french", "Answer in French.", 3, True, ["fr"])]
     assert any(u["sources"] for u in before["units"] if u["fact_type"] != "observation")
     client = Hindsight(base_url=server.url, timeout=60)
     try:
@@ -290,6 +299,7 @@ def test_clone_with_and_without_data_and_configuration(server: LiveServer, sourc
         assert wait_done(server, source, op)["status"] == "completed"
         profile = get(server, f"/v1/default/banks/{bare}")
         assert profile["mission"] == "" and profile["disposition"]["empathy"] == 3
+        assert get(server, f"/v1/default/banks/{bare}/directives")["items"] == []
         assert len(memories(server, bare)) == len(before["units"])
     finally:
         client.close()
@@ -523,6 +533,32 @@ def _bank_config(archive: bytes, config: dict[str, Any]) -> bytes:
     return arc.changed(archive, change)
 
 
+def _directive(archive: bytes, fields: dict[str, Any]) -> bytes:
+    """*archive* with a directive (*fields* over a valid one)."""
+    record = {
+        "id": "d-1",
+        "name": "french",
+        "content": "Answer in French.",
+        "priority": 0,
+        "is_active": True,
+        "tags": [],
+        "created_at": arc.NOW,
+        "updated_at": arc.NOW,
+        **fields,
+    }
+
+    def change(files: dict[str, bytes]) -> None:
+        manifest = arc.manifest_of(files)
+        sections = manifest["sections"]
+        assert isinstance(sections, list)
+        entry = {"name": "directives", "entries": ["directives/000099.jsonl"], "records": 1}
+        manifest["sections"] = [sections[0], entry, *sections[1:]]
+        arc.with_manifest(files, manifest)
+        files["directives/000099.jsonl"] = json.dumps(record).encode() + b"\n"
+
+    return arc.changed(archive, change)
+
+
 def _hostile() -> list[tuple[str, bytes, str]]:
     good = arc.synthetic_archive(30, per_document=10)
     files = arc.entries(good)
@@ -556,9 +592,9 @@ def _hostile() -> list[tuple[str, bytes, str]]:
         (
             "unknown section",
             manifest_change(
-                sections=[*sections, {"name": "directives", "entries": [], "records": 0}]
+                sections=[*sections, {"name": "mental_models", "entries": [], "records": 0}]
             ),
-            "'directives' is not one this heed imports",
+            "'mental_models' is not one this heed imports",
         ),
         (
             "wrong dimension",
@@ -616,6 +652,7 @@ def _hostile() -> list[tuple[str, bytes, str]]:
             "a link names memory",
         ),
         ("unknown setting", _bank_config(good, {"not_a_setting": 1}), "not_a_setting"),
+        ("blank directive", _directive(good, {"content": "   "}), "content"),
         (
             "wrong setting type",
             _bank_config(good, {"enable_observations": "yes"}),

@@ -11,9 +11,9 @@ with their entries and record counts, in :data:`SECTIONS` order.
 
 **Versions and sections.** A reader takes every version up to its own and refuses a newer
 one by number; it refuses a section it does not know by name (never skipped: that would
-lose data silently). A later version adds sections (directives and mental models are the
-next: ``directives``, ``mental_models``) and the archives of earlier versions still import,
-without them. A section an archive lacks is empty.
+lose data silently). A later version adds sections (mental models and knowledge-base
+folders are the next: ``mental_models``, ``knowledge_folders``) and the archives of earlier
+versions still import, without them. A section an archive lacks is empty.
 
 **Bounded.** :class:`ArchiveWriter` streams records into the open entry (one at a time,
 as zipfile writes); :class:`ArchiveReader` reads one line at a time. Neither holds more
@@ -57,6 +57,7 @@ from heed.memory.archive_records import (
     parse_line,
 )
 from heed.memory.bank_rows import DocumentRow, EntityRow, UnitRow
+from heed.memory.directives import MAX_DIRECTIVES
 from heed.memory.entities import canonical
 from heed.memory.models import Bank
 from heed.runtime import raise_if_cancelled, reraise_cancellation
@@ -83,6 +84,7 @@ MANIFEST: Final = "manifest.json"
 #: The sections of version 1, in the order they are written and read.
 SECTIONS: Final = (
     "bank",
+    "directives",
     "documents",
     "units",
     "observations",
@@ -349,8 +351,8 @@ def _manifest(value: dict[str, Any]) -> Manifest:
     bank = sections.get("bank")
     if scope == "bank" and (bank is None or bank.records != 1 or len(bank.entries) != 1):
         raise InvalidArchive(f"{MANIFEST}: a bank archive holds one bank record")
-    if scope == "documents" and bank is not None:
-        raise InvalidArchive(f"{MANIFEST}: a documents archive holds no bank section")
+    if scope == "documents" and (bank is not None or "directives" in sections):
+        raise InvalidArchive(f"{MANIFEST}: a documents archive holds no bank or directives")
     return Manifest(
         version=version,
         scope=scope,
@@ -556,6 +558,15 @@ def check_archive(reader: ArchiveReader) -> ArchiveCheck:
                 f"section {section!r} holds {n} records; {MANIFEST} declares "
                 f"{manifest.records(section)}"
             )
+
+    n = 0
+    directive_ids: set[str] = set()
+    for directive in reader.rows("directives"):
+        n += 1
+        _add_unique(directive.id, directive_ids, "directive id")
+    if n > MAX_DIRECTIVES:
+        raise InvalidArchive(f"{n} directives; a bank holds at most {MAX_DIRECTIVES}")
+    counted("directives", n)
 
     # Documents and their units, in step: a document's units follow it, in its order.
     document_ids: set[str] = set()

@@ -33,6 +33,7 @@ from heed.memory.bank_rows import (
     MembershipRow,
     UnitRow,
 )
+from heed.memory.directives import MAX_CONTENT_CHARS, Directive
 from heed.memory.models import CONSOLIDATION_STATES, FACT_TYPES, Bank, InvalidInput
 
 __all__ = [
@@ -208,6 +209,23 @@ class LinkRecord(_Record):
     weight: float
 
 
+#: A text with something besides spaces (a directive's name and content).
+_NOT_BLANK: Final = r"\S"
+
+
+class DirectiveRecord(_Record):
+    """A rule of the bank (section ``directives``), by the directive service's limits."""
+
+    id: Id
+    name: Annotated[str, Field(min_length=1, max_length=500, pattern=_NOT_BLANK)]
+    content: Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS, pattern=_NOT_BLANK)]
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+    is_active: bool
+    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=64)]
+    created_at: str
+    updated_at: str
+
+
 class Disposition(_Record):
     skepticism: Annotated[int, Field(ge=1, le=5)] = 3
     literalism: Annotated[int, Field(ge=1, le=5)] = 3
@@ -228,6 +246,7 @@ class BankRecord(_Record):
 
 _MODELS: Final[dict[str, type[_Record]]] = {
     "bank": BankRecord,
+    "directives": DirectiveRecord,
     "documents": DocumentRecord,
     "units": UnitRecord,
     "observations": UnitRecord,
@@ -311,7 +330,8 @@ def _unit_dict(unit: UnitRow) -> dict[str, Any]:
 
 
 def encode(row: Any) -> bytes:
-    """One row of :mod:`heed.memory.bank_rows` as a JSON line (newline included)."""
+    """One row of :mod:`heed.memory.bank_rows` (or a directive) as a JSON line (newline
+    included)."""
     if isinstance(row, UnitRow):
         value: dict[str, Any] = _unit_dict(row)
     elif isinstance(row, DocumentRow):
@@ -332,6 +352,17 @@ def encode(row: Any) -> bytes:
         value = {"id": row.id, "name": row.name, "type": row.type}
     elif isinstance(row, MembershipRow):
         value = {"unit_id": row.unit_id, "entity_id": row.entity_id}
+    elif isinstance(row, Directive):
+        value = {
+            "id": row.id,
+            "name": row.name,
+            "content": row.content,
+            "priority": row.priority,
+            "is_active": row.is_active,
+            "tags": row.tags,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+        }
     elif isinstance(row, LinkRow):
         value = {
             "from_id": row.from_id,
@@ -394,6 +425,18 @@ def decode(section: str, value: dict[str, Any], dim: int, where: str) -> Any:
         return EntityRow(record.id, record.name, record.type)
     if isinstance(record, MembershipRecord):
         return MembershipRow(record.unit_id, record.entity_id)
+    if isinstance(record, DirectiveRecord):
+        return Directive(
+            id=record.id,
+            bank_ref="",
+            name=record.name,
+            content=record.content,
+            priority=record.priority,
+            is_active=record.is_active,
+            tags=list(record.tags),
+            created_at=_time(record.created_at, "created_at", where) or "",
+            updated_at=_time(record.updated_at, "updated_at", where) or "",
+        )
     if isinstance(record, LinkRecord):
         if not math.isfinite(record.weight):
             raise InvalidArchive(f"{where}: weight is not finite")

@@ -32,6 +32,7 @@ from heed.memory.archive import (
     Manifest,
 )
 from heed.memory.bank_rows import BankSelection, DocumentRow, MembershipRow, UnitRow
+from heed.memory.directives import MAX_DIRECTIVES
 from heed.memory.models import Bank, InvalidInput
 from heed.memory.store import MemoryStore
 from heed.memory.units import index_text, neighbour_texts, with_neighbours
@@ -196,6 +197,8 @@ def write_archive(
                 profile.config, profile.mission = {}, ""
                 profile.disposition = {"skepticism": 3, "literalism": 3, "empathy": 3}
             writer.bank(profile)
+            if flags.include_bank_config:
+                writer.write("directives", store.list_directives(bank.ref))
         if flags.include_data:
             with store.read_bank(bank.ref, selection) as reader:
                 progress.start("export", reader.count_units())
@@ -257,9 +260,19 @@ def import_archive(
                 target.mission = record.mission
                 target.disposition = record.disposition.model_dump()
                 target.config = bank_settings(record.config)
+                counts["directives"] = 0
+                for directive in reader.rows("directives"):
+                    directive.id, directive.bank_ref = ids(directive.id), staging.ref
+                    if store.create_directive(directive, MAX_DIRECTIVES) is None:
+                        raise InvalidArchive(f"more than {MAX_DIRECTIVES} directives")
+                    counts["directives"] += 1
         if not flags.include_data:
             return counts
-        total = sum(s.records for n, s in reader.manifest.sections.items() if n != "bank")
+        total = sum(
+            s.records
+            for n, s in reader.manifest.sections.items()
+            if n not in ("bank", "directives")
+        )
         progress.start("import", total)
         units = reader.rows("units")
         counts["documents"] = counts["units"] = 0
