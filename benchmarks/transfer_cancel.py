@@ -1,27 +1,30 @@
 """Bank transfer: how fast an import, a clone and an export stop when cancelled while they
 process, what they cost in time, and how much memory a whole bank's transfer takes.
 
-A real ``heed serve`` (SQLite, or PostgreSQL with ``--postgres``) and a synthetic archive
-of ``--units`` memories (documents of 400 dialogue turns, an entity per speaker, temporal
-links; random unit vectors of the default embedder's size, so nothing is embedded), made
-with heed's own archive writer. Measured, in order:
+A real ``heed serve`` (SQLite, or PostgreSQL with ``--postgres``) and synthetic archives of
+memories (documents of 400 dialogue turns, an entity per speaker, temporal links; random
+unit vectors of the default embedder's size, so nothing is embedded), made with heed's own
+archive writer. Measured, in this order:
 
-1. **whole transfers**: the archive imported as a bank, that bank exported and cloned, each
-   timed, with the server's RSS sampled every 50 ms during the run (the growth over the
-   RSS before it: a transfer holds a page of rows, never the bank); the upload's own
-   request (the body, which the server reads whole, and the archive's check) is measured
-   apart;
-2. **cancel while processing**, ``--trials`` times for each of import, clone and export: the
-   operation is submitted, and once its progress shows it processing (some rows done, not
-   all) and a random 50-500 ms more, ``POST /v1/runs/{id}/cancel`` is sent; the latency is
-   the run's ``finished_at`` (stamped when its worker has unwound and its lane slot is
-   free) minus the wall time the cancel was sent, as ``consolidation_contention.py``'s
-   ``_cancel_trials``; after each, the target bank must not exist;
-3. **bank delete while processing**, ``--delete-trials`` imports stopped by deleting the bank
-   the operation belongs to: the delete's answer time and the run's stop.
+1. **cancel while processing**, ``--trials`` times for each of import, clone and export of
+   a bank of ``--cancel-units`` memories: the operation is submitted, and once its progress
+   shows it processing (some rows done, not all) and a random 0-200 ms more,
+   ``POST /v1/runs/{id}/cancel`` is sent; the latency is the run's ``finished_at``
+   (stamped when its worker has unwound and its lane slot is free) minus the wall time the
+   cancel was sent, as ``consolidation_contention.py``'s ``_cancel_trials``; after each,
+   the target bank must not exist (an operation that ended before the cancel is no trial);
+2. **bank delete while processing**, ``--delete-trials`` imports stopped by deleting the
+   bank the operation belongs to: the delete's answer time and the run's stop;
+3. **whole transfers**, last (their large writes and deletes would leave PostgreSQL
+   vacuuming beside the cancels): an archive of ``--units`` memories imported as a bank,
+   that bank exported and cloned, each timed, with the server's RSS sampled every 50 ms
+   (a transfer holds a page of rows, never the bank; a clone runs the export and the import
+   code on a temporary archive); the import's upload is a request body the server reads
+   whole, so its RSS is shown before and after the upload too.
 
-At the end no staging bank may be left (they are deleted in the background after a cancel).
-Target (issue 31): cancel p99 <= 50 ms. Writes ``benchmarks/results/transfer_cancel.json``.
+At the end no staging bank may be left (they are deleted in the background after a cancel;
+SQLite checked). Target (issue 31): cancel p99 <= 50 ms. Writes
+``benchmarks/results/transfer_cancel.json`` (``_postgres`` with ``--postgres``).
 """
 
 from __future__ import annotations
@@ -254,16 +257,17 @@ async def _whole(
         run = await _finished(http, run_id)
         assert run["phase"] == "completed", run
         seconds = time.perf_counter() - submitted
-    run_rss = rss.figures()
     out["import"] = {
         "upload_and_check_seconds": round(submitted - started, 2),
-        "upload_rss_growth_mb": upload.figures()["rss_growth_mb"],
         "run_seconds": round(seconds, 2),
         "units_per_second": round(units / seconds, 1),
+        # The upload is a request body the server reads whole (HEED_MAX_BODY_BYTES): its
+        # memory is the request's; the run starts with it still in the process's RSS.
         "rss_before_upload_mb": round(upload.before, 1),
-        "rss_peak_mb": run_rss["rss_peak_mb"],
-        # The run's peak over the RSS before the upload (the upload's body is freed by then).
-        "rss_growth_mb": round(run_rss["rss_peak_mb"] - upload.before, 1),
+        "rss_after_upload_mb": round(rss.before, 1),
+        "rss_peak_during_run_mb": rss.figures()["rss_peak_mb"],
+        "rss_end_of_run_mb": round(rss.samples[-1] if rss.samples else rss.before, 1),
+        "run_rss_growth_mb": rss.figures()["rss_growth_mb"],
     }
     with RssSampler(server) as rss:
         started = time.perf_counter()
@@ -290,7 +294,6 @@ async def _whole(
         "units_per_second": round(units / seconds, 1),
         **rss.figures(),
     }
-    (await http.delete("/v1/default/banks/big-clone")).raise_for_status()
     return out
 
 
@@ -372,9 +375,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             url = env["HEED_DATABASE_URL"] = stack.enter_context(postgres())
         server = stack.enter_context(serve(data_dir, env))
         async with httpx.AsyncClient(base_url=server.url, timeout=600) as http:
-            print("whole transfers")
-            out["whole"] = await _whole(http, server, archive, args.units)
-            print(f"  {out['whole']}")
             (await http.put("/v1/default/banks/host", json={})).raise_for_status()
 
             async def start_import(target: str) -> tuple[str, str]:
@@ -411,6 +411,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 http, args.delete_trials, small
             )
             print(f"  {out['bank_delete_while_importing']}")
+            # Last: a whole bank's transfers (their deletes would leave the database
+            # vacuuming beside the cancels above).
+            print("whole transfers")
+            out["whole"] = await _whole(http, server, archive, args.units)
+            print(f"  {out['whole']}")
             await asyncio.sleep(2)  # the staging banks' background deletes
         out["staging_banks_left"] = _staging_banks(data_dir, url)
     out["cancel_units"] = args.cancel_units

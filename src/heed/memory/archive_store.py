@@ -48,7 +48,7 @@ class ArchiveStore(Protocol):
         ...
 
     def put_archive(self, archive: StoredArchive, parts: Iterable[bytes]) -> StoredArchive:
-        """Store *parts* (each at most :data:`PART_BYTES`) as *archive*, a few parts per
+        """Store *parts* (each at most :data:`PART_BYTES`) as *archive*, a part per
         transaction (the token checked between them), and mark it complete with its real
         size and SHA-256. Returns the stored row."""
         ...

@@ -310,7 +310,8 @@ class TransferStore(Protocol):
     bank, published whole by :meth:`publish_bank`, discarded on failure): each ``write_*``
     call is one transaction under the bank's lock that checks the bank's row first
     (:class:`BankGone`, nothing written) and writes everything it was given or nothing,
-    except :meth:`write_document_rows`, which commits a batch at a time."""
+    except :meth:`write_document_rows` and :meth:`write_unit_rows`, which commit a few
+    memories at a time (a cancel waits for one such transaction, never for a document)."""
 
     def read_bank(
         self, bank_ref: str, selection: BankSelection
@@ -334,7 +335,7 @@ class TransferStore(Protocol):
 
     def write_unit_rows(self, bank_ref: str, units: Sequence[UnitRow]) -> int:
         """Write units without a document (observations; ``ValueError`` for a document's
-        unit). Returns how many."""
+        unit, before anything is written), a few per transaction. Returns how many."""
         ...
 
     def write_entity_rows(self, bank_ref: str, entities: Sequence[EntityRow]) -> int:

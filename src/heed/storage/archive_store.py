@@ -2,8 +2,8 @@
 
 :class:`SqlArchiveStore` implements :class:`heed.memory.archive_store.ArchiveStore`: a row
 per archive in ``transfer_archives`` and its bytes in ``transfer_archive_parts`` (a
-``BLOB`` on SQLite, ``BYTEA`` on PostgreSQL), one part per row, written a few parts per
-transaction so a large archive never holds SQLite's writer lock for long. A row is
+``BLOB`` on SQLite, ``BYTEA`` on PostgreSQL), one part per row and per transaction, so a
+large archive never holds SQLite's writer for long and a cancel waits for one part. A row is
 ``complete`` only once its last part is stored; readers see complete rows only.
 """
 
@@ -21,8 +21,8 @@ from heed.storage.database import Migration, SqlDatabase, apply_migrations
 
 __all__ = ["MIGRATIONS", "SqlArchiveStore"]
 
-#: Parts written per transaction.
-PARTS_PER_TRANSACTION: Final = 4
+#: Parts written per transaction (a cancel waits for one: a MiB written).
+PARTS_PER_TRANSACTION: Final = 1
 
 MIGRATIONS: Final = [
     Migration(

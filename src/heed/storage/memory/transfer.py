@@ -20,8 +20,9 @@ first (:class:`~heed.memory.store.BankGone`): a batch of observations, entities,
 rows or links per call (unit and entity ids resolved to the bank's seqs and entities),
 and a document in several: its row and chunks with its seqs reserved (all of them at
 once, so its units are consecutive), then a transaction per batch of its units, the token
-checked between them. So a document is whole only when the call returns: the writes are
-for a staging bank, discarded whole on failure (:mod:`heed.memory.transfer`).
+checked between them; memories go a few per transaction (:data:`UNITS_PER_TRANSACTION`).
+So a document is whole only when the call returns: the writes are for a staging bank,
+discarded whole on failure (:mod:`heed.memory.transfer`).
 Shared values (long tags, metadata, contexts) are stored once per bank as every write does
 (:mod:`~.values`). :meth:`TransferRows.publish_bank` moves a finished bank to its real
 ``(tenant, bank_id)`` in one statement.
@@ -78,6 +79,11 @@ if TYPE_CHECKING:
     from heed.storage.database import SqlDatabase
 
 __all__ = ["TransferRows"]
+
+#: Memories one write transaction holds at most, per database: what a cancel may wait for
+#: (its own write of the run's phase needs SQLite's one writer; on PostgreSQL a vector's
+#: HNSW insert costs a few milliseconds, and a running insert is not interrupted).
+UNITS_PER_TRANSACTION: Final = {"sqlite": 32, "postgresql": 8}
 
 #: A unit's keyword text on SQLite (its FTS5 body), in a ``SELECT ... FROM memory_units``.
 _SQLITE_INDEX_TEXT: Final = (
@@ -466,6 +472,12 @@ class TransferRows(DocumentWrites):
         }
         return tuple(by_column[column] for column in UNIT_WRITE_COLUMNS)
 
+    def _parts(self, units: Sequence[UnitRow]) -> Iterator[Sequence[UnitRow]]:
+        """*units* in the parts one transaction writes (:data:`UNITS_PER_TRANSACTION`)."""
+        step = UNITS_PER_TRANSACTION.get(self.db.dialect, WRITE_BATCH)
+        for start in range(0, len(units), step):
+            yield units[start : start + step]
+
     def _rows(
         self, bank_ref: str, units: Sequence[UnitRow], values: ValueWriter
     ) -> list[tuple[Any, ...]]:
@@ -569,19 +581,20 @@ class TransferRows(DocumentWrites):
                         f"memory {unit.id} belongs to document {unit.document_id!r}, "
                         f"not {document.document_id!r}"
                     )
-            raise_if_cancelled()
-            values = ValueWriter()
-            rows = self._rows(bank_ref, batch, values)
-            with self.db.write() as conn:
-                self.lock_bank(conn, bank_ref)
-                generation = touch_bank(conn, bank_ref, now)
-                if written + len(batch) == count:  # the last batch takes the placeholder's seq
-                    conn.execute("DELETE FROM memory_units WHERE seq = ?", (seqs[-1],))
-                    self.dialect.drop_keywords(conn, seqs[-1:])
-                mine = seqs[written : written + len(batch)]
-                self._insert(conn, bank_ref, batch, rows, mine, generation)
-                values.store(conn, bank_ref)
-            written += len(batch)
+            for part in self._parts(batch):
+                raise_if_cancelled()
+                values = ValueWriter()
+                rows = self._rows(bank_ref, part, values)
+                with self.db.write() as conn:
+                    self.lock_bank(conn, bank_ref)
+                    generation = touch_bank(conn, bank_ref, now)
+                    if written + len(part) == count:  # the last part takes the placeholder's
+                        conn.execute("DELETE FROM memory_units WHERE seq = ?", (seqs[-1],))
+                        self.dialect.drop_keywords(conn, seqs[-1:])
+                    mine = seqs[written : written + len(part)]
+                    self._insert(conn, bank_ref, part, rows, mine, generation)
+                    values.store(conn, bank_ref)
+                written += len(part)
         if written != count:
             raise ValueError(
                 f"document {document.document_id!r} has {written} memories, "
@@ -597,16 +610,16 @@ class TransferRows(DocumentWrites):
                     f"memory {unit.id} belongs to document {unit.document_id!r}: "
                     "write it with its document"
                 )
-        if not units:
-            return 0
-        values = ValueWriter()
-        rows = self._rows(bank_ref, units, values)
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
-            generation = touch_bank(conn, bank_ref, now_iso())
-            [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
-            self._insert(conn, bank_ref, units, rows, seqs, generation)
-            values.store(conn, bank_ref)
+        for part in self._parts(units):
+            raise_if_cancelled()
+            values = ValueWriter()
+            rows = self._rows(bank_ref, part, values)
+            with self.db.write() as conn:
+                self.lock_bank(conn, bank_ref)
+                generation = touch_bank(conn, bank_ref, now_iso())
+                [seqs] = self.dialect.allocate_seqs(conn, [len(part)])
+                self._insert(conn, bank_ref, part, rows, seqs, generation)
+                values.store(conn, bank_ref)
         return len(units)
 
     def write_entity_rows(self, bank_ref: str, entities: Sequence[EntityRow]) -> int:
