@@ -55,7 +55,11 @@ import httpx
 from _banks import build_bank
 from _cluster import postgres
 from _corpus import queries, synthetic_sessions
-from _server import Server, percentile, serve, write_result
+from _runs import finished_at as _finished_at
+from _runs import get_run as _run
+from _runs import latency_summary as _summary
+from _runs import until as _until
+from _server import Server, serve, write_result
 
 BANK = "contended"
 OBSERVATION_TEXT = "Speakers in this conversation share plans, hobbies and family news."
@@ -76,19 +80,6 @@ def _rss_mb(server: Server) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 2)
-
-
-def _summary(latencies: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": _ms(percentile(latencies, 50)),
-        "p95_ms": _ms(percentile(latencies, 95)),
-        "p99_ms": _ms(percentile(latencies, 99)),
-        "max_ms": _ms(max(latencies, default=0.0)),
-    }
 
 
 async def _count(http: httpx.AsyncClient, bank: str, **params: str) -> int:
@@ -157,38 +148,11 @@ async def _consolidate(http: httpx.AsyncClient, bank: str) -> str:
     return str(response.json()["operation_id"])
 
 
-async def _run(http: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
-    response = await http.get(f"/v1/runs/{run_id}")
-    response.raise_for_status()
-    run: dict[str, Any] = response.json()
-    return run
-
-
-async def _until(predicate: Any, seconds: float = 60.0, step: float = 0.02) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {predicate.__name__}")
-        await asyncio.sleep(step)
-
-
 async def _processing(http: httpx.AsyncClient, run_id: str) -> None:
     async def processing() -> bool:
         return (await _run(http, run_id))["phase"] == "running"
 
     await _until(processing)
-
-
-async def _finished_at(http: httpx.AsyncClient, run_id: str) -> float:
-    async def finished() -> float | None:
-        run = await _run(http, run_id)
-        return float(run["finished_at"]) if run["finished_at"] is not None else None
-
-    value: float = await _until(finished, seconds=30, step=0.01)
-    return value
 
 
 async def _progress(

@@ -20,7 +20,6 @@ import json
 import random
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -28,53 +27,17 @@ from typing import Any
 import httpx
 
 from _cluster import postgres
-from _server import percentile, serve, write_result
+from _runs import finished_at as _finished_at
+from _runs import get_run as _run
+from _runs import latency_summary as _summary
+from _runs import until as _until
+from _server import serve, write_result
 
 FACTS = [
     "Alice has two cats named Tom and Jerry.",
     "Alice works as a nurse at St. Mary's hospital.",
     "Alice's cats sleep on the sofa all afternoon.",
 ]
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 2)
-
-
-def _summary(latencies: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": _ms(percentile(latencies, 50)),
-        "p95_ms": _ms(percentile(latencies, 95)),
-        "p99_ms": _ms(percentile(latencies, 99)),
-        "max_ms": _ms(max(latencies, default=0.0)),
-    }
-
-
-async def _until(check: Callable[[], Awaitable[Any]], seconds: float, step: float) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(step)
-
-
-async def _run(http: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
-    response = await http.get(f"/v1/runs/{run_id}")
-    response.raise_for_status()
-    body: dict[str, Any] = response.json()
-    return body
-
-
-async def _finished_at(http: httpx.AsyncClient, run_id: str) -> float:
-    async def finished() -> float | None:
-        run = await _run(http, run_id)
-        return float(run["finished_at"]) if run["finished_at"] is not None else None
-
-    value: float = await _until(finished, 30, 0.005)
-    return value
 
 
 async def _bank_with_model(http: httpx.AsyncClient, bank: str) -> str:

@@ -48,7 +48,10 @@ import httpx
 import numpy as np
 
 from _cluster import postgres
-from _server import Server, percentile, serve, write_result
+from _runs import get_run as _run
+from _runs import latency_summary as _summary
+from _runs import until as _until
+from _server import Server, serve, write_result
 from heed.memory.archive import ArchiveWriter
 from heed.memory.bank_rows import (
     ChunkRow,
@@ -141,19 +144,6 @@ def synthetic_archive(units: int) -> bytes:
     return out.getvalue()
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 2)
-
-
-def _summary(latencies: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": _ms(percentile(latencies, 50)),
-        "p95_ms": _ms(percentile(latencies, 95)),
-        "p99_ms": _ms(percentile(latencies, 99)),
-        "max_ms": _ms(max(latencies, default=0.0)),
-    }
-
-
 def _rss_mb(server: Server) -> float:
     for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -190,24 +180,6 @@ class RssSampler:
             "rss_peak_mb": round(peak, 1),
             "rss_growth_mb": round(peak - self.before, 1),
         }
-
-
-async def _until(check: Callable[[], Awaitable[Any]], seconds: float, step: float) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(step)
-
-
-async def _run(http: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
-    response = await http.get(f"/v1/runs/{run_id}")
-    response.raise_for_status()
-    body: dict[str, Any] = response.json()
-    return body
 
 
 async def _finished(http: httpx.AsyncClient, run_id: str, seconds: float = 600) -> dict[str, Any]:
