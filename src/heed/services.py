@@ -226,6 +226,7 @@ class Services:
                 archive=ArchiveLimits(max_unpacked_bytes=settings.transfer_max_unpacked_bytes),
                 archive_ttl=settings.transfer_archive_ttl_seconds,
             ),
+            knowledge=memory_store,  # mental models and the knowledge base travel too
         )
         self.sessions = sessions = SessionService(session_store, manager, self.memory)
         tools = TurnTools(self.memory, sessions.start_task)
@@ -302,6 +303,7 @@ class Services:
             webhook_store, self.memory, allow_private=settings.webhook_allow_private
         )
         manager.terminal_hooks.append(self.webhooks.on_terminal)
+        self.transfers.webhooks = self.webhooks  # a bank's webhooks travel with its config
         self.webhook_worker = DeliveryWorker(
             webhook_store,
             manager.worker_id,

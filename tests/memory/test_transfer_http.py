@@ -25,7 +25,10 @@ from hindsight_client import Hindsight
 
 from heed.api.app import create_app
 from heed.llm import ScriptedProvider
+from heed.memory.archive import SECTIONS
+from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.memory.transfer import STAGING_TENANT
+from heed.runtime.context import DEFAULT_TENANT
 from heed.settings import Settings
 from tests.memory import archive_support as arc
 from tests.pg_support import fresh_schema
@@ -96,6 +99,7 @@ def server(
             consolidation_debounce_seconds=0.05,
             run_reaper_interval=0.2,
             max_body_bytes=64 * 1024 * 1024,
+            webhook_allow_private=True,  # the source's webhook targets loopback
         )
 
     if request.param == "sqlite":
@@ -132,10 +136,63 @@ def wait_done(server: LiveServer, bank: str, operation_id: str) -> dict[str, Any
     return status
 
 
+WEBHOOK = {
+    "url": "http://127.0.0.1:9/hook",
+    "secret": "a-secret-of-the-source",
+    "event_types": ["retain.completed", "run.completed"],
+    "enabled": False,  # never sent: the test is what travels
+    "http_config": {"timeout_seconds": 7, "headers": {"X-Team": "pets"}},
+}
+
+
+def add_knowledge(server: LiveServer, bank: str) -> None:
+    """Give *bank* a mental model refreshed twice (a history of one), a folder and a
+    page in it, written through the store (a refresh's LLM is not what is tested)."""
+    store = server.app.state.services.memory.store
+    ref = store.get_bank(DEFAULT_TENANT, bank).ref
+    embedder = server.app.state.services.memory.embedder
+    vector = embedder.embed(["pets"])[0]
+    model = MentalModel(bank_ref=ref, id="pets-summary", name="Pets", source_query="Whose pets?")
+    model.tags = ["pets"]
+    store.create_mental_model(model, 100)
+    for content in ("Caroline has a dog.", "Caroline has a beagle, Rex."):
+        store.write_mental_model_content(
+            ref,
+            model.id,
+            content,
+            {"text": content},
+            vector,
+            reason="refreshed",
+            history_limit=20,
+            refreshed=True,
+        )
+    store.create_knowledge_folder(KnowledgeFolder(bank_ref=ref, id="people", name="People"), 100)
+    page = MentalModel(
+        bank_ref=ref,
+        id="caroline",
+        name="Caroline",
+        source_query="Who is Caroline?",
+        parent_id="people",
+        is_page=True,
+    )
+    store.create_mental_model(page, 100)
+    store.write_mental_model_content(
+        ref,
+        page.id,
+        "Caroline lives in Lyon.",
+        None,
+        None,
+        reason="refreshed",
+        history_limit=20,
+        refreshed=True,
+    )
+
+
 @pytest.fixture(scope="module")
 def source(server: LiveServer) -> str:
     """A bank with two documents, extracted facts with provenance, and an observation
-    updated once (so it has a history), a mission, a disposition and settings."""
+    updated once (so it has a history), a mission, a disposition and settings, a
+    directive, a webhook, mental models with history, and a knowledge-base folder."""
     bank = "src-" + uuid.uuid4().hex[:6]
     httpx.put(
         f"{server.url}/v1/default/banks/{bank}",
@@ -146,6 +203,10 @@ def source(server: LiveServer) -> str:
     httpx.post(
         f"{server.url}/v1/default/banks/{bank}/directives", json=rule, timeout=30
     ).raise_for_status()
+    httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/webhooks", json=WEBHOOK, timeout=30
+    ).raise_for_status()
+    add_knowledge(server, bank)
     client = Hindsight(base_url=server.url, timeout=60)
     try:
         script(server, EXTRACTION, CREATE)
@@ -217,6 +278,7 @@ def snapshot(server: LiveServer, bank: str) -> dict[str, Any]:
     )
     directives = get(server, f"/v1/default/banks/{bank}/directives")["items"]
     return {
+        **knowledge(server, bank),
         "profile": {k: profile[k] for k in ("mission", "disposition", "background")},
         "directives": [
             (d["name"], d["content"], d["priority"], d["is_active"], d["tags"]) for d in directives
@@ -244,10 +306,53 @@ def snapshot(server: LiveServer, bank: str) -> dict[str, Any]:
     }
 
 
+def knowledge(server: LiveServer, bank: str) -> dict[str, Any]:
+    """The bank's webhooks (with their secrets: what signs), mental models with their
+    history, and knowledge-base tree, as the API shows them (ids aside where new)."""
+    base = f"/v1/default/banks/{bank}"
+    models = get(server, f"{base}/mental-models")["items"]
+    hooks = get(server, f"{base}/webhooks")["items"]
+    store = server.app.state.services.memory.store
+    ref = store.get_bank(DEFAULT_TENANT, bank).ref
+    return {
+        "webhooks": [
+            (
+                w["url"],
+                w["event_types"],
+                w["enabled"],
+                w["http_config"]["timeout_seconds"],
+                w["http_config"]["headers"],
+                server.app.state.services.webhook_store.get(DEFAULT_TENANT, ref, w["id"]).secret,
+            )
+            for w in hooks
+        ],
+        "mental_models": sorted(
+            (
+                m["id"],
+                m["name"],
+                m["source_query"],
+                m["content"],
+                m["tags"],
+                m["last_refreshed_at"],
+                [
+                    (h["previous_content"], h["reason"])
+                    for h in get(server, f"{base}/mental-models/{m['id']}/history")
+                ],
+                store.get_mental_model(ref, m["id"]).embedding is not None,
+            )
+            for m in models
+        ),
+        "tree": get(server, f"{base}/knowledge-base/tree"),
+    }
+
+
 def test_export_then_import_carries_the_whole_bank(server: LiveServer, source: str) -> None:
     before = snapshot(server, source)
     assert before["history"] and any(before["history"].values())  # an updated observation
     assert before["directives"] == [("french", "Answer in French.", 3, True, ["fr"])]
+    assert len(before["webhooks"]) == 1 and before["webhooks"][0][-1] == WEBHOOK["secret"]
+    assert [m[0] for m in before["mental_models"]] == ["caroline", "pets-summary"]
+    assert before["mental_models"][1][6] == [("Caroline has a dog.", "refreshed")]
     assert any(u["sources"] for u in before["units"] if u["fact_type"] != "observation")
     client = Hindsight(base_url=server.url, timeout=60)
     try:
@@ -300,6 +405,19 @@ def test_clone_with_and_without_data_and_configuration(server: LiveServer, sourc
         profile = get(server, f"/v1/default/banks/{bare}")
         assert profile["mission"] == "" and profile["disposition"]["empathy"] == 3
         assert get(server, f"/v1/default/banks/{bare}/directives")["items"] == []
+        carried = knowledge(server, bare)
+        assert carried["webhooks"] == carried["mental_models"] == []
+        assert "People" not in json.dumps(carried["tree"])
+        # Without data, the configuration still travels whole (its pages are not stale:
+        # the clone holds nothing newer than them).
+        alone = knowledge(server, empty)
+        assert (alone["webhooks"], alone["mental_models"]) == (
+            before["webhooks"],
+            before["mental_models"],
+        )
+        assert json.dumps(alone["tree"]) == json.dumps(before["tree"]).replace(
+            '"is_stale": true', '"is_stale": false'
+        )
         assert len(memories(server, bare)) == len(before["units"])
     finally:
         client.close()
@@ -346,12 +464,33 @@ def test_export_documents_carries_the_documents_named(server: LiveServer, source
         assert "observations" in names and "bank" not in names
     finally:
         client.close()
-    knowledge = httpx.post(
+    named = httpx.post(
         f"{server.url}/v1/default/banks/{source}/document-transfer/export",
-        params={"include_knowledge_base": "true"},
+        params={"include_knowledge_base": "true", "document_id": "trip"},
         timeout=30,
     )
-    assert knowledge.status_code == 400 and "include_knowledge_base" in knowledge.json()["detail"]
+    assert named.status_code == 400 and "include_knowledge_base" in named.json()["detail"]
+
+
+def test_export_documents_with_the_knowledge_base(server: LiveServer, source: str) -> None:
+    client = Hindsight(base_url=server.url, timeout=60)
+    try:
+        archive = client.export_documents(source, include_knowledge_base=True, poll_interval=0.1)
+        names = {s["name"] for s in arc.manifest_of(arc.entries(archive))["sections"]}
+        assert {"knowledge_folders", "mental_models"} <= names
+        assert not names & {"bank", "directives", "webhooks"}
+        target = "kb-" + uuid.uuid4().hex[:6]
+        status = wait_done(
+            server, source, client.import_bank(source, archive, target_bank_id=target)
+        )
+        assert status["status"] == "completed", status
+        assert status["result_metadata"]["mental_models"] == 2
+    finally:
+        client.close()
+    mine, theirs = knowledge(server, target), knowledge(server, source)
+    assert mine["mental_models"] == theirs["mental_models"]
+    assert mine["tree"] == theirs["tree"]
+    assert mine["webhooks"] == []
 
 
 def _import(
@@ -420,9 +559,13 @@ def _processing(server: LiveServer, bank: str, run_id: str) -> bool:
 @pytest.fixture(scope="module")
 def big_archive(server: LiveServer) -> bytes:
     """An archive whose import takes seconds: on SQLite 12,000 memories (about 10 s on
-    two cores), on PostgreSQL 2,000 (its HNSW index takes a few ms per vector)."""
+    two cores), on PostgreSQL 2,000 (its HNSW index takes a few ms per vector); with a
+    webhook and a mental model, staged before the memories."""
     sqlite = server.app.state.services.database.dialect == "sqlite"
-    return arc.synthetic_archive(12_000 if sqlite else 2_000, per_document=400)
+    archive = arc.synthetic_archive(12_000 if sqlite else 2_000, per_document=400)
+    return _with_section(
+        _with_section(archive, "webhooks", [_webhook()]), "mental_models", [_model()]
+    )
 
 
 def test_a_cancel_while_processing_leaves_no_bank(server: LiveServer, big_archive: bytes) -> None:
@@ -451,6 +594,8 @@ def test_a_cancel_while_processing_leaves_no_bank(server: LiveServer, big_archiv
         " WHERE NOT EXISTS (SELECT 1 FROM memory_banks b WHERE b.ref = u.bank_ref)"
     )
     assert _count(server, orphans) == 0
+    for table in ("webhooks", "memory_mental_models"):  # staged before the memories
+        assert _count(server, orphans.replace("memory_units", table)) == 0
     assert _count(server, "SELECT COUNT(*) FROM transfer_archives WHERE kind = 'upload'") == 0
 
 
@@ -533,6 +678,65 @@ def _bank_config(archive: bytes, config: dict[str, Any]) -> bytes:
     return arc.changed(archive, change)
 
 
+def _with_section(archive: bytes, section: str, records: list[dict[str, Any]]) -> bytes:
+    """*archive* with *section* (in its place in the order) holding *records*."""
+
+    def change(files: dict[str, bytes]) -> None:
+        manifest = arc.manifest_of(files)
+        sections = manifest["sections"]
+        assert isinstance(sections, list)
+        entry = f"{section}/000099.jsonl"
+        before = [s for s in sections if SECTIONS.index(s["name"]) < SECTIONS.index(section)]
+        after = [s for s in sections if SECTIONS.index(s["name"]) > SECTIONS.index(section)]
+        own = {"name": section, "entries": [entry], "records": len(records)}
+        manifest["sections"] = [*before, own, *after]
+        arc.with_manifest(files, manifest)
+        files[entry] = b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+    return arc.changed(archive, change)
+
+
+def _folder(**fields: Any) -> dict[str, Any]:
+    base = {"id": "f", "name": "F", "parent_id": None, "managed": False}
+    return base | {"created_at": arc.NOW, "updated_at": arc.NOW} | fields
+
+
+def _model(**fields: Any) -> dict[str, Any]:
+    record = {
+        "id": "m",
+        "name": "M",
+        "source_query": "What?",
+        "content": "",
+        "tags": [],
+        "max_tokens": 2048,
+        "trigger": {"mode": "full"},
+        "parent_id": None,
+        "is_page": False,
+        "reflect_response": None,
+        "created_at": arc.NOW,
+        "updated_at": arc.NOW,
+        "last_refreshed_at": None,
+        "last_refresh_failed_at": None,
+        "history": [],
+        "vector": None,
+    }
+    return record | fields
+
+
+def _webhook(**fields: Any) -> dict[str, Any]:
+    record = {
+        "id": "wh_1",
+        "url": "http://127.0.0.1:9/x",
+        "secret": "a-long-secret",
+        "event_types": ["run.completed"],
+        "enabled": True,
+        "http_config": {"method": "POST", "timeout_seconds": 5, "headers": {}, "params": {}},
+        "created_at": arc.NOW,
+        "updated_at": arc.NOW,
+    }
+    return record | fields
+
+
 def _directive(archive: bytes, fields: dict[str, Any]) -> bytes:
     """*archive* with a directive (*fields* over a valid one)."""
     record = {
@@ -546,17 +750,7 @@ def _directive(archive: bytes, fields: dict[str, Any]) -> bytes:
         "updated_at": arc.NOW,
         **fields,
     }
-
-    def change(files: dict[str, bytes]) -> None:
-        manifest = arc.manifest_of(files)
-        sections = manifest["sections"]
-        assert isinstance(sections, list)
-        entry = {"name": "directives", "entries": ["directives/000099.jsonl"], "records": 1}
-        manifest["sections"] = [sections[0], entry, *sections[1:]]
-        arc.with_manifest(files, manifest)
-        files["directives/000099.jsonl"] = json.dumps(record).encode() + b"\n"
-
-    return arc.changed(archive, change)
+    return _with_section(archive, "directives", [record])
 
 
 def _hostile() -> list[tuple[str, bytes, str]]:
@@ -587,14 +781,88 @@ def _hostile() -> list[tuple[str, bytes, str]]:
     sections = manifest["sections"]
     assert isinstance(sections, list)
     cases += [
-        ("newer version", manifest_change(version=2), "version 2 is newer"),
+        ("newer version", manifest_change(version=3), "version 3 is newer"),
         ("another format", manifest_change(format="zip-of-stuff"), "format is"),
         (
             "unknown section",
             manifest_change(
-                sections=[*sections, {"name": "mental_models", "entries": [], "records": 0}]
+                sections=[*sections, {"name": "audit_log", "entries": [], "records": 0}]
             ),
-            "'mental_models' is not one this heed imports",
+            "'audit_log' is not one this heed imports",
+        ),
+        (
+            "section newer than its version",
+            arc.changed(
+                _with_section(good, "mental_models", [_model()]),
+                lambda f: arc.with_manifest(f, {**arc.manifest_of(f), "version": 1}),
+            ),
+            "'mental_models' is not in format version 1",
+        ),
+        (
+            "page in no folder",
+            _with_section(good, "mental_models", [_model(is_page=True, parent_id="nowhere")]),
+            "names folder 'nowhere'",
+        ),
+        (
+            "model with a parent",
+            _with_section(
+                _with_section(good, "knowledge_folders", [_folder()]),
+                "mental_models",
+                [_model(parent_id="f")],
+            ),
+            "has a parent but is no page",
+        ),
+        (
+            "folder cycle",
+            _with_section(
+                good,
+                "knowledge_folders",
+                [_folder(id="a", name="A", parent_id="b"), _folder(id="b", parent_id="a")],
+            ),
+            "cycle",
+        ),
+        (
+            "two siblings one name",
+            _with_section(
+                good,
+                "knowledge_folders",
+                [_folder(id="a", name="Same"), _folder(id="b", name="Same")],
+            ),
+            "a node named 'Same'",
+        ),
+        (
+            "refused trigger",
+            _with_section(good, "mental_models", [_model(trigger={"refresh_cron": "* * * * *"})]),
+            "refresh_cron",
+        ),
+        (
+            "webhook event heed does not know",
+            _with_section(good, "webhooks", [_webhook(event_types=["bank.exploded"])]),
+            "'bank.exploded'",
+        ),
+        (
+            "webhook with a short secret",
+            _with_section(good, "webhooks", [_webhook(secret="x")]),
+            "secret",
+        ),
+        (
+            "webhooks in a documents archive",
+            arc.changed(
+                _with_section(good, "webhooks", [_webhook()]),
+                lambda f: arc.with_manifest(
+                    f,
+                    {
+                        **arc.manifest_of(f),
+                        "scope": "documents",
+                        "sections": [
+                            s
+                            for s in arc.manifest_of(f)["sections"]  # type: ignore[attr-defined]
+                            if s["name"] != "bank"
+                        ],
+                    },
+                ),
+            ),
+            "a documents archive holds no",
         ),
         (
             "wrong dimension",

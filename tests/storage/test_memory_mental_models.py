@@ -5,13 +5,16 @@ cascade of a bank delete. Every method of the protocol is named by a test here."
 from __future__ import annotations
 
 import inspect
+import sqlite3
 import sys
 from collections.abc import Iterator
 
 import numpy as np
+import psycopg
 import pytest
 
-from heed.memory.mental_models import KnowledgeFolder, MentalModel
+from heed.memory.bank_rows import MentalModelRow
+from heed.memory.mental_models import HistoryEntry, KnowledgeFolder, MentalModel
 from heed.memory.models import Conflict, InvalidInput, NotFound
 from heed.memory.store import BankGone, MentalModelStore
 from heed.storage import SqlDatabase
@@ -148,6 +151,38 @@ def test_delete_mental_model_and_a_bank_delete_cascade(store: SqlMemoryStore) ->
     store.create_knowledge_folder(KnowledgeFolder(bank.ref, "f", "F"), 10)
     store.delete_bank(bank.ref)
     assert store.mental_models(bank.ref) == [] and store.knowledge_folders(bank.ref) == []
+
+
+def test_write_knowledge_rows_keeps_what_it_is_given(store: SqlMemoryStore) -> None:
+    bank = _bank(store)
+    when = "2024-05-01T10:00:00+00:00"
+    folder = KnowledgeFolder(bank.ref, "f", "Folder", created_at=when, updated_at=when)
+    page = _model(
+        bank.ref,
+        "p",
+        is_page=True,
+        parent_id="f",
+        content="now",
+        created_at=when,
+        updated_at=when,
+        last_refreshed_at=when,
+        embedding=np.ones(DIM, dtype=np.float32),
+    )
+    history = [HistoryEntry(2, "before", when, "refreshed"), HistoryEntry(1, "first", when, "x")]
+    assert store.write_knowledge_rows(bank.ref, [folder], [MentalModelRow(page, history)]) == 2
+    got = store.get_mental_model(bank.ref, "p")
+    assert got is not None and got.content == "now" and got.parent_id == "f"
+    assert got.created_at == when and got.last_refreshed_at == when
+    assert got.embedding is not None and float(got.embedding.sum()) == DIM
+    assert store.mental_model_history(bank.ref, "p") == history
+    assert [(f.id, f.created_at) for f in store.knowledge_folders(bank.ref)] == [("f", when)]
+    # An id taken fails the whole write: nothing of it is kept.
+    again = _model(bank.ref, "q", created_at=when, updated_at=when)
+    with pytest.raises((sqlite3.IntegrityError, psycopg.errors.UniqueViolation)):
+        store.write_knowledge_rows(bank.ref, [folder], [MentalModelRow(again)])
+    assert store.get_mental_model(bank.ref, "q") is None
+    with pytest.raises(BankGone):
+        store.write_knowledge_rows("no-such-bank", [folder], [])
 
 
 def test_every_method_of_the_protocol_is_tested_here() -> None:

@@ -11,9 +11,10 @@ with their entries and record counts, in :data:`SECTIONS` order.
 
 **Versions and sections.** A reader takes every version up to its own and refuses a newer
 one by number; it refuses a section it does not know by name (never skipped: that would
-lose data silently). A later version adds sections (mental models and knowledge-base
-folders are the next: ``mental_models``, ``knowledge_folders``) and the archives of earlier
-versions still import, without them. A section an archive lacks is empty.
+lose data silently), and a section newer than the archive's version
+(:data:`SECTION_SINCE`). Version 2 added ``webhooks``, ``knowledge_folders`` and
+``mental_models``; archives of version 1 still import, without them. A section an archive
+lacks is empty.
 
 **Bounded.** :class:`ArchiveWriter` streams records into the open entry (one at a time,
 as zipfile writes); :class:`ArchiveReader` reads one line at a time. Neither holds more
@@ -56,17 +57,20 @@ from heed.memory.archive_records import (
     encode_bank,
     parse_line,
 )
-from heed.memory.bank_rows import DocumentRow, EntityRow, UnitRow
+from heed.memory.bank_rows import DocumentRow, EntityRow, MentalModelRow, UnitRow
 from heed.memory.directives import MAX_DIRECTIVES
 from heed.memory.entities import canonical
+from heed.memory.mental_models import MAX_MENTAL_MODELS, MAX_NODE_DEPTH, KnowledgeFolder
 from heed.memory.models import Bank
 from heed.runtime import raise_if_cancelled, reraise_cancellation
 
 __all__ = [
     "FORMAT",
     "MANIFEST",
+    "MAX_WEBHOOKS",
     "RECORDS_PER_ENTRY",
     "SECTIONS",
+    "SECTION_SINCE",
     "VERSION",
     "ArchiveCheck",
     "ArchiveLimits",
@@ -79,12 +83,15 @@ __all__ = [
 
 FORMAT: Final = "heed-bank-archive"
 #: The format version this heed writes, and the newest it reads.
-VERSION: Final = 1
+VERSION: Final = 2
 MANIFEST: Final = "manifest.json"
-#: The sections of version 1, in the order they are written and read.
+#: The sections, in the order they are written and read.
 SECTIONS: Final = (
     "bank",
     "directives",
+    "webhooks",
+    "knowledge_folders",
+    "mental_models",
     "documents",
     "units",
     "observations",
@@ -92,6 +99,12 @@ SECTIONS: Final = (
     "unit_entities",
     "links",
 )
+#: The format version that added a section (the others are version 1's).
+SECTION_SINCE: Final = {"webhooks": 2, "knowledge_folders": 2, "mental_models": 2}
+#: The bank's settings: a documents archive holds none of these.
+_BANK_ONLY: Final = ("bank", "directives", "webhooks")
+#: Most webhooks an archive carries.
+MAX_WEBHOOKS: Final = 100
 #: Records per shard of a section.
 RECORDS_PER_ENTRY: Final = 5000
 #: Records written or read between two token checks (a few milliseconds of work).
@@ -329,6 +342,11 @@ def _manifest(value: dict[str, Any]) -> Manifest:
                 f"section {name!r} is not one this heed imports (format version {VERSION} "
                 f"has {', '.join(SECTIONS)})"
             )
+        if SECTION_SINCE.get(name, 1) > version:
+            raise InvalidArchive(
+                f"section {name!r} is not in format version {version} "
+                f"(it came with version {SECTION_SINCE[name]})"
+            )
         if name in sections:
             raise InvalidArchive(f"{MANIFEST}: section {name!r} twice")
         if SECTIONS.index(name) < max((SECTIONS.index(s) for s in sections), default=-1):
@@ -351,8 +369,10 @@ def _manifest(value: dict[str, Any]) -> Manifest:
     bank = sections.get("bank")
     if scope == "bank" and (bank is None or bank.records != 1 or len(bank.entries) != 1):
         raise InvalidArchive(f"{MANIFEST}: a bank archive holds one bank record")
-    if scope == "documents" and (bank is not None or "directives" in sections):
-        raise InvalidArchive(f"{MANIFEST}: a documents archive holds no bank or directives")
+    if scope == "documents" and any(name in sections for name in _BANK_ONLY):
+        raise InvalidArchive(
+            f"{MANIFEST}: a documents archive holds no {', '.join(_BANK_ONLY)} section"
+        )
     return Manifest(
         version=version,
         scope=scope,
@@ -568,6 +588,21 @@ def check_archive(reader: ArchiveReader) -> ArchiveCheck:
         raise InvalidArchive(f"{n} directives; a bank holds at most {MAX_DIRECTIVES}")
     counted("directives", n)
 
+    n = 0
+    webhook_ids: set[str] = set()
+    for webhook in reader.rows("webhooks"):
+        n += 1
+        _add_unique(webhook.id, webhook_ids, "webhook id")
+    if n > MAX_WEBHOOKS:
+        raise InvalidArchive(f"{n} webhooks; an archive carries at most {MAX_WEBHOOKS}")
+    counted("webhooks", n)
+
+    folders = list(_bounded(reader.rows("knowledge_folders"), "knowledge-base folders"))
+    counted("knowledge_folders", len(folders))
+    models = list(_bounded(reader.rows("mental_models"), "mental models"))
+    counted("mental_models", len(models))
+    check_knowledge(folders, models)
+
     # Documents and their units, in step: a document's units follow it, in its order.
     document_ids: set[str] = set()
     current: DocumentRow | None = None
@@ -651,6 +686,61 @@ def check_archive(reader: ArchiveReader) -> ArchiveCheck:
                 raise InvalidArchive(f"a link names memory {end[:100]!r}, which is not here")
     counted("links", n)
     return check
+
+
+def _bounded(rows: Iterator[Any], what: str) -> Iterator[Any]:
+    for n, row in enumerate(rows, 1):
+        if n > MAX_MENTAL_MODELS:
+            raise InvalidArchive(f"more than {MAX_MENTAL_MODELS} {what}; a bank holds at most that")
+        yield row
+
+
+def check_knowledge(folders: list[KnowledgeFolder], models: list[MentalModelRow]) -> None:
+    """The knowledge base's tree rules, as the store keeps them for writes through the
+    API: ids unique across folders and models, a parent that is one of the folders, a page
+    the only model with a parent, names unique among siblings, no cycle, at most
+    ``MAX_NODE_DEPTH`` deep."""
+    ids: set[str] = set()
+    parents = {f.id: f.parent_id for f in folders}
+    for folder in folders:
+        _add_unique(folder.id, ids, "knowledge-base node id")
+    for row in models:
+        _add_unique(row.model.id, ids, "knowledge-base node id")
+    names: set[tuple[str | None, str]] = set()
+    nodes: list[tuple[str, str | None, str]] = [(f.id, f.parent_id, f.name) for f in folders]
+    for row in models:
+        model = row.model
+        if model.parent_id is not None and not model.is_page:
+            raise InvalidArchive(f"mental model {model.id[:100]!r} has a parent but is no page")
+        if model.is_page:
+            nodes.append((model.id, model.parent_id, model.name))
+    for node_id, parent_id, name in nodes:
+        if parent_id is not None and parent_id not in parents:
+            raise InvalidArchive(
+                f"knowledge-base node {node_id[:100]!r} names folder {parent_id[:100]!r}, "
+                "which is not here"
+            )
+        _add_unique_name((parent_id, name), names, node_id)
+    for folder in folders:
+        depth, at = 0, folder.parent_id
+        while at is not None:
+            depth += 1
+            if at == folder.id or depth >= MAX_NODE_DEPTH:
+                raise InvalidArchive(
+                    f"folder {folder.id[:100]!r} is in a cycle or nests deeper than "
+                    f"{MAX_NODE_DEPTH}"
+                )
+            at = parents[at]
+
+
+def _add_unique_name(key: tuple[str | None, str], seen: set[Any], node_id: str) -> None:
+    if key in seen:
+        where = f"folder {key[0]!r}" if key[0] is not None else "the root"
+        raise InvalidArchive(
+            f"knowledge-base node {node_id[:100]!r}: a node named {key[1][:100]!r} is in "
+            f"{where} already"
+        )
+    seen.add(key)
 
 
 def _add_unique(value: str, seen: set[str], what: str) -> None:

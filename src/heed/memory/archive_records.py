@@ -1,7 +1,7 @@
 """The records of a bank archive: one JSON object per line, checked field by field.
 
 :mod:`heed.memory.archive` is the container (a zip of sections); this module is what one
-line holds, for each section of format version 1 (docs/bank-archive.md), and the two
+line holds, for each section of format versions 1 and 2 (docs/bank-archive.md), and the two
 directions: :func:`encode` turns a row of :mod:`heed.memory.bank_rows` into a JSON line,
 :func:`decode` turns a line back into a row or raises :class:`InvalidArchive` naming the
 problem. Decoding is strict: the bytes must be UTF-8, the JSON standard (no ``NaN``, no key
@@ -31,10 +31,19 @@ from heed.memory.bank_rows import (
     EntityRow,
     LinkRow,
     MembershipRow,
+    MentalModelRow,
     UnitRow,
 )
 from heed.memory.directives import MAX_CONTENT_CHARS, Directive
+from heed.memory.mental_models import (
+    HISTORY_LIMIT,
+    HistoryEntry,
+    KnowledgeFolder,
+    MentalModel,
+    merge_trigger,
+)
 from heed.memory.models import CONSOLIDATION_STATES, FACT_TYPES, Bank, InvalidInput
+from heed.webhooks.models import HttpConfig, Webhook
 
 __all__ = [
     "BankRecord",
@@ -226,6 +235,70 @@ class DirectiveRecord(_Record):
     updated_at: str
 
 
+class FolderRecord(_Record):
+    """A knowledge-base folder (section ``knowledge_folders``)."""
+
+    id: Id
+    name: Annotated[str, Field(min_length=1, max_length=500, pattern=_NOT_BLANK)]
+    parent_id: Id | None
+    managed: bool
+    created_at: str
+    updated_at: str
+
+
+class ModelHistoryRecord(_Record):
+    """An earlier content of a mental model."""
+
+    version: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    previous_content: str
+    changed_at: str
+    reason: Annotated[str, Field(max_length=100)]
+
+
+class MentalModelRecord(_Record):
+    """A mental model or knowledge-base page (section ``mental_models``), with its
+    history (newest first) and the vector it is ranked by."""
+
+    id: Id
+    name: Annotated[str, Field(min_length=1, max_length=500, pattern=_NOT_BLANK)]
+    source_query: Annotated[str, Field(min_length=1, pattern=_NOT_BLANK)]
+    content: str
+    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=64)]
+    max_tokens: Annotated[int, Field(ge=1, le=8192)]
+    trigger: dict[str, Any]
+    parent_id: Id | None
+    is_page: bool
+    reflect_response: dict[str, Any] | None
+    created_at: str
+    updated_at: str
+    last_refreshed_at: str | None
+    last_refresh_failed_at: str | None
+    history: Annotated[list[ModelHistoryRecord], Field(max_length=HISTORY_LIMIT)]
+    vector: str | None
+
+
+class HttpConfigRecord(_Record):
+    method: Literal["POST"]
+    timeout_seconds: Annotated[int, Field(ge=1, le=60)]
+    headers: dict[str, str]
+    params: dict[str, str]
+
+
+class WebhookRecord(_Record):
+    """A webhook of the bank (section ``webhooks``), its secret included: the rules a
+    webhook's fields meet (target allow-list, events, secret) are the webhook service's,
+    applied again where the archive is imported."""
+
+    id: Id
+    url: Annotated[str, Field(min_length=1, max_length=2048)]
+    secret: Annotated[str, Field(min_length=1, max_length=512)]
+    event_types: Annotated[list[Annotated[str, Field(max_length=100)]], Field(max_length=32)]
+    enabled: bool
+    http_config: HttpConfigRecord
+    created_at: str
+    updated_at: str
+
+
 class Disposition(_Record):
     skepticism: Annotated[int, Field(ge=1, le=5)] = 3
     literalism: Annotated[int, Field(ge=1, le=5)] = 3
@@ -247,6 +320,9 @@ class BankRecord(_Record):
 _MODELS: Final[dict[str, type[_Record]]] = {
     "bank": BankRecord,
     "directives": DirectiveRecord,
+    "webhooks": WebhookRecord,
+    "knowledge_folders": FolderRecord,
+    "mental_models": MentalModelRecord,
     "documents": DocumentRecord,
     "units": UnitRecord,
     "observations": UnitRecord,
@@ -329,6 +405,59 @@ def _unit_dict(unit: UnitRow) -> dict[str, Any]:
     }
 
 
+def _model_dict(row: MentalModelRow) -> dict[str, Any]:
+    model = row.model
+    return {
+        "id": model.id,
+        "name": model.name,
+        "source_query": model.source_query,
+        "content": model.content,
+        "tags": model.tags,
+        "max_tokens": model.max_tokens,
+        "trigger": model.trigger,
+        "parent_id": model.parent_id,
+        "is_page": model.is_page,
+        "reflect_response": model.reflect_response,
+        "created_at": model.created_at,
+        "updated_at": model.updated_at,
+        "last_refreshed_at": model.last_refreshed_at,
+        "last_refresh_failed_at": model.last_refresh_failed_at,
+        "history": [
+            {
+                "version": h.version,
+                "previous_content": h.previous_content,
+                "changed_at": h.changed_at,
+                "reason": h.reason,
+            }
+            for h in row.history
+        ],
+        "vector": encode_vector(model.embedding),
+    }
+
+
+def _epoch_iso(value: float) -> str:
+    return datetime.fromtimestamp(value, UTC).isoformat()
+
+
+def _webhook_dict(webhook: Webhook) -> dict[str, Any]:
+    config = webhook.http_config
+    return {
+        "id": webhook.id,
+        "url": webhook.url,
+        "secret": webhook.secret,
+        "event_types": webhook.event_types,
+        "enabled": webhook.enabled,
+        "http_config": {
+            "method": config.method,
+            "timeout_seconds": config.timeout_seconds,
+            "headers": config.headers,
+            "params": config.params,
+        },
+        "created_at": _epoch_iso(webhook.created_at),
+        "updated_at": _epoch_iso(webhook.updated_at),
+    }
+
+
 def encode(row: Any) -> bytes:
     """One row of :mod:`heed.memory.bank_rows` (or a directive) as a JSON line (newline
     included)."""
@@ -363,6 +492,19 @@ def encode(row: Any) -> bytes:
             "created_at": row.created_at,
             "updated_at": row.updated_at,
         }
+    elif isinstance(row, KnowledgeFolder):
+        value = {
+            "id": row.id,
+            "name": row.name,
+            "parent_id": row.parent_id,
+            "managed": row.managed,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+        }
+    elif isinstance(row, MentalModelRow):
+        value = _model_dict(row)
+    elif isinstance(row, Webhook):
+        value = _webhook_dict(row)
     elif isinstance(row, LinkRow):
         value = {
             "from_id": row.from_id,
@@ -437,6 +579,20 @@ def decode(section: str, value: dict[str, Any], dim: int, where: str) -> Any:
             created_at=_time(record.created_at, "created_at", where) or "",
             updated_at=_time(record.updated_at, "updated_at", where) or "",
         )
+    if isinstance(record, FolderRecord):
+        return KnowledgeFolder(
+            bank_ref="",
+            id=record.id,
+            name=record.name,
+            parent_id=record.parent_id,
+            managed=record.managed,
+            created_at=_time(record.created_at, "created_at", where) or "",
+            updated_at=_time(record.updated_at, "updated_at", where) or "",
+        )
+    if isinstance(record, MentalModelRecord):
+        return _model_row(record, dim, where)
+    if isinstance(record, WebhookRecord):
+        return _webhook_row(record, where)
     if isinstance(record, LinkRecord):
         if not math.isfinite(record.weight):
             raise InvalidArchive(f"{where}: weight is not finite")
@@ -466,4 +622,72 @@ def _unit_row(record: UnitRecord, dim: int, where: str) -> UnitRow:
         proof_count=record.proof_count,
         history=[h.model_dump() for h in record.history],
         vector=decode_vector(record.vector, dim, where) if record.vector is not None else None,
+    )
+
+
+def _model_row(record: MentalModelRecord, dim: int, where: str) -> MentalModelRow:
+    try:
+        trigger = merge_trigger(None, record.trigger)  # the rule an API write meets
+    except InvalidInput as exc:
+        raise InvalidArchive(f"{where}: {exc.message}") from None
+    versions = [h.version for h in record.history]
+    if len(set(versions)) != len(versions):
+        raise InvalidArchive(f"{where}: history holds a version twice")
+    model = MentalModel(
+        bank_ref="",
+        id=record.id,
+        name=record.name,
+        source_query=record.source_query,
+        content=record.content,
+        tags=list(record.tags),
+        max_tokens=record.max_tokens,
+        trigger=trigger,
+        parent_id=record.parent_id,
+        is_page=record.is_page,
+        reflect_response=dict(record.reflect_response) if record.reflect_response else None,
+        embedding=decode_vector(record.vector, dim, where) if record.vector is not None else None,
+        created_at=_time(record.created_at, "created_at", where) or "",
+        updated_at=_time(record.updated_at, "updated_at", where) or "",
+        last_refreshed_at=_time(record.last_refreshed_at, "last_refreshed_at", where),
+        last_refresh_failed_at=_time(
+            record.last_refresh_failed_at, "last_refresh_failed_at", where
+        ),
+    )
+    history = [
+        HistoryEntry(
+            h.version,
+            h.previous_content,
+            _time(h.changed_at, "history.changed_at", where) or "",
+            h.reason,
+        )
+        for h in sorted(record.history, key=lambda h: -h.version)
+    ]
+    return MentalModelRow(model, history)
+
+
+def _epoch(value: str, field: str, where: str) -> float:
+    text = _time(value, field, where)
+    assert text is not None
+    return datetime.fromisoformat(text).timestamp()
+
+
+def _webhook_row(record: WebhookRecord, where: str) -> Webhook:
+    config = record.http_config
+    return Webhook(
+        id=record.id,
+        tenant="",
+        bank_ref="",
+        bank_id="",
+        url=record.url,
+        secret=record.secret,
+        event_types=list(record.event_types),
+        enabled=record.enabled,
+        http_config=HttpConfig(
+            method=config.method,
+            timeout_seconds=config.timeout_seconds,
+            headers=dict(config.headers),
+            params=dict(config.params),
+        ),
+        created_at=_epoch(record.created_at, "created_at", where),
+        updated_at=_epoch(record.updated_at, "updated_at", where),
     )

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from heed.memory.mental_models import HistoryEntry, MentalModel
+
 __all__ = [
     "BankReader",
     "BankSelection",
@@ -28,8 +30,19 @@ __all__ = [
     "EntityRow",
     "LinkRow",
     "MembershipRow",
+    "MentalModelRow",
     "UnitRow",
 ]
+
+
+@dataclass(slots=True)
+class MentalModelRow:
+    """A mental model (or knowledge-base page) with its earlier contents, newest first:
+    what a transfer carries of the bank's knowledge (the model's ``bank_ref`` is the
+    bank's it is written into)."""
+
+    model: MentalModel
+    history: list[HistoryEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

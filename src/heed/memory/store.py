@@ -38,6 +38,7 @@ from heed.memory.bank_rows import (
     EntityRow,
     LinkRow,
     MembershipRow,
+    MentalModelRow,
     UnitRow,
 )
 from heed.memory.directives import Directive, DirectivePatch
@@ -282,6 +283,18 @@ class MentalModelStore(Protocol):
 
     def knowledge_folders(self, bank_ref: str) -> list[KnowledgeFolder]:
         """Every folder of the bank's knowledge base, oldest first (then by id)."""
+        ...
+
+    def write_knowledge_rows(
+        self,
+        bank_ref: str,
+        folders: Sequence[KnowledgeFolder],
+        models: Sequence[MentalModelRow],
+    ) -> int:
+        """A transfer's write: insert *folders* and *models* (with their history) into the
+        bank as they are, timestamps included, in one transaction; how many nodes. The
+        caller checked the tree (:func:`heed.memory.archive.check_knowledge`); an id taken
+        already fails the write (nothing written)."""
         ...
 
     def create_knowledge_folder(self, folder: KnowledgeFolder, limit: int) -> KnowledgeFolder:

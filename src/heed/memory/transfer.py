@@ -74,9 +74,11 @@ from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
 from heed.memory.models import Bank, Conflict, InvalidInput, NotFound
 from heed.memory.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
-from heed.memory.store import BankTaken
+from heed.memory.store import BankTaken, MentalModelStore
 from heed.memory.transfer_work import (
+    Carried,
     Flags,
+    WebhookCarrier,
     bank_settings,
     check_embedder,
     import_archive,
@@ -194,14 +196,25 @@ class BankTransfers:
         archives: ArchiveStore,
         model: str,
         limits: TransferLimits | None = None,
+        *,
+        knowledge: MentalModelStore | None = None,
     ) -> None:
         self.manager = manager
         self.engine = engine
         self.archives = archives
         self.model = model
         self.limits = limits or TransferLimits()
+        #: Where mental models and the knowledge base are read and written.
+        self.knowledge = knowledge
+        #: The bank's webhooks (set once the webhook service exists).
+        self.webhooks: WebhookCarrier | None = None
         self._discarding: set[asyncio.Task[None]] = set()
         engine.before_delete.append(self._cancel_bank_runs)
+
+    @property
+    def carried(self) -> Carried:
+        """What transfers carry beside the memory store's rows."""
+        return Carried(knowledge=self.knowledge, webhooks=self.webhooks)
 
     def kind_specs(self) -> dict[str, KindSpec]:
         """How transfer runs execute: register each under its kind."""
@@ -261,10 +274,10 @@ class BankTransfers:
         archive of ``documents`` scope, without the bank's profile or observations; the
         same with *documents_only*, observations when *include_observations*)."""
         self._refuse_history(include_history)
-        if include_knowledge_base:
+        if include_knowledge_base and document_ids is not None:
             raise InvalidInput(
-                "include_knowledge_base: heed's bank archive (format version 1) does not "
-                "carry mental models or knowledge pages yet"
+                "include_knowledge_base: mental models and knowledge pages travel with a "
+                "whole bank's documents (leave document_id out)"
             )
         ids = list(dict.fromkeys(document_ids)) if document_ids is not None else None
         if ids is not None:
@@ -284,6 +297,7 @@ class BankTransfers:
             "include_observations": include_observations and ids is None,
             "include_data": include_data,
             "include_bank_config": include_bank_config,
+            "include_knowledge_base": include_knowledge_base,
         }
         return await self._submit(EXPORT_KIND, bank, payload, {"scope": scope})
 
@@ -331,7 +345,7 @@ class BankTransfers:
             )
         if document_conflict is not None:
             raise InvalidInput("document_conflict applies to mode=merge, which heed does not do")
-        check = await run_in_thread(self.check_upload, archive)
+        check = await run_in_thread(self.check_upload, archive, include_bank_config)
         target = target_bank_id or check.manifest.source_bank_id
         await self._new_bank_id(target, "target_bank_id")
         stored = await run_in_thread(
@@ -354,13 +368,16 @@ class BankTransfers:
                 await run_in_thread(self.archives.delete_archive, stored.id)
             raise
 
-    def check_upload(self, archive: IO[bytes]) -> ArchiveCheck:
-        """Check an archive whole (see :func:`check_archive`), and that this server's
-        embedder made its vectors. Blocking; checks the token."""
+    def check_upload(self, archive: IO[bytes], include_bank_config: bool = True) -> ArchiveCheck:
+        """Check an archive whole (see :func:`check_archive`), that this server's embedder
+        made its vectors, and (when they are to be imported) that its webhooks are ones
+        this server would accept. Blocking; checks the token."""
         archive.seek(0)
         with ArchiveReader(archive, self.limits.archive) as reader:
             check_embedder(reader.manifest, self.model, self.engine.embedder.dim)
             check = check_archive(reader)
+            if include_bank_config and self.webhooks is not None:
+                self.webhooks.check_carried(list(reader.rows("webhooks")))
         if check.bank is not None:
             bank_settings(check.bank.config)
         return check
@@ -469,6 +486,7 @@ class BankTransfers:
                 model=self.model,
                 dim=self.engine.embedder.dim,
                 batch=self.limits.batch,
+                carried=self.carried,
             )
             tmp.seek(0)
             row = self._archive_row(bank, "export", name)
@@ -522,6 +540,7 @@ class BankTransfers:
                             model=self.model,
                             dim=self.engine.embedder.dim,
                             batch=self.limits.batch,
+                            carried=self.carried,
                             compress=False,  # it never leaves the process: no deflating
                         )
                 except NotFound as exc:
@@ -558,6 +577,7 @@ class BankTransfers:
                     model=self.model,
                     dim=self.engine.embedder.dim,
                     batch=self.limits.batch,
+                    carried=self.carried,
                 )
                 try:
                     published = await run_in_thread(store.publish_bank, target)
@@ -590,9 +610,7 @@ class BankTransfers:
     async def _discard(self, staging_ref: str) -> None:
         with use_context(detached()):
             try:
-                await run_in_thread(
-                    self.engine.store.delete_bank_in_batches, staging_ref, DISCARD_BATCH
-                )
+                await run_in_thread(self._delete_staging, staging_ref)
             except Exception as exc:
                 reraise_cancellation(exc)
                 log.warning("could not delete staging bank %s: %s", staging_ref, exc, exc_info=exc)
@@ -610,11 +628,15 @@ class BankTransfers:
                 except RunNotFound:
                     run = None
                 if run is None or is_terminal(run):
-                    await run_in_thread(
-                        self.engine.store.delete_bank_in_batches, bank.ref, DISCARD_BATCH
-                    )
+                    await run_in_thread(self._delete_staging, bank.ref)
                     deleted += 1
         return deleted
+
+    def _delete_staging(self, staging_ref: str) -> None:
+        """Delete a staging bank and the webhooks staged for it. Blocking."""
+        if self.webhooks is not None:
+            self.webhooks.discard_carried(staging_ref)
+        self.engine.store.delete_bank_in_batches(staging_ref, DISCARD_BATCH)
 
     async def _cancel_bank_runs(self, bank: Bank) -> None:
         for kind in TRANSFER_KINDS:

@@ -31,18 +31,28 @@ from heed.memory.archive import (
     InvalidArchive,
     Manifest,
 )
-from heed.memory.bank_rows import BankSelection, DocumentRow, MembershipRow, UnitRow
+from heed.memory.bank_rows import (
+    BankSelection,
+    DocumentRow,
+    MembershipRow,
+    MentalModelRow,
+    UnitRow,
+)
 from heed.memory.directives import MAX_DIRECTIVES
+from heed.memory.mental_models import KnowledgeFolder
 from heed.memory.models import Bank, InvalidInput
-from heed.memory.store import MemoryStore
+from heed.memory.store import MemoryStore, MentalModelStore
 from heed.memory.units import index_text, neighbour_texts, with_neighbours
 from heed.runtime import raise_if_cancelled
+from heed.webhooks.models import Webhook
 
 __all__ = [
     "IMPORT_BATCH",
+    "Carried",
     "Flags",
     "NewIds",
     "Progress",
+    "WebhookCarrier",
     "bank_settings",
     "check_embedder",
     "import_archive",
@@ -52,20 +62,70 @@ __all__ = [
 
 #: Memories written per batch on import (a cancel waits for at most one: a few ms).
 IMPORT_BATCH: Final = 32
+#: The sections *include_data* covers.
+_DATA_SECTIONS: Final = (
+    "documents",
+    "units",
+    "observations",
+    "entities",
+    "unit_entities",
+    "links",
+)
 #: The namespace of the ids an import gives.
 _ID_NAMESPACE: Final = uuid.UUID("1b1f7c2e-3a55-4d1e-9e65-7c3c6d1f0a42")
 
 
 @dataclass(frozen=True, slots=True)
 class Flags:
-    """What a transfer carries: the memories and what backs them, the bank's settings."""
+    """What a transfer carries: the memories and what backs them (*include_data*); the
+    bank's settings, directives, webhooks, mental models and knowledge base
+    (*include_bank_config*); a documents archive's mental models and knowledge base
+    (*include_knowledge_base*: export only)."""
 
     include_data: bool = True
     include_bank_config: bool = True
+    include_knowledge_base: bool = False
 
     @classmethod
     def of(cls, payload: dict[str, Any]) -> Flags:
-        return cls(bool(payload["include_data"]), bool(payload["include_bank_config"]))
+        return cls(
+            bool(payload["include_data"]),
+            bool(payload["include_bank_config"]),
+            bool(payload.get("include_knowledge_base", False)),
+        )
+
+
+class WebhookCarrier(Protocol):
+    """What a transfer needs of webhooks (:class:`heed.webhooks.service.Webhooks`); every
+    method blocks."""
+
+    def bank_webhooks(self, bank: Bank) -> list[Webhook]:
+        """Every webhook of *bank*, secrets included."""
+        ...
+
+    def check_carried(self, webhooks: list[Webhook]) -> None:
+        """Refuse (:class:`InvalidInput` naming the webhook and field) what a webhook
+        created through the API could not be: its target, events, secret, HTTP config."""
+        ...
+
+    def stage_carried(self, webhooks: list[Webhook], bank: Bank) -> int:
+        """Store *webhooks* as *bank*'s (``tenant``, ``bank_id``, ``ref``), each under a
+        new id, after :meth:`check_carried`; how many."""
+        ...
+
+    def discard_carried(self, bank_ref: str) -> None:
+        """Delete the webhooks staged for the bank *bank_ref* (an import that failed)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """Where a transfer reads and writes what is not the memory store's: the mental
+    models and knowledge base (*knowledge*), the webhooks (*webhooks*). A part that is
+    ``None`` is neither exported nor imported."""
+
+    knowledge: MentalModelStore | None = None
+    webhooks: WebhookCarrier | None = None
 
 
 class Progress(Protocol):
@@ -178,6 +238,7 @@ def write_archive(
     model: str,
     dim: int,
     batch: int,
+    carried: Carried,
     compress: bool = True,
 ) -> dict[str, int]:
     """Write *bank* (its *selection*) as an archive into *target*; the records per
@@ -199,6 +260,11 @@ def write_archive(
             writer.bank(profile)
             if flags.include_bank_config:
                 writer.write("directives", store.list_directives(bank.ref))
+                if carried.webhooks is not None:
+                    writer.write("webhooks", carried.webhooks.bank_webhooks(bank))
+        knowledge = flags.include_bank_config if scope == "bank" else flags.include_knowledge_base
+        if knowledge and carried.knowledge is not None:
+            _write_knowledge(writer, carried.knowledge, bank.ref)
         if flags.include_data:
             with store.read_bank(bank.ref, selection) as reader:
                 progress.start("export", reader.count_units())
@@ -224,6 +290,49 @@ def write_archive(
     return {name: manifest.records(name) for name in manifest.sections if name != "bank"}
 
 
+def _write_knowledge(writer: ArchiveWriter, store: MentalModelStore, bank_ref: str) -> None:
+    """The bank's knowledge-base folders, then its mental models with their history."""
+    writer.write("knowledge_folders", store.knowledge_folders(bank_ref))
+    for page in pages(store.mental_models(bank_ref, with_embeddings=True), 32):
+        writer.write(
+            "mental_models",
+            [MentalModelRow(m, store.mental_model_history(bank_ref, m.id)) for m in page],
+        )
+
+
+def _import_knowledge(
+    reader: ArchiveReader, store: MentalModelStore | None, bank_ref: str
+) -> dict[str, int]:
+    """The archive's folders and mental models into the bank *bank_ref*, as they are
+    (:func:`heed.memory.archive.check_archive` checked their tree)."""
+    if store is None:
+        if reader.manifest.records("mental_models") or reader.manifest.records("knowledge_folders"):
+            raise InvalidInput("this server cannot import mental models")
+        return {}
+    folders: list[KnowledgeFolder] = list(reader.rows("knowledge_folders"))
+    for folder in folders:
+        folder.bank_ref = bank_ref
+    counts = {"knowledge_folders": store.write_knowledge_rows(bank_ref, folders, [])}
+    counts["mental_models"] = 0
+    for page in pages(reader.rows("mental_models"), 32):
+        for row in page:
+            row.model.bank_ref = bank_ref
+        counts["mental_models"] += store.write_knowledge_rows(bank_ref, [], page)
+    return counts
+
+
+def _import_webhooks(
+    reader: ArchiveReader, carrier: WebhookCarrier | None, target: Bank
+) -> dict[str, int]:
+    webhooks: list[Webhook] = list(reader.rows("webhooks"))
+    if not webhooks:
+        return {}
+    if carrier is None:
+        raise InvalidInput("this server cannot import webhooks")
+    carrier.check_carried(webhooks)
+    return {"webhooks": carrier.stage_carried(webhooks, target)}
+
+
 def _counted(units: Iterator[list[UnitRow]], progress: Progress) -> Iterator[list[UnitRow]]:
     for page in units:
         yield page
@@ -242,10 +351,13 @@ def import_archive(
     model: str,
     dim: int,
     batch: int,
+    carried: Carried,
 ) -> dict[str, int]:
     """Write *archive* into the bank *staging*, and give *target* (the bank to publish)
-    the archive's profile and settings; the rows written per section. Blocking; checks the
-    token between batches."""
+    the archive's profile and settings; the rows written per section. Webhooks are staged
+    as *target*'s under the staging bank's ref (it keeps it when published); a failed
+    import discards them with :meth:`WebhookCarrier.discard_carried`. Blocking; checks
+    the token between batches."""
     ids = NewIds(staging.ref)
     counts: dict[str, int] = {}
     with ArchiveReader(archive, limits) as reader:
@@ -266,13 +378,12 @@ def import_archive(
                     if store.create_directive(directive, MAX_DIRECTIVES) is None:
                         raise InvalidArchive(f"more than {MAX_DIRECTIVES} directives")
                     counts["directives"] += 1
+        if flags.include_bank_config:
+            counts |= _import_knowledge(reader, carried.knowledge, staging.ref)
+            counts |= _import_webhooks(reader, carried.webhooks, target)  # ref: staging's
         if not flags.include_data:
             return counts
-        total = sum(
-            s.records
-            for n, s in reader.manifest.sections.items()
-            if n not in ("bank", "directives")
-        )
+        total = sum(s.records for n, s in reader.manifest.sections.items() if n in _DATA_SECTIONS)
         progress.start("import", total)
         units = reader.rows("units")
         counts["documents"] = counts["units"] = 0

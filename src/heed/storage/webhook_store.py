@@ -231,6 +231,13 @@ class SqlWebhookStore:
                 ).rowcount
             )
 
+    def delete_ref(self, bank_ref: str) -> int:
+        with self.db.write() as conn:
+            conn.execute("DELETE FROM webhook_deliveries WHERE bank_ref = ?", (bank_ref,))
+            return int(
+                conn.execute("DELETE FROM webhooks WHERE bank_ref = ?", (bank_ref,)).rowcount
+            )
+
     # -- the outbox ------------------------------------------------------------------
 
     def subscribers(self, tenant: str, bank_ref: str) -> list[Webhook]:

@@ -180,6 +180,49 @@ class Webhooks:
     async def _delete_bank(self, bank: Bank) -> None:
         await run_in_thread(self.store.delete_bank, bank.tenant, bank.ref)
 
+    # -- bank transfer (heed.memory.transfer_work.WebhookCarrier; blocking) ----------
+
+    def bank_webhooks(self, bank: Bank) -> list[Webhook]:
+        """Every webhook of *bank*, oldest first, secrets included (an export's)."""
+        found: list[Webhook] = []
+        while True:
+            page, total = self.store.list_bank(bank.tenant, bank.ref, 100, len(found))
+            found.extend(page)
+            if not page or len(found) >= total:
+                return found
+
+    def check_carried(self, webhooks: list[Webhook]) -> None:
+        """Refuse a carried webhook the API would refuse (the same rules as
+        :meth:`create`), naming it: an import's check."""
+        for webhook in webhooks:
+            try:
+                self._events(webhook.event_types)
+                self._secret(webhook.secret)
+                self._config(webhook.http_config)
+                check_target(webhook.url, self.allow_private)
+            except InvalidInput as exc:
+                raise InvalidInput(f"webhook {webhook.id[:100]!r}: {exc.message}") from exc
+
+    def stage_carried(self, webhooks: list[Webhook], bank: Bank) -> int:
+        """Store carried *webhooks* as *bank*'s, each under a new id (ids are global);
+        their secrets, events, config and timestamps as they were."""
+        for webhook in webhooks:
+            self.store.create(
+                replace(
+                    webhook,
+                    id="wh_" + uuid.uuid4().hex[:24],
+                    tenant=bank.tenant,
+                    bank_ref=bank.ref,
+                    bank_id=bank.bank_id,
+                    http_config=self._config(webhook.http_config),
+                )
+            )
+        return len(webhooks)
+
+    def discard_carried(self, bank_ref: str) -> None:
+        """Delete the webhooks staged for *bank_ref* (an import that did not publish)."""
+        self.store.delete_ref(bank_ref)
+
     # -- the outbox ------------------------------------------------------------------
 
     def on_terminal(self, run: Run) -> None:

@@ -11,8 +11,8 @@
 
 Each submit answers 202 with the operation's id: the work is a run of the bank's
 operations (status, progress, result, cancel at ``.../operations/{operation_id}``, the
-journal at ``/v1/runs/{id}/stream``). A flag heed does not carry (``include_history``,
-``include_knowledge_base``) is refused by name when true.
+journal at ``/v1/runs/{id}/stream``). ``include_history`` is refused by name when true
+(heed keeps no audit or LLM request log to carry).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ async def export_documents(
         bool, Query(description="Also the observations (whole bank only).")
     ] = False,
     include_knowledge_base: Annotated[
-        bool, Query(description="Mental models and pages: not in heed's archive yet (true: 400).")
+        bool, Query(description="Also the mental models and knowledge pages (whole bank only).")
     ] = False,
 ) -> wire.DocumentExportSubmitResponse:
     """Export the bank's documents (those named, else all) as an archive of ``documents``

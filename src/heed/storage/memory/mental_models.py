@@ -17,12 +17,13 @@ same transaction, so two writers cannot both pass them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
 import numpy as np
 
+from heed.memory.bank_rows import MentalModelRow
 from heed.memory.mental_models import (
     MAX_NODE_DEPTH,
     HistoryEntry,
@@ -364,6 +365,76 @@ class MentalModelWrites:
                 (bank_ref, model_id),
             ).fetchall()
         return bool(gone)
+
+    def write_knowledge_rows(
+        self,
+        bank_ref: str,
+        folders: Sequence[KnowledgeFolder],
+        models: Sequence[MentalModelRow],
+    ) -> int:
+        if any(holds_nul(f.id, f.name) for f in folders):
+            raise InvalidInput("a knowledge-base folder's text may not hold NUL (U+0000)")
+        for row in models:
+            m = row.model
+            _refuse_nul(m.id, m.name, m.source_query, m.content, *m.tags)
+            _refuse_nul(*(h.previous_content for h in row.history))
+        with self._bank_write(bank_ref) as conn:
+            for folder in folders:
+                conn.execute(
+                    "INSERT INTO memory_knowledge_folders (bank_ref, id, name, parent_id,"
+                    " managed, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        bank_ref,
+                        folder.id,
+                        folder.name,
+                        folder.parent_id,
+                        1 if folder.managed else 0,
+                        folder.created_at,
+                        folder.updated_at,
+                    ),
+                )
+            for row in models:
+                m = row.model
+                conn.execute(
+                    "INSERT INTO memory_mental_models (bank_ref, id, name, source_query,"
+                    " content, tags, max_tokens, trigger_settings, parent_id, is_page,"
+                    " reflect_response, embedding, created_at, updated_at, last_refreshed_at,"
+                    " last_refresh_failed_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        bank_ref,
+                        m.id,
+                        m.name,
+                        m.source_query,
+                        m.content,
+                        json.dumps(m.tags),
+                        m.max_tokens,
+                        json.dumps(m.trigger),
+                        m.parent_id,
+                        1 if m.is_page else 0,
+                        json.dumps(m.reflect_response) if m.reflect_response else None,
+                        _vector(m.embedding),
+                        m.created_at,
+                        m.updated_at,
+                        m.last_refreshed_at,
+                        m.last_refresh_failed_at,
+                    ),
+                )
+                for entry in row.history:
+                    conn.execute(
+                        "INSERT INTO memory_mental_model_history (bank_ref, mental_model_id,"
+                        " version, previous_content, changed_at, reason)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        (
+                            bank_ref,
+                            m.id,
+                            entry.version,
+                            entry.previous_content,
+                            entry.changed_at,
+                            entry.reason,
+                        ),
+                    )
+        return len(folders) + len(models)
 
     # -- folders -------------------------------------------------------------------------
 
