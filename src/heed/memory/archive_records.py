@@ -33,6 +33,7 @@ from heed.memory.bank_rows import (
     MembershipRow,
     MentalModelRow,
     UnitRow,
+    WebhookRow,
 )
 from heed.memory.directives import MAX_CONTENT_CHARS, Directive
 from heed.memory.mental_models import (
@@ -43,7 +44,6 @@ from heed.memory.mental_models import (
     merge_trigger,
 )
 from heed.memory.models import CONSOLIDATION_STATES, FACT_TYPES, Bank, InvalidInput
-from heed.webhooks.models import HttpConfig, Webhook
 
 __all__ = [
     "BankRecord",
@@ -439,8 +439,7 @@ def _epoch_iso(value: float) -> str:
     return datetime.fromtimestamp(value, UTC).isoformat()
 
 
-def _webhook_dict(webhook: Webhook) -> dict[str, Any]:
-    config = webhook.http_config
+def _webhook_dict(webhook: WebhookRow) -> dict[str, Any]:
     return {
         "id": webhook.id,
         "url": webhook.url,
@@ -448,10 +447,10 @@ def _webhook_dict(webhook: Webhook) -> dict[str, Any]:
         "event_types": webhook.event_types,
         "enabled": webhook.enabled,
         "http_config": {
-            "method": config.method,
-            "timeout_seconds": config.timeout_seconds,
-            "headers": config.headers,
-            "params": config.params,
+            "method": webhook.method,
+            "timeout_seconds": webhook.timeout_seconds,
+            "headers": webhook.headers,
+            "params": webhook.params,
         },
         "created_at": _epoch_iso(webhook.created_at),
         "updated_at": _epoch_iso(webhook.updated_at),
@@ -503,7 +502,7 @@ def encode(row: Any) -> bytes:
         }
     elif isinstance(row, MentalModelRow):
         value = _model_dict(row)
-    elif isinstance(row, Webhook):
+    elif isinstance(row, WebhookRow):
         value = _webhook_dict(row)
     elif isinstance(row, LinkRow):
         value = {
@@ -671,23 +670,18 @@ def _epoch(value: str, field: str, where: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def _webhook_row(record: WebhookRecord, where: str) -> Webhook:
+def _webhook_row(record: WebhookRecord, where: str) -> WebhookRow:
     config = record.http_config
-    return Webhook(
+    return WebhookRow(
         id=record.id,
-        tenant="",
-        bank_ref="",
-        bank_id="",
         url=record.url,
         secret=record.secret,
         event_types=list(record.event_types),
         enabled=record.enabled,
-        http_config=HttpConfig(
-            method=config.method,
-            timeout_seconds=config.timeout_seconds,
-            headers=dict(config.headers),
-            params=dict(config.params),
-        ),
+        method=config.method,
+        timeout_seconds=config.timeout_seconds,
+        headers=dict(config.headers),
+        params=dict(config.params),
         created_at=_epoch(record.created_at, "created_at", where),
         updated_at=_epoch(record.updated_at, "updated_at", where),
     )

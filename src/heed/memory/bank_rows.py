@@ -32,6 +32,7 @@ __all__ = [
     "MembershipRow",
     "MentalModelRow",
     "UnitRow",
+    "WebhookRow",
 ]
 
 
@@ -43,6 +44,25 @@ class MentalModelRow:
 
     model: MentalModel
     history: list[HistoryEntry] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class WebhookRow:
+    """A webhook of the bank as a transfer carries it (the webhook service,
+    :mod:`heed.webhooks`, turns it into its own and back): where, which events, the secret
+    that signs them, and how they are sent. Times are epoch seconds."""
+
+    id: str
+    url: str
+    secret: str
+    event_types: list[str]
+    enabled: bool
+    method: str
+    timeout_seconds: int
+    headers: dict[str, str]
+    params: dict[str, str]
+    created_at: float
+    updated_at: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from heed.memory.bank_rows import (
     MembershipRow,
     MentalModelRow,
     UnitRow,
+    WebhookRow,
 )
 from heed.memory.directives import MAX_DIRECTIVES
 from heed.memory.mental_models import KnowledgeFolder
@@ -44,7 +45,6 @@ from heed.memory.models import Bank, InvalidInput
 from heed.memory.store import MemoryStore, MentalModelStore
 from heed.memory.units import index_text, neighbour_texts, with_neighbours
 from heed.runtime import raise_if_cancelled
-from heed.webhooks.models import Webhook
 
 __all__ = [
     "IMPORT_BATCH",
@@ -99,16 +99,16 @@ class WebhookCarrier(Protocol):
     """What a transfer needs of webhooks (:class:`heed.webhooks.service.Webhooks`); every
     method blocks."""
 
-    def bank_webhooks(self, bank: Bank) -> list[Webhook]:
+    def bank_webhooks(self, bank: Bank) -> list[WebhookRow]:
         """Every webhook of *bank*, secrets included."""
         ...
 
-    def check_carried(self, webhooks: list[Webhook]) -> None:
+    def check_carried(self, webhooks: list[WebhookRow]) -> None:
         """Refuse (:class:`InvalidInput` naming the webhook and field) what a webhook
         created through the API could not be: its target, events, secret, HTTP config."""
         ...
 
-    def stage_carried(self, webhooks: list[Webhook], bank: Bank) -> int:
+    def stage_carried(self, webhooks: list[WebhookRow], bank: Bank) -> int:
         """Store *webhooks* as *bank*'s (``tenant``, ``bank_id``, ``ref``), each under a
         new id, after :meth:`check_carried`; how many."""
         ...
@@ -324,7 +324,7 @@ def _import_knowledge(
 def _import_webhooks(
     reader: ArchiveReader, carrier: WebhookCarrier | None, target: Bank
 ) -> dict[str, int]:
-    webhooks: list[Webhook] = list(reader.rows("webhooks"))
+    webhooks: list[WebhookRow] = list(reader.rows("webhooks"))
     if not webhooks:
         return {}
     if carrier is None:

@@ -32,6 +32,7 @@ import uuid
 from dataclasses import replace
 from typing import Any, Final
 
+from heed.memory.bank_rows import WebhookRow
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, InvalidInput, NotFound
 from heed.runs.model import Run
@@ -182,39 +183,44 @@ class Webhooks:
 
     # -- bank transfer (heed.memory.transfer_work.WebhookCarrier; blocking) ----------
 
-    def bank_webhooks(self, bank: Bank) -> list[Webhook]:
+    def bank_webhooks(self, bank: Bank) -> list[WebhookRow]:
         """Every webhook of *bank*, oldest first, secrets included (an export's)."""
         found: list[Webhook] = []
         while True:
             page, total = self.store.list_bank(bank.tenant, bank.ref, 100, len(found))
             found.extend(page)
             if not page or len(found) >= total:
-                return found
+                return [_carried(w) for w in found]
 
-    def check_carried(self, webhooks: list[Webhook]) -> None:
+    def check_carried(self, webhooks: list[WebhookRow]) -> None:
         """Refuse a carried webhook the API would refuse (the same rules as
         :meth:`create`), naming it: an import's check."""
         for webhook in webhooks:
             try:
                 self._events(webhook.event_types)
                 self._secret(webhook.secret)
-                self._config(webhook.http_config)
+                self._config(_http_config(webhook))
                 check_target(webhook.url, self.allow_private)
             except InvalidInput as exc:
                 raise InvalidInput(f"webhook {webhook.id[:100]!r}: {exc.message}") from exc
 
-    def stage_carried(self, webhooks: list[Webhook], bank: Bank) -> int:
+    def stage_carried(self, webhooks: list[WebhookRow], bank: Bank) -> int:
         """Store carried *webhooks* as *bank*'s, each under a new id (ids are global);
         their secrets, events, config and timestamps as they were."""
         for webhook in webhooks:
             self.store.create(
-                replace(
-                    webhook,
+                Webhook(
                     id="wh_" + uuid.uuid4().hex[:24],
                     tenant=bank.tenant,
                     bank_ref=bank.ref,
                     bank_id=bank.bank_id,
-                    http_config=self._config(webhook.http_config),
+                    url=webhook.url,
+                    secret=webhook.secret,
+                    event_types=self._events(webhook.event_types),
+                    enabled=webhook.enabled,
+                    http_config=self._config(_http_config(webhook)),
+                    created_at=webhook.created_at,
+                    updated_at=webhook.updated_at,
                 )
             )
         return len(webhooks)
@@ -309,6 +315,32 @@ class Webhooks:
             if any(c in value for c in "\r\n\0"):
                 raise InvalidInput(f"http_config.headers: the value of {name!r} holds a line break")
         return replace(config, method="POST")
+
+
+def _carried(webhook: Webhook) -> WebhookRow:
+    config = webhook.http_config
+    return WebhookRow(
+        id=webhook.id,
+        url=webhook.url,
+        secret=webhook.secret,
+        event_types=list(webhook.event_types),
+        enabled=webhook.enabled,
+        method=config.method,
+        timeout_seconds=config.timeout_seconds,
+        headers=dict(config.headers),
+        params=dict(config.params),
+        created_at=webhook.created_at,
+        updated_at=webhook.updated_at,
+    )
+
+
+def _http_config(webhook: WebhookRow) -> HttpConfig:
+    return HttpConfig(
+        method=webhook.method,
+        timeout_seconds=webhook.timeout_seconds,
+        headers=dict(webhook.headers),
+        params=dict(webhook.params),
+    )
 
 
 def _parse_cursor(cursor: str) -> tuple[float, str]:
