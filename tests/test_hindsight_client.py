@@ -726,22 +726,34 @@ def test_webhooks(server: LiveServer, twin: Twin, hook_receiver: Receiver) -> No
     finish(twin, "webhooks")
 
 
-def test_list_memories_filters_by_state_and_refuses_tags_by_name(server: LiveServer) -> None:
-    """``list_memories``' ``state`` filter works (every stored unit is valid); its ``tags`` /
-    ``tags_match`` filters are refused by name (a 400: listing does not filter by tags in
-    heed; recall does), never silently ignored."""
+def test_list_memories_filters_by_state_and_tags(server: LiveServer) -> None:
+    """``list_memories``' ``state`` filter works (every stored unit is valid), and its
+    ``tags`` / ``tags_match`` filters keep what recall's would (``any``, the default, also
+    keeps the untagged; ``all_strict`` does not); an unknown ``tags_match`` is a 400
+    naming it, never silently ignored."""
     client = Hindsight(base_url=server.url, timeout=30)
     try:
         bank = new_bank_id("filters")
         client.create_bank(bank)
-        client.retain(bank, WORK, tags=["work"], document_id="work")
+        client.retain(bank, WORK, tags=["work", "lyon"], document_id="work")
+        client.retain(bank, TRIP, tags=["travel"], document_id="trip")
         client.retain(bank, SKI, document_id="ski")
-        assert client.list_memories(bank).total == 2
+        assert client.list_memories(bank).total == 3
+
+        def texts(**filters: Any) -> list[str]:
+            return sorted(m.text for m in client.list_memories(bank, **filters).items)
+
+        assert texts(tags=["work"]) == sorted([WORK, SKI])
+        assert texts(tags=["work"], tags_match="all_strict") == [WORK]
+        assert texts(tags=["work", "travel"], tags_match="any_strict") == sorted([WORK, TRIP])
+        assert texts(tags=["work", "lyon"], tags_match="exact") == [WORK]
+        assert texts(tags_match="exact") == [SKI]
+        assert texts(tags=["nowhere"], tags_match="all_strict") == []
         with pytest.raises(Exception) as refused:
-            client.list_memories(bank, tags=["work"], tags_match="all_strict")
+            client.list_memories(bank, tags=["work"], tags_match="some")
         assert getattr(refused.value, "status", None) == 400
-        assert "tags" in str(getattr(refused.value, "body", refused.value))
-        assert client.list_memories(bank, state="valid").total == 2
+        assert "tags_match" in str(getattr(refused.value, "body", refused.value))
+        assert client.list_memories(bank, state="valid").total == 3
         assert client.list_memories(bank, state="invalidated").total == 0
     finally:
         client.close()

@@ -153,6 +153,7 @@ REFUSED = [
 
 
 LIST_QUERY_OPERATIONS = [
+    "GET /v1/default/banks/{bank_id}/memories/list",
     "GET /v1/default/banks/{bank_id}/directives",
     "GET /v1/default/banks/{bank_id}/mental-models",
     "GET /v1/default/banks/{bank_id}/knowledge-base/tree",

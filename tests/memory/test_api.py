@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -112,6 +113,48 @@ async def test_list_get_delete_memories_and_documents(client: Hindsight, bank_id
     assert deleted.memory_units_deleted == len(TURNS) - 1
     after = await client.arecall(bank_id, "sunset")
     assert after.results == []
+
+
+async def test_list_memories_by_tags_and_a_bad_tags_match(server: LiveServer, bank_id: str) -> None:
+    """``?tags=a&tags=b`` and ``tags_match`` over HTTP (recall's rule, see
+    tests/storage/test_memory_store.py for every mode); an unknown mode is a 400 naming
+    ``tags_match`` and the modes; the document lists them."""
+    path = f"/v1/default/banks/{bank_id}/memories/list"
+    items = [
+        {"content": TURNS[0][0], "document_id": "a", "tags": ["friends"]},
+        {"content": TURNS[1][0], "document_id": "b", "tags": ["friends", "art"]},
+        {"content": TURNS[2][0], "document_id": "c"},
+    ]
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        await http.put(f"/v1/default/banks/{bank_id}", json={})
+        retained = await http.post(f"/v1/default/banks/{bank_id}/memories", json={"items": items})
+        assert retained.status_code == 200, retained.text
+
+        async def listed(params: Any) -> list[str]:
+            response = await http.get(path, params=params)
+            assert response.status_code == 200, response.text
+            assert response.json()["total"] == len(response.json()["items"])
+            return sorted(m["document_id"] for m in response.json()["items"])
+
+        assert await listed({"tags": "friends"}) == ["a", "b", "c"]  # any: the untagged too
+        assert await listed({"tags": "friends", "tags_match": "any_strict"}) == ["a", "b"]
+        assert await listed([("tags", "art"), ("tags", "friends"), ("tags_match", "all")]) == [
+            "b",
+            "c",
+        ]
+        assert await listed({"tags": "friends", "tags_match": "exact"}) == ["a"]
+        assert await listed({"tags_match": "exact"}) == ["c"]
+        for bad in ("ANY", "some", ""):
+            refused = await http.get(path, params={"tags": "friends", "tags_match": bad})
+            assert refused.status_code == 400, refused.text
+            detail = refused.json()["detail"]
+            assert "tags_match must be one of any, all, any_strict, all_strict, exact" in detail
+        too_many = await http.get(path, params=[("tags", f"t{i}") for i in range(65)])
+        assert too_many.status_code == 422 and "tags" in too_many.text
+        document = (await http.get("/openapi.json")).json()
+    parameters = document["paths"]["/v1/default/banks/{bank_id}/memories/list"]["get"]["parameters"]
+    [tags_match] = [p for p in parameters if p["name"] == "tags_match"]
+    assert tags_match["schema"]["enum"] == ["any", "all", "any_strict", "all_strict", "exact"]
 
 
 async def test_document_replace_and_append(client: Hindsight, bank_id: str) -> None:

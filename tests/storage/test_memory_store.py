@@ -23,8 +23,9 @@ import pytest
 
 from heed.errors import InvalidText
 from heed.memory.idempotency import IdempotencyConflict, RetainKey
-from heed.memory.models import Bank, Chunk, EntityRef, PreparedDocument, PreparedUnit
+from heed.memory.models import Bank, Chunk, EntityRef, PreparedDocument, PreparedUnit, TagsMatch
 from heed.memory.store import BankGone, BankTaken, MemoryStore, UnitFilter, VectorSearchingStore
+from heed.memory.tags import TAGS_MATCH, tags_pass
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 from heed.storage import SqlDatabase, schema_version
 from heed.storage.memory import SqlMemoryStore, memory_migrations
@@ -592,6 +593,59 @@ def test_list_units_filters_orders_and_pages(store: SqlMemoryStore) -> None:
         UnitFilter(time_field="created_at", start="\x00"),
     ):
         assert store.list_units(bank.ref, holding_nul, 10, 0) == ([], 0)
+
+
+def test_list_units_filters_by_tags_as_recall_does(store: SqlMemoryStore) -> None:
+    """Every ``tags_match`` mode keeps what :func:`heed.memory.tags.tags_pass` (recall's
+    rule) keeps, for tag lists stored inline and shared (longer than a reference), with the
+    other filters, paging and the total."""
+    bank = _bank(store)
+    long = [f"project-{i:02d}-with-a-rather-long-name" for i in range(3)]  # a shared value
+    sets: list[list[str]] = [[], ["a"], ["b"], ["a", "b"], ["b", "a"], ["a", "c"], long]
+    sets.append([*long, "a"])
+    seqs = _write(store, bank, *[_unit(f"unit {i}", tags=t) for i, t in enumerate(sets)])
+    _write(store, _bank(store, "other"), _unit("elsewhere", tags=["a"]), _unit("untagged"))
+    assert _count(store, "memory_values") == 2  # the two long lists, one per bank at most
+    tags_of = dict(zip(seqs, sets, strict=True))
+
+    def found(wanted: list[str] | None, match: TagsMatch, **kw: Any) -> tuple[list[int], int]:
+        flt = UnitFilter(tags=wanted, tags_match=match, **kw)
+        units, total = store.list_units(bank.ref, flt, 100, 0)
+        return [u.seq for u in units], total
+
+    newest_first = list(reversed(seqs))
+    for match in TAGS_MATCH:
+        for wanted in (None, [], ["a"], ["a", "b"], ["c"], ["zzz"], [long[0]], long):
+            expected = [s for s in newest_first if tags_pass(tags_of[s], wanted, match)]
+            assert found(wanted, match) == (expected, len(expected)), (match, wanted)
+    # The rule, spelled out once: any/all keep the untagged, the _strict modes do not.
+    a, _b, ab, ba, ac, lg, lga = seqs[1:]
+    assert found(["a"], "any") == ([lga, ac, ba, ab, a, seqs[0]], 6)
+    assert found(["a"], "any_strict") == ([lga, ac, ba, ab, a], 5)
+    assert found(["a", "b"], "all") == ([ba, ab, seqs[0]], 3)
+    assert found(["a", "b"], "all_strict") == ([ba, ab], 2)
+    assert found(["a", "b"], "exact") == ([ba, ab], 2)
+    assert found(None, "exact") == ([seqs[0]], 1)
+    assert found(long, "all_strict") == ([lga, lg], 2)
+    assert found(long, "exact") == ([lg], 1)
+    # With the other filters and a page: the total counts every match.
+    units, total = store.list_units(
+        bank.ref, UnitFilter(tags=["a"], tags_match="any_strict", search="unit"), 2, 1
+    )
+    assert ([u.seq for u in units], total) == ([ac, ba], 5)
+    assert found(["a"], "any_strict", search="nothing like this") == ([], 0)
+    assert found(["a\x00"], "any") == ([], 0)  # NUL finds nothing
+    # Many distinct tag lists (more than one IN list holds on SQLite): one parameter.
+    many = _bank(store, "many")
+    wide = _write(store, many, *[_unit(f"u{i}", tags=[f"t{i}", "common"]) for i in range(600)])
+    units, total = store.list_units(
+        many.ref, UnitFilter(tags=["common"], tags_match="all_strict"), 1000, 0
+    )
+    assert total == 600 and [u.seq for u in units] == list(reversed(wide))
+    units, total = store.list_units(
+        many.ref, UnitFilter(tags=["t7", "t9"], tags_match="any_strict"), 10, 0
+    )
+    assert [u.seq for u in units] == [wide[9], wide[7]] and total == 2
 
 
 def test_delete_unit(store: SqlMemoryStore) -> None:

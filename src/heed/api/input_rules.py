@@ -68,6 +68,7 @@ __all__ = [
     "RequestBody",
     "Tag",
     "TagList",
+    "TagsQuery",
     "Text",
     "TokenBudget",
     "body_problem",
@@ -136,6 +137,8 @@ QueryText = Annotated[str, Query(max_length=MAX_QUERY_CHARS)]
 QueryId = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS)]
 Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
+TagsQuery = Annotated[list[Tag] | None, Query(max_length=MAX_LIST_ITEMS)]
+"""A repeated ``?tags=a&tags=b`` filter."""
 
 # An escaped UTF-16 surrogate (high or low) anywhere in the raw JSON. A valid pair
 # (an emoji escaped by Python's json.dumps) matches too; parsing then tells them apart.

@@ -21,7 +21,7 @@ else. The store protocol is :class:`heed.memory.store.MentalModelStore`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -30,6 +30,7 @@ import numpy as np
 from heed.memory.embeddings import Embedder
 from heed.memory.models import FACT_TYPES, Bank, InvalidInput
 from heed.memory.recall.query import keyword_terms
+from heed.memory.tags import TAGS_MATCH, tags_pass
 from heed.runtime import raise_if_cancelled, run_in_thread
 
 __all__ = [
@@ -66,7 +67,6 @@ RRF_K: Final = 60
 #: sentences score about 0.0-0.2).
 MIN_COSINE: Final = 0.3
 
-_TAGS_MATCH: Final = ("any", "all", "any_strict", "all_strict", "exact")
 _BUDGETS: Final = ("low", "mid", "high")
 
 #: Trigger settings hindsight-client may send that heed does not implement: refused by name
@@ -179,8 +179,8 @@ def _check_trigger(trigger: dict[str, Any]) -> None:
         )
     if trigger["budget"] is not None and trigger["budget"] not in _BUDGETS:
         raise InvalidInput(f"trigger.budget must be one of {', '.join(_BUDGETS)}")
-    if trigger["tags_match"] is not None and trigger["tags_match"] not in _TAGS_MATCH:
-        raise InvalidInput(f"trigger.tags_match must be one of {', '.join(_TAGS_MATCH)}")
+    if trigger["tags_match"] is not None and trigger["tags_match"] not in TAGS_MATCH:
+        raise InvalidInput(f"trigger.tags_match must be one of {', '.join(TAGS_MATCH)}")
     for key in ("refresh_after_consolidation", "refresh_after_retain"):
         if not isinstance(trigger[key], bool):
             raise InvalidInput(f"trigger.{key} must be true or false")
@@ -208,21 +208,6 @@ def scope_of(model: MentalModel) -> tuple[list[str] | None, str]:
     tags = list(model.tags) or None
     match = model.trigger.get("tags_match") or ("all_strict" if tags else "any")
     return tags, match
-
-
-def tags_pass(have: Iterable[str], wanted: Sequence[str] | None, match: str) -> bool:
-    """Whether a thing carrying the tags *have* passes a filter of *wanted* tags matched per
-    *match* (recall's rule: ``any`` and ``all`` also pass the untagged)."""
-    if not wanted and match != "exact":
-        return True
-    want, tags = set(wanted or ()), set(have)
-    if match == "exact":
-        return tags == want
-    if not tags:
-        return match in ("any", "all")
-    if match in ("any", "any_strict"):
-        return bool(tags & want)
-    return want <= tags
 
 
 def embedding_text(model: MentalModel) -> str:

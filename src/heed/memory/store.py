@@ -53,6 +53,7 @@ from heed.memory.models import (
     PreparedDocument,
     PreparedUnit,
     StoredUnit,
+    TagsMatch,
 )
 
 __all__ = [
@@ -126,7 +127,9 @@ class VectorChanges:
 
 @dataclass(frozen=True, slots=True)
 class UnitFilter:
-    """Filters of ``list_units``; ``None`` means no filter."""
+    """Filters of ``list_units``; ``None`` means no filter. ``tags`` are matched per
+    ``tags_match`` by recall's rule (:func:`heed.memory.tags.tags_pass`): without tags,
+    only ``exact`` filters (the untagged)."""
 
     fact_type: str | None = None
     document_id: str | None = None
@@ -136,6 +139,8 @@ class UnitFilter:
     start: str | None = None
     end: str | None = None
     consolidation_state: str | None = None
+    tags: Sequence[str] | None = None
+    tags_match: TagsMatch = "any"
 
 
 @dataclass(frozen=True, slots=True)

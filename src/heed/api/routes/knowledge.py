@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from heed.api.deps import KnowledgeBaseDep, MemoryDep
-from heed.api.input_rules import MAX_LIST_ITEMS, IdPath, QueryText, Tag
+from heed.api.input_rules import IdPath, QueryText, TagsQuery
 from heed.api.openapi import CONFLICT, NOT_FOUND, UPSTREAM
 from heed.api.routes.mental_models import trigger_out
 from heed.api.routing import HeedRoute
@@ -40,7 +40,6 @@ router = APIRouter(
     route_class=HeedRoute,
 )
 
-TagsQuery = Annotated[list[Tag] | None, Query(max_length=MAX_LIST_ITEMS)]
 SearchLimit = Annotated[int, Query(ge=1, le=50)]
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
 from heed.api.deps import MemoryDep, RetainOperationsDep
-from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText
+from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
 from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
@@ -24,8 +24,9 @@ from heed.api.wire.memory_convert import (
     unit_item,
 )
 from heed.memory.idempotency import MAX_KEY_CHARS
-from heed.memory.models import FACT_TYPES, InvalidInput
+from heed.memory.models import FACT_TYPES
 from heed.memory.store import UnitFilter
+from heed.memory.tags import TAGS_MATCH, check_tags_match
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=HeedRoute
@@ -103,9 +104,17 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -
     return JSONResponse(recall_response(await engine.recall(bank, query)))
 
 
+TagsMatchQuery = Annotated[
+    str,
+    Query(
+        json_schema_extra={"enum": list(TAGS_MATCH)},
+        description="How ``tags`` match, as recall's ``tags_match``; another value is a 400.",
+    ),
+]
+
+
 @router.get("/list")
 async def list_memories(
-    request: Request,
     bank_id: IdPath,
     engine: MemoryDep,
     type: FactType | None = None,
@@ -117,17 +126,18 @@ async def list_memories(
     end_date: QueryId | None = None,
     consolidation_state: Literal["pending", "done", "failed"] | None = None,
     state: Literal["valid", "invalidated"] | None = None,
+    tags: TagsQuery = None,
+    tags_match: TagsMatchQuery = "any",
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:
     """Memory units, newest first (or by ``time_field``), with filters. ``state``: every
     stored unit is ``valid`` (an observation's earlier versions are its history, not
-    units), so ``invalidated`` lists none. ``tags`` / ``tags_match`` are refused by name:
-    listing does not filter by tags (recall does)."""
-    if "tags" in request.query_params or "tags_match" in request.query_params:
-        raise InvalidInput(
-            "tags and tags_match are not supported by memories/list in heed; recall filters by tags"
-        )
+    units), so ``invalidated`` lists none. ``tags`` / ``tags_match`` keep the units recall
+    would keep (:func:`heed.memory.tags.tags_pass`): ``any`` (the default) and ``all`` also
+    keep the untagged, the ``_strict`` modes do not, ``exact`` keeps the units carrying
+    exactly those tags; an unknown ``tags_match`` is a 400 naming it."""
+    match = check_tags_match(tags_match)
     if state == "invalidated":
         return wire.ListMemoryUnitsResponse(items=[], total=0, limit=limit, offset=offset)
     bank = await engine.get_bank(bank_id)
@@ -142,6 +152,8 @@ async def list_memories(
             start=start_date,
             end=end_date,
             consolidation_state=consolidation_state,
+            tags=tags,
+            tags_match=match,
         ),
         limit,
         offset,

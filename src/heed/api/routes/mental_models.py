@@ -16,12 +16,10 @@ The rules are :mod:`heed.mental_models`'s; this module translates.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, MentalModelsDep
-from heed.api.input_rules import MAX_LIST_ITEMS, IdPath, Limit, Offset, Tag
+from heed.api.input_rules import IdPath, Limit, Offset, TagsQuery
 from heed.api.openapi import CONFLICT, UPSTREAM
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as memory_wire
@@ -37,8 +35,6 @@ router = APIRouter(
     tags=["mental-models"],
     route_class=HeedRoute,
 )
-
-TagsQuery = Annotated[list[Tag] | None, Query(max_length=MAX_LIST_ITEMS)]
 
 
 def trigger_out(model: MentalModel) -> wire.TriggerOut:

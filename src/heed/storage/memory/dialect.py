@@ -4,7 +4,8 @@
 database implements :class:`MemoryDialect`:
 
 - SQLite (:mod:`heed.storage.memory.sqlite`): the FTS5 keyword index and ``bm25()``, seqs
-  as rowids, vectors as float32 blobs loaded into the process's index, lists as ``IN``.
+  as rowids, vectors as float32 blobs loaded into the process's index, lists as ``IN``
+  (a long one as a JSON array).
 - PostgreSQL (:mod:`heed.storage.memory.postgres`): the ``tsvector`` keyword column and
   BM25 in SQL with its pruning, vectors searched by pgvector's HNSW index, seqs in blocks of
   the identity sequence, lists as array parameters.
@@ -46,6 +47,13 @@ class MemoryDialect(Protocol):
     ) -> tuple[str, tuple[Any, ...]]:
         """SQL matching *column* against any of *values* (at most :attr:`list_max`; of the
         PostgreSQL type *element_type*), and its parameters."""
+        ...
+
+    def any_of_many(
+        self, column: str, values: Sequence[Any], element_type: str
+    ) -> tuple[str, tuple[Any, ...]]:
+        """As :meth:`any_of`, for a list of any length, as one parameter (SQLite: a JSON
+        array read by ``json_each``; PostgreSQL: the array)."""
         ...
 
     def encode_vector(self, vector: Any) -> Any:

@@ -120,6 +120,11 @@ class PostgresMemory:
     ) -> tuple[str, tuple[Any, ...]]:
         return f"{column} = ANY(?::{element_type}[])", (list(values),)
 
+    def any_of_many(
+        self, column: str, values: Sequence[Any], element_type: str
+    ) -> tuple[str, tuple[Any, ...]]:
+        return self.any_of(column, values, element_type)
+
     def encode_vector(self, vector: Any) -> str | None:
         return None if vector is None else vector_literal(vector)
 

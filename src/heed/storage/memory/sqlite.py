@@ -11,6 +11,7 @@ give, and lists are plain ``IN`` lists.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -59,6 +60,11 @@ class SqliteMemory:
         self, column: str, values: Sequence[Any], element_type: str
     ) -> tuple[str, tuple[Any, ...]]:
         return f"{column} IN ({','.join('?' * len(values))})", tuple(values)
+
+    def any_of_many(
+        self, column: str, values: Sequence[Any], element_type: str
+    ) -> tuple[str, tuple[Any, ...]]:
+        return f"{column} IN (SELECT value FROM json_each(?))", (json.dumps(list(values)),)
 
     def encode_vector(self, vector: Any) -> bytes | None:
         return None if vector is None else np.asarray(vector, dtype=np.float32).tobytes()

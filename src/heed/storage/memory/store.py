@@ -19,6 +19,7 @@ import numpy as np
 
 from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
+from heed.memory.tags import filters_by_tags, tags_pass
 from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.directives import DirectiveWrites
@@ -31,6 +32,7 @@ from heed.storage.memory.rows import (
     document_from_row,
     holds_nul,
     insert_bank,
+    loads,
     now_iso,
     read_generation,
     refuse_nul_in_bank,
@@ -352,6 +354,7 @@ class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelW
             flt.start,
             flt.end,
             flt.consolidation_state,
+            *(flt.tags or ()),
         ):
             return [], 0
         where = ["bank_ref = ?"]
@@ -384,8 +387,14 @@ class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelW
                 where.append(f"{column} < ?")
                 params.append(flt.end)
             order = f"{column} DESC, seq DESC"
-        clause = " AND ".join(where)
         with self.db.read() as conn:
+            if filters_by_tags(flt.tags, flt.tags_match):
+                tagged = self._tags_clause(conn, " AND ".join(where), params, flt)
+                if tagged is None:
+                    return [], 0
+                where.append(tagged[0])
+                params.extend(tagged[1])
+            clause = " AND ".join(where)
             total = conn.execute(
                 f"SELECT COUNT(*) FROM memory_units WHERE {clause}", params
             ).fetchone()[0]
@@ -395,6 +404,46 @@ class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelW
                 (*params, row_limit(limit), max(0, offset)),
             )
         return units, int(total)
+
+    def _tags_clause(
+        self, conn: Any, clause: str, params: list[Any], flt: UnitFilter
+    ) -> tuple[str, tuple[Any, ...]] | None:
+        """SQL keeping the units of *clause* whose tags pass *flt*'s tag filter, and its
+        parameters; ``None`` when none do.
+
+        The rule is :func:`heed.memory.tags.tags_pass`, applied here to each distinct tag
+        list the units hold (usually few: the units of one item share its tags),
+        never restated in SQL: the units kept are those holding a passing list, inline
+        (``tags``) or shared (``tags_ref``, :mod:`.values`)."""
+        wanted, match = flt.tags, flt.tags_match
+        inline = [
+            str(row[0])
+            for row in conn.execute(
+                f"SELECT DISTINCT tags FROM memory_units WHERE {clause} AND tags_ref IS NULL",
+                params,
+            ).fetchall()
+            if tags_pass(loads(row[0]) or (), wanted, match)
+        ]
+        shared = [
+            str(row[0])
+            for row in conn.execute(
+                "SELECT v.digest, v.body FROM memory_values v WHERE v.bank_ref = ? AND v.digest"
+                f" IN (SELECT tags_ref FROM memory_units WHERE {clause} AND tags_ref IS NOT NULL)",
+                (params[0], *params),
+            ).fetchall()
+            if tags_pass(loads(row[1]) or (), wanted, match)
+        ]
+        parts: list[str] = []
+        values: list[Any] = []
+        if inline:
+            sql, more = self.dialect.any_of_many("tags", inline, "text")
+            parts.append(f"(tags_ref IS NULL AND {sql})")
+            values.extend(more)
+        if shared:
+            sql, more = self.dialect.any_of_many("tags_ref", shared, "text")
+            parts.append(sql)
+            values.extend(more)
+        return (f"({' OR '.join(parts)})", tuple(values)) if parts else None
 
     def get_unit(self, bank_ref: str, unit_id: str) -> StoredUnit | None:
         if holds_nul(unit_id):
