@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Final
 
 import numpy as np
@@ -88,6 +89,34 @@ def _folder(row: Any) -> KnowledgeFolder:
 
 def _vector(value: np.ndarray | None) -> bytes | None:
     return None if value is None else np.asarray(value, dtype=np.float32).tobytes()
+
+
+def _insert_model(conn: Any, m: MentalModel) -> None:
+    """Insert *m* as it is (its times included)."""
+    conn.execute(
+        "INSERT INTO memory_mental_models (bank_ref, id, name, source_query, content, tags,"
+        " max_tokens, trigger_settings, parent_id, is_page, reflect_response, embedding,"
+        " created_at, updated_at, last_refreshed_at, last_refresh_failed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            m.bank_ref,
+            m.id,
+            m.name,
+            m.source_query,
+            m.content,
+            json.dumps(m.tags),
+            m.max_tokens,
+            json.dumps(m.trigger),
+            m.parent_id,
+            1 if m.is_page else 0,
+            json.dumps(m.reflect_response) if m.reflect_response else None,
+            _vector(m.embedding),
+            m.created_at,
+            m.updated_at,
+            m.last_refreshed_at,
+            m.last_refresh_failed_at,
+        ),
+    )
 
 
 def _refuse_nul(*texts: str | None) -> None:
@@ -221,28 +250,7 @@ class MentalModelWrites:
             if model.is_page:
                 self._check_parent(conn, model.bank_ref, model.parent_id)
                 self._check_name(conn, model.bank_ref, model.parent_id, model.name, model.id)
-            conn.execute(
-                "INSERT INTO memory_mental_models (bank_ref, id, name, source_query, content,"
-                " tags, max_tokens, trigger_settings, parent_id, is_page, reflect_response,"
-                " embedding, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    model.bank_ref,
-                    model.id,
-                    model.name,
-                    model.source_query,
-                    model.content,
-                    json.dumps(model.tags),
-                    model.max_tokens,
-                    json.dumps(model.trigger),
-                    model.parent_id,
-                    1 if model.is_page else 0,
-                    json.dumps(model.reflect_response) if model.reflect_response else None,
-                    _vector(model.embedding),
-                    now,
-                    now,
-                ),
-            )
+            _insert_model(conn, replace(model, created_at=now, updated_at=now))
             created = self._models(
                 conn, "m.bank_ref = ? AND m.id = ?", (model.bank_ref, model.id), True
             )
@@ -394,32 +402,8 @@ class MentalModelWrites:
                     ),
                 )
             for row in models:
+                _insert_model(conn, replace(row.model, bank_ref=bank_ref))
                 m = row.model
-                conn.execute(
-                    "INSERT INTO memory_mental_models (bank_ref, id, name, source_query,"
-                    " content, tags, max_tokens, trigger_settings, parent_id, is_page,"
-                    " reflect_response, embedding, created_at, updated_at, last_refreshed_at,"
-                    " last_refresh_failed_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        bank_ref,
-                        m.id,
-                        m.name,
-                        m.source_query,
-                        m.content,
-                        json.dumps(m.tags),
-                        m.max_tokens,
-                        json.dumps(m.trigger),
-                        m.parent_id,
-                        1 if m.is_page else 0,
-                        json.dumps(m.reflect_response) if m.reflect_response else None,
-                        _vector(m.embedding),
-                        m.created_at,
-                        m.updated_at,
-                        m.last_refreshed_at,
-                        m.last_refresh_failed_at,
-                    ),
-                )
                 for entry in row.history:
                     conn.execute(
                         "INSERT INTO memory_mental_model_history (bank_ref, mental_model_id,"
