@@ -4,7 +4,9 @@ The source is built once per module through the real code: a memory engine on SQ
 (MiniLM embeddings) retains documents into two banks of two tenants (a multi-item
 document, an appended document, a deleted unit, an idempotency key), and the SQL run and
 session stores on the same file hold a session with a transcript and a wakeup, finished
-runs with journals and one unfinished run. Each test migrates it into a fresh schema.
+runs with journals and one unfinished run; the webhook store holds a bank's webhooks with
+delivered, failed and pending deliveries, and the archive store an export of three parts
+and an expired one. Each test migrates it into a fresh schema.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from click.testing import CliRunner
 import heed.migrate as migration
 from heed.cli import main
 from heed.memory import build_memory_engine
+from heed.memory.archive_store import PART_BYTES, StoredArchive
 from heed.memory.directives import Directive
 from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.memory.models import Bank, EntityRef, RetainItem
@@ -37,12 +40,14 @@ from heed.memory.store import UnitFilter
 from heed.migrate import MigrationError, MigrationSummary, engine_factory_for
 from heed.migrate.source import Snapshot
 from heed.migrate.tables import (
+    ARCHIVE_TABLES,
     BANK_TABLES,
     DERIVED,
     LEFT_OUT,
     MEMORY_TABLES,
     REMAPPED,
     RUN_TABLES,
+    WEBHOOK_TABLES,
     copy_columns,
 )
 from heed.migrate.target import prepare_target
@@ -52,10 +57,13 @@ from heed.runtime import Lane, Lanes, RequestContext, use_context
 from heed.sessions.store import Message, Session, Wakeup
 from heed.settings import Settings
 from heed.storage import SqliteDatabase
+from heed.storage.archive_store import SqlArchiveStore
 from heed.storage.memory import SqlMemoryStore
 from heed.storage.postgres import PostgresDatabase
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
+from heed.storage.webhook_store import SqlWebhookStore
+from heed.webhooks.models import DELIVERED, FAILED, PENDING, Delivery, HttpConfig, Webhook
 from tests.pg_support import fresh_schema
 
 TRAVEL = [
@@ -95,6 +103,7 @@ class Source:
     finished_runs: dict[str, int]  # run id -> journal length
     unfinished_run: str
     unfinished_events: int
+    archive: bytes  # the live export's bytes (the expired one is left out)
 
 
 def _items(texts: list[str], document_id: str | None = None, **kw: Any) -> list[RetainItem]:
@@ -221,6 +230,76 @@ def _runs_and_sessions(db: SqliteDatabase) -> tuple[str, dict[str, int], str, in
     return session.id, finished, unfinished, 3
 
 
+#: The webhooks' secret (copied as it is: the servers on the target sign with it).
+SECRET = "whsec-migrate-test"
+
+
+def _webhooks_and_archives(db: SqliteDatabase) -> bytes:
+    """Two webhooks of the travel bank (one switched off) with a delivered, a failed and a
+    pending (leased by the stopped server) delivery; an export of three parts, and one
+    that expired. Returns the live export's bytes."""
+    with db.read() as conn:
+        ref = str(
+            conn.execute("SELECT ref FROM memory_banks WHERE bank_id = 'travel'").fetchone()[0]
+        )
+    webhooks = SqlWebhookStore(db)
+    webhooks.migrate()
+    now = time.time()
+    config = HttpConfig(timeout_seconds=10, headers={"X-Team": "blue"}, params={"k": "v"})
+    for hook_id, enabled in (("wh_on", True), ("wh_off", False)):
+        webhooks.create(
+            Webhook(
+                hook_id,
+                "default",
+                ref,
+                "travel",
+                f"https://hooks.example.com/{hook_id}",
+                SECRET,
+                ["retain.completed", "run.completed"],
+                enabled,
+                config,
+                now,
+                now,
+            )
+        )
+    deliveries = [
+        Delivery(
+            f"dl_{status}",
+            "default",
+            ref,
+            "wh_on",
+            f"ev_{status}",
+            "retain.completed",
+            "https://hooks.example.com/wh_on",
+            json.dumps({"type": "retain.completed", "n": i}),
+            status,
+            attempts,
+            now + i,
+            now - 60 + i,
+            now - 30 + i,
+            lease_owner="old-server" if status == PENDING else None,
+            lease_until=now + 90 if status == PENDING else None,
+            last_error="HTTP 500" if status == FAILED else None,
+            last_response_status={DELIVERED: 200, FAILED: 500}.get(status),
+            last_response_body="ok" if status == DELIVERED else None,
+            last_attempt_at=now - 10 if attempts else None,
+        )
+        for i, (status, attempts) in enumerate(((DELIVERED, 1), (FAILED, 6), (PENDING, 0)))
+    ]
+    webhooks.enqueue(deliveries)
+    archives = SqlArchiveStore(db)
+    archives.migrate()
+    parts = [bytes([n]) * PART_BYTES for n in (1, 2)] + [b"tail"]
+    for archive_id, expires in (("arc_live", now + 86400), ("arc_expired", now - 1)):
+        archives.put_archive(
+            StoredArchive(
+                archive_id, "default", "export", "travel", f"{archive_id}.zip", 0, "", now, expires
+            ),
+            parts,
+        )
+    return b"".join(parts)
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
     data_dir = tmp_path_factory.mktemp("migrate-source")
@@ -229,9 +308,10 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
     try:
         asyncio.run(_retain_memory(data_dir, db))
         session_id, finished, unfinished, n_unfinished = _runs_and_sessions(db)
+        archive = _webhooks_and_archives(db)
     finally:
         db.close()
-    return Source(path, session_id, finished, unfinished, n_unfinished)
+    return Source(path, session_id, finished, unfinished, n_unfinished, archive)
 
 
 @pytest.fixture
@@ -277,7 +357,14 @@ UNIT_EDGES = {
     ),
 }
 
-TABLES = [*BANK_TABLES, "sessions", "session_messages", "session_wakeups"]
+TABLES = [
+    *BANK_TABLES,
+    "sessions",
+    "session_messages",
+    "session_wakeups",
+    "webhooks",
+    "webhook_deliveries",
+]
 
 
 def _count(conn: Any, table: str) -> int:
@@ -369,6 +456,66 @@ def test_migration_copies_every_table_and_leaves_unfinished_runs_out(
     # The verification at the end of the migration passed.
     assert summary.verification is not None
     assert summary.verification.ok, summary.verification.problems()
+    checked = {c.table for c in summary.verification.counts}
+    assert {"webhooks", "webhook_deliveries", "transfer_archive_parts"} <= checked
+
+
+def test_webhooks_and_live_archives_survive_the_migration(
+    source: Source, pg_url: str, migrated: tuple[MigrationSummary, float]
+) -> None:
+    """The banks' webhooks (secret, events, config, switched off or not) and their
+    deliveries, each as it was: the pending one is sent by the target's servers once the
+    stopped server's lease expires. The export still downloadable arrives whole, the
+    expired one is left out and counted; a second run copies none of them again."""
+    summary = migrated[0]
+    database = PostgresDatabase(pg_url, pool_size=2)
+    try:
+        webhooks = SqlWebhookStore(database)
+        with database.read() as conn:
+            ref = str(
+                conn.execute("SELECT ref FROM memory_banks WHERE bank_id = 'travel'").fetchone()[0]
+            )
+        hooks, total = webhooks.list_bank("default", ref, 10, 0)
+        assert total == 2 and {h.id: h.enabled for h in hooks} == {"wh_on": True, "wh_off": False}
+        on = webhooks.get("default", ref, "wh_on")
+        assert on is not None and on.secret == SECRET and on.bank_id == "travel"
+        assert on.event_types == ["retain.completed", "run.completed"]
+        assert on.http_config == HttpConfig("POST", 10, {"X-Team": "blue"}, {"k": "v"})
+        assert [s.id for s in webhooks.subscribers("default", ref)] == ["wh_on"]
+        log = webhooks.deliveries("default", ref, "wh_on", 10, None)
+        assert {d.id: d.status for d in log} == {
+            "dl_delivered": DELIVERED,
+            "dl_failed": FAILED,
+            "dl_pending": PENDING,
+        }
+        with _sqlite(source.path) as lite:
+            lite.row_factory = sqlite3.Row
+            for delivery in log:
+                row = lite.execute(
+                    "SELECT * FROM webhook_deliveries WHERE id = ?", (delivery.id,)
+                ).fetchone()
+                assert delivery == Delivery(**dict(zip(row.keys(), tuple(row), strict=True)))
+        later = time.time() + 120  # the stopped server's lease is over
+        assert [d.id for d in webhooks.due(later, 10)] == ["dl_pending"]
+        assert webhooks.claim("dl_pending", "new-server", later, later + 90)
+
+        archives = SqlArchiveStore(database)
+        live = archives.get_archive("default", "arc_live")
+        assert live is not None and live.byte_size == len(source.archive)
+        assert b"".join(archives.archive_parts("arc_live")) == source.archive
+        assert archives.get_archive("default", "arc_expired") is None
+        with database.read() as conn:
+            assert conn.execute("SELECT COUNT(*) FROM transfer_archives").fetchone()[0] == 1
+    finally:
+        database.close()
+    assert summary.copied["webhooks"] == 2 and summary.copied["webhook_deliveries"] == 3
+    assert summary.copied["transfer_archives"] == 1
+    assert summary.copied["transfer_archive_parts"] == 3
+    assert summary.left_out["transfer_archives"] == 1
+    assert summary.left_out["transfer_archive_parts"] == 3
+    again = migration.migrate(source.path, pg_url, verify_queries=0)
+    for table in ("webhooks", "webhook_deliveries", "transfer_archives", "transfer_archive_parts"):
+        assert again.copied[table] == 0 and again.existing[table] == summary.copied[table]
 
 
 def test_the_postgres_store_searches_the_migrated_units(
@@ -412,9 +559,9 @@ def test_every_column_of_every_table_is_copied(
         for table, columns in plan.items():
             assert set(columns) | DERIVED.get(table, set()) == set(target.columns(table)), table
         with _sqlite(source.path) as lite, _pg(pg_url) as pg:
-            for spec in (*RUN_TABLES, *MEMORY_TABLES):
+            for spec in (*RUN_TABLES, *MEMORY_TABLES, *WEBHOOK_TABLES, *ARCHIVE_TABLES):
                 named = ", ".join(f"t.{c}" for c in plan[spec.table])
-                rows = f"SELECT {named} FROM {spec.rows_from} WHERE {spec.where}"
+                rows = f"SELECT {named} FROM {spec.rows_from} WHERE {spec.where_at(time.time())}"
                 assert sorted(_rows(pg, rows)) == sorted(_rows(lite, rows)) != [], spec.table
             unit_columns = [c for c in REMAPPED["memory_units"] if c not in ("seq", "embedding")]
             units = f"SELECT {', '.join(unit_columns)} FROM memory_units"
@@ -679,6 +826,7 @@ def test_cli_migrates_and_prints_the_summary(source: Source, pg_url: str) -> Non
     out = result.stdout
     assert f"migrated {source.path} -> " in out
     assert "memory_units" in out and "left out: 1 unfinished runs" in out
+    assert "webhook_deliveries" in out and "left out: 1 bank archives expired" in out
     assert "counts: all" in out and "recall: top-1 agreement 1.000" in out
     assert "copy" in result.stderr  # the progress bar
     result = runner.invoke(

@@ -101,6 +101,11 @@ def _summary_lines(summary: MigrationSummary) -> list[str]:
     for table in ("memory_unit_entities", "memory_links"):
         if summary.left_out.get(table):
             lines.append(f"left out: {summary.left_out[table]} {table} rows pointing at no unit")
+    if summary.left_out.get("transfer_archives"):
+        lines.append(
+            f"left out: {summary.left_out['transfer_archives']} bank archives expired or "
+            "never finished (no server serves them)"
+        )
     if summary.verification is not None:
         lines.extend(_verification_lines(summary.verification))
     return lines
@@ -158,9 +163,11 @@ def migrate(
     """Copy a heed SQLite database into PostgreSQL, then verify the copy.
 
     Copies memory banks (documents, chunks, units with their vectors and keyword
-    text, entities, links, the retain ledger), sessions with their transcripts and
-    wakeups, and finished runs with their journals; unfinished runs are left out and
-    counted. Stop the server using the SQLite file first; the file is only read.
+    text, entities, links, the retain ledger, directives, mental models), sessions with
+    their transcripts and wakeups, finished runs with their journals, the banks' webhooks
+    with their deliveries, and exported bank archives not yet expired; unfinished runs
+    (and expired archives) are left out and counted. Stop the server using the SQLite
+    file first; the file is only read.
 
     Safe to run again: rows already in PostgreSQL are kept, so a second run copies
     nothing and an interrupted one resumes.

@@ -14,13 +14,18 @@ a server, so it sits beside the adapters rather than in them:
 - :mod:`.reports`: what it reports.
 
 What is copied: memory banks, documents, chunks, units (with their vectors and keyword
-text), entities, unit-entity rows, links, shared values and the retain ledger; sessions
-with their transcripts and wakeups; runs whose phase is terminal, with their journals and
-summaries but not their payloads. Unfinished runs are left out and counted: the server that
-owned them is stopped, so they are stale. The copier takes no locks in the target: servers
-may use it meanwhile, but none should write to the banks, sessions or runs being copied.
-A bank whose ``(tenant, bank_id)`` the target holds under another ref is refused before
-anything is written. Everything here blocks (the recall check runs its own event loop).
+text), entities, unit-entity rows, links, shared values, the retain ledger, directives,
+mental models with their history and knowledge folders; sessions with their transcripts and
+wakeups; runs whose phase is terminal, with their journals and summaries but not their
+payloads; the banks' webhooks with their deliveries (pending ones are sent by the servers
+on the target); exported bank archives not yet expired, with their parts (a finished
+export's ``download_url`` names one). Unfinished runs are left out and counted: the server
+that owned them is stopped, so they are stale; so are expired or unfinished archives. Left
+out on purpose (:data:`~heed.migrate.tables.LEFT_OUT`): run payloads, UI logouts. The
+copier takes no locks in the target: servers may use it meanwhile, but none should write to
+the banks, sessions or runs being copied. A bank whose ``(tenant, bank_id)`` the target
+holds under another ref is refused before anything is written. Everything here blocks (the
+recall check runs its own event loop).
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ def migrate(
         try:
             copier.copy_sessions_and_runs()
             copier.copy_memory()
+            copier.copy_webhooks_and_archives()
         finally:
             sink.finish()
         verification = check_copy(src, db, dim, verify_queries, engine_factory, sink)

@@ -2,7 +2,8 @@
 
 Counts: per bank, source and target must hold the same number of documents, chunks, units,
 units with a vector, entities, memberships, links and ledger rows; for sessions, messages,
-wakeups, (finished) runs and journal events, every source row's key must be in the target.
+wakeups, (finished) runs and journal events, webhooks and their deliveries, and the
+archives still downloadable and their parts, every source row's key must be in the target.
 
 Recall: for each bank, up to ``queries`` units sampled deterministically (the first by id;
 ids are random UUIDs) are used as queries, their text recalled on a
@@ -17,6 +18,7 @@ use). It runs its own event loop: call it from a thread when inside one.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -27,7 +29,7 @@ from heed.memory.store import MemoryStore
 from heed.migrate.copier import KEY_BATCH, storable
 from heed.migrate.reports import BankRecall, CountCheck, MigrationError, Progress, Verification
 from heed.migrate.source import Snapshot
-from heed.migrate.tables import BANK_TABLES, TERMINAL_SQL
+from heed.migrate.tables import BANK_TABLES, TERMINAL_SQL, live_archive
 from heed.runtime import Lane, Lanes, RequestContext, use_context
 from heed.settings import Settings
 from heed.storage import SqliteDatabase
@@ -106,6 +108,7 @@ def _bank_count_queries(where: str) -> dict[str, str]:
 
 def _count_checks(src: Snapshot, dst: PostgresDatabase) -> list[CountCheck]:
     checks: list[CountCheck] = []
+    now = time.time()  # the archives live now (an archive copied earlier may expire since)
     with dst.read() as conn:
         missing = [
             table
@@ -158,6 +161,20 @@ def _count_checks(src: Snapshot, dst: PostgresDatabase) -> list[CountCheck]:
             f"SELECT rowid AS _k, id FROM runs WHERE phase IN ({TERMINAL_SQL})",
             "id",
         ),
+        ("webhooks", "webhooks", "SELECT rowid AS _k, id FROM webhooks WHERE 1 = 1", "id"),
+        (
+            "webhooks",
+            "webhook_deliveries",
+            "SELECT rowid AS _k, id FROM webhook_deliveries WHERE 1 = 1",
+            "id",
+        ),
+        (
+            "transfer_archives",
+            "transfer_archives",
+            "SELECT rowid AS _k, id FROM transfer_archives"
+            f" WHERE {live_archive('transfer_archives', now)}",
+            "id",
+        ),
     ]
     for component, table, select, column in keyed:
         if not src.has(component):
@@ -196,6 +213,30 @@ def _count_checks(src: Snapshot, dst: PostgresDatabase) -> list[CountCheck]:
                     )
                 )
         checks.append(CountCheck("all", "run_events", n_source, n_target))
+    if src.has("transfer_archives"):
+        n_source = n_target = 0
+        select = (
+            "SELECT t.rowid AS _k, t.archive_id, t.part FROM transfer_archive_parts t"
+            " JOIN transfer_archives a ON a.id = t.archive_id"
+            f" WHERE {live_archive('a', now)}"
+        )
+        for rows in src.pages(select, (), KEY_BATCH, "t.rowid"):
+            n_source += len(rows)
+            with dst.read() as conn:
+                n_target += int(
+                    _one(
+                        conn.execute(
+                            "SELECT COUNT(*) FROM transfer_archive_parts p"
+                            " JOIN unnest(?::text[], ?::integer[]) AS k(archive_id, part)"
+                            " ON p.archive_id = k.archive_id AND p.part = k.part",
+                            (
+                                [storable(r["archive_id"]) for r in rows],
+                                [int(r["part"]) for r in rows],
+                            ),
+                        )
+                    )
+                )
+        checks.append(CountCheck("all", "transfer_archive_parts", n_source, n_target))
     return checks
 
 

@@ -29,6 +29,7 @@ counted.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
@@ -38,7 +39,15 @@ import psycopg.errors
 from heed.errors import replace_nul
 from heed.migrate.reports import MigrationError, Progress
 from heed.migrate.source import Snapshot
-from heed.migrate.tables import MEMORY_TABLES, RUN_TABLES, TERMINAL_SQL, TableCopy
+from heed.migrate.tables import (
+    ARCHIVE_TABLES,
+    MEMORY_TABLES,
+    RUN_TABLES,
+    TERMINAL_SQL,
+    WEBHOOK_TABLES,
+    TableCopy,
+    live_archive,
+)
 from heed.migrate.target import Target
 from heed.storage.memory.dialect import Column
 from heed.storage.memory.rows import bank_token
@@ -79,6 +88,8 @@ class Copier:
         self.columns = columns
         self.batch = batch
         self.progress = progress
+        #: The time of the copy: which archives are still live (epoch seconds).
+        self.now = time.time()
         self.copied: dict[str, int] = {}
         self.existing: dict[str, int] = {}
         self.left_out: dict[str, int] = {}
@@ -97,11 +108,11 @@ class Copier:
     def plan(self) -> int:
         """Source rows to read (the progress total); fills ``left_out`` with the runs."""
         total = 0
-        for spec in (*RUN_TABLES, *MEMORY_TABLES):
+        for spec in (*RUN_TABLES, *MEMORY_TABLES, *WEBHOOK_TABLES, *ARCHIVE_TABLES):
             self.copied[spec.table] = 0
             self.existing[spec.table] = 0
             if self.src.has(spec.component):
-                total += self.src.scalar(spec.count)
+                total += self.src.scalar(spec.count(self.now))
         for table in ("memory_units", "memory_unit_entities", "memory_links"):
             self.copied[table] = 0
             self.existing[table] = 0
@@ -115,6 +126,15 @@ class Copier:
                 "SELECT COUNT(*) FROM run_events e JOIN runs r ON r.id = e.run_id"
                 f" WHERE r.phase NOT IN ({TERMINAL_SQL})"
             )
+        if self.src.has("transfer_archives"):
+            gone = f"NOT ({live_archive('a', self.now)})"
+            self.left_out["transfer_archives"] = self.src.scalar(
+                f"SELECT COUNT(*) FROM transfer_archives a WHERE {gone}"
+            )
+            self.left_out["transfer_archive_parts"] = self.src.scalar(
+                "SELECT COUNT(*) FROM transfer_archive_parts t"
+                f" JOIN transfer_archives a ON a.id = t.archive_id WHERE {gone}"
+            )
         return total
 
     # -- tables copied row for row -------------------------------------------------------
@@ -124,7 +144,8 @@ class Copier:
             return
         columns = self.columns[spec.table]
         insert = _insert_sql(spec.table, columns)
-        for rows in self.src.pages(spec.select(columns), (), self.batch, "t.rowid"):
+        batch = min(self.batch, spec.max_batch or self.batch)
+        for rows in self.src.pages(spec.select(columns, self.now), (), batch, "t.rowid"):
             values = [tuple(storable(r[c]) for c in columns) for r in rows]
             with self.dst.db.write() as conn:
                 inserted = conn.executemany(insert, values).rowcount
@@ -132,6 +153,12 @@ class Copier:
 
     def copy_sessions_and_runs(self) -> None:
         for spec in RUN_TABLES:
+            self._copy_plain(spec)
+
+    def copy_webhooks_and_archives(self) -> None:
+        """The banks' webhooks with their deliveries, and the archives still downloadable
+        (see :data:`~heed.migrate.tables.WEBHOOK_TABLES`, :data:`~.tables.ARCHIVE_TABLES`)."""
+        for spec in (*WEBHOOK_TABLES, *ARCHIVE_TABLES):
             self._copy_plain(spec)
 
     # -- memory --------------------------------------------------------------------------

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from heed.migrate.reports import MigrationError
+from heed.storage.archive_store import MIGRATIONS as ARCHIVE_MIGRATIONS
 from heed.storage.memory import memory_migrations
 from heed.storage.run_store import MIGRATIONS as RUN_MIGRATIONS
 from heed.storage.session_store import MIGRATIONS as SESSION_MIGRATIONS
+from heed.storage.webhook_store import MIGRATIONS as WEBHOOK_MIGRATIONS
 
 __all__ = ["SOURCE_SCHEMA", "Snapshot", "sqlite_source_path"]
 
@@ -27,6 +29,8 @@ SOURCE_SCHEMA: Final = {
     "memory": max(m.version for m in memory_migrations()),
     "runs": max(m.version for m in RUN_MIGRATIONS),
     "sessions": max(m.version for m in SESSION_MIGRATIONS),
+    "webhooks": max(m.version for m in WEBHOOK_MIGRATIONS),
+    "transfer_archives": max(m.version for m in ARCHIVE_MIGRATIONS),
 }
 
 

@@ -23,15 +23,20 @@ from heed.storage.memory.rows import UNIT_WRITE_COLUMNS
 from heed.storage.memory.writes import LINK_COLUMNS, MEMBERSHIP_COLUMNS
 
 __all__ = [
+    "ARCHIVE_PART_BATCH",
+    "ARCHIVE_TABLES",
     "BANK_TABLES",
     "DERIVED",
     "LEFT_OUT",
     "MEMORY_TABLES",
+    "NOW",
     "REMAPPED",
     "RUN_TABLES",
     "TERMINAL_SQL",
+    "WEBHOOK_TABLES",
     "TableCopy",
     "copy_columns",
+    "live_archive",
 ]
 
 #: The finished phases, as an SQL list.
@@ -39,28 +44,46 @@ TERMINAL_SQL: Final = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL_PHASES))
 _TERMINAL_RUN: Final = f"phase IN ({TERMINAL_SQL})"
 
 
+#: Where a :class:`TableCopy`'s ``where`` names the time of the copy (epoch seconds).
+NOW: Final = "{now}"
+#: Archive parts (a MiB each) copied per transaction.
+ARCHIVE_PART_BATCH: Final = 4
+
+
 @dataclass(frozen=True, slots=True)
 class TableCopy:
     """A table copied row for row: which rows (``FROM`` and ``WHERE`` over alias ``t``, the
-    copied table) and which component holds it."""
+    copied table), which component holds it, and at most how many rows a batch takes
+    (``None``: the migration's batch size)."""
 
     table: str
     component: str
     source: str = ""
     where: str = "1 = 1"
+    max_batch: int | None = None
 
     @property
     def rows_from(self) -> str:
         return self.source or f"{self.table} t"
 
-    def select(self, columns: list[str]) -> str:
+    def where_at(self, now: float) -> str:
+        """The ``WHERE`` condition for a copy at *now* (epoch seconds; see :data:`NOW`)."""
+        return self.where.replace(NOW, repr(float(now)))
+
+    def select(self, columns: list[str], now: float) -> str:
         """The source rows' *columns*, keyed by rowid as ``_k`` (for :meth:`Snapshot.pages`)."""
         named = ", ".join(f"t.{c}" for c in columns)
-        return f"SELECT t.rowid AS _k, {named} FROM {self.rows_from} WHERE {self.where}"
+        return f"SELECT t.rowid AS _k, {named} FROM {self.rows_from} WHERE {self.where_at(now)}"
 
-    @property
-    def count(self) -> str:
-        return f"SELECT COUNT(*) FROM {self.rows_from} WHERE {self.where}"
+    def count(self, now: float) -> str:
+        return f"SELECT COUNT(*) FROM {self.rows_from} WHERE {self.where_at(now)}"
+
+
+def live_archive(alias: str, now: float | str = NOW) -> str:
+    """The condition that the archive *alias* names is one a server still serves at *now*:
+    stored whole, not expired (:meth:`heed.storage.archive_store.SqlArchiveStore.get_archive`)."""
+    when = now if isinstance(now, str) else repr(float(now))
+    return f"{alias}.complete = 1 AND {alias}.expires_at > {when}"
 
 
 #: Sessions and runs, in copy order. Only finished runs are copied (an unfinished one's
@@ -91,6 +114,27 @@ MEMORY_TABLES: Final = (
     TableCopy("memory_mental_models", "memory"),
     TableCopy("memory_mental_model_history", "memory"),
     TableCopy("memory_knowledge_folders", "memory"),
+)
+
+#: A bank's webhooks and their deliveries (the outbox and its log), every row: a pending
+#: delivery is sent by the servers on the target (its old lease expires), a finished one
+#: stays in the webhook's log. Keyed by the bank's ref, which the copy keeps.
+WEBHOOK_TABLES: Final = (
+    TableCopy("webhooks", "webhooks"),
+    TableCopy("webhook_deliveries", "webhooks"),
+)
+
+#: Exported bank archives still downloadable (a finished export run's ``download_url``
+#: names one), with their parts; expired and unfinished ones are left out and counted.
+ARCHIVE_TABLES: Final = (
+    TableCopy("transfer_archives", "transfer_archives", where=live_archive("t")),
+    TableCopy(
+        "transfer_archive_parts",
+        "transfer_archives",
+        source="transfer_archive_parts t JOIN transfer_archives a ON a.id = t.archive_id",
+        where=live_archive("a"),
+        max_batch=ARCHIVE_PART_BATCH,
+    ),
 )
 
 #: The tables whose seqs the target assigns, with the columns the memory store writes.
@@ -133,7 +177,10 @@ def copy_columns(src: Snapshot, dst: Target) -> dict[str, list[str]]:
     """Per copied table of a component the source holds, the columns copied: the source
     table's, in its order. Raises :class:`MigrationError` when a column cannot be copied
     (see the module docstring)."""
-    components = {spec.table: spec.component for spec in (*RUN_TABLES, *MEMORY_TABLES)}
+    components = {
+        spec.table: spec.component
+        for spec in (*RUN_TABLES, *MEMORY_TABLES, *WEBHOOK_TABLES, *ARCHIVE_TABLES)
+    }
     components.update({table: "memory" for table in REMAPPED})
     plan: dict[str, list[str]] = {}
     for table, component in components.items():

@@ -3,10 +3,10 @@ stores themselves.
 
 The target is probed first (reachable, pgvector installable or visible), then its schema is
 created by the stores' own ``migrate()``, every store a server has: runs, sessions, UI
-logouts, and memory sized to the source's vectors. A target already holding vectors of
-another size is refused. :class:`Target` holds what the copier writes with: the database
-and the memory store's PostgreSQL part (its seq allocation, vector encoding, unit and bulk
-inserts).
+logouts, webhooks, bank archives, and memory sized to the source's vectors. A target
+already holding vectors of another size is refused. :class:`Target` holds what the copier
+writes with: the database and the memory store's PostgreSQL part (its seq allocation,
+vector encoding, unit and bulk inserts).
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from heed.migrate.reports import MigrationError
+from heed.storage.archive_store import SqlArchiveStore
 from heed.storage.memory import SqlMemoryStore
 from heed.storage.memory.postgres import PostgresMemory, SchemaMismatch
 from heed.storage.postgres import PostgresDatabase, is_postgres_url
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
+from heed.storage.webhook_store import SqlWebhookStore
 
 __all__ = ["Target", "open_target", "prepare_target", "url_without_password", "vector_size"]
 
@@ -125,6 +127,8 @@ def prepare_target(db: PostgresDatabase, dim: int) -> Target:
         SqlRunStore(db).migrate()
         SqlSessionStore(db).migrate()
         SqlRevocationStore(db).migrate()
+        SqlWebhookStore(db).migrate()
+        SqlArchiveStore(db).migrate()
         memory = SqlMemoryStore(db, dim)
         memory.migrate()
     except SchemaMismatch as exc:
