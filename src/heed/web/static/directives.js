@@ -2,7 +2,7 @@
 // the model, in the order they are said (priority first). Create, switch on and off, delete.
 
 import { directives as api } from "./api.js";
-import { askFirst, card, clear, describeError, h, setStatus } from "./ui.js";
+import { askFirst, clear, describeError, formBesideList, h, setStatus } from "./ui.js";
 
 const MAX_CONTENT = 5000; // heed.memory.directives.MAX_CONTENT_CHARS
 
@@ -56,27 +56,16 @@ export class DirectivesSection {
     this.count = h("span", { id: "directive-count", class: "muted" });
     this.statusEl = h("p", { class: "form-status", role: "status", id: "directive-status" });
     this.list = h("ol", { class: "directives", id: "directive-list", "aria-label": "directives" });
-    const header = h(
-      "div",
-      { class: "row" },
-      this.count,
-      h("span", { class: "spacer" }),
-      h("button", { type: "button", class: "secondary", onclick: () => this.load() }, "Reload"),
-    );
-    this.el = h(
-      "div",
-      { class: "memory-grid learning-grid" },
-      h(
-        "div",
-        { class: "memory-column" },
-        card(
-          "New directive",
-          h("p", { class: "muted hint" }, "Untagged directives always apply; tagged ones only to a reflect whose tags match them."),
-          form,
-        ),
-      ),
-      h("div", { class: "memory-column wide" }, card("Directives", header, this.statusEl, this.list)),
-    );
+    this.el = formBesideList({
+      formTitle: "New directive",
+      hint: "Untagged directives always apply; tagged ones only to a reflect whose tags match them.",
+      form,
+      listTitle: "Directives",
+      count: this.count,
+      statusEl: this.statusEl,
+      list: this.list,
+      onReload: () => this.load(),
+    });
   }
 
   setBank(bankId) {

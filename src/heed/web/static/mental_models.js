@@ -5,7 +5,7 @@
 import { mentalModels as api } from "./api.js";
 import { EVENT } from "./events.js";
 import { RunProgress, activeRuns } from "./progress.js";
-import { askFirst, card, clear, describeError, formatTime, h, setStatus } from "./ui.js";
+import { askFirst, clear, describeError, formBesideList, formatTime, h, setStatus } from "./ui.js";
 
 const REFRESH_KIND = "mental_model_refresh";
 
@@ -190,27 +190,16 @@ export class MentalModelsSection {
     this.count = h("span", { id: "mental-model-count", class: "muted" });
     this.statusEl = h("p", { class: "form-status", role: "status", id: "mental-model-status" });
     this.list = h("ol", { class: "mental-models", id: "mental-model-list", "aria-label": "mental models" });
-    const header = h(
-      "div",
-      { class: "row" },
-      this.count,
-      h("span", { class: "spacer" }),
-      h("button", { type: "button", class: "secondary", onclick: () => this.load() }, "Reload"),
-    );
-    this.el = h(
-      "div",
-      { class: "memory-grid learning-grid" },
-      h(
-        "div",
-        { class: "memory-column" },
-        card(
-          "New mental model",
-          h("p", { class: "muted hint" }, "heed answers the question from the bank's memories and keeps the answer as the model's content; Refresh asks again."),
-          form,
-        ),
-      ),
-      h("div", { class: "memory-column wide" }, card("Mental models", header, this.statusEl, this.list)),
-    );
+    this.el = formBesideList({
+      formTitle: "New mental model",
+      hint: "heed answers the question from the bank's memories and keeps the answer as the model's content; Refresh asks again.",
+      form,
+      listTitle: "Mental models",
+      count: this.count,
+      statusEl: this.statusEl,
+      list: this.list,
+      onReload: () => this.load(),
+    });
   }
 
   setBank(bankId) {

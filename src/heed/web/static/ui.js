@@ -30,6 +30,20 @@ export function card(title, ...body) {
   return h("section", { class: "card", "aria-labelledby": id }, h("h3", { id }, title), ...body);
 }
 
+/**
+ * A learning tab's layout: a form card ("New …", a hint, the form) beside a list card (its
+ * count and a Reload button, a status line, the list). Returns the tab's element.
+ */
+export function formBesideList({ formTitle, hint, form, listTitle, count, statusEl, list, onReload }) {
+  const header = h("div", { class: "row" }, count, h("span", { class: "spacer" }), h("button", { type: "button", class: "secondary", onclick: onReload }, "Reload"));
+  return h(
+    "div",
+    { class: "memory-grid learning-grid" },
+    h("div", { class: "memory-column" }, card(formTitle, h("p", { class: "muted hint" }, hint), form)),
+    h("div", { class: "memory-column wide" }, card(listTitle, header, statusEl, list)),
+  );
+}
+
 /** Set a status line (class form-status; its other classes stay): kind is "", "pending", "ok" or "error". */
 export function setStatus(el, text, kind = "") {
   el.textContent = text;
