@@ -30,6 +30,7 @@ import pytest
 from click.testing import CliRunner
 
 import heed.migrate as migration
+from heed.api.app import create_app
 from heed.cli import main
 from heed.memory import build_memory_engine
 from heed.memory.archive_store import PART_BYTES, StoredArchive
@@ -38,7 +39,7 @@ from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
 from heed.migrate import MigrationError, MigrationSummary, engine_factory_for
-from heed.migrate.source import Snapshot
+from heed.migrate.source import SOURCE_SCHEMA, Snapshot
 from heed.migrate.tables import (
     ARCHIVE_TABLES,
     BANK_TABLES,
@@ -65,6 +66,7 @@ from heed.storage.session_store import SqlSessionStore
 from heed.storage.webhook_store import SqlWebhookStore
 from heed.webhooks.models import DELIVERED, FAILED, PENDING, Delivery, HttpConfig, Webhook
 from tests.pg_support import fresh_schema
+from tests.support import live_server
 
 TRAVEL = [
     "Ana flew from Lisbon to Tokyo for the cherry blossom season.",
@@ -569,6 +571,31 @@ def test_every_column_of_every_table_is_copied(
     finally:
         snapshot.close()
         database.close()
+
+
+def test_every_table_a_server_makes_is_copied_or_left_out_on_purpose(tmp_path: Path) -> None:
+    """The tables of a real server's SQLite file (every store its composition root
+    migrates): each component is one the source reads, and each table is copied (row for
+    row, or remapped), left out with a reason (``LEFT_OUT``), or SQLite's keyword index. A
+    store added to the server and not to ``heed migrate`` fails here."""
+    settings = Settings(data_dir=tmp_path / "data")
+    with live_server(create_app(settings)):
+        pass
+    snapshot = Snapshot(settings.database_path())
+    try:
+        components = {
+            str(r[0]) for r in snapshot.conn.execute("SELECT component FROM schema_migrations")
+        }
+        tables = {
+            str(r[0])
+            for r in snapshot.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+    finally:
+        snapshot.close()
+    assert components == set(SOURCE_SCHEMA) | {"ui_revocations"}  # that one: all LEFT_OUT
+    copied = {s.table for s in (*RUN_TABLES, *MEMORY_TABLES, *WEBHOOK_TABLES, *ARCHIVE_TABLES)}
+    handled = copied | set(REMAPPED) | set(LEFT_OUT)
+    assert {t for t in tables if not t.startswith("memory_fts")} == handled
 
 
 def test_a_column_a_store_adds_is_copied_or_refused(
