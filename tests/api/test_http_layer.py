@@ -149,7 +149,7 @@ async def test_bad_input_gets_clear_4xx_and_holds_nothing(
 
         r = await client.post("/v1/_diag/burn", content=b"x" * 5000)
         assert r.status_code == 413
-        assert "2048" in r.json()["detail"]
+        assert "2048" in r.json()["detail"] and "HEED_MAX_BODY_BYTES" in r.json()["detail"]
 
         async def chunks():  # no Content-Length: the limit is enforced while reading
             for _ in range(10):

@@ -404,7 +404,10 @@ class RequestLifecycleMiddleware:
         return 0
 
     def _too_large_message(self) -> str:
-        return f"request body exceeds the limit of {self.max_body_bytes} bytes"
+        return (
+            f"request body exceeds the limit of {self.max_body_bytes} bytes "
+            "(the server's HEED_MAX_BODY_BYTES)"
+        )
 
     def _record(self, scope: Scope, status_holder: dict[str, Any], seconds: float) -> None:
         status = status_holder["status"] or 500
