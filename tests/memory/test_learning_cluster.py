@@ -272,6 +272,56 @@ def test_deleting_the_bank_on_b_stops_a_s_consolidation_and_the_recreated_bank_s
     httpx.delete(banks(via, bank), timeout=60).raise_for_status()
 
 
+def test_a_bank_recreated_through_b_is_retained_into_and_listed_through_a_at_once(
+    cluster: Cluster,
+) -> None:
+    """B deletes a bank and creates it again while A still holds the old bank's row (A
+    looked it up less than ``BANK_CACHE_SECONDS`` ago): a retain through A at once succeeds,
+    into the new bank, and a list through A at once shows the new bank's memories, not
+    nothing. Each part is tried again (at most three times) until it ran inside A's cache
+    window, so the test shows the stale row was met, not waited out."""
+
+    def retain(url: str, bank: str, text: str) -> httpx.Response:
+        items = [{"content": text}]
+        return httpx.post(f"{banks(url, bank)}/memories", json={"items": items}, timeout=60)
+
+    def texts(url: str, bank: str) -> list[str]:
+        return sorted(m["text"] for m in memories(url, bank))
+
+    def recreate_on_b(bank: str) -> None:
+        httpx.delete(banks(cluster.b, bank), timeout=60).raise_for_status()
+        httpx.put(banks(cluster.b, bank), json={}, timeout=30).raise_for_status()
+
+    bank = "recreated-" + uuid.uuid4().hex[:8]
+    try:
+        written_within = listed_within = False
+        for _ in range(3):
+            httpx.put(banks(cluster.a, bank), json={}, timeout=30).raise_for_status()
+            looked = time.monotonic()
+            assert retain(cluster.a, bank, "Old bank: Dora keeps bees.").status_code == 200
+            assert texts(cluster.a, bank) == ["Old bank: Dora keeps bees."]  # A holds the row
+            recreate_on_b(bank)
+            response = retain(cluster.a, bank, "New bank: Ottoline keeps tabby cats.")
+            written_within = time.monotonic() - looked < BANK_CACHE_SECONDS
+            assert response.status_code == 200, response.text
+            assert response.json()["items_count"] == 1
+            for url in (cluster.b, cluster.a):  # in the new bank, the old one's gone
+                assert texts(url, bank) == ["New bank: Ottoline keeps tabby cats."]
+
+            looked = time.monotonic()  # A read the new bank again for that retain
+            recreate_on_b(bank)
+            assert retain(cluster.b, bank, "Newer bank: Bruno runs.").status_code == 200
+            listed = texts(cluster.a, bank)
+            listed_within = time.monotonic() - looked < BANK_CACHE_SECONDS
+            assert listed == ["Newer bank: Bruno runs."]
+            if written_within and listed_within:
+                break
+            httpx.delete(banks(cluster.b, bank), timeout=60).raise_for_status()
+        assert written_within and listed_within, "never inside A's bank cache window"
+    finally:
+        cleanup(cluster, bank)
+
+
 async def test_a_bank_consolidates_once_at_a_time_whichever_instance_is_asked(
     cluster: Cluster,
 ) -> None:

@@ -20,6 +20,7 @@ from mcp import Client
 
 from heed.api.app import create_app
 from heed.memory import MemoryEngine, build_memory_engine
+from heed.memory import engine as engine_module
 from heed.memory.models import Bank, Conflict, NotFound, RecallQuery, RetainItem
 from heed.memory.store import UnitFilter
 from heed.runtime import RequestContext, use_context
@@ -116,6 +117,62 @@ async def test_a_retain_into_a_bank_the_other_instance_deleted_is_not_found(
     assert _rows(a, bank.ref) == dict.fromkeys(BANK_TABLES, 0)  # nothing written
     with pytest.raises(NotFound):
         await b.get_bank("x")  # and B forgot the bank
+
+
+async def test_work_naming_a_bank_the_other_instance_replaced_lands_in_the_new_bank(
+    engine_pair: tuple[MemoryEngine, MemoryEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletes bank x and creates it again while B keeps the old row in its cache: work
+    B runs through ``on_bank`` (as a request naming x does) reads x again when the row it
+    was given is gone, and runs once more on the new bank. A write: the retain succeeds,
+    into the new bank; reads: the list and the recall find the new bank's memories, not
+    nothing. Gone and not created again: 404, as before."""
+    monkeypatch.setattr(engine_module, "BANK_CACHE_SECONDS", 3600.0)  # B never re-reads alone
+    a, b = engine_pair
+    first = await a.put_bank("x", {})
+    await a.retain(first, [RetainItem(content="The first bank: Dora keeps bees.")])
+
+    async def replaced_behind_b(text: str) -> Bank:
+        stale = await b.get_bank("x")
+        await a.delete_bank("x")
+        new = await a.put_bank("x", {})
+        await a.retain(new, [RetainItem(content=text)])
+        assert (await b.get_bank("x")).ref == stale.ref != new.ref  # the race is open
+        return new
+
+    def listing(bank: Bank) -> Any:
+        return b.list_units(bank, UnitFilter(), 10, 0)
+
+    second = await replaced_behind_b("The second bank: Ottoline keeps three tabby cats.")
+    units, total = await b.on_bank("x", listing, found=lambda page: bool(page[0]))
+    assert total == 1
+    assert [u.text for u in units] == ["The second bank: Ottoline keeps three tabby cats."]
+    assert (await b.get_bank("x")).ref == second.ref  # B keeps the new row now
+
+    third = await replaced_behind_b("The third bank: Bruno runs marathons.")
+    summary = await b.on_bank(
+        "x", lambda bank: b.retain(bank, [RetainItem(content="Written through B.")])
+    )
+    assert summary.units == 1
+    assert _rows(a, third.ref)["memory_units"] == 2 and _rows(a, second.ref)["memory_units"] == 0
+    texts = sorted(u.text for u in (await a.list_units(third, UnitFilter(), 10, 0))[0])
+    assert texts == ["The third bank: Bruno runs marathons.", "Written through B."]
+
+    await replaced_behind_b("The fourth bank: Priya bakes sourdough.")
+    found = await b.on_bank(
+        "x",
+        lambda bank: b.recall(bank, RecallQuery(query="sourdough")),
+        found=lambda o: bool(o.hits),
+    )
+    assert [h.unit.text for h in found.hits] == ["The fourth bank: Priya bakes sourdough."]
+
+    stale = await b.get_bank("x")
+    await a.delete_bank("x")  # and not created again
+    with pytest.raises(NotFound, match="'x' not found"):
+        await b.on_bank("x", listing, found=lambda page: bool(page[0]))
+    with pytest.raises(NotFound, match="'x' not found"):
+        await b.on_bank("x", lambda bank: b.retain(bank, [RetainItem(content="Lost.")]))
+    assert _rows(a, stale.ref) == dict.fromkeys(BANK_TABLES, 0)
 
 
 async def test_an_update_of_a_bank_the_other_instance_deleted_writes_nothing(

@@ -61,12 +61,14 @@ from heed.memory.bank_config import check_mcp_tool
 from heed.memory.dates import parse_timestamp
 from heed.memory.directive_service import PRIORITY_RANGE
 from heed.memory.directives import MAX_CONTENT_CHARS, Directive, DirectivePatch, DirectiveScope
+from heed.memory.engine import RetainSummary
 from heed.memory.mental_models import MentalModel
 from heed.memory.models import (
     FACT_TYPES,
     Bank,
     InvalidInput,
     RecallHit,
+    RecallOutcome,
     RecallQuery,
     RetainItem,
     TagsMatch,
@@ -356,17 +358,15 @@ class HeedTools:
                 if unknown:
                     raise InvalidInput(f"unknown fact type(s) {unknown}: use {list(FACT_TYPES)}")
             engine = self.services.memory
-            bank = await self._bank(bank_id, "recall")
-            outcome = await engine.recall(
-                bank,
-                RecallQuery(
-                    query=query,
-                    types=types or None,
-                    budget=budget,
-                    max_tokens=max_tokens,
-                    tags=tags,
-                ),
+            wanted = RecallQuery(
+                query=query, types=types or None, budget=budget, max_tokens=max_tokens, tags=tags
             )
+
+            async def recall_in(bank: Bank) -> RecallOutcome:
+                check_mcp_tool(bank, "recall")
+                return await engine.recall(bank, wanted)
+
+            outcome = await engine.on_bank(bank_id, recall_in, found=lambda o: bool(o.hits))
         return RecallResult(results=[_fact(hit) for hit in outcome.hits])
 
     async def retain(
@@ -380,13 +380,21 @@ class HeedTools:
         progress per document when the call carries a progress token."""
         async with self._call(ctx), progress_reporter(ctx) as report:
             engine = self.services.memory
-            bank = await self._bank(bank_id, "retain")
-            summary = await engine.retain(
-                bank,
-                [_retain_item(i, item) for i, item in enumerate(items)],
-                document_tags,
-                progress=lambda done, total: report(done, total, f"{done} of {total} documents"),
-            )
+            await self._bank(bank_id, "retain")
+            retained = [_retain_item(i, item) for i, item in enumerate(items)]
+
+            async def retain_in(bank: Bank) -> RetainSummary:
+                check_mcp_tool(bank, "retain")
+                return await engine.retain(
+                    bank,
+                    retained,
+                    document_tags,
+                    progress=lambda done, total: report(
+                        done, total, f"{done} of {total} documents"
+                    ),
+                )
+
+            summary = await engine.on_bank(bank_id, retain_in)
         return RetainResult(
             items=summary.items,
             documents=summary.documents,

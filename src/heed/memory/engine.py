@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from heed.errors import NUL
 from heed.llm.base import ChatProvider
@@ -79,6 +79,7 @@ patterns are searched; in Python only ``fullmatch`` is right: with ``match``, ``
 matches before a final newline, so ``"abc\\n"`` would pass."""
 
 ProgressCallback = Callable[[int, int], None]
+T = TypeVar("T")
 
 
 def is_bank_id(value: str) -> bool:
@@ -252,7 +253,9 @@ class MemoryEngine:
         A bank read within the last :data:`BANK_CACHE_SECONDS` is answered from memory: every
         request names its bank, and a store read in the offload pool is most of what an
         abandoned request costs. This process's own writes and deletes drop the entry at
-        once; another process's are seen within that time.
+        once; another process's are seen within that time, or at once by work that runs
+        through :meth:`on_bank`, which reads the bank again when the one it was given is
+        gone.
         """
         tenant = tenant or current_context().tenant
         key = (tenant, bank_id)
@@ -268,6 +271,47 @@ class MemoryEngine:
         if bank is None or bank.ref in self._closing:
             raise NotFound(f"bank {bank_id!r} not found")
         return bank
+
+    async def on_bank(
+        self,
+        bank_id: str,
+        op: Callable[[Bank], Awaitable[T]],
+        *,
+        found: Callable[[T], bool] | None = None,
+    ) -> T:
+        """*op* on the current tenant's bank *bank_id*, looked up by :meth:`get_bank` (from
+        memory, perhaps), for a caller that names the bank by its id (a request).
+
+        The one rule for a bank that another process deleted, and perhaps created again,
+        after this one looked it up: when *op* raises :class:`NotFound` (a write's
+        :class:`BankGone` among them) or, given *found*, returns what *found* says found
+        nothing, and the bank's row is gone from the store, this process forgets the bank
+        (its cached row, its vector index), reads it again and runs *op* once more, on the
+        bank that has the id now; :class:`NotFound` when none has. One primary-key read,
+        only on those paths. The first try leaves no trace: a write that raised
+        :class:`BankGone` wrote nothing, what it wrote before went with the old bank, and a
+        read of a gone bank found nothing. A caller bound to
+        one bank (a run of the bank's: it must never land in a new bank of the same id)
+        calls *op* itself."""
+        bank = await self.get_bank(bank_id)
+        try:
+            result = await op(bank)
+        except NotFound:
+            if not await self._forget_if_gone(bank):
+                raise
+        else:
+            if found is None or found(result) or not await self._forget_if_gone(bank):
+                return result
+        return await op(await self.get_bank(bank_id))
+
+    async def _forget_if_gone(self, bank: Bank) -> bool:
+        """Whether *bank*'s row is gone from the store; then this process forgets what it
+        keeps of it (its cached row and vector index)."""
+        if await run_in_thread(self.store.bank_generation, bank.ref) is not None:
+            return False
+        self._bank_cache.pop((bank.tenant, bank.bank_id), None)
+        self.indexes.drop(bank.ref)
+        return True
 
     async def find_bank(self, bank_id: str) -> Bank | None:
         """The bank of the current tenant, or ``None``."""

@@ -43,8 +43,11 @@ async def list_documents(
     offset: Offset = 0,
 ) -> wire.ListDocumentsResponse:
     """The bank's documents, most recently written first."""
-    bank = await engine.get_bank(bank_id)
-    docs, total = await engine.list_documents(bank, q, limit, offset)
+    docs, total = await engine.on_bank(
+        bank_id,
+        lambda bank: engine.list_documents(bank, q, limit, offset),
+        found=lambda page: bool(page[0]),
+    )
     return wire.ListDocumentsResponse(
         items=[
             wire.DocumentListItem(
@@ -71,8 +74,7 @@ async def get_document(
     bank_id: IdPath, document_id: IdPath, engine: MemoryDep
 ) -> wire.DocumentResponse:
     """One document with its text."""
-    bank = await engine.get_bank(bank_id)
-    d = await engine.get_document(bank, document_id)
+    d = await engine.on_bank(bank_id, lambda bank: engine.get_document(bank, document_id))
     return wire.DocumentResponse(
         id=d.document_id,
         bank_id=bank_id,
@@ -92,8 +94,7 @@ async def delete_document(
     bank_id: IdPath, document_id: IdPath, engine: MemoryDep
 ) -> wire.DeleteDocumentResponse:
     """Delete a document and its units (one transaction)."""
-    bank = await engine.get_bank(bank_id)
-    deleted = await engine.delete_document(bank, document_id)
+    deleted = await engine.on_bank(bank_id, lambda bank: engine.delete_document(bank, document_id))
     return wire.DeleteDocumentResponse(
         success=True,
         message=f"document {document_id!r} deleted",

@@ -82,7 +82,9 @@ async def retain(
                 "operation_ids": [run.id],
             }
         )
-    summary = await engine.retain(bank, items, tags, idempotency_key=idempotency_key)
+    summary = await engine.on_bank(
+        bank_id, lambda bank: engine.retain(bank, items, tags, idempotency_key=idempotency_key)
+    )
     return wire.RetainResponse.model_validate(
         {
             "success": True,
@@ -100,8 +102,10 @@ async def retain(
 async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -> JSONResponse:
     """Hybrid recall; cancelled at the next checkpoint when the client leaves."""
     query = recall_query(body)
-    bank = await engine.get_bank(bank_id)
-    return JSONResponse(recall_response(await engine.recall(bank, query)))
+    outcome = await engine.on_bank(
+        bank_id, lambda bank: engine.recall(bank, query), found=lambda found: bool(found.hits)
+    )
+    return JSONResponse(recall_response(outcome))
 
 
 TagsMatchQuery = Annotated[
@@ -140,23 +144,22 @@ async def list_memories(
     match = check_tags_match(tags_match)
     if state == "invalidated":
         return wire.ListMemoryUnitsResponse(items=[], total=0, limit=limit, offset=offset)
-    bank = await engine.get_bank(bank_id)
-    units, total = await engine.list_units(
-        bank,
-        UnitFilter(
-            fact_type=type,
-            document_id=document_id,
-            search=q,
-            entity_id=entity_id,
-            time_field=time_field or ("occurred_start" if start_date or end_date else None),
-            start=start_date,
-            end=end_date,
-            consolidation_state=consolidation_state,
-            tags=tags,
-            tags_match=match,
-        ),
-        limit,
-        offset,
+    flt = UnitFilter(
+        fact_type=type,
+        document_id=document_id,
+        search=q,
+        entity_id=entity_id,
+        time_field=time_field or ("occurred_start" if start_date or end_date else None),
+        start=start_date,
+        end=end_date,
+        consolidation_state=consolidation_state,
+        tags=tags,
+        tags_match=match,
+    )
+    units, total = await engine.on_bank(
+        bank_id,
+        lambda bank: engine.list_units(bank, flt, limit, offset),
+        found=lambda page: bool(page[0]),
     )
     return wire.ListMemoryUnitsResponse(
         items=[unit_item(u) for u in units], total=total, limit=limit, offset=offset
@@ -166,8 +169,7 @@ async def list_memories(
 @router.get("/{memory_id}")
 async def get_memory(bank_id: IdPath, memory_id: IdPath, engine: MemoryDep) -> wire.MemoryUnitItem:
     """One memory unit."""
-    bank = await engine.get_bank(bank_id)
-    return unit_item(await engine.get_unit(bank, memory_id))
+    return unit_item(await engine.on_bank(bank_id, lambda bank: engine.get_unit(bank, memory_id)))
 
 
 @router.delete("/{memory_id}")
@@ -175,8 +177,7 @@ async def delete_memory(
     bank_id: IdPath, memory_id: IdPath, engine: MemoryDep
 ) -> wire.DeleteResponse:
     """Delete one memory unit (and its keyword, vector and link entries)."""
-    bank = await engine.get_bank(bank_id)
-    await engine.delete_unit(bank, memory_id)
+    await engine.on_bank(bank_id, lambda bank: engine.delete_unit(bank, memory_id))
     return wire.DeleteResponse(
         success=True, message=f"memory {memory_id!r} deleted", deleted_count=1
     )
