@@ -338,3 +338,47 @@ def test_reflect_cites_a_mental_model_and_exclusions_leave_it_out(server: LiveSe
     ):
         answer = httpx.post(url, json={**question, **exclusion}, timeout=30).json()
         assert answer["based_on"]["mental_models"] == []
+
+
+@pytest.mark.parametrize(
+    "value", ["model-1", 7, {"id": "model-1"}, [1], [""], ["x" * 257], ["m"] * 65]
+)
+def test_a_wrong_exclude_mental_model_ids_is_refused_naming_it(
+    server: LiveServer, value: Any
+) -> None:
+    """In a reflect request and in a trigger (created or patched): a value that is not a
+    list of at most 64 ids is refused before any work, naming the field (a 422, as every
+    value the request model types; the domain refuses what reaches it otherwise with a
+    400: ``tests/memory/test_mental_model_triggers.py``), and nothing is created."""
+    script(server, {"when": "pets", "text": ANSWER})
+    bank = new_bank(server)
+    base = f"{server.url}/v1/default/banks/{bank}"
+    question = {"query": "What pets does Alice have?", "exclude_mental_model_ids": value}
+    refused = [
+        httpx.post(f"{base}/reflect", json=question, timeout=30),
+        httpx.post(f"{base}/reflect", json={**question, "stream": True}, timeout=30),
+        httpx.post(
+            f"{base}/mental-models",
+            json={
+                "name": "n",
+                "source_query": "q?",
+                "trigger": {"exclude_mental_model_ids": value},
+            },
+            timeout=30,
+        ),
+    ]
+    created = create(server, bank, trigger={"exclude_mental_model_ids": ["other"]})
+    finished(server, created["operation_id"])
+    patch = {"trigger": {"exclude_mental_model_ids": value}}
+    refused.append(
+        httpx.patch(f"{base}/mental-models/{created['mental_model_id']}", json=patch, timeout=30)
+    )
+    for response in refused:
+        assert response.status_code == 422, response.text
+        assert "exclude_mental_model_ids" in response.text
+    listed = httpx.get(f"{base}/mental-models", timeout=30).json()["items"]
+    assert [m["id"] for m in listed] == [created["mental_model_id"]]  # nothing else made
+    stored = model(server, bank, created["mental_model_id"])["trigger"]
+    assert stored["exclude_mental_model_ids"] == ["other"]  # the patch changed nothing
+    runs = httpx.get(f"{server.url}/v1/runs", params={"kind": "reflect"}, timeout=30).json()
+    assert all(r.get("summary", {}).get("bank_id") != bank for r in runs["runs"])

@@ -36,6 +36,8 @@ from heed.runtime import raise_if_cancelled, run_in_thread
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "HISTORY_LIMIT",
+    "MAX_EXCLUDED_ID_CHARS",
+    "MAX_EXCLUDED_MODELS",
     "MAX_MENTAL_MODELS",
     "MAX_NODE_DEPTH",
     "REFUSED_TRIGGER_FIELDS",
@@ -68,6 +70,10 @@ RRF_K: Final = 60
 MIN_COSINE: Final = 0.3
 
 _BUDGETS: Final = ("low", "mid", "high")
+#: Most mental models a trigger's ``exclude_mental_model_ids`` names, and the longest id in
+#: it (the API's limits of a list of names: ``heed.api.input_rules.TagList``).
+MAX_EXCLUDED_MODELS: Final = 64
+MAX_EXCLUDED_ID_CHARS: Final = 256
 
 #: Trigger settings hindsight-client may send that heed does not implement: refused by name
 #: (400) when given a value, never silently ignored.
@@ -172,6 +178,10 @@ def merge_trigger(stored: dict[str, Any] | None, patch: dict[str, Any] | None) -
 
 
 def _check_trigger(trigger: dict[str, Any]) -> None:
+    """Refuse a merged trigger holding a bad value (:class:`InvalidInput` naming the
+    setting): every front end types its fields, but a trigger also arrives whole in a bank
+    archive, and a value of the wrong type stored here would misbehave at each refresh
+    (a string's characters taken as the ids to exclude)."""
     if trigger["mode"] != "full":
         raise InvalidInput(
             f"trigger.mode {trigger['mode']!r} is not supported by heed: a refresh always"
@@ -194,11 +204,24 @@ def _check_trigger(trigger: dict[str, Any]) -> None:
         raise InvalidInput("trigger.min_refresh_interval_seconds must be an integer >= 0")
     types = trigger["fact_types"]
     if types is not None:
+        if not isinstance(types, list):
+            raise InvalidInput(f"trigger.fact_types must be a list of {', '.join(FACT_TYPES)}")
         unknown = [t for t in types if t not in FACT_TYPES]
         if unknown:
             raise InvalidInput(
                 f"trigger.fact_types: unknown fact type(s) {', '.join(map(repr, unknown))}"
             )
+    excluded = trigger["exclude_mental_model_ids"]
+    if excluded is not None and (
+        not isinstance(excluded, list)
+        or len(excluded) > MAX_EXCLUDED_MODELS
+        or not all(isinstance(i, str) and 0 < len(i) <= MAX_EXCLUDED_ID_CHARS for i in excluded)
+    ):
+        raise InvalidInput(
+            "trigger.exclude_mental_model_ids must be a list of at most "
+            f"{MAX_EXCLUDED_MODELS} mental model ids (strings of 1-{MAX_EXCLUDED_ID_CHARS}"
+            " characters)"
+        )
 
 
 def scope_of(model: MentalModel) -> tuple[list[str] | None, str]:
