@@ -984,3 +984,122 @@ def test_import_refuses_what_heed_does_not_do(server: LiveServer) -> None:
     assert history.status_code == 400 and "include_history" in history.json()["detail"]
     taken = _import(server, bank, archive, bank)
     assert taken.status_code == 409
+
+
+# -- merge ------------------------------------------------------------------------------------
+
+
+def _documents(server: LiveServer, bank: str) -> dict[str, int]:
+    items = get(server, f"/v1/default/banks/{bank}/documents")["items"]
+    return {d["id"]: d["memory_unit_count"] for d in items}
+
+
+def test_a_merge_folds_the_documents_into_the_bank(server: LiveServer, source: str) -> None:
+    host = "merge-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{host}", json={}, timeout=30).raise_for_status()
+    client = Hindsight(base_url=server.url, timeout=60)
+    try:
+        script(server, {"when": "[0] (", "json": {"facts": []}})
+        client.retain(host, "Alice went sailing to Cork.", document_id="trip")
+        archive = client.export_bank(source, poll_interval=0.1)
+    finally:
+        client.close()
+    theirs = _documents(server, source)
+    assert set(theirs) == {"chat", "birthday", "trip"}
+
+    def merge(conflict: str | None) -> dict[str, Any]:
+        params = {"mode": "merge"} | ({"document_conflict": conflict} if conflict else {})
+        response = _import(server, host, archive, host, **params)
+        assert response.status_code == 202, response.text
+        status = wait_done(server, host, response.json()["operation_id"])
+        assert status["status"] == "completed", status
+        result: dict[str, Any] = status["result_metadata"]
+        return result
+
+    skipped = merge(None)  # skip is the default
+    assert (skipped["documents"], skipped["skipped"]) == (2, 1)
+    mine = _documents(server, host)
+    assert mine == {"trip": 1, "chat": theirs["chat"], "birthday": theirs["birthday"]}
+    texts = {m["text"] for m in memories(server, host)}
+    assert "Alice went sailing to Cork." in texts
+    assert "Caroline adopted a beagle puppy named Rex." in texts
+    assert not any("Brest" in t for t in texts)  # the bank's trip stayed
+    # Entities are the bank's, found by name: the merged facts name Rex.
+    rex = [m for m in memories(server, host) if "Rex" in (m.get("entities") or [])]
+    assert rex
+    # Recall finds merged memories (the vector index follows the writes).
+    found = httpx.post(
+        f"{server.url}/v1/default/banks/{host}/memories/recall",
+        json={"query": "What breed is Rex?"},
+        timeout=30,
+    ).json()["results"]
+    assert any("beagle" in r["text"] for r in found[:5])
+
+    renamed = merge("new-id")
+    assert (renamed["documents"], renamed["renamed"]) == (3, 3)
+    assert len(_documents(server, host)) == 6
+
+    replaced = merge("replace")
+    assert (replaced["documents"], replaced["replaced"]) == (3, 3)
+    texts = {m["text"] for m in memories(server, host)}
+    assert "Alice went sailing to Cork." not in texts
+    assert any("Brest" in t for t in texts)
+
+
+def test_import_documents_is_a_merge(server: LiveServer, source: str) -> None:
+    from hindsight_client.hindsight_client import _run_async
+
+    host = "docs-merge-" + uuid.uuid4().hex[:6]
+    client = Hindsight(base_url=server.url, timeout=60)
+    try:
+        httpx.put(f"{server.url}/v1/default/banks/{host}", json={}, timeout=30).raise_for_status()
+        archive = client.export_documents(source, ["trip"], poll_interval=0.1)
+        with pytest.warns(DeprecationWarning):
+            submitted = _run_async(
+                client.document_transfer.import_documents(
+                    host, ("trip.zip", archive), on_conflict="new-id"
+                )
+            )
+    finally:
+        client.close()
+    status = wait_done(server, host, submitted.operation_id)
+    assert status["status"] == "completed" and status["result_metadata"]["mode"] == "merge"
+    assert _documents(server, host) == {"trip": 1}
+
+
+def test_a_merge_refuses_what_it_does_not_do(server: LiveServer) -> None:
+    host = "merge-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{host}", json={}, timeout=30).raise_for_status()
+    archive = arc.synthetic_archive(5, per_document=5)
+    for params, says in (
+        ({"document_conflict": "overwrite"}, "document_conflict"),
+        ({"target_bank_id": "elsewhere"}, "target_bank_id"),
+        ({"include_bank_config": "true"}, "include_bank_config"),
+        ({"include_data": "false"}, "include_data"),
+    ):
+        response = _import(server, host, archive, host, mode="merge", **params)
+        assert response.status_code == 400 and says in response.json()["detail"], params
+    bogus = _import(server, host, archive, host, mode="fold")
+    assert bogus.status_code == 400 and "mode" in bogus.json()["detail"]
+    conflict = _import(server, host, archive, "x-" + host, document_conflict="skip")
+    assert conflict.status_code == 400 and "document_conflict" in conflict.json()["detail"]
+    assert get(server, f"/v1/default/banks/{host}/operations")["total"] == 0
+
+
+def test_a_cancelled_merge_leaves_whole_documents(server: LiveServer, big_archive: bytes) -> None:
+    host = "merge-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{host}", json={}, timeout=30).raise_for_status()
+    response = _import(server, host, big_archive, host, mode="merge")
+    assert response.status_code == 202, response.text
+    run_id = response.json()["operation_id"]
+    wait_for(lambda: _processing(server, host, run_id), seconds=60)
+    cancel = httpx.delete(f"{server.url}/v1/default/banks/{host}/operations/{run_id}", timeout=30)
+    assert cancel.status_code == 200
+    run = wait_for(
+        lambda: (r := get(server, f"/v1/runs/{run_id}"))["phase"] == "cancelled" and r, seconds=30
+    )
+    assert run["phase"] == "cancelled"
+    merged = _documents(server, host)
+    assert len(merged) < 12_000 // 400 + 1
+    assert all(count == 400 for count in merged.values())  # whole, or not there
+    assert server.app.state.services.lanes["retain"].stats().in_use == 0

@@ -465,7 +465,7 @@ class MemoryEngine:
             for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
                 raise_if_cancelled()
                 ledger = (key, index) if key is not None else None
-                await run_in_thread(self._write_one, bank.ref, document, ledger)
+                await run_in_thread(self.write_prepared, bank.ref, document, ledger)
                 units += len(document.units)
                 if progress is not None:
                     progress(len(recorded) + done, len(plans))
@@ -493,20 +493,30 @@ class MemoryEngine:
             for document in documents:
                 facts = await extract_document_facts(document, provider, mode, mission, extraction)
                 document.units.extend(facts)
-        if self.learning.observations(bank):
-            for document in documents:
-                cited = {i for u in document.units for i in u.source_ids}
-                for unit in document.units:
-                    if unit.source_ids or unit.id not in cited:
-                        unit.consolidation_state = "pending"
+        self.mark_for_consolidation(bank, documents)
         return extraction
 
-    def _write_one(
+    def mark_for_consolidation(self, bank: Bank, documents: list[PreparedDocument]) -> None:
+        """When *bank* keeps observations, mark what consolidation should take: the facts,
+        and the units no fact cites (a chunk whose reply stayed malformed, or with
+        extraction off, all)."""
+        if not self.learning.observations(bank):
+            return
+        for document in documents:
+            cited = {i for u in document.units for i in u.source_ids}
+            for unit in document.units:
+                if unit.source_ids or unit.id not in cited:
+                    unit.consolidation_state = "pending"
+
+    def write_prepared(
         self,
         bank_ref: str,
         document: PreparedDocument,
         ledger: tuple[RetainKey, int] | None = None,
     ) -> WriteResult:
+        """Write one prepared document whole (one transaction, rolled back by a cancel) and
+        bring the bank's vector index up to it. Blocking; see
+        :meth:`~heed.memory.store.MemoryStore.write_document`."""
         raise_if_cancelled()
         result = self.store.write_document(bank_ref, document, ledger)
         self.indexes.apply(bank_ref, result, document)  # committed: the index must follow

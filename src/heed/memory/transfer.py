@@ -16,6 +16,15 @@ operations: listed, read and cancelled with its retains and consolidations):
   publishes it under its id.
 - ``bank_clone`` (:data:`CLONE_KIND`): an export into a temporary file (entries stored,
   not deflated) and an import from it, in one run; no archive is kept.
+- a **merge** (``bank_import`` with ``mode=merge``) folds an archive's documents into the
+  bank of the request instead: each document is written as a retain writes one
+  (:meth:`MemoryEngine.write_prepared`: one transaction, its entities resolved against the
+  bank's by name, its links made by the retain rule, consolidation marked as a retain
+  marks it), under new memory ids; a document whose id the bank holds is skipped,
+  replaced, or kept beside it under a new id (``document_conflict``). A cancel stops
+  between documents or rolls the current one back: every document is in the bank whole or
+  not at all, and the result counts what was merged. Observations, the bank's settings,
+  directives, webhooks and mental models are not merged.
 
 **No half bank.** An import or a clone writes into a staging bank: a bank of the hidden
 tenant :data:`STAGING_TENANT` (a comma: no tenant of ``HEED_API_KEYS`` has one), named by
@@ -72,16 +81,19 @@ from heed.memory.archive import (
 from heed.memory.archive_store import PART_BYTES, ArchiveStore, StoredArchive
 from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
-from heed.memory.models import Bank, Conflict, InvalidInput, NotFound
+from heed.memory.models import Bank, Conflict, InvalidInput, NotFound, PreparedDocument
 from heed.memory.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
-from heed.memory.store import BankTaken, MentalModelStore
+from heed.memory.store import BankGone, BankTaken, MentalModelStore
 from heed.memory.transfer_work import (
+    CONFLICTS,
     Carried,
     Flags,
+    NewIds,
     WebhookCarrier,
     bank_settings,
     check_embedder,
     import_archive,
+    merge_archive,
     write_archive,
 )
 from heed.runs.events import EventType
@@ -329,22 +341,33 @@ class BankTransfers:
         target_bank_id: str | None = None,
         mode: str | None = None,
         document_conflict: str | None = None,
-        include_data: bool = True,
-        include_bank_config: bool = True,
+        include_data: bool | None = None,
+        include_bank_config: bool | None = None,
         include_history: bool = False,
     ) -> Run:
         """Check *archive* (a seekable binary file: the upload) whole
         (:class:`InvalidArchive`, 400, naming the problem: nothing stored), store it and
-        queue its import into the new bank *target_bank_id* (default: the archive's source
-        bank id), recorded as an operation of *bank*."""
+        queue its import, recorded as an operation of *bank*: into the new bank
+        *target_bank_id* (default: the archive's source bank id; *mode* ``restore``, the
+        default), or its documents into *bank* itself (*mode* ``merge``, by
+        *document_conflict*: :data:`~heed.memory.transfer_work.CONFLICTS`)."""
         self._refuse_history(include_history)
-        if mode not in (None, "restore"):
-            raise InvalidInput(
-                f"mode {mode!r}: heed imports an archive as a new bank (mode=restore); "
-                "merging into an existing bank is not implemented"
+        if mode not in (None, "restore", "merge"):
+            raise InvalidInput(f"mode {mode!r} is neither 'restore' nor 'merge'")
+        if mode == "merge":
+            return await self._submit_merge(
+                bank,
+                archive,
+                filename,
+                target_bank_id,
+                document_conflict,
+                include_data,
+                include_bank_config,
             )
         if document_conflict is not None:
-            raise InvalidInput("document_conflict applies to mode=merge, which heed does not do")
+            raise InvalidInput("document_conflict applies to mode=merge")
+        include_data = True if include_data is None else include_data
+        include_bank_config = True if include_bank_config is None else include_bank_config
         check = await run_in_thread(self.check_upload, archive, include_bank_config)
         target = target_bank_id or check.manifest.source_bank_id
         await self._new_bank_id(target, "target_bank_id")
@@ -362,6 +385,50 @@ class BankTransfers:
                     "include_bank_config": include_bank_config,
                 },
                 {"target_bank_id": target, "archive_id": stored.id},
+            )
+        except BaseException:
+            with use_context(detached()):
+                await run_in_thread(self.archives.delete_archive, stored.id)
+            raise
+
+    async def _submit_merge(
+        self,
+        bank: Bank,
+        archive: IO[bytes],
+        filename: str | None,
+        target_bank_id: str | None,
+        document_conflict: str | None,
+        include_data: bool | None,
+        include_bank_config: bool | None,
+    ) -> Run:
+        """Queue a merge of *archive*'s documents into *bank* (see :meth:`submit_import`)."""
+        conflict = document_conflict or "skip"
+        if conflict not in CONFLICTS:
+            raise InvalidInput(
+                f"document_conflict {conflict!r} is not one of {', '.join(CONFLICTS)}"
+            )
+        if target_bank_id is not None and target_bank_id != bank.bank_id:
+            raise InvalidInput(
+                "target_bank_id applies to mode=restore; a merge folds the archive into "
+                f"bank {bank.bank_id!r}, the bank of the request"
+            )
+        if include_data is False:
+            raise InvalidInput("include_data=false: a merge folds the archive's documents")
+        if include_bank_config:
+            raise InvalidInput(
+                "include_bank_config: a merge folds documents only; the bank's settings, "
+                "directives, webhooks and mental models are not merged (leave it out)"
+            )
+        await run_in_thread(self.check_upload, archive, False)
+        stored = await run_in_thread(
+            self._store_upload, self._archive_row(bank, "upload", filename or "upload.zip"), archive
+        )
+        try:
+            return await self._submit(
+                IMPORT_KIND,
+                bank,
+                {"archive_id": stored.id, "mode": "merge", "document_conflict": conflict},
+                {"mode": "merge", "archive_id": stored.id},
             )
         except BaseException:
             with use_context(detached()):
@@ -498,16 +565,54 @@ class BankTransfers:
         return stored, counts
 
     async def _execute_import(self, rc: RunContext) -> dict[str, Any]:
-        await self._source(rc)
+        source = await self._source(rc)
         payload = rc.payload
         progress = _Progress(rc, asyncio.get_running_loop(), "import")
         try:
             with tempfile.TemporaryFile() as tmp:
                 await run_in_thread(self._fetch, rc.run.tenant, payload["archive_id"], tmp)
+                if payload.get("mode") == "merge":
+                    counts = await self._merge(rc, source, tmp, progress)
+                    return {"bank_id": source.bank_id, "mode": "merge", **counts}
                 bank, counts = await self._into_new_bank(rc, tmp, progress)
         finally:
             await progress.drain()
         return {"bank_id": bank.bank_id, **counts}
+
+    async def _merge(
+        self, rc: RunContext, bank: Bank, archive: IO[bytes], progress: _Progress
+    ) -> dict[str, int]:
+        """Fold *archive*'s documents into *bank*, each written whole as a retain writes
+        one (see the module docstring), then let consolidation take what it should."""
+        engine = self.engine
+
+        def write(document: PreparedDocument) -> None:
+            engine.mark_for_consolidation(bank, [document])
+            engine.write_prepared(bank.ref, document)
+
+        def held(document_id: str) -> bool:
+            return engine.store.get_document(bank.ref, document_id) is not None
+
+        try:
+            async with engine.track(bank), engine.retain_lane.slot(background=True):
+                counts = await run_in_thread(
+                    merge_archive,
+                    archive,
+                    rc.payload["document_conflict"],
+                    NewIds(f"{bank.ref}/{rc.run.id}"),  # a second merge gets other ids
+                    progress,
+                    limits=self.limits.archive,
+                    held=held,
+                    write=write,
+                    model=self.model,
+                    dim=engine.embedder.dim,
+                )
+        except (NotFound, BankGone) as exc:
+            raise OperationCancelled(BANK_DELETED) from exc
+        if counts["documents"]:
+            for hook in engine.after_retain:
+                hook(bank)
+        return counts
 
     def _fetch(self, tenant: str, archive_id: str, target: IO[bytes]) -> None:
         archive = self.archives.get_archive(tenant, archive_id)

@@ -18,7 +18,7 @@ import contextlib
 import hashlib
 import itertools
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import IO, Any, Final, Literal, Protocol
@@ -41,12 +41,13 @@ from heed.memory.bank_rows import (
 )
 from heed.memory.directives import MAX_DIRECTIVES
 from heed.memory.mental_models import KnowledgeFolder
-from heed.memory.models import Bank, InvalidInput
+from heed.memory.models import Bank, Chunk, EntityRef, InvalidInput, PreparedDocument, PreparedUnit
 from heed.memory.store import MemoryStore, MentalModelStore
 from heed.memory.units import index_text, neighbour_texts, with_neighbours
 from heed.runtime import raise_if_cancelled
 
 __all__ = [
+    "CONFLICTS",
     "IMPORT_BATCH",
     "Carried",
     "Flags",
@@ -56,12 +57,17 @@ __all__ = [
     "bank_settings",
     "check_embedder",
     "import_archive",
+    "merge_archive",
     "with_index_texts",
     "write_archive",
 ]
 
 #: Memories written per batch on import (a cancel waits for at most one: a few ms).
 IMPORT_BATCH: Final = 32
+#: What a merge does with a document whose id the bank holds: leave the bank's (``skip``),
+#: put the archive's in its place (``replace``), or keep both, the archive's under a new id
+#: (``new-id``).
+CONFLICTS: Final = ("skip", "replace", "new-id")
 #: The sections *include_data* covers.
 _DATA_SECTIONS: Final = (
     "documents",
@@ -422,3 +428,127 @@ def import_archive(
             progress.add(len(page))
     raise_if_cancelled()
     return counts
+
+
+# -- merge ------------------------------------------------------------------------------------
+
+
+def _archive_graph(
+    reader: ArchiveReader,
+) -> tuple[dict[str, list[EntityRef]], dict[str, list[str]]]:
+    """What a merge needs of the archive's graph: each memory's entities (by name, to be
+    resolved against the bank's), and each memory's causal partners (a fact that caused
+    another)."""
+    entities = {e.id: EntityRef(e.name, e.type) for e in reader.rows("entities")}
+    named: dict[str, list[EntityRef]] = {}
+    for row in reader.rows("unit_entities"):
+        named.setdefault(row.unit_id, []).append(entities[row.entity_id])
+    causes: dict[str, list[str]] = {}
+    for link in reader.rows("links"):
+        if link.link_type == "causal":
+            causes.setdefault(link.from_id, []).append(link.to_id)
+    return named, causes
+
+
+def _prepared(
+    document: DocumentRow,
+    units: list[UnitRow],
+    document_id: str,
+    conflict: str,
+    ids: NewIds,
+    named: dict[str, list[EntityRef]],
+    causes: dict[str, list[str]],
+) -> PreparedDocument:
+    """An archive's document as a retain writes one: new ids, chunks by index, entities by
+    name, provenance and causes within the document."""
+    chunk_index = {c.id: c.chunk_index for c in document.chunks}
+    position = {u.id: i for i, u in enumerate(units)}
+    prepared = [
+        PreparedUnit(
+            id=ids(u.id),
+            text=u.text,
+            index_text=u.index_text if u.index_text is not None else u.text,
+            fact_type=u.fact_type,
+            context=u.context,
+            chunk_index=chunk_index.get(u.chunk_id, -1) if u.chunk_id is not None else -1,
+            occurred_start=_when(u.occurred_start),
+            occurred_end=_when(u.occurred_end),
+            mentioned_at=_when(u.mentioned_at),
+            metadata=dict(u.metadata),
+            tags=list(u.tags),
+            entities=named.get(u.id, []),
+            embedding=u.vector,
+            token_count=u.token_count,
+            source_ids=[ids(i) for i in u.source_ids if i in position],
+            caused_by=[  # one way: the links are written both ways
+                ids(i) for i in causes.get(u.id, []) if position.get(i, len(units)) < position[u.id]
+            ],
+        )
+        for u in units
+    ]
+    return PreparedDocument(
+        document_id=document_id,
+        replace=conflict == "replace",
+        original_text=document.original_text,
+        metadata=dict(document.metadata),
+        tags=list(document.tags),
+        chunks=[Chunk(ids(c.id), c.chunk_index, c.text) for c in document.chunks],
+        units=prepared,
+    )
+
+
+def merge_archive(
+    archive: IO[bytes],
+    conflict: str,
+    ids: NewIds,
+    progress: Progress,
+    *,
+    limits: ArchiveLimits,
+    held: Callable[[str], bool],
+    write: Callable[[PreparedDocument], None],
+    model: str,
+    dim: int,
+) -> dict[str, int]:
+    """Fold the archive's documents into a bank (see :mod:`heed.memory.transfer`): each
+    document is written whole by *write* (a retain's write: one transaction, entities
+    resolved against the bank's by name, links made as a retain makes them), or skipped,
+    or renamed, by *conflict* when *held* says the bank holds its id. Observations, the
+    bank's settings and its knowledge are not merged. Blocking; checks the token between
+    documents (and *write* inside one)."""
+    counts = {"documents": 0, "units": 0, "skipped": 0, "renamed": 0, "replaced": 0}
+    with ArchiveReader(archive, limits) as reader:
+        check_embedder(reader.manifest, model, dim)
+        named, causes = _archive_graph(reader)
+        progress.start("merge", reader.manifest.records("documents"))
+        units = reader.rows("units")
+        for document in reader.rows("documents"):
+            raise_if_cancelled()
+            mine: list[UnitRow] = list(itertools.islice(units, document.unit_count))
+            document_id = document.document_id
+            if held(document_id):
+                if conflict == "skip":
+                    counts["skipped"] += 1
+                    progress.add(1)
+                    continue
+                if conflict == "new-id":
+                    document_id = _free_id(document_id, ids, held)
+                    counts["renamed"] += 1
+                else:
+                    counts["replaced"] += 1
+            write(_prepared(document, mine, document_id, conflict, ids, named, causes))
+            counts["documents"] += 1
+            counts["units"] += len(mine)
+            progress.add(1)
+        counts["observations_not_merged"] = reader.manifest.records("observations")
+    return counts
+
+
+def _free_id(document_id: str, ids: NewIds, held: Callable[[str], bool]) -> str:
+    """A new id for an archive's document whose id the bank holds: its id and a suffix of
+    this merge's (a second suffix if even that is held)."""
+    candidate = f"{document_id}-{ids(document_id)[:8]}"
+    n = 2
+    while held(candidate):
+        candidate = f"{document_id}-{ids(document_id)[:8]}-{n}"
+        n += 1
+    return candidate

@@ -3,8 +3,12 @@
 - ``POST /v1/default/banks/{bank_id}/transfer/export``: export the bank (or documents of
   it) as an archive (docs/bank-archive.md);
 - ``POST /v1/default/banks/{bank_id}/transfer/import``: import an archive (multipart
-  ``file``) as a new bank (``target_bank_id``, default the archive's bank id); a bad archive
-  is a 400 naming the problem, and nothing is written;
+  ``file``) as a new bank (``target_bank_id``, default the archive's bank id), or, with
+  ``mode=merge``, fold its documents into this bank (``document_conflict``: ``skip``,
+  ``replace``, ``new-id``); a bad archive is a 400 naming the problem, and nothing is
+  written;
+- ``POST /v1/default/banks/{bank_id}/document-transfer``: the same merge
+  (``on_conflict``), hindsight-client's deprecated ``import_documents``;
 - ``POST /v1/default/banks/{bank_id}/clone``: copy the bank into the new ``target_bank_id``;
 - ``POST /v1/default/banks/{bank_id}/document-transfer/export``: export documents;
 - ``GET /v1/default/files/download/{key}``: an export's archive (``application/zip``).
@@ -51,6 +55,11 @@ IncludeData = Annotated[bool, Query(description="Carry the memories and what bac
 IncludeConfig = Annotated[
     bool, Query(description="Carry the bank's configuration (mission, disposition, settings).")
 ]
+MODE = "restore (into a new bank, the default) or merge (the documents, into this bank)"
+RESTORE_DATA = "restore: carry the memories and what backs them (default true)"
+RESTORE_CONFIG = (
+    "restore: carry the settings, directives, webhooks and mental models (default true)"
+)
 IncludeHistory = Annotated[
     bool, Query(description="Hindsight's audit and LLM logs: heed keeps none (true is a 400).")
 ]
@@ -85,15 +94,18 @@ async def import_bank(
     file: Annotated[UploadFile, File(description="A heed bank archive (docs/bank-archive.md).")],
     engine: MemoryDep,
     transfers: TransfersDep,
-    mode: Annotated[str | None, Query(max_length=32, description="restore (the only one)")] = None,
+    mode: Annotated[str | None, Query(max_length=32, description=MODE)] = None,
     target_bank_id: TargetBankId | None = None,
-    document_conflict: Annotated[str | None, Query(max_length=32)] = None,
-    include_data: IncludeData = True,
-    include_bank_config: IncludeConfig = True,
+    document_conflict: Annotated[
+        str | None, Query(max_length=32, description="merge: skip (default), replace or new-id")
+    ] = None,
+    include_data: Annotated[bool | None, Query(description=RESTORE_DATA)] = None,
+    include_bank_config: Annotated[bool | None, Query(description=RESTORE_CONFIG)] = None,
     include_history: IncludeHistory = False,
 ) -> wire.BankTransferSubmitResponse:
     """Check the archive whole (400 naming the problem; nothing written) and import it as
-    the new bank ``target_bank_id`` (409 when it exists), as an operation of this bank."""
+    the new bank ``target_bank_id`` (409 when it exists), or merge its documents into this
+    bank (``mode=merge``), as an operation of this bank."""
     bank = await engine.get_bank(bank_id)
     run = await transfers.submit_import(
         bank,
@@ -107,6 +119,25 @@ async def import_bank(
         include_history=include_history,
     )
     return wire.BankTransferSubmitResponse(operation_id=run.id)
+
+
+@router.post(f"{BANK}/document-transfer", status_code=202, deprecated=True)
+async def import_documents(
+    bank_id: IdPath,
+    file: Annotated[UploadFile, File(description="A heed bank archive (docs/bank-archive.md).")],
+    engine: MemoryDep,
+    transfers: TransfersDep,
+    on_conflict: Annotated[
+        str | None, Query(max_length=32, description="skip (default), replace or new-id")
+    ] = None,
+) -> wire.DocumentImportSubmitResponse:
+    """Merge the archive's documents into this bank: ``POST .../transfer/import`` with
+    ``mode=merge`` (hindsight-client's deprecated ``import_documents``)."""
+    bank = await engine.get_bank(bank_id)
+    run = await transfers.submit_import(
+        bank, file.file, file.filename, mode="merge", document_conflict=on_conflict
+    )
+    return wire.DocumentImportSubmitResponse(operation_id=run.id)
 
 
 @router.post(f"{BANK}/clone", status_code=202, responses=CONFLICT)

@@ -9,7 +9,11 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-__all__ = ["BankTransferSubmitResponse", "DocumentExportSubmitResponse"]
+__all__ = [
+    "BankTransferSubmitResponse",
+    "DocumentExportSubmitResponse",
+    "DocumentImportSubmitResponse",
+]
 
 
 class BankTransferSubmitResponse(BaseModel):
@@ -21,6 +25,13 @@ class BankTransferSubmitResponse(BaseModel):
 
 class DocumentExportSubmitResponse(BaseModel):
     """A documents export was queued as the operation ``operation_id``."""
+
+    operation_id: str
+    status: Literal["pending"] = "pending"
+
+
+class DocumentImportSubmitResponse(BaseModel):
+    """A merge of an archive's documents was queued as the operation ``operation_id``."""
 
     operation_id: str
     status: Literal["pending"] = "pending"
