@@ -2,6 +2,7 @@
 ``update_bank_config``, ``reset_bank_config`` and ``create_bank`` against a real server on
 SQLite and PostgreSQL; every name heed does not honour refused by name with nothing
 changed; and the settings doing what they say: recall's arms, ``recall_prefer_observations``,
+the recall budget settings sizing a recall, ``recall_max_tokens`` bounding reflect's recalls,
 the reflect mission and disposition in the prompt, ``mcp_enabled_tools`` over MCP.
 """
 
@@ -46,6 +47,16 @@ DEFAULTS: dict[str, Any] = {
     "enable_graph_retrieval": True,
     "enable_reranking": True,
     "recall_prefer_observations": False,
+    "recall_budget_function": "fixed",
+    "recall_budget_fixed_low": 40,
+    "recall_budget_fixed_mid": 100,
+    "recall_budget_fixed_high": 300,
+    "recall_budget_adaptive_low": 0.025,
+    "recall_budget_adaptive_mid": 0.075,
+    "recall_budget_adaptive_high": 0.25,
+    "recall_budget_min": 20,
+    "recall_budget_max": 2000,
+    "recall_max_tokens": None,
     "mental_model_min_refresh_interval_seconds": 0.0,
     "mcp_enabled_tools": None,
 }
@@ -185,7 +196,18 @@ def test_reset_bank_config_returns_to_the_server_defaults(
     ("updates", "status", "needles"),
     [
         ({"retain_chunk_size": 800}, 400, ["retain_chunk_size", "does not implement"]),
-        ({"recall_budget_fixed_low": 5}, 400, ["recall_budget_fixed_low", "does not implement"]),
+        (
+            {"recall_include_chunks": True, "recall_chunks_max_tokens": 500},
+            400,
+            ["does not implement", "recall_include_chunks (in Hindsight", "expand tool"],
+        ),
+        ({"recall_budget_fixed_low": -5}, 422, ["recall_budget_fixed_low"]),
+        ({"recall_budget_fixed_high": 2001}, 422, ["recall_budget_fixed_high"]),
+        ({"recall_budget_function": "fastest"}, 422, ["recall_budget_function"]),
+        ({"recall_budget_adaptive_mid": "0.1"}, 422, ["recall_budget_adaptive_mid"]),
+        ({"recall_budget_adaptive_low": 0}, 422, ["recall_budget_adaptive_low"]),
+        ({"recall_max_tokens": 0}, 422, ["recall_max_tokens"]),
+        ({"HINDSIGHT_API_RECALL_BUDGET_MIN": -1}, 400, ["recall_budget_min"]),
         ({"colour": "red"}, 400, ["unknown settings", "'colour'"]),
         (
             {"enable_reranking": False, "memory_defense": {}, "mood": 1},
@@ -293,6 +315,109 @@ def test_recall_runs_only_the_arms_the_bank_enables(
     assert arms() == {"semantic"}
     client.reset_bank_config(bank)
     assert {"semantic", "keyword", "graph"} <= arms()
+
+
+def test_the_recall_budget_settings_size_each_recall(
+    client: Hindsight, http: httpx.Client, bank: str
+) -> None:
+    # No consolidation: it would be work in the background of the tests after this one.
+    client.update_bank_config(bank, enable_observations=False)
+    client.retain_batch(
+        bank, [{"content": f"Alice's cat number {i} is called Pixel-{i}."} for i in range(8)]
+    )
+
+    def size(**body: Any) -> tuple[dict[str, Any], int]:
+        """The size the recall's trace reports, and how many units its semantic arm found."""
+        r = http.post(
+            f"/v1/default/banks/{bank}/memories/recall",
+            json={"query": "Alice cat Pixel", "trace": True, **body},
+        )
+        assert r.status_code == 200, r.text
+        trace = r.json()["trace"]
+        stage = next(s for s in trace["stages"] if s["stage"] == "retrieval")
+        keys = ("budget", "budget_function", "candidates_per_arm", "candidates_reranked")
+        return {k: trace["query"][k] for k in keys}, stage["arms"]["semantic"]
+
+    assert size(budget="low") == (
+        {
+            "budget": "low",
+            "budget_function": "fixed",
+            "candidates_per_arm": 40,
+            "candidates_reranked": 30,
+        },
+        8,
+    )
+
+    # hindsight-client's update_bank_config sends them; GET shows them; the recall follows.
+    changed = client.update_bank_config(bank, recall_budget_fixed_low=3, recall_budget_fixed_mid=5)
+    assert changed["overrides"] == {
+        "enable_observations": False,
+        "recall_budget_fixed_low": 3,
+        "recall_budget_fixed_mid": 5,
+    }
+    assert config_of(http, bank) == changed
+    assert changed["config"]["recall_budget_fixed_high"] == 300
+    assert size(budget="low") == (
+        {
+            "budget": "low",
+            "budget_function": "fixed",
+            "candidates_per_arm": 3,
+            "candidates_reranked": 3,
+        },
+        3,
+    )
+    assert size()[0]["candidates_per_arm"] == 5  # mid, the default budget
+    assert size(budget="high")[0]["candidates_per_arm"] == 300
+
+    # adaptive: a share of the recall's own max_tokens, within recall_budget_min/max.
+    r = patch(
+        http,
+        bank,
+        {
+            "recall_budget_function": "adaptive",
+            "recall_budget_adaptive_low": 0.01,
+            "recall_budget_min": 2,
+            "recall_budget_max": 6,
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["config"]["recall_budget_function"] == "adaptive"
+    assert size(budget="low", max_tokens=400) == (
+        {
+            "budget": "low",
+            "budget_function": "adaptive",
+            "candidates_per_arm": 4,
+            "candidates_reranked": 3,
+        },
+        4,
+    )
+    assert size(budget="low", max_tokens=100)[1] == 2  # round(1.0): the floor
+    assert size(budget="low", max_tokens=4096)[1] == 6  # round(40.96): the ceiling
+    traced = client.recall(bank, "Alice cat Pixel", budget="low", max_tokens=500, trace=True)
+    assert traced.trace is not None and traced.trace["query"]["candidates_per_arm"] == 5
+
+    client.reset_bank_config(bank)
+    assert size(budget="low")[0]["candidates_per_arm"] == 40
+
+
+def test_recall_max_tokens_is_the_token_budget_of_reflects_recalls(
+    server: LiveServer, client: Hindsight, http: httpx.Client, bank: str
+) -> None:
+    server.app.state.services.reflect.provider = ScriptedProvider(
+        {"replies": [{"text": "Pixel is Alice's cat."}]}
+    )
+    client.update_bank_config(bank, enable_observations=False)
+    client.retain(bank, "Alice adopted a cat named Pixel in Lyon.")
+
+    def used() -> list[str]:
+        answer = client.reflect(bank, "What is Alice's cat called?", include_facts=True)
+        return [m.text for m in (answer.based_on.memories if answer.based_on else None) or []]
+
+    assert used() == ["Alice adopted a cat named Pixel in Lyon."]
+    client.update_bank_config(bank, recall_max_tokens=1)  # no memory fits in one token
+    assert used() == []
+    assert patch(http, bank, {"recall_max_tokens": None}).is_success  # back to the default
+    assert used() == ["Alice adopted a cat named Pixel in Lyon."]
 
 
 def test_recall_prefer_observations_is_the_default_of_a_recall_that_does_not_say(

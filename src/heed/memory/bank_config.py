@@ -15,11 +15,13 @@ mission in the bank's ``mission`` and the disposition traits in its ``dispositio
 profile fields ``create_bank`` has always written). A ``null`` value removes the bank's own
 value, so the server's default applies again; a reset (:func:`reset`) removes them all.
 
-What reads them: recall its retrieval switches (``enable_*``) and ``recall_prefer_observations``
-(the default of a recall that does not say); retain ``retain_mission`` and
+What reads them: recall its retrieval switches (``enable_*``), ``recall_prefer_observations``
+(the default of a recall that does not say) and its size, ``recall_budget_function`` and the
+``recall_budget_*`` numbers (:mod:`heed.memory.recall.budget`); retain ``retain_mission`` and
 ``retain_extraction_mode``; consolidation ``enable_observations``, ``observations_mission``,
 ``default_observation_scopes`` and ``consolidation_strategies`` (:mod:`heed.memory.scopes`);
-reflect the mission and the disposition; mental-model refreshes
+reflect the mission, the disposition and ``recall_max_tokens`` (the token budget of each
+recall its agent makes: :func:`recall_max_tokens`); mental-model refreshes
 ``mental_model_min_refresh_interval_seconds`` (:mod:`heed.mental_models.refresh`); the MCP
 tools ``mcp_enabled_tools`` (:func:`check_mcp_tool`). Three defaults are the server's
 (``HEED_RETAIN_EXTRACTION``, ``HEED_OBSERVATIONS``,
@@ -36,6 +38,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from heed.errors import HeedError
 from heed.memory.models import Bank, InvalidInput
+from heed.memory.recall.budget import (
+    ADAPTIVE_MAX,
+    ADAPTIVE_MIN,
+    ADAPTIVE_RATIOS,
+    BUDGET_SIZES,
+    MAX_PER_ARM,
+    MAX_TOKENS,
+    BudgetFunction,
+)
 
 __all__ = [
     "DISPOSITION_DEFAULT",
@@ -52,6 +63,7 @@ __all__ = [
     "check_mcp_tool",
     "overrides",
     "prefer_observations",
+    "recall_max_tokens",
     "reset",
     "resolve",
     "validate",
@@ -84,6 +96,12 @@ Text = Annotated[str, Field(max_length=TEXT_CHARS)]
 Tag = Annotated[str, Field(min_length=1, max_length=TAG_CHARS)]
 TagList = Annotated[list[Tag], Field(max_length=LIST_ITEMS)]
 Trait = Annotated[int, Field(ge=1, le=5), BeforeValidator(_integral)]
+#: Candidates per recall arm (:mod:`heed.memory.recall.budget`): bounded, so no bank makes
+#: a recall unbounded.
+PerArm = Annotated[int, Field(ge=1, le=MAX_PER_ARM), BeforeValidator(_integral)]
+#: The ``adaptive`` function's share of a recall's ``max_tokens`` (clamped after).
+Ratio = Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS), BeforeValidator(_integral)]
 
 ObservationScopes = (
     Literal["combined", "shared", "per_tag"]
@@ -147,6 +165,41 @@ SETTINGS: Final[Mapping[str, Setting]] = {
     "enable_reranking": Setting(bool, True, help="recall's rerank stage"),
     "recall_prefer_observations": Setting(
         bool, False, help="prefer_observations of a recall that does not say"
+    ),
+    "recall_budget_function": Setting(
+        BudgetFunction,
+        "fixed",
+        help="how a recall's budget sizes it: fixed (recall_budget_fixed_*) or adaptive "
+        "(recall_budget_adaptive_* of its max_tokens)",
+    ),
+    **{
+        f"recall_budget_fixed_{budget}": Setting(
+            PerArm,
+            sizes[0],
+            help=f"candidates per recall arm of a {budget} budget, with the fixed function",
+        )
+        for budget, sizes in BUDGET_SIZES.items()
+    },
+    **{
+        f"recall_budget_adaptive_{budget}": Setting(
+            Ratio,
+            ratio,
+            help=f"candidates per recall arm of a {budget} budget, with the adaptive "
+            "function, as a share of the recall's max_tokens",
+        )
+        for budget, ratio in ADAPTIVE_RATIOS.items()
+    },
+    "recall_budget_min": Setting(
+        PerArm, ADAPTIVE_MIN, help="fewest candidates per arm of the adaptive function"
+    ),
+    "recall_budget_max": Setting(
+        PerArm, ADAPTIVE_MAX, help="most candidates per arm of the adaptive function"
+    ),
+    "recall_max_tokens": Setting(
+        Tokens | None,
+        None,
+        help="token budget of each recall reflect makes (null: 1024, 2048 or 4096 by the "
+        "reflect's budget)",
     ),
     "mental_model_min_refresh_interval_seconds": Setting(
         Annotated[float, Field(ge=0, le=366 * 24 * 3600)],
@@ -213,21 +266,9 @@ NOT_IMPLEMENTED: Final[Mapping[str, str]] = {
         "heed's reflect has no observation search or decision model",
     ),
     **dict.fromkeys(
-        (
-            "recall_max_tokens",
-            "recall_include_chunks",
-            "recall_chunks_max_tokens",
-            "recall_budget_function",
-            "recall_budget_fixed_low",
-            "recall_budget_fixed_mid",
-            "recall_budget_fixed_high",
-            "recall_budget_adaptive_low",
-            "recall_budget_adaptive_mid",
-            "recall_budget_adaptive_high",
-            "recall_budget_min",
-            "recall_budget_max",
-        ),
-        "a recall says its own budget, max_tokens and include",
+        ("recall_include_chunks", "recall_chunks_max_tokens"),
+        "in Hindsight they make reflect's recalls return source chunks; heed's reflect reads "
+        "a memory's source with its expand tool (a recall asks for chunks with include.chunks)",
     ),
     **dict.fromkeys(
         ("llm_gemini_safety_settings", "memory_defense", "audit_log_enabled"),
@@ -376,6 +417,13 @@ def prefer_observations(bank: Bank, asked: bool | None) -> bool:
     if asked is not None:
         return asked
     return bool(bank.config.get("recall_prefer_observations", False))
+
+
+def recall_max_tokens(bank: Bank, default: int) -> int:
+    """The token budget of each recall *bank*'s reflect makes: the bank's
+    ``recall_max_tokens``, else *default* (the reflect budget's)."""
+    value = bank.config.get("recall_max_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def check_mcp_tool(bank: Bank, tool: str) -> None:

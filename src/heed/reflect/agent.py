@@ -66,7 +66,7 @@ from heed.llm.grounding import (
     memory_line,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
-from heed.memory.bank_config import DISPOSITION_DEFAULT
+from heed.memory.bank_config import DISPOSITION_DEFAULT, recall_max_tokens
 from heed.memory.directive_service import applicable_directives
 from heed.memory.directives import Directive, DirectiveScope, rules_text
 from heed.memory.mental_models import MentalModel, MentalModelLookup
@@ -90,7 +90,8 @@ Budget = Literal["low", "mid", "high"]
 
 #: Model calls after the first recall, per budget (the last one must answer).
 ITERATIONS: Final[dict[str, int]] = {"low": 3, "mid": 5, "high": 8}
-#: Token budget of each recall the agent makes, per budget.
+#: Token budget of each recall the agent makes, per budget (a bank's ``recall_max_tokens``
+#: replaces it: :func:`heed.memory.bank_config.recall_max_tokens`).
 RECALL_TOKENS: Final[dict[str, int]] = {"low": 1024, "mid": 2048, "high": 4096}
 #: Memories shown to the model per recall (each clipped to ``MEMORY_CHARS``), and
 #: characters of an expansion.
@@ -510,7 +511,7 @@ class _Loop:
             RecallQuery(
                 query=query,
                 budget=budget,
-                max_tokens=RECALL_TOKENS[budget],
+                max_tokens=recall_max_tokens(self.bank, RECALL_TOKENS[budget]),
                 tags=self.request.tags,
                 tags_match=self.request.tags_match,
                 types=self.request.fact_types,

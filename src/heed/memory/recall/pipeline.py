@@ -40,7 +40,8 @@ import numpy as np
 
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import canonical
-from heed.memory.models import Bank, Budget, RecallHit, RecallOutcome, RecallQuery, StoredUnit
+from heed.memory.models import Bank, RecallHit, RecallOutcome, RecallQuery, StoredUnit
+from heed.memory.recall.budget import BUDGET_SIZES, RecallSize, recall_size
 from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import QueryAnalysis, analyze_query
 from heed.memory.recall.rerank import Candidate, Reranker
@@ -48,16 +49,13 @@ from heed.memory.store import MemoryStore
 from heed.memory.vectors import VectorSearch
 from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
 
-__all__ = ["BUDGET_SIZES", "RecallDeps", "StageHook", "Tracer", "run_recall"]
+__all__ = ["BUDGET_SIZES", "RecallDeps", "StageHook", "Tracer", "run_recall", "slot_terms"]
 
 T = TypeVar("T")
 StageHook = Callable[[str], None]
 
 #: How many of each arm's units ``trace: true`` lists.
 TRACE_ARM_TOP = 20
-
-#: (candidates per arm, candidates reranked) per budget.
-BUDGET_SIZES = {"low": (40, 30), "mid": (100, 60), "high": (300, 150)}
 
 
 @dataclass
@@ -484,10 +482,10 @@ def _rank_and_fill(
     q: RecallQuery,
     analysis: QueryAnalysis,
     anchor: datetime,
+    rerank_n: int,
 ) -> tuple[list[RecallHit], dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]] | None]:
-    """Fusion, candidates, rerank, boosts, token budget and enrichment (one worker thread;
-    a checkpoint before each stage, and each stage's time in *tracer*)."""
-    rerank_n = BUDGET_SIZES[q.budget][1]
+    """Fusion, candidates (the best *rerank_n*), rerank, boosts, token budget and enrichment
+    (one worker thread; a checkpoint before each stage, and each stage's time in *tracer*)."""
     if q.trace:
         tracer.extra["arms"] = _arm_ids(deps, bank, arms, TRACE_ARM_TOP)
     fused = tracer.run("fusion", reciprocal_rank_fusion, arms, deps.arm_weights, count=len)
@@ -534,24 +532,30 @@ def _rank_and_fill(
 # -- the pipeline -------------------------------------------------------------------------
 
 
-def slot_terms(budget: Budget) -> tuple[float, bool]:
-    """How a recall of *budget* asks for a recall-lane slot: its cost relative to a
-    ``low`` one (a dearer budget waits behind cheaper recalls a little), and whether it
-    is dear work, which leaves a slot free for the others (``high`` only: ``mid`` is
-    the default, and holding it to one slot of two cut 8 clients' recalls/s by 17%).
-    See :mod:`heed.runtime.slots`."""
-    return BUDGET_SIZES[budget][1] / BUDGET_SIZES["low"][1], budget == "high"
+def slot_terms(size: RecallSize) -> tuple[float, bool]:
+    """How a recall of *size* (:func:`heed.memory.recall.budget.recall_size`: its budget
+    as its bank's settings size it) asks for a recall-lane slot: its cost relative to a
+    default ``low`` one, in candidates reranked (a bigger recall waits behind cheaper ones
+    a little), and whether it is dear work, which leaves a slot free for the others: as
+    big as a default ``high`` one or bigger (``mid`` is the default, and holding it to
+    one slot of two cut 8 clients' recalls/s by 17%). See :mod:`heed.runtime.slots`."""
+    return (
+        size.reranked / BUDGET_SIZES["low"][1],
+        size.reranked >= BUDGET_SIZES["high"][1],
+    )
 
 
 async def run_recall(
     deps: RecallDeps, bank: Bank, q: RecallQuery, *, background: bool = False
 ) -> RecallOutcome:
-    """Run every stage for *q* on *bank*; raises ``OperationCancelled`` at any checkpoint.
-    *background* work waits behind every user's recall for its slot."""
+    """Run every stage for *q* on *bank*, sized by its budget and the bank's settings
+    (:func:`heed.memory.recall.budget.recall_size`); raises ``OperationCancelled`` at any
+    checkpoint. *background* work waits behind every user's recall for its slot."""
     tracer = Tracer()
     queued_at = time.perf_counter()
-    per_arm = BUDGET_SIZES[q.budget][0]
-    cost, dear = slot_terms(q.budget)
+    size = recall_size(bank.config, q.budget, q.max_tokens)
+    per_arm = size.per_arm
+    cost, dear = slot_terms(size)
     slot = deps.lane.slot(background=True) if background else deps.lane.slot(cost=cost, dear=dear)
     async with slot:
         tracer.record("admission", queued_at)
@@ -588,13 +592,26 @@ async def run_recall(
         # Everything after the arms in one worker thread: each hop through the event loop
         # waits behind whatever the loop is doing (under a storm of requests, most of it).
         hits, chunks, entities = await run_in_thread(
-            _rank_and_fill, deps, tracer, bank, index, arms, qvec, q, analysis, anchor
+            _rank_and_fill,
+            deps,
+            tracer,
+            bank,
+            index,
+            arms,
+            qvec,
+            q,
+            analysis,
+            anchor,
+            size.reranked,
         )
     tracer.extra["query"] = {
         "terms": analysis.terms,
         "entities": analysis.entity_names,
         "window": [w.isoformat() for w in analysis.window] if analysis.window else None,
         "budget": q.budget,
+        "budget_function": size.function,
+        "candidates_per_arm": size.per_arm,
+        "candidates_reranked": size.reranked,
         "reranker": deps.reranker.name,
     }
     return RecallOutcome(
