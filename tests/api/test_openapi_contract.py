@@ -78,9 +78,11 @@ SEMANTIC_400 = [
     "POST /v1/default/banks/{bank_id}/memories/recall",
     "POST /v1/default/banks/{bank_id}/reflect",
     # Bank transfer refuses what JSON Schema cannot say: an upload that is not a heed bank
-    # archive (any bytes schemathesis makes), and the flags heed does not carry, true
-    # (include_history, include_knowledge_base; Hindsight's schema has them as booleans).
+    # archive (any bytes schemathesis makes), include_history true (heed keeps no such log),
+    # and what a mode cannot do (a merge's include_bank_config or target_bank_id, a
+    # restore's document_conflict, an unknown mode or conflict).
     "POST /v1/default/banks/{bank_id}/transfer/import",
+    "POST /v1/default/banks/{bank_id}/document-transfer",
     "POST /v1/default/banks/{bank_id}/transfer/export",
     "POST /v1/default/banks/{bank_id}/clone",
     "POST /v1/default/banks/{bank_id}/document-transfer/export",

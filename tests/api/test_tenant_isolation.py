@@ -415,6 +415,7 @@ def transfer_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
         Attempt("POST", BANK_T + "/document-transfer/export", bank, own),
         Attempt("POST", BANK_T + "/clone", bank, own, query={"target_bank_id": "b-clone"}),
         Attempt("POST", BANK_T + "/transfer/import", bank, own, files=archive),
+        Attempt("POST", BANK_T + "/document-transfer", bank, own, files=archive),
         Attempt("GET", "/v1/default/files/download/{key}", {"key": objs.archive_key}, ("key",)),
     ]
 
