@@ -343,9 +343,8 @@ class MemoryEngine:
                 bank.disposition.update(fields["disposition"])
             config = fields.get("config") or {}
             bank.config.update({k: v for k, v in config.items() if v is not None})
-            self._bank_cache.pop((tenant, bank_id), None)
             try:
-                return await run_in_thread(self.store.save_bank, bank)
+                return await self._save_bank(bank)
             except BankGone as exc:  # deleted by another process since the read above
                 self.indexes.drop(bank.ref)
                 if create:
@@ -367,12 +366,19 @@ class MemoryEngine:
             if bank.ref in self._closing:
                 raise Conflict(f"bank {bank_id!r} is being deleted; retry when that finished")
             change(bank)
-            self._bank_cache.pop((tenant, bank_id), None)
             try:
-                return await run_in_thread(self.store.save_bank, bank)
+                return await self._save_bank(bank)
             except BankGone as exc:  # deleted by another process since the read above
                 self.indexes.drop(bank.ref)
                 raise NotFound(f"bank {bank_id!r} not found") from exc
+
+    async def _save_bank(self, bank: Bank) -> Bank:
+        """Save *bank*'s row and forget the cached one, after the save: a read racing it
+        (consolidation's, say) may have cached the row as it was before."""
+        try:
+            return await run_in_thread(self.store.save_bank, bank)
+        finally:
+            self._bank_cache.pop((bank.tenant, bank.bank_id), None)
 
     async def list_banks(self, limit: int, offset: int) -> tuple[list[tuple[Bank, int]], int]:
         """The current tenant's banks with their unit counts, and the total."""
