@@ -1,14 +1,11 @@
-"""The tag filter (:mod:`heed.memory.tags`): the modes, the ``tags_match`` check, and that
-recall's candidate filter keeps exactly what :func:`~heed.memory.tags.tags_pass` keeps."""
+"""The tag filter (:mod:`heed.memory.tags`): the modes and the ``tags_match`` check (recall's
+candidate filter calls :func:`~heed.memory.tags.tags_pass`; its own tests are recall's)."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from heed.memory.models import InvalidInput, RecallQuery, StoredUnit
-from heed.memory.recall.pipeline import _tags_ok
+from heed.memory.models import InvalidInput
 from heed.memory.tags import TAGS_MATCH, check_tags_match, filters_by_tags, tags_pass
 
 TAG_LISTS: list[list[str]] = [[], ["a"], ["b"], ["a", "b"], ["a", "c"], ["c"], ["a", "b", "c"]]
@@ -25,15 +22,6 @@ def test_the_modes() -> None:
         assert not filters_by_tags(None, match) and not filters_by_tags([], match)
         assert all(tags_pass(have, None, match) for have in TAG_LISTS)
     assert filters_by_tags(None, "exact") and filters_by_tags(["a"], "any")
-
-
-def test_recall_filters_candidates_by_the_same_rule() -> None:
-    for have, wanted, match in itertools.product(TAG_LISTS, [None, *TAG_LISTS], TAGS_MATCH):
-        unit = StoredUnit(
-            "u", 1, "text", "world", None, None, None, None, None, None, {}, have, [], ""
-        )
-        query = RecallQuery(query="q", tags=wanted, tags_match=match)  # type: ignore[arg-type]
-        assert _tags_ok(unit, query) == tags_pass(have, wanted, match), (have, wanted, match)
 
 
 def test_a_tags_match_outside_the_modes_is_refused_naming_the_field() -> None:

@@ -2,10 +2,8 @@
 
 The memories list, mental models, the knowledge base and refresh triggers filter by
 :func:`tags_pass`; the memory store's list applies it to the distinct tag lists a bank's
-units hold, so no SQL restates it. Recall's candidate filter
-(``heed.memory.recall.pipeline._tags_ok``) is the same rule, kept equal by
-``tests/memory/test_tags.py``. The modes, for a thing carrying the tags *have* and a
-request asking for *wanted*:
+units hold, so no SQL restates it; recall's candidate filter calls it too. The modes, for
+a thing carrying the tags *have* and a request asking for *wanted*:
 
 - ``any``: shares a tag with *wanted*, or carries no tag at all;
 - ``all``: carries every tag of *wanted*, or carries no tag at all;

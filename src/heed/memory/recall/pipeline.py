@@ -46,6 +46,7 @@ from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import QueryAnalysis, analyze_query
 from heed.memory.recall.rerank import Candidate, Reranker
 from heed.memory.store import MemoryStore
+from heed.memory.tags import tags_pass
 from heed.memory.vectors import VectorSearch
 from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
 
@@ -260,20 +261,6 @@ def _arm_ids(
     }
 
 
-def _tags_ok(unit: StoredUnit, q: RecallQuery) -> bool:
-    if not q.tags and q.tags_match not in ("exact",):
-        return True
-    wanted = set(q.tags or [])
-    have = set(unit.tags)
-    if q.tags_match == "exact":
-        return have == wanted
-    if not have:
-        return q.tags_match in ("any", "all")
-    if q.tags_match in ("any", "any_strict"):
-        return bool(have & wanted)
-    return wanted <= have
-
-
 def _candidates(
     deps: RecallDeps,
     bank: Bank,
@@ -301,7 +288,7 @@ def _candidates(
                 continue
             if q.types is not None and unit.fact_type not in q.types:
                 continue
-            if not _tags_ok(unit, q):
+            if not tags_pass(unit.tags, q.tags, q.tags_match):
                 continue
             units[seq] = unit
             wanted.append((seq, score))
@@ -322,7 +309,7 @@ def _candidates(
                 continue
             if q.types is not None and unit.fact_type not in q.types:
                 continue
-            if not _tags_ok(unit, q):
+            if not tags_pass(unit.tags, q.tags, q.tags_match):
                 continue
             units[seq] = unit
             wanted.append((seq, 0.0))
