@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         default=12.0, gt=0, description="How long a web UI login lasts."
     )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    max_upload_bytes: int = Field(
+        default=4 * 1024 * 1024 * 1024,
+        ge=1024,
+        description="Largest bank archive an import takes (multipart, spooled to a temporary "
+        "file, not held in memory); other request bodies: HEED_MAX_BODY_BYTES.",
+    )
     # Connections (heed.api.connection): what a client may hold open without sending.
     max_head_bytes: int = Field(
         default=64 * 1024,
@@ -368,7 +374,7 @@ class Settings(BaseSettings):
         default=16 * 1024**3,
         ge=1024,
         description="Most bytes an imported archive's entries may declare in all "
-        "(the upload itself is bounded by HEED_MAX_BODY_BYTES).",
+        "(the upload itself is bounded by HEED_MAX_UPLOAD_BYTES).",
     )
     # File retain (heed.memory.files): POST .../files/retain.
     file_max_files: int = Field(

@@ -16,6 +16,7 @@ import json
 import struct
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -1103,3 +1104,40 @@ def test_a_cancelled_merge_leaves_whole_documents(server: LiveServer, big_archiv
     assert len(merged) < 12_000 // 400 + 1
     assert all(count == 400 for count in merged.values())  # whole, or not there
     assert server.app.state.services.lanes["retain"].stats().in_use == 0
+
+
+def test_an_archive_upload_may_pass_the_body_limit_up_to_the_upload_limit(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("uploads"),
+        max_body_bytes=16 * 1024,
+        max_upload_bytes=1024 * 1024,
+    )
+    archive = arc.synthetic_archive(100, per_document=50)
+    assert 16 * 1024 < len(archive) < 1024 * 1024
+    with live_server(create_app(settings)) as srv:
+        httpx.put(f"{srv.url}/v1/default/banks/host", json={}, timeout=30).raise_for_status()
+        response = _import(srv, "host", archive, "uploaded")
+        assert response.status_code == 202, response.text
+        status = wait_done(srv, "host", response.json()["operation_id"])
+        assert status["status"] == "completed" and status["result_metadata"]["units"] == 100
+        merged = _import(srv, "host", archive, "host", mode="merge")
+        assert merged.status_code == 202, merged.text
+        # Past the upload limit: a 413 naming it, and nothing stored.
+        big = arc.zipped([("manifest.json", bytes(range(256)) * 5000)], zipfile.ZIP_STORED)
+        refused = _import(srv, "host", big, "too-big")
+        assert refused.status_code == 413 and "HEED_MAX_UPLOAD_BYTES" in refused.json()["detail"]
+        # Any other body keeps the body limit.
+        body = httpx.post(
+            f"{srv.url}/v1/default/banks/host/memories",
+            json={"items": [{"content": "x " * 20_000}]},
+            timeout=30,
+        )
+        assert body.status_code == 413 and "HEED_MAX_BODY_BYTES" in body.json()["detail"]
+        files = httpx.post(
+            f"{srv.url}/v1/default/banks/host/files/retain",
+            files={"files": ("a.zip", archive, "application/zip")},
+            timeout=30,
+        )
+        assert files.status_code == 413

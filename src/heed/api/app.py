@@ -37,6 +37,7 @@ from heed.api.routes import mental_models as mental_models_routes
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
 from heed.api.routes import transfer as transfer_routes
+from heed.api.routes.transfer import UPLOAD_PATHS
 from heed.api.routing import HeedRoute
 from heed.api.run_metrics import install_run_metrics
 from heed.api.streams import StreamSlots
@@ -128,6 +129,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         metrics=app.state.metrics,
         authenticator=app.state.authenticator,
         max_body_bytes=settings.max_body_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+        upload_paths=UPLOAD_PATHS,
         drain=app.state.drain,
         admission=app.state.admission,
         public_admission=Admission(settings.public_max_in_flight),

@@ -15,7 +15,10 @@ exactly that to everything inside it). For each HTTP request it:
    its body holds no place; the place is given back when the response starts. Callers
    without credentials on public paths have an admission of their own;
 4. reads the body, answering 413 once it passes ``max_body_bytes``, and 400 when
-   it breaks the text rule (:mod:`heed.api.input_rules`);
+   it breaks the text rule (:mod:`heed.api.input_rules`); an upload (a multipart body to a
+   path ``upload_paths`` matches: a bank archive's import) may reach ``max_upload_bytes``
+   and is spooled to a temporary file past :data:`SPOOL_IN_MEMORY` bytes, not held in
+   memory, then handed to the app a :data:`UPLOAD_CHUNK` at a time;
 5. creates the request's :class:`~heed.runtime.CancellationToken` and
    :class:`~heed.runtime.RequestContext` and makes it the active context;
 6. owns ``receive``: a watcher task waits for ``http.disconnect`` and cancels the
@@ -37,8 +40,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import tempfile
 import time
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -59,6 +64,10 @@ STATUS_CLIENT_CLOSED: Final = 499
 #: Cheap answers that must stay available under any load (load balancers, scrapers).
 _NOT_ADMITTED: Final = frozenset({"/health", "/metrics"})
 HEAD_ANSWERED: Final = "HEAD answered"
+#: An upload's bytes kept in memory before it is spooled to disk.
+SPOOL_IN_MEMORY: Final = 8 * 1024 * 1024
+#: What the app's ``receive`` gets of a spooled upload at a time.
+UPLOAD_CHUNK: Final = 1024 * 1024
 
 #: On every response. The UI loads nothing from another origin and runs no inline script
 #: or style, so its policy can be ``'self'`` throughout; no page of heed may be framed.
@@ -142,13 +151,23 @@ def _head_only(send: Send, token: CancellationToken) -> Send:
 
 
 class _ReceiveOwner:
-    """Reads the request body, then watches the connection for a disconnect."""
+    """Reads the request body (into memory, or with *spool* into a temporary file), then
+    watches the connection for a disconnect."""
 
-    def __init__(self, receive: Receive, token: CancellationToken, limit: int) -> None:
+    def __init__(
+        self, receive: Receive, token: CancellationToken, limit: int, *, spool: bool = False
+    ) -> None:
         self._receive = receive
         self._token = token
         self._limit = limit
         self._body_messages: list[Message] = []
+        # Closed by close(), which the middleware calls when the request is done.
+        self._spool: IO[bytes] | None = (
+            tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
+            if spool
+            else None
+        )
+        self._spooled_left = 0
         self.body = b""
         self._disconnected = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -162,13 +181,26 @@ class _ReceiveOwner:
             if message["type"] == "http.disconnect":
                 self._mark_disconnected()
                 return False
-            size += len(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
             if size > self._limit:
                 raise _BodyTooLarge
-            self._body_messages.append(message)
+            if self._spool is not None:
+                self._spool.write(chunk)  # a page-cache write: microseconds a chunk
+            else:
+                self._body_messages.append(message)
             if not message.get("more_body", False):
-                self.body = b"".join(m.get("body", b"") for m in self._body_messages)
+                if self._spool is not None:
+                    self._spool.seek(0)
+                    self._spooled_left = size
+                else:
+                    self.body = b"".join(m.get("body", b"") for m in self._body_messages)
                 return True
+
+    def close(self) -> None:
+        """Drop a spooled body (its temporary file)."""
+        if self._spool is not None:
+            self._spool.close()
 
     def start_watching(self) -> None:
         self._watcher = asyncio.create_task(self._watch(), name="heed-disconnect-watcher")
@@ -194,6 +226,10 @@ class _ReceiveOwner:
         """The ``receive`` the app sees: the buffered body, then the disconnect."""
         if self._body_messages:
             return self._body_messages.pop(0)
+        if self._spool is not None and self._spooled_left > 0:
+            chunk = self._spool.read(min(UPLOAD_CHUNK, self._spooled_left))
+            self._spooled_left -= len(chunk)
+            return {"type": "http.request", "body": chunk, "more_body": self._spooled_left > 0}
         await self._disconnected.wait()
         return {"type": "http.disconnect"}
 
@@ -208,6 +244,8 @@ class RequestLifecycleMiddleware:
         metrics: Metrics,
         authenticator: Authenticator,
         max_body_bytes: int,
+        max_upload_bytes: int | None = None,
+        upload_paths: re.Pattern[str] | None = None,
         drain: Drain | None = None,
         admission: Admission | None = None,
         public_admission: Admission | None = None,
@@ -218,6 +256,8 @@ class RequestLifecycleMiddleware:
         self.metrics = metrics
         self.authenticator = authenticator
         self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max(max_upload_bytes or max_body_bytes, max_body_bytes)
+        self.upload_paths = upload_paths
         self.drain = drain or Drain()
         self.admission = admission
         self.public_admission = public_admission or (
@@ -315,21 +355,45 @@ class RequestLifecycleMiddleware:
         identity: Identity,
         gate: Admission | None,
     ) -> None:
-        if self._declared_length(scope) > self.max_body_bytes:
-            await _send_json(send, 413, _detail(self._too_large_message()), [])
+        upload = self._is_upload(scope)
+        limit = self.max_upload_bytes if upload else self.max_body_bytes
+        if self._declared_length(scope) > limit:
+            await _send_json(send, 413, _detail(self._too_large_message(upload)), [])
             return
 
         token = CancellationToken()
         ctx = RequestContext(tenant=identity.tenant, principal=identity.principal, token=token)
         scope.setdefault("state", {})["request_context"] = ctx
-        owner = _ReceiveOwner(receive, token, self.max_body_bytes)
+        owner = _ReceiveOwner(receive, token, limit, spool=upload)
         try:
-            if not await owner.read_body():
-                status_holder["status"] = STATUS_CLIENT_CLOSED
-                status_holder["reason"] = CLIENT_DISCONNECTED
-                return
+            await self._read_and_run(scope, send, status_holder, identity, gate, owner, ctx)
         except _BodyTooLarge:
-            await _send_json(send, 413, _detail(self._too_large_message()), [])
+            await _send_json(send, 413, _detail(self._too_large_message(upload)), [])
+        finally:
+            owner.close()
+
+    def _is_upload(self, scope: Scope) -> bool:
+        """Whether the request is an upload (see the module docstring)."""
+        return (
+            self.upload_paths is not None
+            and scope["method"] == "POST"
+            and self.upload_paths.fullmatch(scope.get("path", "")) is not None
+            and _header(scope, b"content-type").startswith(b"multipart/form-data")
+        )
+
+    async def _read_and_run(
+        self,
+        scope: Scope,
+        send: Send,
+        status_holder: dict[str, Any],
+        identity: Identity,
+        gate: Admission | None,
+        owner: _ReceiveOwner,
+        ctx: RequestContext,
+    ) -> None:
+        if not await owner.read_body():
+            status_holder["status"] = STATUS_CLIENT_CLOSED
+            status_holder["reason"] = CLIENT_DISCONNECTED
             return
         if identity.session_id is not None and self.revocations is not None:
             with use_context(ctx):
@@ -346,7 +410,7 @@ class RequestLifecycleMiddleware:
         if ticket is not None and gate is not None:
             send = _leaving_on_start(send, gate, ticket)
         if status_holder.get("head"):
-            send = _head_only(send, token)
+            send = _head_only(send, ctx.token)
         try:
             await self._run_app(scope, send, status_holder, owner, ctx)
         finally:
@@ -403,7 +467,12 @@ class RequestLifecycleMiddleware:
                     return 0
         return 0
 
-    def _too_large_message(self) -> str:
+    def _too_large_message(self, upload: bool = False) -> str:
+        if upload:
+            return (
+                f"upload exceeds the limit of {self.max_upload_bytes} bytes "
+                "(the server's HEED_MAX_UPLOAD_BYTES)"
+            )
         return (
             f"request body exceeds the limit of {self.max_body_bytes} bytes "
             "(the server's HEED_MAX_BODY_BYTES)"

@@ -21,7 +21,8 @@ journal at ``/v1/runs/{id}/stream``). ``include_history`` is refused by name whe
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Final
 
 from fastapi import APIRouter, File, Query, UploadFile
 from fastapi.responses import StreamingResponse
@@ -36,6 +37,9 @@ from heed.memory.engine import BANK_ID_RE
 router = APIRouter(tags=["transfer"], route_class=HeedRoute)
 
 BANK = "/v1/default/banks/{bank_id}"
+#: The routes that take a bank archive upload: bodies up to HEED_MAX_UPLOAD_BYTES, spooled
+#: to disk by the request middleware (:mod:`heed.api.middleware`).
+UPLOAD_PATHS: Final = re.compile(r"/v1/default/banks/[^/]+/(?:transfer/import|document-transfer)")
 
 DocumentIds = Annotated[
     list[Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS)]] | None,
