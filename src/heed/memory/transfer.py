@@ -371,25 +371,8 @@ class BankTransfers:
         check = await run_in_thread(self.check_upload, archive, include_bank_config)
         target = target_bank_id or check.manifest.source_bank_id
         await self._new_bank_id(target, "target_bank_id")
-        stored = await run_in_thread(
-            self._store_upload, self._archive_row(bank, "upload", filename or "upload.zip"), archive
-        )
-        try:
-            return await self._submit(
-                IMPORT_KIND,
-                bank,
-                {
-                    "archive_id": stored.id,
-                    "target_bank_id": target,
-                    "include_data": include_data,
-                    "include_bank_config": include_bank_config,
-                },
-                {"target_bank_id": target, "archive_id": stored.id},
-            )
-        except BaseException:
-            with use_context(detached()):
-                await run_in_thread(self.archives.delete_archive, stored.id)
-            raise
+        payload = {"include_data": include_data, "include_bank_config": include_bank_config}
+        return await self._submit_upload(bank, archive, filename, payload, target_bank_id=target)
 
     async def _submit_merge(
         self,
@@ -420,16 +403,26 @@ class BankTransfers:
                 "directives, webhooks and mental models are not merged (leave it out)"
             )
         await run_in_thread(self.check_upload, archive, False)
-        stored = await run_in_thread(
-            self._store_upload, self._archive_row(bank, "upload", filename or "upload.zip"), archive
+        return await self._submit_upload(
+            bank, archive, filename, {"document_conflict": conflict}, mode="merge"
         )
+
+    async def _submit_upload(
+        self,
+        bank: Bank,
+        archive: IO[bytes],
+        filename: str | None,
+        payload: dict[str, Any],
+        **summary: str,
+    ) -> Run:
+        """Store the checked upload *archive* and queue its import run (its *summary*
+        fields go into the payload too); the stored upload is deleted if the submit
+        fails."""
+        row = self._archive_row(bank, "upload", filename or "upload.zip")
+        stored = await run_in_thread(self._store_upload, row, archive)
+        summary["archive_id"] = stored.id
         try:
-            return await self._submit(
-                IMPORT_KIND,
-                bank,
-                {"archive_id": stored.id, "mode": "merge", "document_conflict": conflict},
-                {"mode": "merge", "archive_id": stored.id},
-            )
+            return await self._submit(IMPORT_KIND, bank, payload | summary, summary)
         except BaseException:
             with use_context(detached()):
                 await run_in_thread(self.archives.delete_archive, stored.id)
