@@ -7,6 +7,7 @@ for the contract check of ``test_memory_store.py`` (which reads every
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -416,3 +417,66 @@ def test_delete_bank_in_batches_leaves_nothing_and_other_banks_alone(
         assert _count(store, table, f"WHERE bank_ref = '{doomed.ref}'") == 0, table
     assert len(store.keyword_search(kept.ref, ["tom"], 10)) == 3
     assert store.keyword_search(doomed.ref, ["tom"], 10) == []
+
+
+def test_write_document_rows_in_parts_written_at_once(store: SqlMemoryStore) -> None:
+    """A batch larger than a transaction is split (on PostgreSQL among several
+    connections at once): the seqs stay consecutive, the placeholder is replaced, and
+    long values shared by the parts, met in opposite orders, are stored once each."""
+    bank = _bank(store)
+    contexts = [f"context {i} " + "c" * 100 for i in range(4)]
+    rows = []
+    for i in range(600):
+        order = contexts if i < 256 else contexts[::-1]  # the first two parts: opposite orders
+        rows.append(replace(_row(f"part unit {i}"), context=order[i % 4], tags=[f"t{i % 3}" * 40]))
+    assert store.write_document_rows(bank.ref, _document(600), [rows]) == 600
+    units = store.list_units(bank.ref, UnitFilter(document_id="d"), -1, 0)[0]
+    assert sorted(u.seq for u in units) == list(
+        range(min(u.seq for u in units), 600 + min(u.seq for u in units))
+    )
+    by_text = {u.text: u for u in units}
+    assert set(by_text) == {f"part unit {i}" for i in range(600)}
+    assert by_text["part unit 301"].context == contexts[::-1][301 % 4]
+    assert by_text["part unit 5"].tags == ["t2" * 40]
+    assert _count(store, "memory_values", f"WHERE bank_ref = '{bank.ref}'") == 4 + 3
+    assert len(store.keyword_search(bank.ref, ["part"], -1)) == 600
+
+
+def test_write_document_rows_stops_a_running_statement_when_cancelled(
+    store: SqlMemoryStore,
+) -> None:
+    """On PostgreSQL a cancel stops the statement a part is running (here: waiting for the
+    bank's lock, which another transaction holds), whatever the part's size."""
+    if store.db.dialect != "postgresql":
+        pytest.skip("SQLite's writes stop between transactions (tested above)")
+    import psycopg
+
+    from heed.storage.postgres import PostgresDatabase
+
+    assert isinstance(store.db, PostgresDatabase)
+    bank = _bank(store)
+    token = CancellationToken()
+    blocker = psycopg.connect(store.db.url)
+    release = threading.Timer(5.0, blocker.rollback)
+
+    def batches() -> Iterator[list[object]]:
+        blocker.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("bank:" + bank.ref,)
+        )
+        threading.Timer(0.2, token.cancel, args=("stop",)).start()
+        release.start()  # a write that cannot be cancelled waits 5 s, and fails below
+        yield [_row(f"blocked {i}") for i in range(64)]
+
+    try:
+        started = time.monotonic()
+        with use_context(RequestContext(token=token)), pytest.raises(OperationCancelled):
+            store.write_document_rows(bank.ref, _document(64), batches())  # type: ignore[arg-type]
+        assert time.monotonic() - started < 2.0  # 0.2 s, then the statements' cancel
+    finally:
+        release.cancel()
+        if release.ident is not None:
+            release.join()
+        blocker.rollback()
+        blocker.close()
+    written = store.list_units(bank.ref, UnitFilter(document_id="d"), -1, 0)[0]
+    assert [u.text for u in written] == [""]  # the placeholder alone

@@ -329,7 +329,8 @@ class TransferStore(Protocol):
     call is one transaction under the bank's lock that checks the bank's row first
     (:class:`BankGone`, nothing written) and writes everything it was given or nothing,
     except :meth:`write_document_rows` and :meth:`write_unit_rows`, which commit a few
-    memories at a time (a cancel waits for one such transaction, never for a document)."""
+    memories at a time (a cancel waits for one such transaction, never for a document; on
+    PostgreSQL, several connections at once, whose running statements a cancel stops)."""
 
     def read_bank(
         self, bank_ref: str, selection: BankSelection

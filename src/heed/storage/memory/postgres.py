@@ -39,7 +39,14 @@ from heed.storage.memory.rows import UNIT_WRITE_COLUMNS
 from heed.storage.memory.schema import SEQ_BLOCK
 from heed.storage.postgres import PostgresDatabase, Statements
 
-__all__ = ["PGVECTOR_MIN", "PostgresMemory", "SchemaMismatch", "vector_literal"]
+__all__ = [
+    "INSERT_UNITS",
+    "PGVECTOR_MIN",
+    "UNIT_VALUES",
+    "PostgresMemory",
+    "SchemaMismatch",
+    "vector_literal",
+]
 
 #: The ``hnsw.ef_search`` floor and pgvector's ceiling.
 EF_SEARCH_MIN: Final = 40
@@ -47,11 +54,18 @@ EF_SEARCH_MAX: Final = 1000
 #: The oldest pgvector with ``hnsw.iterative_scan``.
 PGVECTOR_MIN: Final = (0, 8, 0)
 
-_INSERT_UNITS: Final = (
-    f"INSERT INTO memory_units ({', '.join(UNIT_WRITE_COLUMNS)}, keywords) VALUES ("
+#: ``INSERT INTO memory_units`` up to its rows, each a :data:`UNIT_VALUES`.
+INSERT_UNITS: Final = (
+    f"INSERT INTO memory_units ({', '.join(UNIT_WRITE_COLUMNS)}, keywords) VALUES "
+)
+#: One unit's row: its :data:`~heed.storage.memory.rows.UNIT_WRITE_COLUMNS`, then the bank
+#: token and the index text its ``keywords`` are made of.
+UNIT_VALUES: Final = (
+    "("
     + ",".join("?::vector" if c == "embedding" else "?" for c in UNIT_WRITE_COLUMNS)
     + ", to_tsvector('simple', ?) || to_tsvector('english', ?))"
 )
+_INSERT_UNITS: Final = INSERT_UNITS + UNIT_VALUES
 
 
 class SchemaMismatch(RuntimeError):

@@ -19,23 +19,43 @@ it is ``None`` and the reader rebuilds it (:mod:`heed.memory.archive`).
 first (:class:`~heed.memory.store.BankGone`): a batch of observations, entities, entity
 rows or links per call (unit and entity ids resolved to the bank's seqs and entities),
 and a document in several: its row and chunks with its seqs reserved (all of them at
-once, so its units are consecutive), then a transaction per batch of its units, the token
-checked between them; memories go a few per transaction (:data:`UNITS_PER_TRANSACTION`).
-So a document is whole only when the call returns: the writes are for a staging bank,
-discarded whole on failure (:mod:`heed.memory.transfer`).
+once, so its units are consecutive), then its units a batch at a time, each batch written
+before the next is asked for, the token checked between them. So a document is whole only
+when the call returns: the writes are for a staging bank, discarded whole on failure
+(:mod:`heed.memory.transfer`). Memories are written differently on each database:
+
+- SQLite: :data:`UNITS_PER_TRANSACTION` a transaction, one after the other. A cancel, which
+  writes the run's phase and needs SQLite's one writer, waits for one such transaction.
+- PostgreSQL: nearly all of a memory's write is pgvector's HNSW insert, CPU in the server
+  (``benchmarks/transfer_pg_costs.py``, a bank of 20,000: 2.7 ms of a memory's 2.8 ms on
+  one connection; the GIN keyword index costs too little to measure), which one statement
+  does row after row in one server process. So a batch is split among
+  :data:`PG_WRITERS` connections at once, each part one transaction of at most
+  :data:`PG_UNITS_PER_TRANSACTION` holding the bank's lock *shared* (a delete, which
+  takes it whole, waits for the parts or they find the bank gone). Each part runs in
+  :meth:`PostgresDatabase.cancellable`: a cancel stops its running statement (a few ms:
+  the row being inserted), so a part's size does not bound a cancel's wait. Vectors go
+  as binary parameters (:class:`_Vector`), the rows of a part in one ``INSERT``.
+
 Shared values (long tags, metadata, contexts) are stored once per bank as every write does
-(:mod:`~.values`). :meth:`TransferRows.publish_bank` moves a finished bank to its real
-``(tenant, bank_id)`` in one statement.
+(:mod:`~.values`; on PostgreSQL each part stores its own at its end, in one order).
+:meth:`TransferRows.publish_bank` moves a finished bank to its real ``(tenant, bank_id)``
+in one statement.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import hashlib
 import json
 import sqlite3
+import struct
 import sys
+import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final
 
@@ -69,6 +89,7 @@ from heed.storage.memory.rows import (
 )
 from heed.storage.memory.values import ValueWriter
 from heed.storage.memory.writes import (
+    BANK_LOCK,
     LINK_COLUMNS,
     MEMBERSHIP_COLUMNS,
     WRITE_BATCH,
@@ -80,10 +101,23 @@ if TYPE_CHECKING:
 
 __all__ = ["TransferRows"]
 
-#: Memories one write transaction holds at most, per database: what a cancel may wait for
-#: (its own write of the run's phase needs SQLite's one writer; on PostgreSQL a vector's
-#: HNSW insert costs a few milliseconds, and a running insert is not interrupted).
-UNITS_PER_TRANSACTION: Final = {"sqlite": 32, "postgresql": 8}
+#: Memories one write transaction holds at most on SQLite: what a cancel may wait for (its
+#: own write of the run's phase needs SQLite's one writer).
+UNITS_PER_TRANSACTION: Final = 32
+#: Connections a PostgreSQL write of memories uses at once, each a transaction of its own
+#: part of the batch (the calling thread's and helpers'). pgvector's HNSW insert is nearly
+#: all of the write's time (2.7 ms of server CPU a memory in a bank of 20,000:
+#: ``benchmarks/transfer_pg_costs.py``), and one statement inserts its rows one after the
+#: other in one server process, so only more connections make it faster. Two: on the
+#: benchmarks' two CPUs, which the server and PostgreSQL share, more gained little.
+PG_WRITERS: Final = 2
+#: Memories one PostgreSQL transaction holds at most, inserted by one statement (27
+#: parameters a row: PostgreSQL takes 65,535). Not a bound on a cancel's wait (a cancel
+#: stops the running statement, :meth:`PostgresDatabase.cancellable`), only on what a
+#: failed part throws away.
+PG_UNITS_PER_TRANSACTION: Final = 256
+#: Threads that run PostgreSQL parts beside the calling thread, shared by every write.
+_HELPERS: Final = 8
 
 #: A unit's keyword text on SQLite (its FTS5 body), in a ``SELECT ... FROM memory_units``.
 _SQLITE_INDEX_TEXT: Final = (
@@ -95,6 +129,99 @@ def _vector_from_pg(data: bytes) -> np.ndarray:
     """A float32 array from pgvector's binary form (dim, unused, big-endian float4s)."""
     dim = int.from_bytes(data[:2], "big")
     return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
+
+
+class _Vector(bytes):
+    """A vector in pgvector's binary form (``dim``, an unused 0, big-endian float4s), sent
+    as a binary parameter of the ``vector`` type (:func:`_vector_dumper`): the text form
+    cost 180 us a vector to write in Python and as much again to parse in the server."""
+
+    __slots__ = ()
+
+
+def _pg_vector(vector: Any) -> _Vector | None:
+    """*vector* (float32) as a :class:`_Vector` (``None`` stays ``None``)."""
+    if vector is None:
+        return None
+    values = np.asarray(vector, dtype=">f4").ravel()
+    return _Vector(struct.pack(">HH", values.size, 0) + values.tobytes())
+
+
+def _vector_dumper(oid: int) -> type[Any]:
+    """A psycopg dumper sending a :class:`_Vector` as it is, in binary, as the type *oid*
+    (pgvector's ``vector`` in the database: extensions have no fixed oid)."""
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class VectorDumper(Dumper):
+        format = Format.BINARY
+
+        def dump(self, obj: Any) -> bytes:
+            return bytes(obj)
+
+    VectorDumper.oid = oid
+    return VectorDumper
+
+
+class _SortedValues(ValueWriter):
+    """A :class:`ValueWriter` storing its values in digest order: parts of one bank written
+    at once on several connections then wait for each other's values (a unique key) in one
+    order, never in a cycle (a deadlock)."""
+
+    def store(self, conn: Any, bank_ref: str) -> None:
+        self._bodies = dict(sorted(self._bodies.items()))
+        super().store(conn, bank_ref)
+
+
+_helper_pool: ThreadPoolExecutor | None = None
+_helper_pool_lock = threading.Lock()
+
+
+def _helpers() -> ThreadPoolExecutor:
+    global _helper_pool
+    with _helper_pool_lock:
+        if _helper_pool is None:
+            _helper_pool = ThreadPoolExecutor(_HELPERS, thread_name_prefix="heed-pg-writer")
+        return _helper_pool
+
+
+def _concurrently(jobs: Sequence[Callable[[], None]], writers: int) -> None:
+    """Run *jobs* on up to *writers* threads, this one among them, each helper in a copy of
+    this thread's context (its token: a cancel stops every job's running statement).
+    Returns once no job runs any more; raises the first error, after which no job starts.
+    """
+    if writers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    pending = iter(jobs)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        while True:
+            with lock:
+                job = None if errors else next(pending, None)
+            if job is None:
+                return
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 -- raised by the calling thread below
+                with lock:
+                    errors.append(exc)
+                return
+
+    pool = _helpers()
+    helpers = [
+        pool.submit(contextvars.copy_context().run, drain)
+        for _ in range(min(writers, len(jobs)) - 1)
+    ]
+    drain()
+    for helper in helpers:
+        if not helper.cancel():  # one not started yet has nothing left to do
+            helper.result()
+    if errors:
+        raise errors[0]
 
 
 class _Reader:
@@ -388,6 +515,12 @@ def _refuse_nul_in_unit(unit: UnitRow) -> None:
         refuse_nul(text, "a memory's tags or metadata")
 
 
+def _pieces(units: Sequence[UnitRow], size: int) -> Iterator[Sequence[UnitRow]]:
+    """*units* in slices of at most *size*."""
+    for start in range(0, len(units), size):
+        yield units[start : start + size]
+
+
 class TransferRows(DocumentWrites):
     """A bank's rows read and written in batches (see the module docstring and
     :class:`heed.memory.store.TransferStore`), beside the document writes."""
@@ -429,11 +562,13 @@ class TransferRows(DocumentWrites):
         self,
         bank_ref: str,
         unit: UnitRow,
-        seq: int,
         generation: int,
         values: ValueWriter,
+        vector: Callable[[Any], Any],
     ) -> tuple[Any, ...]:
-        """*unit*'s ``memory_units`` row (:data:`UNIT_WRITE_COLUMNS`, in order)."""
+        """*unit*'s ``memory_units`` row (:data:`UNIT_WRITE_COLUMNS`, in order; its seq,
+        known in the transaction, is filled in by :meth:`_insert`), its vector encoded by
+        *vector*."""
         _refuse_nul_in_unit(unit)
         if unit.vector is not None and np.size(unit.vector) != self.dim:
             raise ValueError(
@@ -444,7 +579,7 @@ class TransferRows(DocumentWrites):
         metadata, metadata_ref = values.encode(unit.metadata)
         tags, tags_ref = values.encode(unit.tags)
         by_column = {
-            "seq": seq,
+            "seq": 0,
             "id": unit.id,
             "bank_ref": bank_ref,
             "document_id": unit.document_id,
@@ -460,7 +595,7 @@ class TransferRows(DocumentWrites):
             "metadata_ref": metadata_ref,
             "tags": tags,
             "tags_ref": tags_ref,
-            "embedding": self.dialect.encode_vector(unit.vector),
+            "embedding": vector(unit.vector),
             "created_at": unit.created_at,
             "updated_at": unit.updated_at,
             "token_count": unit.token_count,
@@ -472,19 +607,16 @@ class TransferRows(DocumentWrites):
         }
         return tuple(by_column[column] for column in UNIT_WRITE_COLUMNS)
 
-    def _parts(self, units: Sequence[UnitRow]) -> Iterator[Sequence[UnitRow]]:
-        """*units* in the parts one transaction writes (:data:`UNITS_PER_TRANSACTION`)."""
-        step = UNITS_PER_TRANSACTION.get(self.db.dialect, WRITE_BATCH)
-        for start in range(0, len(units), step):
-            yield units[start : start + step]
-
     def _rows(
-        self, bank_ref: str, units: Sequence[UnitRow], values: ValueWriter
+        self, bank_ref: str, units: Sequence[UnitRow], values: ValueWriter, generation: int = 0
     ) -> list[tuple[Any, ...]]:
-        """*units*' rows, built before the transaction (their seq and generation, known in
-        it, are filled in by :meth:`_insert`): the transaction holds the writer only for
-        the statements."""
-        return [self._row(bank_ref, unit, 0, 0, values) for unit in units]
+        """*units*' rows, built before the transaction: it holds the writer (SQLite) or its
+        connection (PostgreSQL) only for the statements. On SQLite their generation, known
+        in the transaction, is filled in by :meth:`_insert`."""
+        if self.db.dialect == "postgresql":
+            return [self._row(bank_ref, unit, generation, values, _pg_vector) for unit in units]
+        encode = self.dialect.encode_vector
+        return [self._row(bank_ref, unit, generation, values, encode) for unit in units]
 
     def _insert(
         self,
@@ -508,6 +640,91 @@ class TransferRows(DocumentWrites):
             keywords = [(token, unit.index_text or unit.text) for unit in units[start:end]]
             self.dialect.insert_units(conn, ready, keywords)
 
+    # -- PostgreSQL: memories written on several connections at once ---------------------
+
+    def _vector_type(self) -> type[Any]:
+        """The dumper of :class:`_Vector` for this database (its ``vector`` oid, read once)."""
+        dumper: type[Any] | None = self.__dict__.get("_pg_vector_dumper")
+        if dumper is None:
+            with self.db.read() as conn:
+                oid = int(conn.execute("SELECT 'vector'::regtype::oid").fetchone()[0])
+            dumper = self.__dict__["_pg_vector_dumper"] = _vector_dumper(oid)
+        return dumper
+
+    def _pg_write(
+        self,
+        bank_ref: str,
+        units: Sequence[UnitRow],
+        seqs: Sequence[int],
+        generation: int,
+        placeholder: int | None,
+    ) -> None:
+        """Write *units* on their reserved *seqs* in parts, on up to :data:`PG_WRITERS`
+        connections at once, each part a transaction of its own (:meth:`_pg_part`); the
+        part holding the seq *placeholder* replaces the placeholder's row. Returns once
+        every part is written; the first part that failed is raised (a cancel stops each
+        running part's statement: see the module docstring)."""
+        dumper = self._vector_type()
+        size = min(PG_UNITS_PER_TRANSACTION, -(-len(units) // PG_WRITERS))
+        jobs: list[Callable[[], None]] = []
+        for start in range(0, len(units), size):
+            part = units[start : start + size]
+            values = _SortedValues()
+            rows = self._rows(bank_ref, part, values, generation)
+            mine = seqs[start : start + size]
+            replaces = placeholder if placeholder in mine else None
+            jobs.append(
+                functools.partial(
+                    self._pg_part, bank_ref, part, rows, mine, generation, values, replaces, dumper
+                )
+            )
+        _concurrently(jobs, PG_WRITERS)
+
+    def _pg_part(
+        self,
+        bank_ref: str,
+        units: Sequence[UnitRow],
+        rows: Sequence[tuple[Any, ...]],
+        seqs: Sequence[int],
+        generation: int,
+        values: ValueWriter,
+        placeholder: int | None,
+        dumper: type[Any],
+    ) -> None:
+        """One part of :meth:`_pg_write`: a cancellable transaction holding the bank's lock
+        shared (the bank's other parts write beside it; a delete, which takes it whole,
+        waits for them or they find the bank gone). The bank's generation is not bumped
+        here: its row lock would make the parts wait for each other (the transaction that
+        reserved the seqs bumped it, and on PostgreSQL no process keeps a bank's vectors by
+        generation: they are searched in the database)."""
+        from heed.storage.memory.postgres import INSERT_UNITS, UNIT_VALUES
+        from heed.storage.postgres import PostgresDatabase
+
+        assert isinstance(self.db, PostgresDatabase)
+        with self.db.cancellable(transaction=True) as statements:
+            statements.execute(
+                "SELECT pg_advisory_xact_lock_shared(hashtextextended(?, 0))",
+                (BANK_LOCK + bank_ref,),
+            )
+            if (
+                statements.execute("SELECT 1 FROM memory_banks WHERE ref = ?", (bank_ref,))
+            ).fetchone() is None:
+                raise BankGone(bank_ref)
+            statements.conn.raw.adapters.register_dumper(_Vector, dumper)
+            if placeholder is not None:
+                statements.execute("DELETE FROM memory_units WHERE seq = ?", (placeholder,))
+            token = bank_token(bank_ref)
+            params: list[Any] = []
+            for seq, row, unit in zip(seqs, rows, units, strict=True):
+                params += (seq, *row[1:-1], generation, token, unit.index_text or unit.text)
+            # One statement (a pipelined executemany, stopped by a cancel, made psycopg
+            # log a warning on every cancelled part).
+            statements.execute(INSERT_UNITS + ",".join([UNIT_VALUES] * len(rows)), params)
+            raise_if_cancelled()
+            values.store(statements.conn, bank_ref)
+
+    # -- writing, either database ------------------------------------------------------------
+
     def write_document_rows(
         self, bank_ref: str, document: DocumentRow, units: Iterable[Sequence[UnitRow]]
     ) -> int:
@@ -516,10 +733,12 @@ class TransferRows(DocumentWrites):
         The first transaction writes the document's row and chunks and reserves its seqs:
         it allocates them all and writes a placeholder row on the last one, so no other
         writer takes one (on SQLite a seq is the largest plus one; PostgreSQL's blocks are
-        reserved already). Each batch of units is then a transaction of its own, and the
-        last one replaces the placeholder. Short transactions keep SQLite's one writer lock
-        free for others: a cancel, which writes the run's phase, waits for one batch, not
-        for a whole document of hundreds of memories."""
+        reserved already). Each batch of units is then written before the next is asked
+        for, and the part of it holding the last seq replaces the placeholder. On SQLite a
+        batch goes in transactions of :data:`UNITS_PER_TRANSACTION`, which keep SQLite's one
+        writer lock free for others: a cancel, which writes the run's phase, waits for one,
+        not for a whole document of hundreds of memories. On PostgreSQL a batch is split
+        among :data:`PG_WRITERS` connections (:meth:`_pg_write`)."""
         refuse_nul(document.document_id, "document_id")
         refuse_nul(document.original_text, f"the text of document {document.document_id!r}")
         for chunk in document.chunks:
@@ -563,9 +782,10 @@ class TransferRows(DocumentWrites):
             [seqs] = self.dialect.allocate_seqs(conn, [count])
             if count:
                 reserve = [_placeholder(document.document_id, now)]
-                rows = self._rows(bank_ref, reserve, values)
+                rows = [self._row(bank_ref, reserve[0], 0, values, self.dialect.encode_vector)]
                 self._insert(conn, bank_ref, reserve, rows, seqs[-1:], generation)
             values.store(conn, bank_ref)
+        postgres = self.db.dialect == "postgresql"
         written = 0
         for batch in units:
             if not batch:
@@ -581,7 +801,14 @@ class TransferRows(DocumentWrites):
                         f"memory {unit.id} belongs to document {unit.document_id!r}, "
                         f"not {document.document_id!r}"
                     )
-            for part in self._parts(batch):
+            if postgres:
+                raise_if_cancelled()
+                mine = seqs[written : written + len(batch)]
+                last = seqs[-1] if written + len(batch) == count else None
+                self._pg_write(bank_ref, batch, mine, generation, last)
+                written += len(batch)
+                continue
+            for part in _pieces(batch, UNITS_PER_TRANSACTION):
                 raise_if_cancelled()
                 values = ValueWriter()
                 rows = self._rows(bank_ref, part, values)
@@ -610,7 +837,17 @@ class TransferRows(DocumentWrites):
                     f"memory {unit.id} belongs to document {unit.document_id!r}: "
                     "write it with its document"
                 )
-        for part in self._parts(units):
+        if not units:
+            return 0
+        if self.db.dialect == "postgresql":
+            raise_if_cancelled()
+            with self.db.write() as conn:  # the seqs and the generation, then the parts
+                self.lock_bank(conn, bank_ref)
+                generation = touch_bank(conn, bank_ref, now_iso())
+                [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
+            self._pg_write(bank_ref, units, seqs, generation, None)
+            return len(units)
+        for part in _pieces(units, UNITS_PER_TRANSACTION):
             raise_if_cancelled()
             values = ValueWriter()
             rows = self._rows(bank_ref, part, values)
