@@ -20,7 +20,14 @@ archive writer. Measured, in this order:
    that bank exported and cloned, each timed, with the server's RSS sampled every 50 ms
    (a transfer holds a page of rows, never the bank; a clone runs the export and the import
    code on a temporary archive); the import's upload is a request body the server reads
-   whole, so its RSS is shown before and after the upload too.
+   whole, so its RSS is shown before and after the upload too. On PostgreSQL a ``VACUUM
+   ANALYZE`` runs first (timed apart): the trials' cancelled imports leave dead rows whose
+   autovacuum (an HNSW index's vacuum repairs its graph) would otherwise share the CPUs
+   with the whole transfers, by chance.
+
+The machine's 1-minute load average is recorded at the start of each part: on a shared
+machine the other processes' load moves every figure (``machine.load_average_1m`` is the
+load at the end).
 
 At the end no staging bank may be left (they are deleted in the background after a cancel;
 SQLite checked). Target (issue 31): cancel p99 <= 50 ms. Writes
@@ -33,6 +40,7 @@ import argparse
 import asyncio
 import io
 import itertools
+import os
 import random
 import sqlite3
 import tempfile
@@ -46,6 +54,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psycopg
 
 from _cluster import postgres
 from _runs import get_run as _run
@@ -62,6 +71,7 @@ from heed.memory.bank_rows import (
     UnitRow,
 )
 from heed.memory.models import Bank
+from heed.storage.memory.transfer import PG_WRITERS
 
 MODEL, DIM = "onnx:all-MiniLM-L6-v2-int8", 384
 NOW = "2024-05-01T10:00:00+00:00"
@@ -323,6 +333,26 @@ async def _delete_trials(http: httpx.AsyncClient, trials: int, archive: bytes) -
     }
 
 
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _vacuum(url: str) -> float:
+    """``VACUUM ANALYZE`` the database at *url* once the trials' staging banks are deleted
+    (their background deletes end within seconds); its seconds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(300):
+            left = conn.execute(
+                "SELECT COUNT(*) FROM memory_banks WHERE tenant = ',transfer-staging'"
+            ).fetchone()
+            if left is None or left[0] == 0:
+                break
+            time.sleep(0.1)
+        started = time.perf_counter()
+        conn.execute("VACUUM ANALYZE")
+        return round(time.perf_counter() - started, 2)
+
+
 def _staging_banks(data_dir: Path, postgres_url: str | None) -> int | None:
     """Staging banks left (SQLite only; ``None`` when not checked)."""
     if postgres_url is not None:
@@ -339,12 +369,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     archive = synthetic_archive(args.units)
     small = synthetic_archive(args.cancel_units)
     out: dict[str, Any] = {"database": "postgresql" if args.postgres else "sqlite"}
+    loads: dict[str, float] = {}
+    out["load_average_1m_at_start_of"] = loads
     with ExitStack() as stack:
         data_dir = Path(tempfile.mkdtemp(prefix="heed-transfer-"))
         env = {"HEED_LLM_PROVIDER": "scripted", "HEED_MAX_BODY_BYTES": str(512 * 1024 * 1024)}
         url = None
         if args.postgres:
             url = env["HEED_DATABASE_URL"] = stack.enter_context(postgres())
+            out["postgres_writers"] = PG_WRITERS
         server = stack.enter_context(serve(data_dir, env))
         async with httpx.AsyncClient(base_url=server.url, timeout=600) as http:
             (await http.put("/v1/default/banks/host", json={})).raise_for_status()
@@ -369,6 +402,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 return "cancel-source", str(response.json()["operation_id"])
 
             out["cancel_while_processing"] = {}
+            loads["cancels"] = _load()
             for name, start in (
                 ("import", start_import),
                 ("clone", start_clone),
@@ -385,6 +419,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  {out['bank_delete_while_importing']}")
             # Last: a whole bank's transfers (their deletes would leave the database
             # vacuuming beside the cancels above).
+            if url is not None:
+                out["vacuum_before_whole_seconds"] = await asyncio.to_thread(_vacuum, url)
+                print(f"vacuum before the whole transfers: {out['vacuum_before_whole_seconds']} s")
+            loads["whole"] = _load()
             print("whole transfers")
             out["whole"] = await _whole(http, server, archive, args.units)
             print(f"  {out['whole']}")
