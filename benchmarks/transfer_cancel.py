@@ -6,24 +6,26 @@ memories (documents of 400 dialogue turns, an entity per speaker, temporal links
 unit vectors of the default embedder's size, so nothing is embedded), made with heed's own
 archive writer. Measured, in this order:
 
-1. **cancel while processing**, ``--trials`` times for each of import, clone and export of
-   a bank of ``--cancel-units`` memories: the operation is submitted, and once its progress
+1. **cancel while processing**, ``--trials`` times for each of ``--kinds`` (import, clone,
+   export of a bank of ``--cancel-units`` memories, and a merge of that archive into a new
+   empty bank): the operation is submitted, and once its progress
    shows it processing (some rows done, not all) and a random 0-200 ms more,
    ``POST /v1/runs/{id}/cancel`` is sent; the latency is the run's ``finished_at``
    (stamped when its worker has unwound and its lane slot is free) minus the wall time the
    cancel was sent, as ``consolidation_contention.py``'s ``_cancel_trials``; after each,
-   the target bank must not exist (an operation that ended before the cancel is no trial);
+   the target bank must not exist (an operation that ended before the cancel is no trial;
+   a merge's bank exists, with whole documents only, and is deleted);
 2. **bank delete while processing**, ``--delete-trials`` imports stopped by deleting the
    bank the operation belongs to: the delete's answer time and the run's stop;
 3. **whole transfers**, last (their large writes and deletes would leave PostgreSQL
    vacuuming beside the cancels): an archive of ``--units`` memories imported as a bank,
-   that bank exported and cloned, each timed, with the server's RSS sampled every 50 ms
-   (a transfer holds a page of rows, never the bank; a clone runs the export and the import
-   code on a temporary archive); the import's upload is a request body the server reads
-   whole, so its RSS is shown before and after the upload too. On PostgreSQL a ``VACUUM
-   ANALYZE`` runs first (timed apart): the trials' cancelled imports leave dead rows whose
-   autovacuum (an HNSW index's vacuum repairs its graph) would otherwise share the CPUs
-   with the whole transfers, by chance.
+   that bank exported and cloned (none with ``--units 0``), each timed, with the server's
+   RSS sampled every 50 ms (a transfer holds a page of rows, never the bank; a clone runs
+   the export and the import code on a temporary archive); the import's upload is
+   spooled to disk by the server, and its RSS is shown before and after the upload too.
+   On PostgreSQL a ``VACUUM ANALYZE`` runs first (timed apart): the trials' cancelled
+   imports leave dead rows whose autovacuum (an HNSW index's vacuum repairs its graph)
+   would otherwise share the CPUs with the whole transfers, by chance.
 
 The machine's 1-minute load average is recorded at the start of each part: on a shared
 machine the other processes' load moves every figure (``machine.load_average_1m`` is the
@@ -280,11 +282,16 @@ async def _whole(
 
 
 async def _cancel_trials(
-    http: httpx.AsyncClient, trials: int, start: Callable[[str], Awaitable[tuple[str, str]]]
+    http: httpx.AsyncClient,
+    trials: int,
+    start: Callable[[str], Awaitable[tuple[str, str]]],
+    *,
+    into_existing: bool = False,
 ) -> dict[str, Any]:
     """*trials* times: *start* an operation (its bank and run id), cancel it while it
     processes, measure its stop. An operation that ended before the cancel arrived is not
-    a trial (counted as ``finished_first``)."""
+    a trial (counted as ``finished_first``). The target bank must not exist afterwards,
+    unless the operation writes *into_existing* (a merge): then it is deleted."""
     stops: list[float] = []
     finished_first = 0
     while len(stops) < trials:
@@ -305,6 +312,9 @@ async def _cancel_trials(
             continue
         stops.append(float(run["finished_at"]) - sent)
         assert run["phase"] == "cancelled", run
+        if into_existing:
+            (await http.delete(f"/v1/default/banks/{target}")).raise_for_status()
+            continue
         assert (await http.get(f"/v1/default/banks/{target}")).status_code == 404, target
     return {"trials": trials, "finished_first": finished_first, **_summary(stops)}
 
@@ -366,7 +376,7 @@ def _staging_banks(data_dir: Path, postgres_url: str | None) -> int | None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"archive of {args.units} memories")
-    archive = synthetic_archive(args.units)
+    archive = synthetic_archive(args.units) if args.units else b""
     small = synthetic_archive(args.cancel_units)
     out: dict[str, Any] = {"database": "postgresql" if args.postgres else "sqlite"}
     loads: dict[str, float] = {}
@@ -401,41 +411,56 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 response.raise_for_status()
                 return "cancel-source", str(response.json()["operation_id"])
 
+            async def start_merge(target: str) -> tuple[str, str]:
+                (await http.put(f"/v1/default/banks/{target}", json={})).raise_for_status()
+                response = await http.post(
+                    f"/v1/default/banks/{target}/transfer/import",
+                    params={"mode": "merge"},
+                    files={"file": ("bank.zip", small, "application/zip")},
+                )
+                response.raise_for_status()
+                return target, str(response.json()["operation_id"])
+
             out["cancel_while_processing"] = {}
             loads["cancels"] = _load()
-            for name, start in (
-                ("import", start_import),
-                ("clone", start_clone),
-                ("export", start_export),
-            ):
+            starts = {
+                "import": start_import,
+                "clone": start_clone,
+                "export": start_export,
+                "merge": start_merge,
+            }
+            for name in args.kinds.split(","):
                 print(f"cancel {name}: {args.trials} trials")
-                result = await _cancel_trials(http, args.trials, start)
+                result = await _cancel_trials(
+                    http, args.trials, starts[name], into_existing=name == "merge"
+                )
                 out["cancel_while_processing"][name] = result
                 print(f"  {result}")
-            print(f"bank delete: {args.delete_trials} trials")
-            out["bank_delete_while_importing"] = await _delete_trials(
-                http, args.delete_trials, small
-            )
-            print(f"  {out['bank_delete_while_importing']}")
+            if args.delete_trials:
+                print(f"bank delete: {args.delete_trials} trials")
+                out["bank_delete_while_importing"] = await _delete_trials(
+                    http, args.delete_trials, small
+                )
+                print(f"  {out['bank_delete_while_importing']}")
             # Last: a whole bank's transfers (their deletes would leave the database
             # vacuuming beside the cancels above).
-            if url is not None:
+            if url is not None and args.units:
                 out["vacuum_before_whole_seconds"] = await asyncio.to_thread(_vacuum, url)
                 print(f"vacuum before the whole transfers: {out['vacuum_before_whole_seconds']} s")
-            loads["whole"] = _load()
-            print("whole transfers")
-            out["whole"] = await _whole(http, server, archive, args.units)
-            print(f"  {out['whole']}")
+            if args.units:
+                loads["whole"] = _load()
+                print("whole transfers")
+                out["whole"] = await _whole(http, server, archive, args.units)
+                print(f"  {out['whole']}")
             await asyncio.sleep(2)  # the staging banks' background deletes
         out["staging_banks_left"] = _staging_banks(data_dir, url)
     out["cancel_units"] = args.cancel_units
     cancels = out["cancel_while_processing"]
     worst = max(c["p99_ms"] for c in cancels.values())
+    deleted = out.get("bank_delete_while_importing")
     out["targets"] = {
         "cancel_p99_ms": {"target": 50, "worst": worst, "met": worst <= 50},
-        "bank_delete_run_stopped_p99_ms": out["bank_delete_while_importing"]["run_stopped"][
-            "p99_ms"
-        ],
+        "bank_delete_run_stopped_p99_ms": deleted["run_stopped"]["p99_ms"] if deleted else None,
         "nothing_left": out["staging_banks_left"] in (0, None),
     }
     return out
@@ -450,6 +475,11 @@ def main() -> None:
         "--cancel-units", type=int, default=8_000, help="memories of the banks cancelled"
     )
     parser.add_argument("--trials", type=int, default=40, help="cancels per kind")
+    parser.add_argument(
+        "--kinds",
+        default="import,clone,export,merge",
+        help="which operations to cancel (comma-separated: import, clone, export, merge)",
+    )
     parser.add_argument("--delete-trials", type=int, default=15, help="bank deletes")
     parser.add_argument("--postgres", action="store_true", help="store in PostgreSQL (pgvector)")
     parser.add_argument("--name", default=None, help="results file name")
