@@ -63,6 +63,7 @@ from _runs import get_run as _run
 from _runs import latency_summary as _summary
 from _runs import until as _until
 from _server import Server, serve, write_result
+from _synthetic import DIM, MODEL, NOW, SPEAKERS, turn
 from heed.memory.archive import ArchiveWriter
 from heed.memory.bank_rows import (
     ChunkRow,
@@ -70,15 +71,10 @@ from heed.memory.bank_rows import (
     EntityRow,
     LinkRow,
     MembershipRow,
-    UnitRow,
 )
 from heed.memory.models import Bank
 from heed.storage.memory.transfer import PG_WRITERS
 
-MODEL, DIM = "onnx:all-MiniLM-L6-v2-int8", 384
-NOW = "2024-05-01T10:00:00+00:00"
-TOPICS = ("garden", "kayak", "violin", "harbour", "lantern", "meadow", "orchard", "pepper")
-SPEAKERS = 7
 PER_DOCUMENT = 400
 
 
@@ -97,35 +93,7 @@ def synthetic_archive(units: int) -> bytes:
         chunk = ChunkRow(str(uuid.uuid4()), 0, f"the conversation {document_id}")
         page = []
         for i in range(start, min(units, start + PER_DOCUMENT)):
-            vector = rng.standard_normal(DIM).astype(np.float32)
-            text = (
-                f"Speaker{i % SPEAKERS}: turn {i}, about the {TOPICS[i % len(TOPICS)]} "
-                f"and the {TOPICS[(i // 3) % len(TOPICS)]}, said on a quiet afternoon."
-            )
-            page.append(
-                UnitRow(
-                    id=str(uuid.uuid4()),
-                    document_id=document_id,
-                    chunk_id=chunk.id,
-                    text=text,
-                    index_text=text,
-                    fact_type="world",
-                    context="a synthetic conversation",
-                    occurred_start=NOW,
-                    occurred_end=NOW,
-                    mentioned_at=NOW,
-                    metadata={},
-                    tags=["synthetic"],
-                    created_at=NOW,
-                    updated_at=None,
-                    token_count=20,
-                    consolidation_state=None,
-                    source_ids=[],
-                    proof_count=None,
-                    history=[],
-                    vector=vector / np.linalg.norm(vector),
-                )
-            )
+            page.append(turn(i, document_id, chunk.id, rng.standard_normal(DIM).astype(np.float32)))
         pages.append(page)
         documents.append(
             DocumentRow(

@@ -37,6 +37,7 @@ import psycopg
 
 from _cluster import postgres
 from _server import write_result
+from _synthetic import DIM, NOW, turn
 from heed.memory.bank_rows import DocumentRow, UnitRow
 from heed.memory.models import Bank
 from heed.storage.memory import SqlMemoryStore
@@ -44,46 +45,13 @@ from heed.storage.memory import transfer as transfer_rows
 from heed.storage.memory.postgres import vector_literal
 from heed.storage.postgres import PostgresDatabase
 
-DIM = 384
-NOW = "2024-05-01T10:00:00+00:00"
-TOPICS = ("garden", "kayak", "violin", "harbour", "lantern", "meadow", "orchard", "pepper")
 BATCH = 32  # the import's batch (heed.memory.transfer_work.IMPORT_BATCH)
 
 
 def _units(rng: np.random.Generator, document_id: str, n: int) -> list[UnitRow]:
     vectors = rng.standard_normal((n, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    out = []
-    for i in range(n):
-        text = (
-            f"Speaker{i % 7}: turn {i}, about the {TOPICS[i % len(TOPICS)]} "
-            f"and the {TOPICS[(i // 3) % len(TOPICS)]}, said on a quiet afternoon."
-        )
-        out.append(
-            UnitRow(
-                id=str(uuid.uuid4()),
-                document_id=document_id,
-                chunk_id=None,
-                text=text,
-                index_text=text,
-                fact_type="world",
-                context="a synthetic conversation",
-                occurred_start=NOW,
-                occurred_end=NOW,
-                mentioned_at=NOW,
-                metadata={},
-                tags=["synthetic"],
-                created_at=NOW,
-                updated_at=None,
-                token_count=20,
-                consolidation_state=None,
-                source_ids=[],
-                proof_count=None,
-                history=[],
-                vector=vectors[i],
-            )
-        )
-    return out
+    return [turn(i, document_id, None, vectors[i]) for i in range(n)]
 
 
 def _write(
