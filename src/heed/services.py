@@ -22,8 +22,7 @@ from heed.memory.archive import ArchiveLimits
 from heed.memory.config_service import BankConfigService
 from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
 from heed.memory.directive_service import DirectiveService
-from heed.memory.file_retain import FileRetain
-from heed.memory.files import FileLimits
+from heed.memory.files import FILE_PARSER_MODULES, FileLimits, FileRetain
 from heed.memory.mental_models import MentalModelLookup
 from heed.memory.operations import RETAIN_KIND, RetainOperations
 from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
@@ -160,7 +159,9 @@ class Services:
     def __post_init__(self) -> None:
         settings = self.settings
         configure_thread_pool(settings.offload_threads)
-        preload_in_processes("heed.reflect.schema")  # its response_schema validation
+        # The modules children of heed.runtime.run_in_process run: reflect's response_schema
+        # validation, and file parsing with its libraries (a child then starts in a few ms).
+        preload_in_processes("heed.reflect.schema", *FILE_PARSER_MODULES)
         self.lanes = build_lanes(settings)
 
         # Storage: one SQL database, one store per domain: the embedded SQLite file, or
@@ -214,6 +215,11 @@ class Services:
                 max_bytes=settings.file_max_bytes,
                 max_unpacked_bytes=settings.file_max_unpacked_bytes,
                 max_text_chars=settings.file_max_text_chars,
+                max_tags=settings.file_max_tags,
+                max_cells=settings.file_max_cells,
+                parse_cpu_seconds=settings.file_parse_cpu_seconds,
+                parse_memory_bytes=settings.file_parse_memory_bytes,
+                parse_seconds=settings.file_parse_seconds,
             ),
         )
         # Bank export, import and clone: runs of the bank's operations (archives in parts).
@@ -223,7 +229,10 @@ class Services:
             self.archive_store,
             embedding_model(settings),
             TransferLimits(
-                archive=ArchiveLimits(max_unpacked_bytes=settings.transfer_max_unpacked_bytes),
+                archive=ArchiveLimits(
+                    max_unpacked_bytes=settings.transfer_max_unpacked_bytes,
+                    max_records=settings.transfer_max_records,
+                ),
                 archive_ttl=settings.transfer_archive_ttl_seconds,
             ),
             knowledge=memory_store,  # mental models and the knowledge base travel too

@@ -376,6 +376,12 @@ class Settings(BaseSettings):
         description="Most bytes an imported archive's entries may declare in all "
         "(the upload itself is bounded by HEED_MAX_UPLOAD_BYTES).",
     )
+    transfer_max_records: int = Field(
+        default=20_000_000,
+        ge=1000,
+        description="Most records an imported archive may hold in all (its check keeps 8 "
+        "bytes an id: this bounds its memory and time).",
+    )
     # File retain (heed.memory.files): POST .../files/retain.
     file_max_files: int = Field(
         default=20, ge=1, le=64, description="Most files in one file retain (at most 64)."
@@ -390,6 +396,28 @@ class Settings(BaseSettings):
     )
     file_max_text_chars: int = Field(
         default=2_000_000, ge=1, description="Most text one file may yield."
+    )
+    file_max_tags: int = Field(
+        default=2_000_000,
+        ge=1000,
+        description="Most tags a file's parse may walk: an HTML file's, or the XML an Office "
+        "file's parser builds in memory (a spreadsheet's sheets are counted in cells).",
+    )
+    file_max_cells: int = Field(
+        default=1_000_000,
+        ge=1000,
+        description="Most spreadsheet cells (and empty rows) a file's parse may scan.",
+    )
+    file_parse_cpu_seconds: int = Field(
+        default=30, ge=1, description="CPU seconds one file's parsing process may use."
+    )
+    file_parse_memory_bytes: int = Field(
+        default=1024**3,
+        ge=64 * 1024 * 1024,
+        description="Memory one file's parsing process may add to what it starts with.",
+    )
+    file_parse_seconds: float = Field(
+        default=60.0, gt=0, description="Wall-clock seconds one file's parse may take."
     )
     # Webhooks (heed.webhooks).
     webhook_allow_private: bool = Field(

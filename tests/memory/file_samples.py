@@ -88,3 +88,60 @@ def zip_bomb_docx(unpacked_bytes: int) -> bytes:
 
 
 BAD_UTF8 = b"Alice likes tea.\n" + b"\xff\xfe broken"
+
+
+# -- bombs: a few kilobytes whose parse would follow what they declare -----------------------
+
+
+def _rezipped(data: bytes, change: dict[str, bytes]) -> bytes:
+    """*data* (a zip) with the members named in *change* replaced."""
+    out = io.BytesIO()
+    with (
+        zipfile.ZipFile(io.BytesIO(data)) as source,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target,
+    ):
+        for info in source.infolist():
+            target.writestr(info.filename, change.get(info.filename, source.read(info)))
+    return out.getvalue()
+
+
+def xlsx_dimension_bomb(last_row: int) -> bytes:
+    """An .xlsx whose sheet declares ``A1:XFD<last_row>`` (16,384 columns) and holds two
+    cells: one in A1, one at column XFD of row *last_row*."""
+    sheet = (
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+        '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
+        f'<dimension ref="A1:XFD{last_row}"/><sheetData>'
+        '<row r="1"><c r="A1" t="inlineStr"><is><t>Pets</t></is></c></row>'
+        f'<row r="{last_row}"><c r="XFD{last_row}" t="inlineStr"><is><t>Yak</t></is></c></row>'
+        "</sheetData></worksheet>"
+    )
+    return _rezipped(xlsx([["x"]]), {"xl/worksheets/sheet1.xml": sheet.encode()})
+
+
+def _docx_body(body: str) -> bytes:
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+        '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main">'
+        f"<w:body>{body}</w:body></w:document>"
+    )
+    return _rezipped(docx(["x"]), {"word/document.xml": xml.encode()})
+
+
+def docx_gridspan_bomb(span: int) -> bytes:
+    """A .docx with one paragraph and a one-cell table whose cell spans *span* columns."""
+    return _docx_body(
+        "<w:p><w:r><w:t>Olive keeps bees.</w:t></w:r></w:p>"
+        f'<w:tbl><w:tr><w:tc><w:tcPr><w:gridSpan w:val="{span}"/></w:tcPr>'
+        "<w:p><w:r><w:t>Hive</w:t></w:r></w:p></w:tc></w:tr></w:tbl>"
+    )
+
+
+def docx_paragraph_bomb(paragraphs: int) -> bytes:
+    """A .docx of *paragraphs* empty paragraphs and one with text."""
+    return _docx_body("<w:p/>" * paragraphs + "<w:p><w:r><w:t>End.</w:t></w:r></w:p>")
+
+
+def html_nested(depth: int, text: str = "x") -> bytes:
+    """``<div>`` x *depth*, then *text*: no tag closed."""
+    return b"<div>" * depth + text.encode()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,8 +20,8 @@ from hindsight_client import Hindsight
 
 from heed.api.app import create_app
 from heed.memory import MemoryEngine
-from heed.runtime import current_context
 from heed.settings import Settings
+from tests.memory import file_parsers as parsers
 from tests.memory import file_samples as samples
 from tests.memory.test_cancellation import BlockingEmbedder
 from tests.pg_support import fresh_schema
@@ -307,51 +307,134 @@ def test_a_long_file_is_one_document_of_several_items(small_server: LiveServer) 
     assert "stamp number 149" in memory_texts(small_server, bank)
 
 
-class PartGate:
-    """A part hook that holds the parsing thread at part *at* until its token is cancelled,
-    and records every part it is told of."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-        self.parts: list[int] = []
-        self.entered = threading.Event()
-        self.reason: str | None = None
-
-    def __call__(self, name: str, part: int) -> None:
-        self.parts.append(part)
-        if part == self.at:
-            self.entered.set()
-            token = current_context().token
-            token.wait_sync(10.0)
-            self.reason = token.reason
+# -- parsing bounded and killed (issue 37: a few kilobytes once took hours of a core) ---------
 
 
-async def test_a_client_leaving_stops_the_parsing(own_server: LiveServer) -> None:
+BOMBS = [
+    # (case, file name, bytes, status, what the answer says)
+    (
+        "xlsx declaring 16,384 x 150,000 cells",
+        "pets.xlsx",
+        samples.xlsx_dimension_bomb(150_000),
+        200,
+        None,
+    ),
+    (
+        "xlsx declaring 16,384 x 100,000,000 cells",
+        "pets.xlsx",
+        samples.xlsx_dimension_bomb(100_000_000),
+        413,
+        "HEED_FILE_MAX_CELLS",
+    ),
+    (
+        "docx cell spanning 50,000,000 columns",
+        "bees.docx",
+        samples.docx_gridspan_bomb(50_000_000),
+        200,
+        None,
+    ),
+    (
+        "docx of 11,000,000 empty paragraphs",
+        "empty.docx",
+        samples.docx_paragraph_bomb(11_000_000),
+        413,
+        "HEED_FILE_MAX_TAGS",
+    ),
+    (
+        "HTML nesting 22,000 blocks",
+        "deep.html",
+        samples.html_nested(22_000),
+        400,
+        "nests deeper than",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "name", "data", "status", "says"), BOMBS, ids=[b[0] for b in BOMBS]
+)
+def test_a_file_whose_parse_would_follow_what_it_declares_is_bounded(
+    own_server: LiveServer, case: str, name: str, data: bytes, status: int, says: str | None
+) -> None:
+    bank = new_bank(own_server)
+    started = time.monotonic()
+    r = post_files(own_server, bank, [(name, data)], timeout=30)
+    took = time.monotonic() - started
+    assert r.status_code == status, (case, r.text)
+    if says is not None:
+        assert says in r.json()["detail"], r.json()
+    else:
+        assert r.json()["items_count"] == 1
+    assert took < 4, f"{case}: answered after {took:.1f} s"  # the old parse: 5 s to hours
+    if status == 200:
+        texts = memory_texts(own_server, bank)
+        assert texts.count("Yak") == 1 or texts.count("Hive") == 1, texts[:300]
+
+
+@pytest.fixture
+def parse_server(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server whose parsing children have small limits."""
+    settings = Settings(
+        data_dir=tmp_path,
+        file_parse_cpu_seconds=1,
+        file_parse_memory_bytes=64 * 1024 * 1024,
+        file_parse_seconds=2.0,
+    )
+    with live_server(create_app(settings)) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(
+    ("parser", "setting"),
+    [
+        (parsers.spin, "HEED_FILE_PARSE_CPU_SECONDS"),
+        (parsers.hoard, "HEED_FILE_PARSE_MEMORY_BYTES"),
+        (parsers.doze, "HEED_FILE_PARSE_SECONDS"),
+    ],
+)
+def test_a_parse_past_its_process_limits_is_a_413_naming_the_setting(
+    parse_server: LiveServer, parser: Any, setting: str
+) -> None:
+    service = parse_server.app.state.services.file_retain
+    children: list[Any] = []
+    service.parser = parser
+    service.on_parse_start = children.append
+    bank = new_bank(parse_server)
+    r = post_files(parse_server, bank, [("notes.txt", b"Ivy paints.")], timeout=30)
+    assert r.status_code == 413, r.text
+    assert setting in r.json()["detail"] and "file 'notes.txt'" in r.json()["detail"]
+    assert len(children) == 1 and children[0].exitcode is not None  # reaped
+    assert documents(parse_server, bank) == {}
+    assert parse_server.app.state.services.memory.retain_lane.stats().in_use == 0
+
+
+async def test_a_client_leaving_kills_the_parser_and_frees_the_slot(
+    own_server: LiveServer,
+) -> None:
     service = own_server.app.state.services.file_retain
     engine: MemoryEngine = own_server.app.state.services.memory
-    gate = PartGate(at=5)
-    service.part_hook = gate
-    big = samples.pdf([f"Page {i}: Quinn counts sheep number {i}." for i in range(400)])
+    children: list[Any] = []
+    service.parser = parsers.spin  # a parse that never ends on its own
+    service.on_parse_start = children.append
     async with httpx.AsyncClient(base_url=own_server.url, timeout=30) as http:
         await http.put("/v1/default/banks/b", json={})
         request = asyncio.create_task(
-            http.post("/v1/default/banks/b/files/retain", files=[("files", ("big.pdf", big))])
+            http.post("/v1/default/banks/b/files/retain", files=[("files", ("a.txt", b"Jo."))])
         )
-        assert await asyncio.to_thread(gate.entered.wait, 10.0)
+        await asyncio.to_thread(wait_for, lambda: children, 10.0)
+        child = children[0]
+        assert child.is_alive()
+        await asyncio.sleep(0.2)  # it is spinning
+        assert engine.retain_lane.stats().in_use == 1
         left_at = time.monotonic()
         request.cancel()  # closes the connection: the server sees http.disconnect
         with pytest.raises(asyncio.CancelledError):
             await request
-        lane = engine.retain_lane
-        for _ in range(300):
-            if lane.stats().in_use == 0 and gate.reason is not None:
-                break
-            await asyncio.sleep(0.01)
-        stopped_in = time.monotonic() - left_at
-        assert gate.reason == "client disconnected"
-        assert lane.stats().in_use == 0 and stopped_in < 3
-        await asyncio.sleep(0.2)
-        assert max(gate.parts) == 5  # not one page read after the client left
+        while engine.retain_lane.stats().in_use and time.monotonic() - left_at < 10:
+            await asyncio.sleep(0.005)
+        freed_in = time.monotonic() - left_at
+        assert child.exitcode == -signal.SIGTERM  # killed, not finished
+        assert freed_in < 1.0, f"the slot was freed {freed_in:.2f} s after the client left"
         assert (await http.get("/v1/default/banks/b/documents")).json()["total"] == 0
 
 

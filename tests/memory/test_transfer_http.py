@@ -18,6 +18,7 @@ import time
 import uuid
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -697,6 +698,56 @@ def _with_section(archive: bytes, section: str, records: list[dict[str, Any]]) -
     return arc.changed(archive, change)
 
 
+def _entities(archive: bytes, extra: list[tuple[str, str]]) -> bytes:
+    """*archive* whose entities section holds its own entities, then one per *extra*
+    ``(id, name)``, in shards of 5,000 records."""
+
+    def change(files: dict[str, bytes]) -> None:
+        old = [n for n in files if n.startswith("entities/")]
+        lines = [line for n in old for line in files.pop(n).splitlines(keepends=True)]
+        lines += [
+            json.dumps({"id": i, "name": name, "type": "thing"}).encode() + b"\n"
+            for i, name in extra
+        ]
+        entries = []
+        for at in range(0, len(lines), 5000):
+            entries.append(f"entities/{len(entries) + 1:06d}.jsonl")
+            files[entries[-1]] = b"".join(lines[at : at + 5000])
+        manifest = arc.manifest_of(files)
+        sections = manifest["sections"]
+        assert isinstance(sections, list)
+        manifest["sections"] = [
+            {**s, "entries": entries, "records": len(lines)} if s["name"] == "entities" else s
+            for s in sections
+        ]
+        arc.with_manifest(files, manifest)
+
+    return arc.changed(archive, change)
+
+
+def _peak_rss_kb() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1])
+
+
+def test_an_archive_of_many_long_ids_is_checked_in_bounded_memory(server: LiveServer) -> None:
+    """Issue 37: 250,000 entity records with long ids and names once cost the check 690 MB
+    (every id and name kept as a string). 50,000 here would cost about 130 MB that way."""
+    good = arc.synthetic_archive(30, per_document=10)
+    extra = [(f"{i:08d}-" + "i" * 490, f"{i:08d} " + "n" * 1890) for i in range(50_000)]
+    extra.append(("last", extra[-1][1]))  # a duplicate name at the very end: a 400
+    archive = _entities(good, extra)
+    bank = "host-" + uuid.uuid4().hex[:6]
+    httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30).raise_for_status()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak resident size starts again
+    before = _peak_rss_kb()
+    response = _import(server, bank, archive, "big-" + uuid.uuid4().hex[:6])
+    grew_mb = (_peak_rss_kb() - before) / 1024
+    assert response.status_code == 400, response.text
+    assert "is in the archive twice" in response.json()["detail"]
+    assert grew_mb < 40, f"the check grew the process by {grew_mb:.0f} MB"
+
+
 def _folder(**fields: Any) -> dict[str, Any]:
     base = {"id": "f", "name": "F", "parent_id": None, "managed": False}
     return base | {"created_at": arc.NOW, "updated_at": arc.NOW} | fields
@@ -909,6 +960,21 @@ def _hostile() -> list[tuple[str, bytes, str]]:
         ("unknown field", unit_json(secret="x"), "secret"),
         ("wrong type", unit_json(token_count="12"), "token_count"),
         ("duplicate id", unit_json(id=json.loads(lines[1])["id"]), "twice"),
+        (
+            "a record of two million empty objects",
+            unit_change(b'{"metadata": [' + b"{}," * 2_000_000 + b"{}]}\n"),
+            "JSON values; the limit is 1000000 a record",
+        ),
+        (
+            "duplicate entity name",
+            _entities(good, [("long-" + "e" * 400, "Speaker3")]),
+            "entity name (case and spaces aside) 'speaker3' is in the archive twice",
+        ),
+        (
+            "dangling entity row",
+            _first_line(good, "unit_entities/", {"unit_id": first["id"], "entity_id": "nobody"}),
+            "an entity row names entity 'nobody'",
+        ),
         ("bad time", unit_json(mentioned_at="yesterday"), "mentioned_at"),
         ("another document", unit_json(document_id="doc-99999"), "names document"),
         (

@@ -35,7 +35,7 @@ from heed.memory import MemoryEngine
 from heed.memory.config_service import BankConfigService
 from heed.memory.consolidation import Consolidation
 from heed.memory.directive_service import DirectiveService
-from heed.memory.file_retain import FileRetain
+from heed.memory.files import FileRetain
 from heed.memory.operations import RetainOperations
 from heed.memory.transfer import BankTransfers
 from heed.mental_models import KnowledgeBase, MentalModels

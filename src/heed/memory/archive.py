@@ -30,10 +30,11 @@ to disk), a name twice, directories, encrypted or otherwise compressed entries, 
 :attr:`ArchiveLimits.max_unpacked_bytes` in all, and an entry the manifest does not list
 (or one it lists that is missing). Reads are capped at the declared sizes (zipfile stops
 there and checks the CRC), a line at :attr:`ArchiveLimits.max_record_bytes`.
-:func:`check_archive` then reads every record once (:mod:`heed.memory.archive_records`:
-types, UTF-8, JSON) and checks what spans records: unique ids, a document's units
-following it in order and in number, chunks and entities and units referenced where they
-exist, record counts as declared, vectors of the declared size. Every refusal is an
+:func:`heed.memory.archive_check.check_archive` then reads every record once
+(:mod:`heed.memory.archive_records`: types, UTF-8, JSON) and checks what spans records, in
+memory that does not follow the archive's size. A record's JSON is decoded only when it
+holds at most :attr:`ArchiveLimits.max_record_values` values (counted from its bytes first:
+a line of ``[{},{},...]`` would otherwise cost twenty times its size). Every refusal is an
 :class:`~heed.memory.archive_records.InvalidArchive` (400) naming the entry and line.
 """
 
@@ -44,7 +45,7 @@ import json
 import re
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
@@ -52,15 +53,12 @@ from heed.memory.archive_records import (
     BankRecord,
     InvalidArchive,
     bank_record,
+    check_values,
     decode,
     encode,
     encode_bank,
     parse_line,
 )
-from heed.memory.bank_rows import DocumentRow, EntityRow, MentalModelRow, UnitRow
-from heed.memory.directives import MAX_DIRECTIVES
-from heed.memory.entities import canonical
-from heed.memory.mental_models import MAX_MENTAL_MODELS, MAX_NODE_DEPTH, KnowledgeFolder
 from heed.memory.models import Bank
 from heed.runtime import raise_if_cancelled, reraise_cancellation
 
@@ -72,13 +70,11 @@ __all__ = [
     "SECTIONS",
     "SECTION_SINCE",
     "VERSION",
-    "ArchiveCheck",
     "ArchiveLimits",
     "ArchiveReader",
     "ArchiveWriter",
     "InvalidArchive",
     "Manifest",
-    "check_archive",
 ]
 
 FORMAT: Final = "heed-bank-archive"
@@ -128,7 +124,9 @@ class ArchiveLimits:
     max_entry_bytes: int = 512 * 1024 * 1024
     max_unpacked_bytes: int = 16 * 1024 * 1024 * 1024
     max_record_bytes: int = 64 * 1024 * 1024
+    max_record_values: int = 1_000_000
     max_ratio: int = 200
+    max_records: int = 20_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,6 +506,7 @@ class ArchiveReader:
         if "bank" not in self.manifest.sections:
             return None
         data = self._read_whole("bank.json", self.limits.max_record_bytes)
+        check_values(data, self.limits.max_record_values, "bank.json")
         return bank_record(parse_line(data, "bank.json"), "bank.json")
 
     def lines(self, section: str) -> Iterator[tuple[bytes, str]]:
@@ -542,214 +541,5 @@ class ArchiveReader:
         """The rows of *section* (:mod:`heed.memory.bank_rows`), each checked on its own."""
         dim = self.manifest.dim
         for line, where in self.lines(section):
+            check_values(line, self.limits.max_record_values, where)
             yield decode(section, parse_line(line, where), dim, where)
-
-
-# -- the whole check -------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class ArchiveCheck:
-    """What :func:`check_archive` read: the manifest and the records per section."""
-
-    manifest: Manifest
-    bank: BankRecord | None
-    counts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def records(self) -> int:
-        return sum(self.counts.values())
-
-
-def check_archive(reader: ArchiveReader) -> ArchiveCheck:
-    """Read every record of the archive once and check what spans records (see the module
-    docstring); raises :class:`InvalidArchive` naming the first problem. Blocking; checks
-    the token. Memory: the ids of the archive's units, chunks and entities, one record."""
-    manifest = reader.manifest
-    check = ArchiveCheck(manifest, reader.bank())
-    documents = reader.rows("documents")
-    unit_ids: set[str] = set()
-    chunk_ids: set[str] = set()
-
-    def counted(section: str, n: int) -> None:
-        check.counts[section] = n
-        if n != manifest.records(section):
-            raise InvalidArchive(
-                f"section {section!r} holds {n} records; {MANIFEST} declares "
-                f"{manifest.records(section)}"
-            )
-
-    n = 0
-    directive_ids: set[str] = set()
-    for directive in reader.rows("directives"):
-        n += 1
-        _add_unique(directive.id, directive_ids, "directive id")
-    if n > MAX_DIRECTIVES:
-        raise InvalidArchive(f"{n} directives; a bank holds at most {MAX_DIRECTIVES}")
-    counted("directives", n)
-
-    n = 0
-    webhook_ids: set[str] = set()
-    for webhook in reader.rows("webhooks"):
-        n += 1
-        _add_unique(webhook.id, webhook_ids, "webhook id")
-    if n > MAX_WEBHOOKS:
-        raise InvalidArchive(f"{n} webhooks; an archive carries at most {MAX_WEBHOOKS}")
-    counted("webhooks", n)
-
-    folders = list(_bounded(reader.rows("knowledge_folders"), "knowledge-base folders"))
-    counted("knowledge_folders", len(folders))
-    models = list(_bounded(reader.rows("mental_models"), "mental models"))
-    counted("mental_models", len(models))
-    check_knowledge(folders, models)
-
-    # Documents and their units, in step: a document's units follow it, in its order.
-    document_ids: set[str] = set()
-    current: DocumentRow | None = None
-    own_chunks: set[str] = set()
-    left = 0
-    n_documents = n_units = 0
-    for unit in reader.rows("units"):
-        assert isinstance(unit, UnitRow)
-        where = f"unit {unit.id[:100]!r}"
-        while left == 0:
-            current = next(documents, None)
-            if current is None:
-                raise InvalidArchive(f"{where} follows the last document's memories")
-            n_documents += 1
-            _check_document(current, document_ids, chunk_ids)
-            own_chunks = {c.id for c in current.chunks}
-            left = current.unit_count
-        assert current is not None
-        if unit.document_id != current.document_id:
-            raise InvalidArchive(
-                f"{where} names document {unit.document_id!r} where document "
-                f"{current.document_id!r}'s memories are ({left} left)"
-            )
-        if unit.chunk_id is not None and unit.chunk_id not in own_chunks:
-            raise InvalidArchive(f"{where} names chunk {unit.chunk_id!r} of no document of its")
-        _add_unique(unit.id, unit_ids, "memory id")
-        left -= 1
-        n_units += 1
-    if left:
-        assert current is not None
-        raise InvalidArchive(
-            f"document {current.document_id!r} declares {current.unit_count} memories; "
-            f"the units section ends {left} short"
-        )
-    for document in documents:
-        n_documents += 1
-        _check_document(document, document_ids, chunk_ids)
-        if document.unit_count:
-            raise InvalidArchive(
-                f"document {document.document_id!r} declares {document.unit_count} memories; "
-                "the units section has none left for it"
-            )
-    counted("documents", n_documents)
-    counted("units", n_units)
-
-    n = 0
-    for unit in reader.rows("observations"):
-        n += 1
-        if unit.document_id is not None or unit.chunk_id is not None:
-            raise InvalidArchive(f"observation {unit.id[:100]!r} names a document or chunk")
-        _add_unique(unit.id, unit_ids, "memory id")
-    counted("observations", n)
-
-    entity_ids: set[str] = set()
-    canonicals: set[str] = set()
-    n = 0
-    for entity in reader.rows("entities"):
-        assert isinstance(entity, EntityRow)
-        n += 1
-        _add_unique(entity.id, entity_ids, "entity id")
-        key = canonical(entity.name)
-        if not key:
-            raise InvalidArchive(f"entity {entity.id[:100]!r} has no name to match by")
-        _add_unique(key, canonicals, "entity name (case and spaces aside)")
-    counted("entities", n)
-
-    n = 0
-    for membership in reader.rows("unit_entities"):
-        n += 1
-        if membership.unit_id not in unit_ids:
-            raise InvalidArchive(f"an entity row names memory {membership.unit_id[:100]!r}")
-        if membership.entity_id not in entity_ids:
-            raise InvalidArchive(f"an entity row names entity {membership.entity_id[:100]!r}")
-    counted("unit_entities", n)
-
-    n = 0
-    for link in reader.rows("links"):
-        n += 1
-        for end in (link.from_id, link.to_id):
-            if end not in unit_ids:
-                raise InvalidArchive(f"a link names memory {end[:100]!r}, which is not here")
-    counted("links", n)
-    return check
-
-
-def _bounded(rows: Iterator[Any], what: str) -> Iterator[Any]:
-    for n, row in enumerate(rows, 1):
-        if n > MAX_MENTAL_MODELS:
-            raise InvalidArchive(f"more than {MAX_MENTAL_MODELS} {what}; a bank holds at most that")
-        yield row
-
-
-def check_knowledge(folders: list[KnowledgeFolder], models: list[MentalModelRow]) -> None:
-    """The knowledge base's tree rules, as the store keeps them for writes through the
-    API: ids unique across folders and models, a parent that is one of the folders, a page
-    the only model with a parent, names unique among siblings, no cycle, at most
-    ``MAX_NODE_DEPTH`` deep."""
-    ids: set[str] = set()
-    parents = {f.id: f.parent_id for f in folders}
-    for folder in folders:
-        _add_unique(folder.id, ids, "knowledge-base node id")
-    for row in models:
-        _add_unique(row.model.id, ids, "knowledge-base node id")
-    names: set[tuple[str | None, str]] = set()
-    nodes: list[tuple[str, str | None, str]] = [(f.id, f.parent_id, f.name) for f in folders]
-    for row in models:
-        model = row.model
-        if model.parent_id is not None and not model.is_page:
-            raise InvalidArchive(f"mental model {model.id[:100]!r} has a parent but is no page")
-        if model.is_page:
-            nodes.append((model.id, model.parent_id, model.name))
-    for node_id, parent_id, name in nodes:
-        if parent_id is not None and parent_id not in parents:
-            raise InvalidArchive(
-                f"knowledge-base node {node_id[:100]!r} names folder {parent_id[:100]!r}, "
-                "which is not here"
-            )
-        _add_unique_name((parent_id, name), names, node_id)
-    for folder in folders:
-        depth, at = 0, folder.parent_id
-        while at is not None:
-            depth += 1
-            if at == folder.id or depth >= MAX_NODE_DEPTH:
-                raise InvalidArchive(
-                    f"folder {folder.id[:100]!r} is in a cycle or nests deeper than "
-                    f"{MAX_NODE_DEPTH}"
-                )
-            at = parents[at]
-
-
-def _add_unique_name(key: tuple[str | None, str], seen: set[Any], node_id: str) -> None:
-    if key in seen:
-        where = f"folder {key[0]!r}" if key[0] is not None else "the root"
-        raise InvalidArchive(
-            f"knowledge-base node {node_id[:100]!r}: a node named {key[1][:100]!r} is in "
-            f"{where} already"
-        )
-    seen.add(key)
-
-
-def _add_unique(value: str, seen: set[str], what: str) -> None:
-    if value in seen:
-        raise InvalidArchive(f"{what} {value[:100]!r} is in the archive twice")
-    seen.add(value)
-
-
-def _check_document(document: DocumentRow, ids: set[str], chunk_ids: set[str]) -> None:
-    _add_unique(document.document_id, ids, "document id")
-    for chunk in document.chunks:
-        _add_unique(chunk.id, chunk_ids, "chunk id")

@@ -9,7 +9,7 @@ twice in an object), every text valid Unicode without NUL (no lone surrogate), e
 of the section's record present with its type (an ``int`` is not a ``str``; a field the
 record does not have is refused by name), times ISO-8601 with a zone (kept as UTC text),
 vectors base64 of little-endian float32 with finite values. Cross-record rules (unique
-ids, references, counts) are :func:`heed.memory.archive.check_archive`'s.
+ids, references, counts) are :func:`heed.memory.archive_check.check_archive`'s.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ __all__ = [
     "BankRecord",
     "InvalidArchive",
     "bank_record",
+    "check_values",
     "decode",
     "decode_vector",
     "encode",
@@ -108,6 +109,32 @@ def _bad_text(value: Any) -> str | None:
         elif isinstance(item, list):
             stack.extend(item)
     return None
+
+
+def check_values(line: bytes, limit: int, where: str) -> None:
+    """Refuse *line* when it holds more than *limit* JSON values, before it is decoded.
+
+    Decoding makes an object of every value: ``{}`` costs 64 bytes of memory for its 2 bytes
+    of text, so a line of empty objects would cost twenty times its size. Every value but the
+    first follows a ``,`` or a ``:`` or opens a container, so counting those bytes bounds the
+    values from above; only when that count (strings included) is past the limit are the
+    strings taken out and the bytes counted again, both in C.
+    """
+    if _structure(line) <= limit:
+        return
+    values = _structure(_STRING.sub(b'""', line))
+    if values > limit:
+        raise InvalidArchive(
+            f"{where}: a record of {values} JSON values; the limit is {limit} a record"
+        )
+
+
+#: A JSON string (the unrolled loop: linear, no backtracking).
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _structure(data: bytes) -> int:
+    return 1 + sum(data.count(c) for c in (b",", b":", b"[", b"{"))
 
 
 def parse_line(line: bytes, where: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ operations: listed, read and cancelled with its retains and consolidations):
   ``download_url`` (``/v1/default/files/download/<key>``), ``storage_key``, ``byte_size``
   and ``filename``, as hindsight-client expects.
 - ``bank_import`` (:data:`IMPORT_KIND`): the uploaded archive was checked whole before the
-  run was submitted (:func:`heed.memory.archive.check_archive`: a bad archive is a 400 and
+  run was submitted (:func:`heed.memory.archive_check.check_archive`: a bad archive is a 400 and
   nothing is stored or written) and stored; the run writes it into a **staging bank**, then
   publishes it under its id.
 - ``bank_clone`` (:data:`CLONE_KIND`): an export into a temporary file (entries stored,
@@ -72,12 +72,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
-from heed.memory.archive import (
-    ArchiveCheck,
-    ArchiveLimits,
-    ArchiveReader,
-    check_archive,
-)
+from heed.memory.archive import ArchiveLimits, ArchiveReader
+from heed.memory.archive_check import ArchiveCheck, check_archive
 from heed.memory.archive_store import PART_BYTES, ArchiveStore, StoredArchive
 from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
@@ -368,7 +364,7 @@ class BankTransfers:
             raise InvalidInput("document_conflict applies to mode=merge")
         include_data = True if include_data is None else include_data
         include_bank_config = True if include_bank_config is None else include_bank_config
-        check = await run_in_thread(self.check_upload, archive, include_bank_config)
+        check = await self._check_upload(archive, include_bank_config)
         target = target_bank_id or check.manifest.source_bank_id
         await self._new_bank_id(target, "target_bank_id")
         payload = {"include_data": include_data, "include_bank_config": include_bank_config}
@@ -402,7 +398,7 @@ class BankTransfers:
                 "include_bank_config: a merge folds documents only; the bank's settings, "
                 "directives, webhooks and mental models are not merged (leave it out)"
             )
-        await run_in_thread(self.check_upload, archive, False)
+        await self._check_upload(archive, False)
         return await self._submit_upload(
             bank, archive, filename, {"document_conflict": conflict}, mode="merge"
         )
@@ -427,6 +423,13 @@ class BankTransfers:
             with use_context(detached()):
                 await run_in_thread(self.archives.delete_archive, stored.id)
             raise
+
+    async def _check_upload(self, archive: IO[bytes], include_bank_config: bool) -> ArchiveCheck:
+        """:meth:`check_upload` in the offload, holding a retain slot as background work: a
+        check reads the whole archive (seconds of CPU for a large one), so concurrent checks
+        are bounded by the lane and yield to users' retains and recalls."""
+        async with self.engine.retain_lane.slot(background=True):
+            return await run_in_thread(self.check_upload, archive, include_bank_config)
 
     def check_upload(self, archive: IO[bytes], include_bank_config: bool = True) -> ArchiveCheck:
         """Check an archive whole (see :func:`check_archive`), that this server's embedder

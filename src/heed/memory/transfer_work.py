@@ -310,7 +310,7 @@ def _import_knowledge(
     reader: ArchiveReader, store: MentalModelStore | None, bank_ref: str
 ) -> dict[str, int]:
     """The archive's folders and mental models into the bank *bank_ref*, as they are
-    (:func:`heed.memory.archive.check_archive` checked their tree)."""
+    (:func:`heed.memory.archive_check.check_archive` checked their tree)."""
     if store is None:
         if reader.manifest.records("mental_models") or reader.manifest.records("knowledge_folders"):
             raise InvalidInput("this server cannot import mental models")

@@ -21,7 +21,14 @@ from heed.runtime.context import (
     set_context,
     use_context,
 )
-from heed.runtime.offload import WorkerProcessDied, run_blocking, run_in_process, run_in_thread
+from heed.runtime.offload import (
+    ProcessLimits,
+    WorkerLimitExceeded,
+    WorkerProcessDied,
+    run_blocking,
+    run_in_process,
+    run_in_thread,
+)
 from heed.runtime.retry import retry_async
 from heed.runtime.slots import CpuBudget, Lane, LaneFull, Lanes, LaneStats
 from heed.runtime.tasks import settle
@@ -36,7 +43,9 @@ __all__ = [
     "LaneStats",
     "Lanes",
     "OperationCancelled",
+    "ProcessLimits",
     "RequestContext",
+    "WorkerLimitExceeded",
     "WorkerProcessDied",
     "current_context",
     "current_token",

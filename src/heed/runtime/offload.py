@@ -7,8 +7,10 @@ Two ways for engine work, with one contract:
   :func:`heed.runtime.context.raise_if_cancelled` inside it sees the request's
   token (through a child token owned by this call).
 - :func:`run_in_process` for code that cannot check a token (a third-party
-  loop). It runs in a child process that is terminated when the token is
-  cancelled.
+  loop) or whose work does not follow its input's size (a parser). It runs in
+  a child process that is terminated when the token is cancelled, and may be
+  given :class:`ProcessLimits`: CPU time and memory enforced by the kernel in
+  the child (``setrlimit``), wall-clock time by the parent.
 
 The contract, for both: the awaiting coroutine does not return or raise until
 the work has really stopped. If the awaiting task itself is cancelled
@@ -32,16 +34,22 @@ import contextvars
 import multiprocessing
 import multiprocessing.connection
 import os
+import resource
+import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from heed.runtime.cancellation import CancellationToken, OperationCancelled
 from heed.runtime.context import _current, current_context
 
 __all__ = [
+    "ProcessLimits",
+    "WorkerLimitExceeded",
     "WorkerProcessDied",
     "configure_thread_pool",
     "preload_in_processes",
@@ -144,11 +152,61 @@ class WorkerProcessDied(Exception):
     """The worker process exited without a result (crashed or was killed externally)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessLimits:
+    """Bounds on one :func:`run_in_process` child (``None``: unbounded).
+
+    ``cpu_seconds`` is CPU time (the kernel ends the child with ``SIGXCPU``),
+    ``memory_bytes`` the address space the child may add to what it was started
+    with (its allocations past it fail: ``MemoryError``), ``wall_seconds`` the
+    time from start to result (the parent kills the child).
+    """
+
+    cpu_seconds: int | None = None
+    memory_bytes: int | None = None
+    wall_seconds: float | None = None
+
+
+class WorkerLimitExceeded(WorkerProcessDied):
+    """The worker process passed one of its :class:`ProcessLimits`; ``limit`` says which."""
+
+    def __init__(self, limit: Literal["cpu", "memory", "wall"], message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+    def __reduce__(self) -> tuple[Any, ...]:  # sent from the child to the parent
+        return (type(self), (self.limit, str(self)))
+
+
+def _apply_limits(limits: ProcessLimits | None) -> None:
+    """In the child: set its CPU and address-space limits."""
+    if limits is None:
+        return
+    if limits.cpu_seconds is not None:
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
+    if limits.memory_bytes is not None:
+        # On top of the address space the child starts with (inherited mappings of the
+        # libraries its fork server preloaded), so the bound is on what the work adds.
+        with open("/proc/self/statm") as statm:
+            mapped = int(statm.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + limits.memory_bytes,) * 2)
+
+
 def _process_entry(
-    conn: multiprocessing.connection.Connection, fn: Callable[..., Any], args: tuple[Any, ...]
+    conn: multiprocessing.connection.Connection,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    limits: ProcessLimits | None = None,
 ) -> None:
     try:
+        _apply_limits(limits)
         result: tuple[bool, Any] = (True, fn(*args))
+    except MemoryError:
+        limit = limits.memory_bytes if limits is not None else None
+        result = (
+            False,
+            WorkerLimitExceeded("memory", f"the worker needed more than {limit} bytes"),
+        )
     except BaseException as exc:  # noqa: BLE001 - shipped back to the parent as the outcome
         result = (False, exc)
     try:
@@ -171,12 +229,21 @@ def preload_in_processes(*modules: str) -> None:
         _mp_context.set_forkserver_preload(["__main__", *modules])
 
 
-async def run_in_process(fn: Callable[..., T], /, *args: Any, poll_interval: float = 0.005) -> T:
+async def run_in_process(
+    fn: Callable[..., T],
+    /,
+    *args: Any,
+    limits: ProcessLimits | None = None,
+    on_start: Callable[[BaseProcess], None] | None = None,
+    poll_interval: float = 0.005,
+) -> T:
     """Run ``fn(*args)`` in a child process that is killed when the token is cancelled.
 
     *fn* and *args* must be picklable (a module-level function). On cancel the
     child gets SIGTERM, then SIGKILL after 1 s, and this coroutine raises
-    :class:`OperationCancelled` only after the child has been reaped.
+    :class:`OperationCancelled` only after the child has been reaped. Past one
+    of its *limits* it raises :class:`WorkerLimitExceeded`, also once the child
+    is gone. *on_start* is told the child once it started (tests watch it).
 
     Hand-written on top of :mod:`multiprocessing` rather than pebble: pebble's
     futures report "cancelled" as soon as termination is requested, before the
@@ -187,12 +254,17 @@ async def run_in_process(fn: Callable[..., T], /, *args: Any, poll_interval: flo
     token = ctx.token.child()
     parent_conn, child_conn = _mp_context.Pipe(duplex=False)
     process: BaseProcess = _mp_context.Process(  # type: ignore[attr-defined]
-        target=_process_entry, args=(child_conn, fn, args), daemon=True
+        target=_process_entry, args=(child_conn, fn, args, limits), daemon=True
     )
     process.start()
     child_conn.close()
+    if on_start is not None:
+        on_start(process)
+    wall = limits.wall_seconds if limits is not None else None
     try:
-        supervisor = asyncio.ensure_future(_supervise(process, parent_conn, token, poll_interval))
+        supervisor = asyncio.ensure_future(
+            _supervise(process, parent_conn, token, poll_interval, wall)
+        )
         return await _await_until_settled(supervisor, lambda: token.cancel(_TASK_CANCELLED))
     finally:
         token.release_parent()
@@ -204,25 +276,37 @@ async def _supervise(
     conn: multiprocessing.connection.Connection,
     token: CancellationToken,
     poll_interval: float,
+    wall_seconds: float | None = None,
 ) -> Any:
+    deadline = time.monotonic() + wall_seconds if wall_seconds is not None else None
     while True:
         if token.cancelled:
             await _terminate(process)
             raise OperationCancelled(token.reason or "cancelled")
+        if deadline is not None and time.monotonic() > deadline:
+            await _terminate(process)
+            raise WorkerLimitExceeded("wall", f"the worker ran past {wall_seconds} s")
         if conn.poll():
             try:
                 ok, value = conn.recv()
             except EOFError:
                 await _terminate(process)
-                raise WorkerProcessDied(f"worker exited with code {process.exitcode}") from None
+                raise _died(process) from None
             await asyncio.to_thread(process.join)
             if ok:
                 return value
             raise value
         if not process.is_alive():
             process.join()
-            raise WorkerProcessDied(f"worker exited with code {process.exitcode}")
+            raise _died(process)
         await asyncio.sleep(poll_interval)
+
+
+def _died(process: BaseProcess) -> WorkerProcessDied:
+    """Why a reaped child gave no result: its CPU limit (``SIGXCPU``), or a crash."""
+    if process.exitcode == -signal.SIGXCPU:
+        return WorkerLimitExceeded("cpu", "the worker used up its CPU time")
+    return WorkerProcessDied(f"worker exited with code {process.exitcode}")
 
 
 async def _terminate(process: BaseProcess) -> None:

@@ -2,7 +2,7 @@
 
 The multipart form is read, its ``request`` field checked by the text rule and parsed
 (400 naming a bad or unknown field), and the files handed to
-:class:`heed.memory.file_retain.FileRetain`, which owns every rule: limits, types, parsing in
+:class:`heed.memory.files.FileRetain`, which owns every rule: limits, types, parsing in
 the offload, document ids, sync or async retain. Like sync retain, it runs under the
 request's token: a client that leaves stops the parsing and the embedding (499), and
 nothing is written.
@@ -19,8 +19,7 @@ from heed.api.deps import FileRetainDep, MemoryDep
 from heed.api.input_rules import MAX_LIST_ITEMS, IdPath, body_problem
 from heed.api.routing import HeedRoute
 from heed.api.wire import files as wire
-from heed.memory.file_retain import FileMeta
-from heed.memory.files import UploadedFile
+from heed.memory.files import FileMeta, UploadedFile
 from heed.memory.models import InvalidInput
 
 router = APIRouter(

@@ -6,12 +6,12 @@
    (:mod:`heed.memory.files`), its document id (the ``document_id`` its metadata gives, else
    the file's name; two files may not be one document), and the metadata's length. A bad file
    refuses the whole request: nothing is written.
-2. **Parse** every file in the offload (:func:`heed.runtime.run_in_thread`), under a
-   ``retain`` lane slot and as work on the bank (:meth:`MemoryEngine.track`): the token is
-   checked between pages, slides and batches of paragraphs or rows, so a client that leaves
-   (or a bank delete) stops the parsing, and the slot is released only once the thread
-   returned. Any file that cannot be read refuses the request, still before anything is
-   written.
+2. **Parse** every file, one at a time, in a child process of its own
+   (:func:`heed.memory.files.parse.parse_file`: CPU time, memory and wall-clock time
+   bounded), under a ``retain`` lane slot and as work on the bank
+   (:meth:`MemoryEngine.track`): a client that leaves (or a bank delete) kills the child at
+   once, and the slot is released only once it is gone. Any file that cannot be read
+   refuses the request, still before anything is written.
 3. **Retain**: each file is one document (its text cut into items of at most the engine's
    item size, one document id, ``replace``). Synchronously (the default) through
    :meth:`MemoryEngine.retain` under the request's token, so a client that leaves stops the
@@ -24,26 +24,26 @@ Each document's metadata holds the given metadata plus ``file_name`` and ``file_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import PurePosixPath
 from typing import Final
 
 from heed.memory.engine import MemoryEngine
-from heed.memory.files import (
+from heed.memory.files.parse import extract_text, parse_file
+from heed.memory.files.rules import (
     FileLimits,
     FileRefused,
-    PartHook,
     UploadedFile,
     check_count,
     check_size,
     detect_format,
-    extract_text,
     file_label,
     split_text,
 )
 from heed.memory.models import Bank, RetainItem
 from heed.memory.operations import RetainOperations
-from heed.runtime import run_in_thread
 
 __all__ = ["MAX_DOCUMENT_ID_CHARS", "FileMeta", "FileRetain", "FileRetainResult"]
 
@@ -82,8 +82,10 @@ class FileRetain:
         self.engine = engine
         self.operations = operations
         self.limits = limits
-        #: Tests' view into the parsing thread: called after each part of a file is read.
-        self.part_hook: PartHook | None = None
+        #: What parses a file in the child (a module-level function; tests put a slow one).
+        self.parser: Callable[[int, UploadedFile, FileLimits], tuple[str, str]] = extract_text
+        #: Told each parsing child once it started (tests watch it being killed).
+        self.on_parse_start: Callable[[BaseProcess], None] | None = None
 
     async def retain(
         self,
@@ -112,7 +114,12 @@ class FileRetain:
             check_size(index, file, self.limits)
             detect_format(index, file)
         async with self.engine.track(bank), self.engine.retain_lane.slot():
-            parsed = await run_in_thread(self._parse_all, files)
+            parsed = [
+                await parse_file(
+                    index, file, self.limits, parser=self.parser, on_start=self.on_parse_start
+                )
+                for index, file in enumerate(files)
+            ]
         per_file = [
             self._items(file, fmt, text, meta, document_id)
             for file, (fmt, text), meta, document_id in zip(
@@ -127,12 +134,6 @@ class FileRetain:
             return FileRetainResult(document_ids, [r.id for r in runs], 0, count, True)
         summary = await self.engine.retain(bank, [i for items in per_file for i in items], [])
         return FileRetainResult(document_ids, [], summary.units, count, False)
-
-    def _parse_all(self, files: list[UploadedFile]) -> list[tuple[str, str]]:
-        return [
-            extract_text(index, file, self.limits, self.part_hook)
-            for index, file in enumerate(files)
-        ]
 
     @staticmethod
     def _document_ids(files: list[UploadedFile], metas: list[FileMeta]) -> list[str]:
