@@ -145,3 +145,50 @@ def docx_paragraph_bomb(paragraphs: int) -> bytes:
 def html_nested(depth: int, text: str = "x") -> bytes:
     """``<div>`` x *depth*, then *text*: no tag closed."""
     return b"<div>" * depth + text.encode()
+
+
+#: A file whose text must never reach a memory (the XXE tests name it).
+XXE_TARGET = "/etc/hostname"
+
+
+def _doctype(root: str, entities: str) -> str:
+    return f'<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE {root} [{entities}]>\n'
+
+
+def docx_xxe() -> bytes:
+    """A .docx whose text is an external entity naming a local file."""
+    xml = _doctype("w:document", f'<!ENTITY leak SYSTEM "file://{XXE_TARGET}">') + (
+        '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main">'
+        "<w:body><w:p><w:r><w:t>Before &leak; after</w:t></w:r></w:p></w:body></w:document>"
+    )
+    return _rezipped(docx(["x"]), {"word/document.xml": xml.encode()})
+
+
+def _laughs(levels: int = 9) -> str:
+    entities = ['<!ENTITY l0 "lol">']
+    entities += [f'<!ENTITY l{i} "{f"&l{i - 1};" * 10}">' for i in range(1, levels + 1)]
+    return "".join(entities)
+
+
+def docx_billion_laughs() -> bytes:
+    """A .docx whose text is ten levels of entities of ten (a billion 'lol's)."""
+    xml = _doctype("w:document", _laughs()) + (
+        '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main">'
+        "<w:body><w:p><w:r><w:t>Laugh: &l9;</w:t></w:r></w:p></w:body></w:document>"
+    )
+    return _rezipped(docx(["x"]), {"word/document.xml": xml.encode()})
+
+
+def xlsx_billion_laughs() -> bytes:
+    """An .xlsx whose sheet's one cell is a billion 'lol's by entities."""
+    sheet = _doctype("worksheet", _laughs()) + (
+        '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
+        '<sheetData><row r="1"><c r="A1" t="inlineStr"><is><t>&l9;</t></is></c></row>'
+        "</sheetData></worksheet>"
+    )
+    return _rezipped(xlsx([["x"]]), {"xl/worksheets/sheet1.xml": sheet.encode()})
+
+
+def html_billion_laughs() -> bytes:
+    """An HTML page with the entities of a billion laughs (HTML has no DTD entities)."""
+    return (f"<!DOCTYPE html [{_laughs()}]><p>Laugh: &l9;</p>").encode()

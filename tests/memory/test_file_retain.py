@@ -371,6 +371,28 @@ def test_a_file_whose_parse_would_follow_what_it_declares_is_bounded(
         assert texts.count("Yak") == 1 or texts.count("Hive") == 1, texts[:300]
 
 
+XML_TRICKS = [
+    ("docx XXE", "leak.docx", samples.docx_xxe()),
+    ("docx billion laughs", "lol.docx", samples.docx_billion_laughs()),
+    ("xlsx billion laughs", "lol.xlsx", samples.xlsx_billion_laughs()),
+    ("HTML billion laughs", "lol.html", samples.html_billion_laughs()),
+]
+
+
+@pytest.mark.parametrize(("case", "name", "data"), XML_TRICKS, ids=[t[0] for t in XML_TRICKS])
+def test_xml_entities_are_never_expanded_or_fetched(
+    own_server: LiveServer, case: str, name: str, data: bytes
+) -> None:
+    """What held in issue 37's probe, kept: no external entity read, no entity expansion."""
+    bank = new_bank(own_server)
+    r = post_files(own_server, bank, [(name, data)], timeout=30)
+    assert r.status_code in (200, 400), (case, r.text)
+    texts = memory_texts(own_server, bank)
+    secret = Path(samples.XXE_TARGET).read_text().strip()
+    assert secret not in texts and secret not in r.text
+    assert "lollol" not in texts and len(texts) < 1000, texts[:200]
+
+
 @pytest.fixture
 def parse_server(tmp_path: Path) -> Iterator[LiveServer]:
     """A server whose parsing children have small limits."""
