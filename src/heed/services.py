@@ -11,6 +11,7 @@ them as FastAPI dependencies (:mod:`heed.api.deps`), the MCP tools as the
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from heed.llm.base import ChatProvider
@@ -41,8 +42,12 @@ from heed.runs.kinds import KindSpec
 from heed.runs.manager import RunManager
 from heed.runs.reaper import Reaper
 from heed.runs.recovery import recover
-from heed.runtime import Lane, Lanes, run_in_thread
-from heed.runtime.offload import configure_thread_pool, preload_in_processes
+from heed.runtime import Lane, Lanes, ProcessLimits, run_in_thread
+from heed.runtime.offload import (
+    configure_thread_pool,
+    preload_in_processes,
+    start_process_server,
+)
 from heed.sessions.service import TASK, TURN, SessionService
 from heed.sessions.task import TaskRunner
 from heed.sessions.tools import TurnTools
@@ -151,6 +156,7 @@ class Services:
     mental_model_triggers: RefreshTriggers = field(init=False)
     knowledge_base: KnowledgeBase = field(init=False)
     model_warmup: ModelWarmup = field(init=False)
+    _process_server: asyncio.Future[None] | None = field(init=False, default=None)
     revocation_store: SqlRevocationStore = field(init=False)
     webhook_store: SqlWebhookStore = field(init=False)
     webhooks: Webhooks = field(init=False)
@@ -160,8 +166,11 @@ class Services:
         settings = self.settings
         configure_thread_pool(settings.offload_threads)
         # The modules children of heed.runtime.run_in_process run: reflect's response_schema
-        # validation, and file parsing with its libraries (a child then starts in a few ms).
-        preload_in_processes("heed.reflect.schema", *FILE_PARSER_MODULES)
+        # validation, archive checks, file parsing with its libraries (a child then starts
+        # in a few ms).
+        preload_in_processes(
+            "heed.reflect.schema", "heed.memory.archive_check", *FILE_PARSER_MODULES
+        )
         self.lanes = build_lanes(settings)
 
         # Storage: one SQL database, one store per domain: the embedded SQLite file, or
@@ -234,6 +243,12 @@ class Services:
                     max_records=settings.transfer_max_records,
                 ),
                 archive_ttl=settings.transfer_archive_ttl_seconds,
+                check=ProcessLimits(
+                    cpu_seconds=settings.transfer_check_cpu_seconds,
+                    memory_bytes=settings.transfer_check_memory_bytes,
+                    wall_seconds=settings.transfer_check_seconds,
+                    nice=10,
+                ),
             ),
             knowledge=memory_store,  # mental models and the knowledge base travel too
         )
@@ -340,6 +355,9 @@ class Services:
         self.reaper.start()
         self.webhook_worker.start()
         self.model_warmup.start()  # in the background: serving does not wait for it
+        # The fork server of run_in_process children (file parsing, schema checks), beside
+        # serving too: its preload takes seconds that no request should wait for.
+        self._process_server = asyncio.ensure_future(run_in_thread(start_process_server))
 
     def _migrate(self) -> None:
         """Bring every store's schema to this heed's version, in one place: each store
@@ -355,6 +373,8 @@ class Services:
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
         await self.model_warmup.aclose()
+        if self._process_server is not None:
+            await asyncio.gather(self._process_server, return_exceptions=True)
         await self.webhook_worker.aclose()  # sends in flight stop; their leases are given back
         await self.consolidation.aclose()
         await self.transfers.aclose()  # staging banks being deleted

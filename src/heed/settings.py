@@ -382,6 +382,20 @@ class Settings(BaseSettings):
         description="Most records an imported archive may hold in all (its check keeps 8 "
         "bytes an id: this bounds its memory and time).",
     )
+    transfer_check_cpu_seconds: int = Field(
+        default=900,
+        ge=1,
+        description="CPU seconds the check of one uploaded archive may use (in a process "
+        "of its own).",
+    )
+    transfer_check_memory_bytes: int = Field(
+        default=1024**3,
+        ge=64 * 1024 * 1024,
+        description="Memory the check of one uploaded archive may add to its process.",
+    )
+    transfer_check_seconds: float = Field(
+        default=1800.0, gt=0, description="Wall-clock seconds one archive check may take."
+    )
     # File retain (heed.memory.files): POST .../files/retain.
     file_max_files: int = Field(
         default=20, ge=1, le=64, description="Most files in one file retain (at most 64)."

@@ -35,15 +35,23 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from heed.memory.archive import MANIFEST, MAX_WEBHOOKS, ArchiveReader, Manifest
+from heed.memory.archive import MANIFEST, MAX_WEBHOOKS, ArchiveLimits, ArchiveReader, Manifest
 from heed.memory.archive_records import BankRecord, InvalidArchive
-from heed.memory.bank_rows import DocumentRow, EntityRow, MentalModelRow, UnitRow
+from heed.memory.bank_rows import DocumentRow, EntityRow, MentalModelRow, UnitRow, WebhookRow
 from heed.memory.directives import MAX_DIRECTIVES
 from heed.memory.entities import canonical
 from heed.memory.mental_models import MAX_MENTAL_MODELS, MAX_NODE_DEPTH, KnowledgeFolder
-from heed.runtime import raise_if_cancelled
+from heed.runtime import ChildFd, raise_if_cancelled
 
-__all__ = ["ArchiveCheck", "IdDigests", "KnowledgeNode", "check_archive", "check_knowledge"]
+__all__ = [
+    "ArchiveCheck",
+    "IdDigests",
+    "KnowledgeNode",
+    "check_archive",
+    "check_archive_file",
+    "check_embedder",
+    "check_knowledge",
+]
 
 #: References looked up at once in the sorted digests.
 _BATCH: Final = 4096
@@ -124,6 +132,33 @@ class ArchiveCheck:
     @property
     def records(self) -> int:
         return sum(self.counts.values())
+
+
+def check_embedder(manifest: Manifest, model: str, dim: int) -> None:
+    """Refuse an archive whose vectors another embedder made (they are imported as they
+    are)."""
+    if (manifest.embedding_model, manifest.dim) != (model, dim):
+        raise InvalidArchive(
+            f"its vectors were made by {manifest.embedding_model!r} ({manifest.dim} "
+            f"dimensions); this server embeds with {model!r} ({dim} dimensions), "
+            "and heed imports vectors without embedding again"
+        )
+
+
+def check_archive_file(
+    fd: ChildFd, limits: ArchiveLimits, model: str, dim: int, with_webhooks: bool
+) -> tuple[ArchiveCheck, list[WebhookRow]]:
+    """The whole check of the archive open as *fd* (handed to a child process: see
+    :meth:`heed.memory.transfer.BankTransfers.check_upload`), that this server's embedder
+    made its vectors, and its webhooks (when *with_webhooks*) for the caller to check by
+    the webhook service's rules. Blocking; raises :class:`InvalidArchive`."""
+    with os.fdopen(fd.fd, "rb") as archive:
+        archive.seek(0)
+        with ArchiveReader(archive, limits) as reader:
+            check_embedder(reader.manifest, model, dim)
+            check = check_archive(reader)
+            webhooks = list(reader.rows("webhooks")) if with_webhooks else []
+    return check, webhooks
 
 
 def check_archive(reader: ArchiveReader) -> ArchiveCheck:

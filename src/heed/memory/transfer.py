@@ -72,8 +72,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
-from heed.memory.archive import ArchiveLimits, ArchiveReader
-from heed.memory.archive_check import ArchiveCheck, check_archive
+from heed.memory.archive import ArchiveLimits
+from heed.memory.archive_check import ArchiveCheck, check_archive_file
 from heed.memory.archive_store import PART_BYTES, ArchiveStore, StoredArchive
 from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
@@ -87,7 +87,6 @@ from heed.memory.transfer_work import (
     NewIds,
     WebhookCarrier,
     bank_settings,
-    check_embedder,
     import_archive,
     merge_archive,
     write_archive,
@@ -98,11 +97,15 @@ from heed.runs.manager import RunManager, RunNotFound
 from heed.runs.model import Run
 from heed.runs.state import is_terminal
 from heed.runtime import (
+    ChildFd,
     OperationCancelled,
+    ProcessLimits,
+    WorkerLimitExceeded,
     current_context,
     detached,
     raise_if_cancelled,
     reraise_cancellation,
+    run_in_process,
     run_in_thread,
     use_context,
 )
@@ -150,6 +153,29 @@ class TransferLimits:
     archive_ttl: float = 24 * 3600.0
     #: Most document ids one export names.
     max_document_ids: int = 500
+    #: The process an upload is checked in: CPU seconds, added memory, priority.
+    check: ProcessLimits = field(
+        default_factory=lambda: ProcessLimits(
+            cpu_seconds=900, memory_bytes=1024**3, wall_seconds=1800.0, nice=10
+        )
+    )
+
+
+class ArchiveTooLarge(InvalidInput):
+    """An upload whose check passed one of :attr:`TransferLimits.check` (413)."""
+
+    status_code = 413
+    _SETTINGS: Final = {
+        "cpu": ("cpu_seconds", "seconds of CPU", "HEED_TRANSFER_CHECK_CPU_SECONDS"),
+        "memory": ("memory_bytes", "bytes of memory", "HEED_TRANSFER_CHECK_MEMORY_BYTES"),
+        "wall": ("wall_seconds", "seconds", "HEED_TRANSFER_CHECK_SECONDS"),
+    }
+
+    def __init__(self, limit: str, limits: ProcessLimits) -> None:
+        field_name, what, setting = self._SETTINGS[limit]
+        super().__init__(
+            f"the archive takes more than {getattr(limits, field_name)} {what} to check ({setting})"
+        )
 
 
 class _Progress:
@@ -425,22 +451,35 @@ class BankTransfers:
             raise
 
     async def _check_upload(self, archive: IO[bytes], include_bank_config: bool) -> ArchiveCheck:
-        """:meth:`check_upload` in the offload, holding a retain slot as background work: a
-        check reads the whole archive (seconds of CPU for a large one), so concurrent checks
-        are bounded by the lane and yield to users' retains and recalls."""
-        async with self.engine.retain_lane.slot(background=True):
-            return await run_in_thread(self.check_upload, archive, include_bank_config)
+        """Check an uploaded archive whole (:func:`check_archive_file`: the records, that
+        this server's embedder made its vectors), then (when they are to be imported) that
+        its webhooks are ones this server would accept, and its bank's settings.
 
-    def check_upload(self, archive: IO[bytes], include_bank_config: bool = True) -> ArchiveCheck:
-        """Check an archive whole (see :func:`check_archive`), that this server's embedder
-        made its vectors, and (when they are to be imported) that its webhooks are ones
-        this server would accept. Blocking; checks the token."""
-        archive.seek(0)
-        with ArchiveReader(archive, self.limits.archive) as reader:
-            check_embedder(reader.manifest, self.model, self.engine.embedder.dim)
-            check = check_archive(reader)
-            if include_bank_config and self.webhooks is not None:
-                self.webhooks.check_carried(list(reader.rows("webhooks")))
+        The check runs in a child process (:func:`heed.runtime.run_in_process`) handed the
+        upload's open file, at a lower CPU priority and within
+        :attr:`TransferLimits.check` (CPU seconds, memory): a large archive costs seconds
+        of CPU in pure Python, which in the server would hold the interpreter's lock
+        against every request, and whatever memory it took goes with the child. A retain
+        slot is held around it as background work, so concurrent checks are bounded by
+        the lane and yield to users' retains and recalls. A client that leaves kills it.
+        Raises :class:`InvalidArchive` (400), or 413 past a limit."""
+        archive.flush()
+        fd = archive.fileno()  # a spooled upload still in memory goes to disk here
+        async with self.engine.retain_lane.slot(background=True):
+            try:
+                check, webhooks = await run_in_process(
+                    check_archive_file,
+                    ChildFd(fd),
+                    self.limits.archive,
+                    self.model,
+                    self.engine.embedder.dim,
+                    include_bank_config and self.webhooks is not None,
+                    limits=self.limits.check,
+                )
+            except WorkerLimitExceeded as exc:
+                raise ArchiveTooLarge(exc.limit, self.limits.check) from None
+        if webhooks and self.webhooks is not None:
+            self.webhooks.check_carried(webhooks)
         if check.bank is not None:
             bank_settings(check.bank.config)
         return check

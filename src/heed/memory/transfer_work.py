@@ -29,8 +29,8 @@ from heed.memory.archive import (
     ArchiveReader,
     ArchiveWriter,
     InvalidArchive,
-    Manifest,
 )
+from heed.memory.archive_check import check_embedder
 from heed.memory.bank_rows import (
     BankSelection,
     DocumentRow,
@@ -219,17 +219,6 @@ def bank_settings(config: dict[str, Any]) -> dict[str, Any]:
     except InvalidInput as exc:
         raise InvalidArchive(exc.message) from exc
     return {name: value for name, value in checked.items() if value is not None}
-
-
-def check_embedder(manifest: Manifest, model: str, dim: int) -> None:
-    """Refuse an archive whose vectors another embedder made (they are imported as they
-    are)."""
-    if (manifest.embedding_model, manifest.dim) != (model, dim):
-        raise InvalidArchive(
-            f"its vectors were made by {manifest.embedding_model!r} ({manifest.dim} "
-            f"dimensions); this server embeds with {model!r} ({dim} dimensions), "
-            "and heed imports vectors without embedding again"
-        )
 
 
 def write_archive(

@@ -22,6 +22,7 @@ from heed.runtime.context import (
     use_context,
 )
 from heed.runtime.offload import (
+    ChildFd,
     ProcessLimits,
     WorkerLimitExceeded,
     WorkerProcessDied,
@@ -37,6 +38,7 @@ __all__ = [
     "DEADLINE_EXCEEDED",
     "DEFAULT_TENANT",
     "CancellationToken",
+    "ChildFd",
     "CpuBudget",
     "Lane",
     "LaneFull",

@@ -48,6 +48,7 @@ from heed.runtime.cancellation import CancellationToken, OperationCancelled
 from heed.runtime.context import _current, current_context
 
 __all__ = [
+    "ChildFd",
     "ProcessLimits",
     "WorkerLimitExceeded",
     "WorkerProcessDied",
@@ -56,6 +57,7 @@ __all__ = [
     "run_blocking",
     "run_in_process",
     "run_in_thread",
+    "start_process_server",
 ]
 
 P = ParamSpec("P")
@@ -159,12 +161,15 @@ class ProcessLimits:
     ``cpu_seconds`` is CPU time (the kernel ends the child with ``SIGXCPU``),
     ``memory_bytes`` the address space the child may add to what it was started
     with (its allocations past it fail: ``MemoryError``), ``wall_seconds`` the
-    time from start to result (the parent kills the child).
+    time from start to result (the parent kills the child). ``nice`` lowers the
+    child's scheduling priority by that much, so the server's own threads (a
+    user's recall or retain) win the cores when both want them.
     """
 
     cpu_seconds: int | None = None
     memory_bytes: int | None = None
     wall_seconds: float | None = None
+    nice: int = 0
 
 
 class WorkerLimitExceeded(WorkerProcessDied):
@@ -178,10 +183,31 @@ class WorkerLimitExceeded(WorkerProcessDied):
         return (type(self), (self.limit, str(self)))
 
 
+class ChildFd:
+    """An open file handed to a :func:`run_in_process` child among its arguments: the
+    descriptor is passed as the child starts (``SCM_RIGHTS``, as multiprocessing passes its
+    own pipes), and in the child :attr:`fd` is the child's descriptor of the same open file
+    (one file offset: the parent must not read it meanwhile)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing.reduction import DupFd  # only while a child is being started
+
+        return (_inherited, (DupFd(self.fd),))
+
+
+def _inherited(dup: Any) -> ChildFd:
+    return ChildFd(dup.detach())
+
+
 def _apply_limits(limits: ProcessLimits | None) -> None:
     """In the child: set its CPU and address-space limits."""
     if limits is None:
         return
+    if limits.nice:
+        os.nice(limits.nice)
     if limits.cpu_seconds is not None:
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
     if limits.memory_bytes is not None:
@@ -229,6 +255,16 @@ def preload_in_processes(*modules: str) -> None:
         _mp_context.set_forkserver_preload(["__main__", *modules])
 
 
+def start_process_server() -> None:
+    """Start the fork server children of :func:`run_in_process` are forked from, with its
+    preloaded modules (seconds, once a process). Blocking: call it in a thread at start-up,
+    so the first child does not wait for it."""
+    if _mp_context.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 async def run_in_process(
     fn: Callable[..., T],
     /,
@@ -256,15 +292,21 @@ async def run_in_process(
     process: BaseProcess = _mp_context.Process(  # type: ignore[attr-defined]
         target=_process_entry, args=(child_conn, fn, args, limits), daemon=True
     )
-    process.start()
-    child_conn.close()
-    if on_start is not None:
-        on_start(process)
     wall = limits.wall_seconds if limits is not None else None
+
+    async def started_then_supervised() -> Any:
+        # Started in a thread: a start sends the arguments down a pipe and, the first time
+        # in a process, waits for the fork server to import what it preloads.
+        try:
+            await asyncio.to_thread(process.start)
+        finally:
+            child_conn.close()
+        if on_start is not None:
+            on_start(process)
+        return await _supervise(process, parent_conn, token, poll_interval, wall)
+
     try:
-        supervisor = asyncio.ensure_future(
-            _supervise(process, parent_conn, token, poll_interval, wall)
-        )
+        supervisor = asyncio.ensure_future(started_then_supervised())
         return await _await_until_settled(supervisor, lambda: token.cancel(_TASK_CANCELLED))
     finally:
         token.release_parent()

@@ -6,13 +6,15 @@ million rows, a cell spanning fifty million columns, or twenty thousand nested b
 
 - :func:`extract_text` is the blocking parse of one file (the rules of
   :mod:`heed.memory.files.rules`, a reader per format).
-- :func:`parse_file` runs it in a child process (:func:`heed.runtime.run_in_process`) under
-  :class:`~heed.runtime.ProcessLimits` from :class:`~heed.memory.files.rules.FileLimits`:
-  CPU seconds and memory enforced by the kernel in the child, wall-clock time by the
-  parent. The child is terminated the moment the caller's token is cancelled (a client that
-  left, a bank deleted), and :func:`parse_file` returns or raises only once it is gone, so a
-  lane slot held around it bounds real CPU. A child past a limit is a
-  :class:`~heed.memory.files.rules.FileTooLarge` (413) naming the file and the setting.
+- :func:`parse_file` runs it in a child process (:func:`heed.runtime.run_in_process`)
+  under :class:`~heed.runtime.ProcessLimits` from
+  :class:`~heed.memory.files.rules.FileLimits`: CPU seconds and memory enforced by the
+  kernel in the child, wall-clock time by the parent, and a lower CPU priority
+  (:data:`PARSE_NICE`) than the server's. The child is terminated the moment the caller's
+  token is cancelled (a client that left, a bank deleted), and :func:`parse_file` returns
+  or raises only once it is gone, so a lane slot held around it bounds real CPU. A child
+  past a limit is a :class:`~heed.memory.files.rules.FileTooLarge` (413) naming the file
+  and the setting.
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ from heed.memory.files.rules import (
 )
 from heed.runtime import ProcessLimits, WorkerLimitExceeded, run_in_process
 
-__all__ = ["extract_text", "parse_file"]
+__all__ = ["PARSE_NICE", "extract_text", "parse_file"]
+
+#: How much lower a parsing child's CPU priority is than the server's: a parse competes
+#: with other users' retains and recalls for the cores, and yields to them.
+PARSE_NICE = 10
 
 #: What a limit is called in messages: its setting.
 _SETTINGS = {
@@ -96,6 +102,7 @@ async def parse_file(
         cpu_seconds=limits.parse_cpu_seconds,
         memory_bytes=limits.parse_memory_bytes,
         wall_seconds=limits.parse_seconds,
+        nice=PARSE_NICE,
     )
     try:
         return await run_in_process(parser, index, file, limits, limits=bounds, on_start=on_start)
