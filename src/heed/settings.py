@@ -176,8 +176,9 @@ class Settings(BaseSettings):
     background_max_queue: int = Field(
         default=64,
         ge=1,
-        description="Background waiters one lane may hold; past it more background work is "
-        "refused (a consolidation run fails with 503; its facts stay pending for the next).",
+        description="Background waiters one tenant may have queued in one lane (tenants are "
+        "served round robin); its waiters past it are deferred: they wait behind its queued "
+        "ones, not aging, and background work is never refused.",
     )
     offload_threads: int = Field(default=32, ge=1)
 
