@@ -76,6 +76,29 @@ class Settings(BaseSettings):
         description="Largest bank archive an import takes (multipart, spooled to a temporary "
         "file, not held in memory); other request bodies: HEED_MAX_BODY_BYTES.",
     )
+    # Uploads (heed.api.uploads): a bank archive's bytes, spooled to disk as they arrive.
+    upload_spool_dir: Path | None = Field(
+        default=None,
+        description="Where uploads are spooled (temporary files, deleted when the request "
+        "ends); unset: the system's temporary directory.",
+    )
+    upload_spool_tenant_bytes: int = Field(
+        default=4 * 1024**3,
+        ge=1024,
+        description="Upload bytes one tenant's uploads in progress may hold at once (a "
+        "declared Content-Length counts from the start); past it: 429.",
+    )
+    upload_spool_max_bytes: int = Field(
+        default=8 * 1024**3,
+        ge=1024,
+        description="Upload bytes all tenants' uploads in progress may hold at once; past it: 429.",
+    )
+    upload_min_free_bytes: int = Field(
+        default=1024**3,
+        ge=0,
+        description="Free space the upload directory keeps: an upload that would leave less "
+        "(counting what the uploads in progress will still write) is refused with 507.",
+    )
     # Connections (heed.api.connection): what a client may hold open without sending.
     max_head_bytes: int = Field(
         default=64 * 1024,

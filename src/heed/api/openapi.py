@@ -51,6 +51,7 @@ __all__ = [
     "NOT_FOUND",
     "SSE_EVENT_SCHEMA",
     "TOO_MANY",
+    "UPLOAD_REFUSED",
     "UPSTREAM",
     "ErrorDetail",
     "Overloaded",
@@ -58,6 +59,7 @@ __all__ = [
     "document_errors",
     "event_stream",
     "install_openapi",
+    "upload_body",
 ]
 
 _SCHEMAS: Final = "#/components/schemas/"
@@ -150,6 +152,50 @@ TOO_MANY: Final[dict[int | str, dict[str, Any]]] = {
     }
 }
 """For the routes that a bound refuses with 429 (queued turns, open streams)."""
+
+UPLOAD_REFUSED: Final[dict[int | str, dict[str, Any]]] = {
+    415: {"model": ErrorDetail, "description": "The body is not multipart/form-data."},
+    429: {
+        "model": ErrorDetail,
+        "description": "The uploads in progress hold as many bytes as one tenant may have "
+        "spooled (``HEED_UPLOAD_SPOOL_TENANT_BYTES``) or all tenants may "
+        "(``HEED_UPLOAD_SPOOL_MAX_BYTES``): ``detail`` names it.",
+        "headers": _RETRY_AFTER,
+    },
+    507: {
+        "model": ErrorDetail,
+        "description": "The upload would leave the server's upload directory less free space "
+        "than ``HEED_UPLOAD_MIN_FREE_BYTES``.",
+        "headers": _RETRY_AFTER,
+    },
+}
+"""For the routes that take an upload (:mod:`heed.api.uploads`)."""
+
+
+def upload_body(field: str, description: str) -> dict[str, Any]:
+    """``openapi_extra=`` of a route that reads its multipart body itself (an upload): the
+    request body FastAPI would have documented for a ``File`` parameter *field*."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": [field],
+                        "properties": {
+                            field: {
+                                "type": "string",
+                                "contentMediaType": "application/octet-stream",
+                                "description": description,
+                            }
+                        },
+                    }
+                }
+            },
+        }
+    }
+
 
 UPSTREAM: Final[dict[int | str, dict[str, Any]]] = {
     502: {"model": ErrorDetail, "description": "The LLM upstream failed or answered nonsense."}

@@ -332,6 +332,34 @@ class BankTransfers:
         }
         return await self._submit(CLONE_KIND, bank, payload, {"target_bank_id": target_bank_id})
 
+    async def check_import(
+        self,
+        bank: Bank,
+        *,
+        target_bank_id: str | None = None,
+        mode: str | None = None,
+        document_conflict: str | None = None,
+        include_data: bool | None = None,
+        include_bank_config: bool | None = None,
+        include_history: bool = False,
+    ) -> None:
+        """What an import's request must pass before its archive is read (the route runs it
+        before the upload's body is read; :meth:`submit_import` runs it again): the mode
+        and the options it takes, and a named ``target_bank_id`` that must not exist.
+        Raises :class:`InvalidInput` (400) or :class:`Conflict` (409)."""
+        self._refuse_history(include_history)
+        if mode not in (None, "restore", "merge"):
+            raise InvalidInput(f"mode {mode!r} is neither 'restore' nor 'merge'")
+        if mode == "merge":
+            self._merge_conflict(
+                bank, target_bank_id, document_conflict, include_data, include_bank_config
+            )
+            return
+        if document_conflict is not None:
+            raise InvalidInput("document_conflict applies to mode=merge")
+        if target_bank_id is not None:
+            await self._new_bank_id(target_bank_id, "target_bank_id")
+
     async def submit_import(
         self,
         bank: Bank,
@@ -350,22 +378,23 @@ class BankTransfers:
         queue its import, recorded as an operation of *bank*: into the new bank
         *target_bank_id* (default: the archive's source bank id; *mode* ``restore``, the
         default), or its documents into *bank* itself (*mode* ``merge``, by
-        *document_conflict*: :data:`~heed.memory.transfer_work.CONFLICTS`)."""
-        self._refuse_history(include_history)
-        if mode not in (None, "restore", "merge"):
-            raise InvalidInput(f"mode {mode!r} is neither 'restore' nor 'merge'")
+        *document_conflict*: :data:`~heed.memory.transfer_work.CONFLICTS`). The options
+        are checked first (:meth:`check_import`)."""
+        await self.check_import(
+            bank,
+            target_bank_id=target_bank_id,
+            mode=mode,
+            document_conflict=document_conflict,
+            include_data=include_data,
+            include_bank_config=include_bank_config,
+            include_history=include_history,
+        )
         if mode == "merge":
-            return await self._submit_merge(
-                bank,
-                archive,
-                filename,
-                target_bank_id,
-                document_conflict,
-                include_data,
-                include_bank_config,
+            conflict = document_conflict or "skip"
+            await run_in_thread(self.check_upload, archive, False)
+            return await self._submit_upload(
+                bank, archive, filename, {"document_conflict": conflict}, mode="merge"
             )
-        if document_conflict is not None:
-            raise InvalidInput("document_conflict applies to mode=merge")
         include_data = True if include_data is None else include_data
         include_bank_config = True if include_bank_config is None else include_bank_config
         check = await run_in_thread(self.check_upload, archive, include_bank_config)
@@ -374,17 +403,15 @@ class BankTransfers:
         payload = {"include_data": include_data, "include_bank_config": include_bank_config}
         return await self._submit_upload(bank, archive, filename, payload, target_bank_id=target)
 
-    async def _submit_merge(
-        self,
+    @staticmethod
+    def _merge_conflict(
         bank: Bank,
-        archive: IO[bytes],
-        filename: str | None,
         target_bank_id: str | None,
         document_conflict: str | None,
         include_data: bool | None,
         include_bank_config: bool | None,
-    ) -> Run:
-        """Queue a merge of *archive*'s documents into *bank* (see :meth:`submit_import`)."""
+    ) -> str:
+        """A merge's options, checked (see :meth:`submit_import`); its conflict rule."""
         conflict = document_conflict or "skip"
         if conflict not in CONFLICTS:
             raise InvalidInput(
@@ -402,10 +429,7 @@ class BankTransfers:
                 "include_bank_config: a merge folds documents only; the bank's settings, "
                 "directives, webhooks and mental models are not merged (leave it out)"
             )
-        await run_in_thread(self.check_upload, archive, False)
-        return await self._submit_upload(
-            bank, archive, filename, {"document_conflict": conflict}, mode="merge"
-        )
+        return conflict
 
     async def _submit_upload(
         self,
