@@ -19,6 +19,7 @@ from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
 from heed.memory.archive import ArchiveLimits
+from heed.memory.archive_store import ExportQuota
 from heed.memory.config_service import BankConfigService
 from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
 from heed.memory.directive_service import DirectiveService
@@ -225,6 +226,9 @@ class Services:
             TransferLimits(
                 archive=ArchiveLimits(max_unpacked_bytes=settings.transfer_max_unpacked_bytes),
                 archive_ttl=settings.transfer_archive_ttl_seconds,
+                export_quota=ExportQuota(
+                    settings.export_tenant_max_count, settings.export_tenant_max_bytes
+                ),
             ),
             knowledge=memory_store,  # mental models and the knowledge base travel too
         )

@@ -394,6 +394,19 @@ class Settings(BaseSettings):
         description="How long an export's archive stays downloadable (and an uploaded "
         "archive waits for its import).",
     )
+    export_tenant_max_count: int = Field(
+        default=16,
+        ge=1,
+        description="Export archives one tenant may have stored at once (until they expire); "
+        "past it an export is refused with 429 (an unchanged bank's last export is reused "
+        "instead of stored again).",
+    )
+    export_tenant_max_bytes: int = Field(
+        default=8 * 1024**3,
+        ge=1024,
+        description="Bytes of export archives one tenant may have stored at once; an export "
+        "that would pass it is refused with 429.",
+    )
     transfer_max_unpacked_bytes: int = Field(
         default=16 * 1024**3,
         ge=1024,

@@ -48,6 +48,7 @@ from pydantic import BaseModel
 __all__ = [
     "BUSY_SESSION",
     "CONFLICT",
+    "EXPORT_QUOTA",
     "NOT_FOUND",
     "SSE_EVENT_SCHEMA",
     "TOO_MANY",
@@ -170,6 +171,18 @@ UPLOAD_REFUSED: Final[dict[int | str, dict[str, Any]]] = {
     },
 }
 """For the routes that take an upload (:mod:`heed.api.uploads`)."""
+
+
+EXPORT_QUOTA: Final[dict[int | str, dict[str, Any]]] = {
+    429: {
+        "model": ErrorDetail,
+        "description": "The tenant's stored exports are at its quota "
+        "(``HEED_EXPORT_TENANT_MAX_COUNT``, ``HEED_EXPORT_TENANT_MAX_BYTES``): ``detail`` "
+        "names it; ``Retry-After`` is when the oldest expires.",
+        "headers": _RETRY_AFTER,
+    }
+}
+"""For the routes that export a bank (:mod:`heed.memory.transfer`)."""
 
 
 def upload_body(field: str, description: str) -> dict[str, Any]:

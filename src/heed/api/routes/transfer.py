@@ -31,7 +31,7 @@ from fastapi.responses import StreamingResponse
 
 from heed.api.deps import MemoryDep, TransfersDep
 from heed.api.input_rules import MAX_ID_CHARS, MAX_LIST_ITEMS, IdPath
-from heed.api.openapi import CONFLICT, UPLOAD_REFUSED, upload_body
+from heed.api.openapi import CONFLICT, EXPORT_QUOTA, UPLOAD_REFUSED, upload_body
 from heed.api.routing import HeedRoute
 from heed.api.uploads import receive_archive
 from heed.api.wire import transfer as wire
@@ -74,7 +74,7 @@ IncludeHistory = Annotated[
 ]
 
 
-@router.post(f"{BANK}/transfer/export", status_code=202)
+@router.post(f"{BANK}/transfer/export", status_code=202, responses=EXPORT_QUOTA)
 async def export_bank(
     bank_id: IdPath,
     engine: MemoryDep,
@@ -186,7 +186,7 @@ async def clone_bank(
     return wire.BankTransferSubmitResponse(operation_id=run.id)
 
 
-@router.post(f"{BANK}/document-transfer/export", status_code=202)
+@router.post(f"{BANK}/document-transfer/export", status_code=202, responses=EXPORT_QUOTA)
 async def export_documents(
     bank_id: IdPath,
     engine: MemoryDep,
