@@ -294,7 +294,8 @@ def test_an_upload_is_spooled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             stop.set()
             sampler.join()
     assert response.status_code == 400, response.text  # not an archive: refused after the read
-    assert len(payload) <= peak < 1.25 * len(payload), peak  # one copy (was two)
+    # seen spooled (sampled: its last MiB may come and go between two looks), never twice
+    assert 0.5 * len(payload) <= peak < 1.25 * len(payload), peak
 
 
 def test_a_client_that_leaves_mid_upload_leaves_nothing(server: LiveServer) -> None:
