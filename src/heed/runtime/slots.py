@@ -31,8 +31,8 @@ number of slots and a bounded queue. The rules:
   ``max_wait`` is refused too. Refusal is :class:`LaneFull`, with a
   ``retry_after`` hint (the HTTP layer answers 503 with ``Retry-After``).
 
-Background work (memory consolidation: ``lane.slot(background=True)``) goes through the
-same lanes, with a lower priority rather than a pool of its own:
+Background work (consolidation, mental-model refreshes, bank transfers:
+``lane.slot(background=True)``) goes through the same lanes, with a lower priority rather than a pool of its own:
 
 - **Interactive first.** A background waiter is granted a slot only when no interactive
   waiter is queued in the lane; a freed slot goes to interactive waiters first (by the
@@ -51,7 +51,9 @@ same lanes, with a lower priority rather than a pool of its own:
 - **Never starved forever.** A background waiter that has waited over
   ``background_max_defer`` seconds is served as if it were interactive (cheap) work: it
   takes the next freed slot unless an interactive waiter that may take it arrived
-  before it (still within ``background_capacity``).
+  before it (still within ``background_capacity``). Aging orders background work against
+  interactive work only: between tenants the ring decides (the first tenant in it whose
+  oldest waiter has aged competes), so an aged backlog never jumps another tenant.
 - **Fair between tenants, never refused.** Background waiters queue per tenant (the
   active context's: a run's), first in, first out within a tenant (cost and ``dear`` do
   not apply), and a slot free for background work goes round-robin over the tenants
