@@ -32,7 +32,8 @@ number of slots and a bounded queue. The rules:
   ``retry_after`` hint (the HTTP layer answers 503 with ``Retry-After``).
 
 Background work (consolidation, mental-model refreshes, bank transfers:
-``lane.slot(background=True)``) goes through the same lanes, with a lower priority rather than a pool of its own:
+``lane.slot(background=True)``) goes through the same lanes, with a lower priority rather
+than a pool of its own:
 
 - **Interactive first.** A background waiter is granted a slot only when no interactive
   waiter is queued in the lane; a freed slot goes to interactive waiters first (by the
