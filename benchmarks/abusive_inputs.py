@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -711,6 +712,414 @@ def archive_check_memory(server: Server) -> dict[str, Any]:
     return _with_tenant_b(server, work)
 
 
+# -- admission: uploads, background work and exports (issue 37: findings 5, 8, 11) -------------
+#
+# Each starts a server of its own (the settings it needs; a data dir it can look into) and
+# measures, while /health is polled, what one tenant's abuse costs the server and another
+# tenant:
+#
+# - ``upload_spool``: tenant A sends 6 uploads of 200 MiB at once to .../transfer/import
+#   (with ``Expect: 100-continue``, as curl does) while tenant B retains one item every
+#   0.2 s. HEED_UPLOAD_SPOOL_TENANT_BYTES is 512 MiB here, so two are taken and four refused
+#   before their body is sent. Measured: A's statuses and how soon the refusals came, the
+#   peak spooled bytes (/metrics, and the spool directory's free space sampled every 10 ms),
+#   the server's peak RSS, B's retain latency against its own baseline;
+# - ``background_fairness``: tenant A creates 70 mental models with ``refresh_after_retain``
+#   (each a refresh taking 0.2 s of a scripted LLM through the reflect lane's one background
+#   slot), then tenant B creates one. Measured: how long B's refresh waited and ran, how
+#   many of A's were still waiting when B's finished, whether any refresh failed;
+# - ``export_quota``: tenant A exports one bank of 2,000 memories 25 times, then 20 other
+#   banks once (HEED_EXPORT_TENANT_MAX_COUNT 16), while B retains. Measured: what is stored
+#   (count, bytes: read from the data dir's database), the statuses, each export's time.
+
+ADMISSION_METRICS_KEY = "bench-metrics-key-0123456789"
+MIB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def _admission_server(extra: dict[str, str]) -> Iterator[tuple[Server, str]]:
+    env = {
+        **scripted_env(0.0),
+        "HEED_API_KEYS": f"{KEY_A}=a,{KEY_B}=b",
+        "HEED_METRICS_KEY": ADMISSION_METRICS_KEY,
+        **extra,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="heed-admission-") as data_dir,
+        serve(data_dir, env) as server,
+    ):
+        yield server, data_dir
+
+
+def _metric(server: Server, name: str) -> float | None:
+    text = httpx.get(
+        f"{server.url}/metrics",
+        headers={"Authorization": f"Bearer {ADMISSION_METRICS_KEY}"},
+        timeout=10,
+    ).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+class _Retainer:
+    """Tenant B retains one item every *interval* seconds in a thread; records latencies."""
+
+    def __init__(self, server: Server, bank: str, interval: float = 0.2) -> None:
+        self.server, self.bank, self.interval = server, bank, interval
+        self.latencies: list[float] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.server.url, headers=B, timeout=60) as http:
+            i = 0
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                response = http.post(
+                    f"/v1/default/banks/{self.bank}/memories",
+                    json={"items": [{"content": f"B's note number {i}."}]},
+                )
+                if response.status_code == 200:
+                    self.latencies.append((time.perf_counter() - started) * 1000)
+                else:
+                    self.failures += 1
+                i += 1
+                self._stop.wait(self.interval)
+
+    def __enter__(self) -> _Retainer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, prefix: str) -> dict[str, Any]:
+        values = self.latencies
+        return {
+            f"{prefix}_retains": len(values),
+            f"{prefix}_retain_failures": self.failures,
+            f"{prefix}_retain_p50_ms": round(percentile(values, 50), 1) if values else None,
+            f"{prefix}_retain_p99_ms": round(percentile(values, 99), 1) if values else None,
+            f"{prefix}_retain_max_ms": round(max(values), 1) if values else None,
+        }
+
+
+def _baseline_retains(server: Server, bank: str, count: int = 15) -> dict[str, Any]:
+    retainer = _Retainer(server, bank, interval=0.05)
+    with retainer:
+        wait_until = time.monotonic() + 30
+        while len(retainer.latencies) < count and time.monotonic() < wait_until:
+            time.sleep(0.05)
+    return retainer.summary("b_baseline")
+
+
+def _new_bank(server: Server, headers: dict[str, str], bank: str) -> None:
+    httpx.put(
+        f"{server.url}/v1/default/banks/{bank}", json={}, headers=headers, timeout=30
+    ).raise_for_status()
+
+
+class _Sampler:
+    """Samples the spool directory's free space and the server's RSS every 10 ms."""
+
+    def __init__(self, server: Server, directory: str) -> None:
+        self.server, self.directory = server, directory
+        self.free_before = shutil.disk_usage(directory).free
+        self.min_free = self.free_before
+        self.peak_rss_mb = _rss_mb(server)
+        self.rss_before_mb = self.peak_rss_mb
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.min_free = min(self.min_free, shutil.disk_usage(self.directory).free)
+            self.peak_rss_mb = max(self.peak_rss_mb, _rss_mb(self.server))
+            self._stop.wait(0.01)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _upload(server: Server, bank: str, size: int, outcome: dict[str, Any]) -> None:
+    """One upload of *size* bytes over a raw socket, its body sent only after the server's
+    ``100 Continue`` (the route checked it and reads it); *outcome* gets what happened."""
+    boundary = "heedbenchboundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        'filename="big.zip"\r\nContent-Type: application/zip\r\n\r\n'
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    block = bytes(range(256)) * (MIB // 256)
+    started = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.sendall(
+            (
+                f"POST /v1/default/banks/{bank}/transfer/import HTTP/1.1\r\n"
+                f"Host: 127.0.0.1\r\nAuthorization: Bearer {KEY_A}\r\n"
+                f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+                f"Content-Length: {len(head) + size + len(tail)}\r\n"
+                "Expect: 100-continue\r\n\r\n"
+            ).encode()
+        )
+        first = sock.recv(65536)
+        if first.startswith(b"HTTP/1.1 100"):
+            sock.sendall(head)
+            for _ in range(size // MIB):
+                sock.sendall(block)
+            sock.sendall(tail)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+            outcome["body_sent"] = True
+        else:
+            answer = first
+            outcome["body_sent"] = False
+    outcome["status"] = int(answer.split()[1]) if answer else None
+    outcome["seconds"] = round(time.perf_counter() - started, 3)
+
+
+def upload_spool(_: Server) -> dict[str, Any]:
+    extra = {"HEED_UPLOAD_SPOOL_TENANT_BYTES": str(512 * MIB)}
+    with _admission_server(extra) as (server, _data_dir):
+        _new_bank(server, A, "uploads")
+        _new_bank(server, B, "notes")
+        baseline = _baseline_retains(server, "notes")
+        outcomes: list[dict[str, Any]] = []
+
+        def work() -> dict[str, Any]:
+            sampler = _Sampler(server, tempfile.gettempdir())
+            with sampler, _Retainer(server, "notes") as retainer:
+                time.sleep(0.5)
+                for _wave in range(3):  # three waves of six, for enough of B's retains
+                    wave: list[dict[str, Any]] = [{} for _ in range(6)]
+                    threads = [
+                        threading.Thread(target=_upload, args=(server, "uploads", 200 * MIB, o))
+                        for o in wave
+                    ]
+                    for thread in threads:
+                        thread.start()
+                    for thread in threads:
+                        thread.join()
+                    outcomes.extend(wave)
+                    time.sleep(0.5)
+            refused = [o["seconds"] for o in outcomes if o.get("status") == 429]
+            during = retainer.summary("b_during")
+            return {
+                "uploads": outcomes[:6],
+                "statuses": {
+                    str(k): sum(1 for o in outcomes if o.get("status") == k)
+                    for k in sorted({o.get("status") or 0 for o in outcomes})
+                },
+                "refused_within_max_s": max(refused) if refused else None,
+                "spool_peak_mb_metrics": _mb(_metric(server, "heed_upload_spool_peak_bytes")),
+                "disk_used_peak_mb": round((sampler.free_before - sampler.min_free) / MIB, 1),
+                "server_rss_before_mb": round(sampler.rss_before_mb, 1),
+                "server_rss_peak_mb": round(sampler.peak_rss_mb, 1),
+                **baseline,
+                **during,
+                "b_retain_p99_increase_ms": _increase(baseline, during),
+            }
+
+        return _during(server, work)
+
+
+def _increase(baseline: dict[str, Any], during: dict[str, Any]) -> float | None:
+    before, after = baseline.get("b_baseline_retain_p99_ms"), during.get("b_during_retain_p99_ms")
+    return round(after - before, 1) if before is not None and after is not None else None
+
+
+def _mb(value: float | None) -> float | None:
+    return round(value / MIB, 1) if value is not None else None
+
+
+def _run_phase(server: Server, run_id: str, headers: dict[str, str]) -> dict[str, Any]:
+    run: dict[str, Any] = httpx.get(
+        f"{server.url}/v1/runs/{run_id}", headers=headers, timeout=10
+    ).json()
+    return run
+
+
+def _wait_run(server: Server, run_id: str, headers: dict[str, str], seconds: float) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        run = _run_phase(server, run_id, headers)
+        if run["phase"] in ("completed", "failed", "cancelled", "interrupted"):
+            return run
+        if time.monotonic() > deadline:
+            return run
+        time.sleep(0.02)
+
+
+def background_fairness(_: Server) -> dict[str, Any]:
+    script = {
+        "replies": [
+            {"when": "flood", "latency": 0.2, "text": "A flood answer."},
+            {"when": "pets", "text": "Alice has two cats."},
+        ]
+    }
+    extra = {"HEED_LLM_SCRIPT": json.dumps(script), "HEED_REFLECT_CONCURRENCY": "2"}
+    with _admission_server(extra) as (server, _data_dir):
+        for headers, bank in ((A, "flooded"), (B, "pets")):
+            _new_bank(server, headers, bank)
+            httpx.post(
+                f"{server.url}/v1/default/banks/{bank}/memories",
+                json={"items": [{"content": "Alice has two cats, Tom and Jerry."}]},
+                headers=headers,
+                timeout=30,
+            ).raise_for_status()
+
+        def work() -> dict[str, Any]:
+            flood = []
+            with httpx.Client(base_url=server.url, headers=A, timeout=30) as http:
+                for i in range(70):
+                    created = http.post(
+                        "/v1/default/banks/flooded/mental-models",
+                        json={
+                            "name": f"flood {i}",
+                            "source_query": f"flood {i}?",
+                            "trigger": {"refresh_after_retain": True},
+                        },
+                    ).json()
+                    flood.append(created["operation_id"])
+            started = time.perf_counter()
+            mine = httpx.post(
+                f"{server.url}/v1/default/banks/pets/mental-models",
+                json={"name": "pets", "source_query": "What pets does Alice have?"},
+                headers=B,
+                timeout=30,
+            ).json()["operation_id"]
+            run = _wait_run(server, mine, B, 300)
+            b_seconds = time.perf_counter() - started
+            a_open = sum(
+                1
+                for r in flood
+                if _run_phase(server, r, A)["phase"] not in ("completed", "failed", "cancelled")
+            )
+            a_runs = [_wait_run(server, r, A, 300) for r in flood]
+            a_seconds = time.perf_counter() - started
+            phases = [r["phase"] for r in a_runs]
+            return {
+                "a_refreshes": len(flood),
+                "a_phases": {p: phases.count(p) for p in sorted(set(phases))},
+                "a_all_done_after_s": round(a_seconds, 1),
+                "b_refresh_phase": run["phase"],
+                "b_refresh_error": run.get("error"),
+                "b_refresh_waited_and_ran_s": round(b_seconds, 2),
+                "a_refreshes_still_open_when_b_finished": a_open,
+            }
+
+        return _during(server, work)
+
+
+def _stored_exports(data_dir: str) -> tuple[int, int]:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"{data_dir}/heed.db", timeout=30)) as conn:
+        row = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(byte_size), 0) FROM transfer_archives"
+            " WHERE kind = 'export'"
+        ).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def _export_and_wait(server: Server, bank: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    response = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/transfer/export", headers=A, timeout=60
+    )
+    if response.status_code != 202:
+        return {"status": response.status_code, "seconds": time.perf_counter() - started}
+    operation = response.json()["operation_id"]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status = httpx.get(
+            f"{server.url}/v1/default/banks/{bank}/operations/{operation}", headers=A, timeout=10
+        ).json()
+        if status["status"] in ("completed", "failed", "cancelled"):
+            break
+        time.sleep(0.05)
+    meta = status.get("result_metadata") or {}
+    return {
+        "status": 202,
+        "outcome": status["status"],
+        "reused": meta.get("reused"),
+        "byte_size": meta.get("byte_size"),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def export_quota(_: Server) -> dict[str, Any]:
+    with _admission_server({}) as (server, data_dir):
+        _new_bank(server, A, "big")
+        items = [
+            {"content": f"Memory {i}: Ottoline keeps {i % 7} tabby cats."} for i in range(2000)
+        ]
+        for start in range(0, len(items), 500):
+            httpx.post(
+                f"{server.url}/v1/default/banks/big/memories",
+                json={"items": items[start : start + 500]},
+                headers=A,
+                timeout=300,
+            ).raise_for_status()
+        for i in range(20):
+            _new_bank(server, A, f"small-{i}")
+            httpx.post(
+                f"{server.url}/v1/default/banks/small-{i}/memories",
+                json={"items": [{"content": f"Small bank {i}."}]},
+                headers=A,
+                timeout=30,
+            ).raise_for_status()
+        _new_bank(server, B, "notes")
+        baseline = _baseline_retains(server, "notes")
+
+        def work() -> dict[str, Any]:
+            with _Retainer(server, "notes") as retainer:
+                same = [_export_and_wait(server, "big") for _ in range(25)]
+                stored_after_same = _stored_exports(data_dir)
+                others = [_export_and_wait(server, f"small-{i}") for i in range(20)]
+            stored = _stored_exports(data_dir)
+
+            def tally(results: list[dict[str, Any]]) -> dict[str, int]:
+                keys = [
+                    f"{r['status']}:{r.get('outcome', '')}:{'reused' if r.get('reused') else ''}"
+                    for r in results
+                ]
+                return {k: keys.count(k) for k in sorted(set(keys))}
+
+            return {
+                "archive_bytes": same[0].get("byte_size"),
+                "same_bank_25": tally(same),
+                "same_bank_first_export_s": round(same[0]["seconds"], 2),
+                "same_bank_reused_export_p50_s": round(
+                    percentile([r["seconds"] for r in same[1:]], 50), 2
+                ),
+                "stored_after_same_bank": {
+                    "count": stored_after_same[0],
+                    "mb": round(stored_after_same[1] / MIB, 2),
+                },
+                "other_banks_20": tally(others),
+                "stored_after_all": {"count": stored[0], "mb": round(stored[1] / MIB, 2)},
+                **baseline,
+                **retainer.summary("b_during"),
+                "b_retain_p99_increase_ms": _increase(baseline, retainer.summary("b_during")),
+            }
+
+        return _during(server, work)
+
+
 SCENARIOS: dict[str, Callable[[Server], dict[str, Any]]] = {
     "tags_60000": tags_60000,
     "retain_1000_items_64_tags": retain_1000_items,
@@ -723,6 +1132,9 @@ SCENARIOS: dict[str, Callable[[Server], dict[str, Any]]] = {
     "file_bombs": file_bombs,
     "file_parse_cancel": file_parse_cancel,
     "archive_check_memory": archive_check_memory,
+    "upload_spool": upload_spool,
+    "background_fairness": background_fairness,
+    "export_quota": export_quota,
     "key_guessing": key_guessing,  # last: it throttles this address for a minute
 }
 

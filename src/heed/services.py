@@ -20,6 +20,7 @@ from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
 from heed.memory.archive import ArchiveLimits
+from heed.memory.archive_store import ExportQuota
 from heed.memory.config_service import BankConfigService
 from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
 from heed.memory.directive_service import DirectiveService
@@ -248,6 +249,9 @@ class Services:
                     memory_bytes=settings.transfer_check_memory_bytes,
                     wall_seconds=settings.transfer_check_seconds,
                     nice=10,
+                ),
+                export_quota=ExportQuota(
+                    settings.export_tenant_max_count, settings.export_tenant_max_bytes
                 ),
             ),
             knowledge=memory_store,  # mental models and the knowledge base travel too

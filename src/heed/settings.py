@@ -76,6 +76,29 @@ class Settings(BaseSettings):
         description="Largest bank archive an import takes (multipart, spooled to a temporary "
         "file, not held in memory); other request bodies: HEED_MAX_BODY_BYTES.",
     )
+    # Uploads (heed.api.uploads): a bank archive's bytes, spooled to disk as they arrive.
+    upload_spool_dir: Path | None = Field(
+        default=None,
+        description="Where uploads are spooled (temporary files, deleted when the request "
+        "ends); unset: the system's temporary directory.",
+    )
+    upload_spool_tenant_bytes: int = Field(
+        default=4 * 1024**3,
+        ge=1024,
+        description="Upload bytes one tenant's uploads in progress may hold at once (a "
+        "declared Content-Length counts from the start); past it: 429.",
+    )
+    upload_spool_max_bytes: int = Field(
+        default=8 * 1024**3,
+        ge=1024,
+        description="Upload bytes all tenants' uploads in progress may hold at once; past it: 429.",
+    )
+    upload_min_free_bytes: int = Field(
+        default=1024**3,
+        ge=0,
+        description="Free space the upload directory keeps: an upload that would leave less "
+        "(counting what the uploads in progress will still write) is refused with 507.",
+    )
     # Connections (heed.api.connection): what a client may hold open without sending.
     max_head_bytes: int = Field(
         default=64 * 1024,
@@ -176,8 +199,9 @@ class Settings(BaseSettings):
     background_max_queue: int = Field(
         default=64,
         ge=1,
-        description="Background waiters one lane may hold; past it more background work is "
-        "refused (a consolidation run fails with 503; its facts stay pending for the next).",
+        description="Background waiters one tenant may have queued in one lane (tenants are "
+        "served round robin); its waiters past it are deferred: they wait behind its queued "
+        "ones, not aging, and background work is never refused.",
     )
     offload_threads: int = Field(default=32, ge=1)
 
@@ -369,6 +393,19 @@ class Settings(BaseSettings):
         gt=0,
         description="How long an export's archive stays downloadable (and an uploaded "
         "archive waits for its import).",
+    )
+    export_tenant_max_count: int = Field(
+        default=16,
+        ge=1,
+        description="Export archives one tenant may have stored at once (until they expire); "
+        "past it an export is refused with 429 (an unchanged bank's last export is reused "
+        "instead of stored again).",
+    )
+    export_tenant_max_bytes: int = Field(
+        default=8 * 1024**3,
+        ge=1024,
+        description="Bytes of export archives one tenant may have stored at once; an export "
+        "that would pass it is refused with 429.",
     )
     transfer_max_unpacked_bytes: int = Field(
         default=16 * 1024**3,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from heed.api.app import create_app
-from heed.runtime import Lane, LaneFull
+from heed.runtime import Lane
 from heed.services import build_lanes
 from heed.settings import InvalidSettings, Settings, load_settings
 from tests.support import metric_value
@@ -77,7 +77,8 @@ async def hold(lane: Lane, got: asyncio.Event, release: asyncio.Event) -> None:
 async def test_the_settings_bound_background_work_in_a_built_lane(tmp_path: Path) -> None:
     """What the settings change, seen in the lane's behaviour: one background slot of
     three (a second background acquire waits while two slots are free), and a queue of
-    one (the next background acquire is refused)."""
+    one per tenant (the next background acquire of the same tenant is deferred, not
+    refused)."""
     lanes = build_lanes(
         Settings(
             data_dir=tmp_path,
@@ -87,21 +88,20 @@ async def test_the_settings_bound_background_work_in_a_built_lane(tmp_path: Path
         )
     )
     lane = lanes["recall"]
-    got = [asyncio.Event(), asyncio.Event()]
+    got = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
     release = asyncio.Event()
     first = asyncio.create_task(hold(lane, got[0], release))
     await asyncio.wait_for(got[0].wait(), 5)
     second = asyncio.create_task(hold(lane, got[1], release))
+    third = asyncio.create_task(hold(lane, got[2], release))
     await asyncio.sleep(0.05)
     stats = lane.stats()
     assert (stats.in_use, stats.background_in_use, stats.background_queued) == (1, 1, 1)
+    assert stats.background_deferred == 1 and stats.rejected_total == 0
     assert not got[1].is_set()  # two slots free, but the background share is taken
-    with pytest.raises(LaneFull):
-        async with lane.slot(background=True):
-            pass
     release.set()
-    await asyncio.wait_for(asyncio.gather(first, second), 5)
-    assert got[1].is_set()
+    await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+    assert got[1].is_set() and got[2].is_set()
     assert lane.stats().in_use == 0
 
 
@@ -118,6 +118,7 @@ async def test_metrics_show_the_background_share_of_each_lane(tmp_path: Path) ->
     for lane in ("recall", "reflect", "retain", "turn"):
         assert f'heed_lane_background_in_use{{lane="{lane}"}} 0.0' in text
         assert f'heed_lane_background_queued{{lane="{lane}"}} 0.0' in text
+        assert f'heed_lane_background_deferred{{lane="{lane}"}} 0.0' in text
     # the consolidation kind has max_attempts: its requeue and quarantine series exist
     assert 'heed_runs_requeued_total{kind="consolidation"} 0.0' in text
     assert 'heed_runs_quarantined_total{kind="consolidation"} 0.0' in text

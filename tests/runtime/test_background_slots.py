@@ -1,4 +1,5 @@
-"""Background work in lanes: interactive first, a reserved slot, aging, never shed for waiting."""
+"""Background work in lanes: interactive first, a reserved slot, aging, fair between tenants,
+never shed or refused."""
 
 from __future__ import annotations
 
@@ -308,25 +309,123 @@ async def test_background_waiters_are_never_shed_and_do_not_count_in_the_wait() 
     assert order == ["holder", "bg0", "bg1", "bg2"]
 
 
-async def test_a_full_background_queue_refuses() -> None:
+async def test_past_its_queue_a_tenants_background_work_is_deferred_not_refused() -> None:
     lane = Lane("retain", capacity=1, max_queue=10, background_max_queue=2, retry_after=4)
     order: list[str] = []
     release = asyncio.Event()
     holder = asyncio.create_task(_hold(lane, "holder", release, order))
     await _settle()
-    queued = [
+    waiting = [
         asyncio.create_task(_hold(lane, f"bg{i}", release, order, background=True))
-        for i in range(2)
+        for i in range(5)
     ]
     await _settle()
-    with pytest.raises(LaneFull, match="background work") as caught:
-        async with lane.slot(background=True):
-            pytest.fail("must not start")
-    assert caught.value.retry_after == 4
-    assert lane.stats().rejected_total == 1 and lane.stats().background_queued == 2
+    stats = lane.stats()
+    # two queued, three deferred behind them; nothing refused
+    assert (stats.background_queued, stats.background_deferred) == (2, 3)
+    assert stats.rejected_total == 0 and not any(task.done() for task in waiting)
     release.set()
-    await asyncio.gather(holder, *queued)
-    assert order == ["holder", "bg0", "bg1"]
+    await asyncio.wait_for(asyncio.gather(holder, *waiting), 5)
+    assert order == ["holder", "bg0", "bg1", "bg2", "bg3", "bg4"]  # in order, all ran
+    stats = lane.stats()
+    assert (stats.background_queued, stats.background_deferred, stats.in_use) == (0, 0, 0)
+
+
+async def test_background_slots_go_round_robin_over_tenants() -> None:
+    """Finding 8 of issue 37: tenant A's 70 background waiters (mental-model refreshes)
+    used to fill the one FIFO queue of 64, so B's refresh was refused at once. Now B's
+    waits behind at most one of A's, and none of A's is refused either."""
+    lane = Lane("reflect", capacity=2, max_queue=10, background_max_queue=64)
+    assert lane.background_capacity == 1
+    order: list[str] = []
+    release = {name: asyncio.Event() for name in ("first", "rest")}
+    first = asyncio.create_task(_hold(lane, "a0", release["first"], order, background=True))
+    await _settle()
+    flood = [
+        asyncio.create_task(
+            _hold(lane, f"a{i}", release["rest"], order, background=True, tenant="a")
+        )
+        for i in range(1, 70)
+    ]
+    await _settle()
+    other = asyncio.create_task(
+        _hold(lane, "b", release["rest"], order, background=True, tenant="b")
+    )
+    await _settle()
+    stats = lane.stats()
+    assert stats.rejected_total == 0 and not other.done()
+    assert (stats.background_queued, stats.background_deferred) == (64 + 1, 5)
+    release["rest"].set()
+    release["first"].set()
+    await asyncio.wait_for(asyncio.gather(first, other, *flood), 10)
+    # a0 held the slot; a1 arrived first in A's queue, then B's turn came
+    assert order[:3] == ["a0", "a1", "b"], order[:5]
+    assert sorted(order) == sorted(["b", *(f"a{i}" for i in range(70))])
+
+
+async def test_an_aged_tenant_does_not_jump_the_ring_over_a_younger_one() -> None:
+    # Aging lets background work compete with interactive work; between tenants the ring
+    # still decides: A's aged backlog does not keep B's newer waiter behind it.
+    lane = Lane("reflect", capacity=2, max_queue=10, background_max_defer=0.05)
+    order: list[str] = []
+    release_first, release_rest = asyncio.Event(), asyncio.Event()
+    first = asyncio.create_task(_hold(lane, "a0", release_first, order, background=True))
+    await _settle()
+    flood = [
+        asyncio.create_task(_hold(lane, f"a{i}", release_rest, order, background=True, tenant="a"))
+        for i in range(1, 6)
+    ]
+    await asyncio.sleep(0.2)  # A's waiters have aged
+    other = asyncio.create_task(_hold(lane, "b", release_rest, order, background=True, tenant="b"))
+    await _settle()
+    release_rest.set()
+    release_first.set()
+    await asyncio.wait_for(asyncio.gather(first, other, *flood), 5)
+    assert order[:3] == ["a0", "a1", "b"], order
+
+
+async def test_a_deferred_waiter_ages_from_when_it_joined_its_queue() -> None:
+    lane = Lane("turn", capacity=1, max_queue=10, background_max_queue=1, background_max_defer=0.1)
+    order: list[str] = []
+    release_holder, release_rest = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(_hold(lane, "holder", release_holder, order))
+    await _settle()
+    bgs = [
+        asyncio.create_task(_hold(lane, f"bg{i}", release_rest, order, background=True))
+        for i in range(2)
+    ]
+    await asyncio.sleep(0.3)  # past the deferral: the queued one has aged, the deferred not
+    user = asyncio.create_task(_hold(lane, "user", release_rest, order, tenant="u"))
+    await _settle()
+    release_rest.set()
+    release_holder.set()
+    await asyncio.wait_for(asyncio.gather(holder, user, *bgs), 5)
+    # bg0 aged before the user came: it goes first; bg1 joined the queue only then, so
+    # the user (who arrived before it joined) goes next
+    assert order == ["holder", "bg0", "user", "bg1"]
+
+
+async def test_cancelling_a_deferred_background_waiter_takes_it_out_at_once() -> None:
+    lane = Lane("retain", capacity=1, max_queue=10, background_max_queue=1)
+    order: list[str] = []
+    release = asyncio.Event()
+    holder = asyncio.create_task(_hold(lane, "holder", release, order))
+    await _settle()
+    queued = asyncio.create_task(_hold(lane, "queued", release, order, background=True))
+    token = CancellationToken()
+    deferred = asyncio.create_task(
+        _hold(lane, "deferred", release, order, background=True, token=token)
+    )
+    await _settle()
+    assert lane.stats().background_deferred == 1
+    token.cancel("the bank was deleted")
+    with pytest.raises(OperationCancelled):
+        await asyncio.wait_for(deferred, 1)
+    stats = lane.stats()
+    assert (stats.background_queued, stats.background_deferred) == (1, 0)
+    release.set()
+    await asyncio.gather(holder, queued)
+    assert order == ["holder", "queued"]
 
 
 async def test_background_work_cannot_be_dear() -> None:
@@ -345,8 +444,8 @@ def test_background_limits_default_and_are_checked() -> None:
         Lane("x", capacity=2, max_queue=1, background_capacity=0)
     with pytest.raises(ValueError, match="background_max_defer"):
         Lane("x", capacity=2, max_queue=1, background_max_defer=-1.0)
-    with pytest.raises(ValueError, match="background_max_queue"):
-        Lane("x", capacity=2, max_queue=1, background_max_queue=-1)
+    with pytest.raises(ValueError, match="background_max_queue >= 1"):
+        Lane("x", capacity=2, max_queue=1, background_max_queue=0)
 
 
 async def test_background_work_in_any_lane_waits_while_interactive_cpu_work_fills_the_cores() -> (

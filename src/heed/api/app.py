@@ -42,6 +42,7 @@ from heed.api.routing import HeedRoute
 from heed.api.run_metrics import install_run_metrics
 from heed.api.streams import StreamSlots
 from heed.api.throttle import FailureThrottle
+from heed.api.uploads import SpoolBudget, spool_collector
 from heed.mcp import build_mcp_server, http_endpoint
 from heed.services import Services
 from heed.settings import Settings
@@ -105,6 +106,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.revocations = Revocations(services.revocation_store)
     app.state.admission = Admission(settings.max_in_flight, settings.tenant_max_in_flight)
     app.state.stream_slots = StreamSlots(settings.tenant_max_streams)
+    app.state.spool = SpoolBudget(
+        settings.upload_spool_dir,
+        tenant_bytes=settings.upload_spool_tenant_bytes,
+        total_bytes=settings.upload_spool_max_bytes,
+        min_free_bytes=settings.upload_min_free_bytes,
+    )
+    app.state.metrics.registry.register(spool_collector(app.state.spool))
     install_error_handlers(app)
     for memory_router in (banks, observations, memories, documents, operations, reflect, files):
         app.include_router(memory_router.router)
@@ -136,6 +144,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         public_admission=Admission(settings.public_max_in_flight),
         throttle=FailureThrottle(settings.auth_max_failures, settings.auth_failure_window_seconds),
         revocations=app.state.revocations,
+        spool=app.state.spool,
     )
     return app
 

@@ -146,7 +146,14 @@ class _LaneCollector(Collector):
             ),
             "queued": GaugeMetricFamily(
                 "heed_lane_background_queued",
-                "Background work waiting for a slot (not part of heed_lane_queued)",
+                "Background work waiting for a slot in its tenant's queue (not part of "
+                "heed_lane_queued)",
+                labels=["lane"],
+            ),
+            "deferred": GaugeMetricFamily(
+                "heed_lane_background_deferred",
+                "Background work deferred past its tenant's queue (HEED_BACKGROUND_MAX_QUEUE; "
+                "not part of heed_lane_background_queued)",
                 labels=["lane"],
             ),
         }
@@ -167,6 +174,7 @@ class _LaneCollector(Collector):
             background["capacity"].add_metric([stats.name], lane.background_capacity)
             background["in_use"].add_metric([stats.name], stats.background_in_use)
             background["queued"].add_metric([stats.name], stats.background_queued)
+            background["deferred"].add_metric([stats.name], stats.background_deferred)
             rejected.add_metric([stats.name], stats.rejected_total + stats.shed_total)
             dequeued.add_metric([stats.name], stats.cancelled_in_queue_total)
         yield from gauges.values()

@@ -15,10 +15,14 @@ exactly that to everything inside it). For each HTTP request it:
    its body holds no place; the place is given back when the response starts. Callers
    without credentials on public paths have an admission of their own;
 4. reads the body, answering 413 once it passes ``max_body_bytes``, and 400 when
-   it breaks the text rule (:mod:`heed.api.input_rules`); an upload (a multipart body to a
-   path ``upload_paths`` matches: a bank archive's import) may reach ``max_upload_bytes``
-   and is spooled to a temporary file past :data:`SPOOL_IN_MEMORY` bytes, not held in
-   memory, then handed to the app a :data:`UPLOAD_CHUNK` at a time;
+   it breaks the text rule (:mod:`heed.api.input_rules`). An upload (a multipart body to a
+   path ``upload_paths`` matches: a bank archive's import) is not read here: it may reach
+   ``max_upload_bytes``; its bytes are claimed from the :class:`~heed.api.uploads.SpoolBudget`
+   before anything is read (429 or 507 past a bound, :mod:`heed.api.uploads`) and the app
+   runs at once, so the route checks the bank and its parameters first and then streams
+   the body into the claim's one spool file itself; the request takes its admission place
+   when the body has arrived, as any other, and the claim (its file, its bytes) is given
+   back when the request ends, however it ends;
 5. creates the request's :class:`~heed.runtime.CancellationToken` and
    :class:`~heed.runtime.RequestContext` and makes it the active context;
 6. owns ``receive``: a watcher task waits for ``http.disconnect`` and cancels the
@@ -41,9 +45,9 @@ import asyncio
 import json
 import logging
 import re
-import tempfile
 import time
-from typing import IO, Any, Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -54,6 +58,7 @@ from heed.api.input_rules import OFFLOAD_BODY_BYTES, body_problem, url_problem
 from heed.api.metrics import Metrics
 from heed.api.revocations import Revocations
 from heed.api.throttle import FailureThrottle
+from heed.api.uploads import STATE_KEY, SpoolBudget, SpoolClaim, UploadRefused
 from heed.runtime import OperationCancelled, RequestContext, run_in_thread, settle, use_context
 from heed.runtime.cancellation import CancellationToken
 
@@ -64,10 +69,6 @@ STATUS_CLIENT_CLOSED: Final = 499
 #: Cheap answers that must stay available under any load (load balancers, scrapers).
 _NOT_ADMITTED: Final = frozenset({"/health", "/metrics"})
 HEAD_ANSWERED: Final = "HEAD answered"
-#: An upload's bytes kept in memory before it is spooled to disk.
-SPOOL_IN_MEMORY: Final = 8 * 1024 * 1024
-#: What the app's ``receive`` gets of a spooled upload at a time.
-UPLOAD_CHUNK: Final = 1024 * 1024
 
 #: On every response. The UI loads nothing from another origin and runs no inline script
 #: or style, so its policy can be ``'self'`` throughout; no page of heed may be framed.
@@ -115,16 +116,31 @@ def _detail(message: str) -> str:
     return json.dumps({"detail": message})
 
 
+def _headers(refused: UploadRefused) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode(), v.encode()) for k, v in refused.headers.items()]
+
+
+def _close(claim: SpoolClaim) -> None:
+    """Close an upload's claim: its spool file is deleted, its bytes given back."""
+    try:
+        claim.close()
+    except OSError as exc:  # the file is unlinked already; its descriptor goes with it
+        log.warning("could not close an upload's spool file: %s", exc)
+
+
 class _BodyTooLarge(Exception):
     pass
 
 
-def _leaving_on_start(send: Send, gate: Admission, ticket: Ticket) -> Send:
-    """*send* that gives *ticket*'s place back as the response starts."""
+def _leaving_on_start(send: Send, gate: Admission, ticket: Callable[[], Ticket | None]) -> Send:
+    """*send* that gives the place of *ticket* (the request's, once it has one) back as
+    the response starts."""
 
     async def send_then_leave(message: Message) -> None:
         if message["type"] == "http.response.start":
-            gate.leave(ticket)  # answering: no longer the expensive part
+            held = ticket()
+            if held is not None:
+                gate.leave(held)  # answering: no longer the expensive part
         await send(message)
 
     return send_then_leave
@@ -151,23 +167,30 @@ def _head_only(send: Send, token: CancellationToken) -> Send:
 
 
 class _ReceiveOwner:
-    """Reads the request body (into memory, or with *spool* into a temporary file), then
-    watches the connection for a disconnect."""
+    """Reads the request body into memory, then watches the connection for a disconnect.
+
+    With *on_body_end* (an upload), nothing is read ahead: the app's ``receive`` calls are
+    passed the body as it arrives, counted against *limit*, and *on_body_end* runs with
+    its last piece (it may raise :class:`UploadRefused`, which reaches the app); the
+    watcher starts then."""
 
     def __init__(
-        self, receive: Receive, token: CancellationToken, limit: int, *, spool: bool = False
+        self,
+        receive: Receive,
+        token: CancellationToken,
+        limit: int,
+        *,
+        on_body_end: Callable[[], None] | None = None,
     ) -> None:
         self._receive = receive
         self._token = token
         self._limit = limit
         self._body_messages: list[Message] = []
-        # Closed by close(), which the middleware calls when the request is done.
-        self._spool: IO[bytes] | None = (
-            tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
-            if spool
-            else None
-        )
-        self._spooled_left = 0
+        self._on_body_end = on_body_end
+        #: An upload's: the body is streamed to the app, not read ahead.
+        self.upload = on_body_end is not None
+        self._streaming = self.upload
+        self._size = 0
         self.body = b""
         self._disconnected = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -175,35 +198,25 @@ class _ReceiveOwner:
 
     async def read_body(self) -> bool:
         """Buffer the whole body; False if the client left while sending it."""
-        size = 0
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 self._mark_disconnected()
                 return False
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self._limit:
-                raise _BodyTooLarge
-            if self._spool is not None:
-                self._spool.write(chunk)  # a page-cache write: microseconds a chunk
-            else:
-                self._body_messages.append(message)
+            self._count(message)
+            self._body_messages.append(message)
             if not message.get("more_body", False):
-                if self._spool is not None:
-                    self._spool.seek(0)
-                    self._spooled_left = size
-                else:
-                    self.body = b"".join(m.get("body", b"") for m in self._body_messages)
+                self.body = b"".join(m.get("body", b"") for m in self._body_messages)
                 return True
 
-    def close(self) -> None:
-        """Drop a spooled body (its temporary file)."""
-        if self._spool is not None:
-            self._spool.close()
+    def _count(self, message: Message) -> None:
+        self._size += len(message.get("body", b""))
+        if self._size > self._limit:
+            raise _BodyTooLarge
 
     def start_watching(self) -> None:
-        self._watcher = asyncio.create_task(self._watch(), name="heed-disconnect-watcher")
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(), name="heed-disconnect-watcher")
 
     async def stop_watching(self) -> None:
         """Stop the watcher and return once it has finished (:func:`heed.runtime.settle`)."""
@@ -223,15 +236,37 @@ class _ReceiveOwner:
         self._token.cancel(CLIENT_DISCONNECTED)
 
     async def receive(self) -> Message:
-        """The ``receive`` the app sees: the buffered body, then the disconnect."""
+        """The ``receive`` the app sees: the body (buffered, or streamed for an upload),
+        then the disconnect."""
         if self._body_messages:
             return self._body_messages.pop(0)
-        if self._spool is not None and self._spooled_left > 0:
-            chunk = self._spool.read(min(UPLOAD_CHUNK, self._spooled_left))
-            self._spooled_left -= len(chunk)
-            return {"type": "http.request", "body": chunk, "more_body": self._spooled_left > 0}
+        if self._streaming:
+            return await self._stream()
         await self._disconnected.wait()
         return {"type": "http.disconnect"}
+
+    async def _stream(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self._streaming = False
+            self._mark_disconnected()
+            return message
+        try:
+            self._count(message)
+        except _BodyTooLarge:
+            raise UploadRefused(_too_large(self._limit, upload=True), 413) from None
+        if not message.get("more_body", False):
+            self._streaming = False
+            assert self._on_body_end is not None
+            self._on_body_end()
+            self.start_watching()
+        return message
+
+
+def _too_large(limit: int, *, upload: bool) -> str:
+    if upload:
+        return f"upload exceeds the limit of {limit} bytes (the server's HEED_MAX_UPLOAD_BYTES)"
+    return f"request body exceeds the limit of {limit} bytes (the server's HEED_MAX_BODY_BYTES)"
 
 
 class RequestLifecycleMiddleware:
@@ -251,6 +286,7 @@ class RequestLifecycleMiddleware:
         public_admission: Admission | None = None,
         throttle: FailureThrottle | None = None,
         revocations: Revocations | None = None,
+        spool: SpoolBudget | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -265,6 +301,7 @@ class RequestLifecycleMiddleware:
         )
         self.throttle = throttle or FailureThrottle()
         self.revocations = revocations
+        self.spool = spool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -357,20 +394,78 @@ class RequestLifecycleMiddleware:
     ) -> None:
         upload = self._is_upload(scope)
         limit = self.max_upload_bytes if upload else self.max_body_bytes
-        if self._declared_length(scope) > limit:
+        declared = self._declared_length(scope)
+        if declared > limit:
             await _send_json(send, 413, _detail(self._too_large_message(upload)), [])
             return
 
         token = CancellationToken()
         ctx = RequestContext(tenant=identity.tenant, principal=identity.principal, token=token)
         scope.setdefault("state", {})["request_context"] = ctx
-        owner = _ReceiveOwner(receive, token, limit, spool=upload)
+        if upload and self.spool is not None:
+            await self._upload(scope, receive, send, status_holder, identity, gate, ctx, declared)
+            return
+        owner = _ReceiveOwner(receive, token, limit)
         try:
             await self._read_and_run(scope, send, status_holder, identity, gate, owner, ctx)
         except _BodyTooLarge:
             await _send_json(send, 413, _detail(self._too_large_message(upload)), [])
+
+    async def _upload(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status_holder: dict[str, Any],
+        identity: Identity,
+        gate: Admission | None,
+        ctx: RequestContext,
+        declared: int,
+    ) -> None:
+        """Run an upload: its bytes claimed first, the app run before its body is read,
+        its admission place taken when the body has arrived (see the module docstring)."""
+        assert self.spool is not None
+        try:
+            claim = self.spool.claim(identity.tenant, declared or None)
+        except UploadRefused as refused:
+            await _send_json(send, refused.status_code, _detail(refused.message), _headers(refused))
+            return
+        try:
+            if await self._revoked(identity, ctx, send):
+                return
+            ticket: list[Ticket] = []
+
+            def arrived() -> None:
+                if gate is None:
+                    return
+                entered = gate.enter(identity.tenant)
+                if isinstance(entered, str):
+                    self.metrics.record_overload("in_flight")
+                    raise UploadRefused(entered, 503, 1)
+                ticket.append(entered)
+
+            scope["state"][STATE_KEY] = claim
+            owner = _ReceiveOwner(receive, ctx.token, self.max_upload_bytes, on_body_end=arrived)
+            if gate is not None:
+                send = _leaving_on_start(send, gate, lambda: ticket[0] if ticket else None)
+            try:
+                await self._run_app(scope, send, status_holder, owner, ctx)
+            finally:
+                if ticket and gate is not None:
+                    gate.leave(ticket[0])
         finally:
-            owner.close()
+            _close(claim)
+
+    async def _revoked(self, identity: Identity, ctx: RequestContext, send: Send) -> bool:
+        """Whether the request's UI session was ended (answered 401 then)."""
+        if identity.session_id is None or self.revocations is None:
+            return False
+        with use_context(ctx):
+            revoked = await self.revocations.is_revoked(identity.session_id)
+        if revoked:
+            message = "the UI session has ended (logged out); log in again"
+            await _send_json(send, 401, _detail(message), [])
+        return revoked
 
     def _is_upload(self, scope: Scope) -> bool:
         """Whether the request is an upload (see the module docstring)."""
@@ -395,20 +490,16 @@ class RequestLifecycleMiddleware:
             status_holder["status"] = STATUS_CLIENT_CLOSED
             status_holder["reason"] = CLIENT_DISCONNECTED
             return
-        if identity.session_id is not None and self.revocations is not None:
-            with use_context(ctx):
-                revoked = await self.revocations.is_revoked(identity.session_id)
-            if revoked:
-                message = "the UI session has ended (logged out); log in again"
-                await _send_json(send, 401, _detail(message), [])
-                return
+        if await self._revoked(identity, ctx, send):
+            return
         ticket = gate.enter(identity.tenant) if gate is not None else None
         if isinstance(ticket, str):
             self.metrics.record_overload("in_flight")
             await _send_json(send, 503, _detail(ticket), [(b"retry-after", b"1")])
             return
         if ticket is not None and gate is not None:
-            send = _leaving_on_start(send, gate, ticket)
+            entered = ticket
+            send = _leaving_on_start(send, gate, lambda: entered)
         if status_holder.get("head"):
             send = _head_only(send, ctx.token)
         try:
@@ -433,7 +524,8 @@ class RequestLifecycleMiddleware:
             await _send_json(send, 400, _detail(problem), [])
             return
 
-        owner.start_watching()
+        if not owner.upload:
+            owner.start_watching()  # an upload's watcher starts once its body has arrived
         self.drain.track(token)
         try:
             with use_context(ctx):
@@ -468,15 +560,7 @@ class RequestLifecycleMiddleware:
         return 0
 
     def _too_large_message(self, upload: bool = False) -> str:
-        if upload:
-            return (
-                f"upload exceeds the limit of {self.max_upload_bytes} bytes "
-                "(the server's HEED_MAX_UPLOAD_BYTES)"
-            )
-        return (
-            f"request body exceeds the limit of {self.max_body_bytes} bytes "
-            "(the server's HEED_MAX_BODY_BYTES)"
-        )
+        return _too_large(self.max_upload_bytes if upload else self.max_body_bytes, upload=upload)
 
     def _record(self, scope: Scope, status_holder: dict[str, Any], seconds: float) -> None:
         status = status_holder["status"] or 500

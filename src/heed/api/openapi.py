@@ -48,9 +48,11 @@ from pydantic import BaseModel
 __all__ = [
     "BUSY_SESSION",
     "CONFLICT",
+    "EXPORT_QUOTA",
     "NOT_FOUND",
     "SSE_EVENT_SCHEMA",
     "TOO_MANY",
+    "UPLOAD_REFUSED",
     "UPSTREAM",
     "ErrorDetail",
     "Overloaded",
@@ -58,6 +60,7 @@ __all__ = [
     "document_errors",
     "event_stream",
     "install_openapi",
+    "upload_body",
 ]
 
 _SCHEMAS: Final = "#/components/schemas/"
@@ -150,6 +153,62 @@ TOO_MANY: Final[dict[int | str, dict[str, Any]]] = {
     }
 }
 """For the routes that a bound refuses with 429 (queued turns, open streams)."""
+
+UPLOAD_REFUSED: Final[dict[int | str, dict[str, Any]]] = {
+    415: {"model": ErrorDetail, "description": "The body is not multipart/form-data."},
+    429: {
+        "model": ErrorDetail,
+        "description": "The uploads in progress hold as many bytes as one tenant may have "
+        "spooled (``HEED_UPLOAD_SPOOL_TENANT_BYTES``) or all tenants may "
+        "(``HEED_UPLOAD_SPOOL_MAX_BYTES``): ``detail`` names it.",
+        "headers": _RETRY_AFTER,
+    },
+    507: {
+        "model": ErrorDetail,
+        "description": "The upload would leave the server's upload directory less free space "
+        "than ``HEED_UPLOAD_MIN_FREE_BYTES``.",
+        "headers": _RETRY_AFTER,
+    },
+}
+"""For the routes that take an upload (:mod:`heed.api.uploads`)."""
+
+
+EXPORT_QUOTA: Final[dict[int | str, dict[str, Any]]] = {
+    429: {
+        "model": ErrorDetail,
+        "description": "The tenant's stored exports are at its quota "
+        "(``HEED_EXPORT_TENANT_MAX_COUNT``, ``HEED_EXPORT_TENANT_MAX_BYTES``): ``detail`` "
+        "names it; ``Retry-After`` is when the oldest expires.",
+        "headers": _RETRY_AFTER,
+    }
+}
+"""For the routes that export a bank (:mod:`heed.memory.transfer`)."""
+
+
+def upload_body(field: str, description: str) -> dict[str, Any]:
+    """``openapi_extra=`` of a route that reads its multipart body itself (an upload): the
+    request body FastAPI would have documented for a ``File`` parameter *field*."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": [field],
+                        "properties": {
+                            field: {
+                                "type": "string",
+                                "contentMediaType": "application/octet-stream",
+                                "description": description,
+                            }
+                        },
+                    }
+                }
+            },
+        }
+    }
+
 
 UPSTREAM: Final[dict[int | str, dict[str, Any]]] = {
     502: {"model": ErrorDetail, "description": "The LLM upstream failed or answered nonsense."}

@@ -44,7 +44,7 @@ import importlib.metadata
 import json
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
@@ -190,7 +190,10 @@ class ArchiveWriter:
     Call :meth:`bank` (a whole bank's archive only), then :meth:`write` with each section's
     rows in :data:`SECTIONS` order, then :meth:`finish`, which writes the manifest and the
     zip's directory. *compress* ``False`` stores entries (a clone's archive never leaves
-    the process: no time spent deflating).
+    the process: no time spent deflating). *content*, when given, is fed every record's
+    bytes with its section's name, in order, and nothing of the manifest (which says when
+    and by what the archive was written): two archives it was fed the same bytes for hold
+    the same records (an export's reuse, :mod:`heed.memory.transfer`).
     """
 
     def __init__(
@@ -202,7 +205,9 @@ class ArchiveWriter:
         embedding_model: str,
         dim: int,
         compress: bool = True,
+        content: Callable[[bytes], object] | None = None,
     ) -> None:
+        self._content = content
         self.zip = zipfile.ZipFile(
             target,
             "w",
@@ -223,7 +228,10 @@ class ArchiveWriter:
     def bank(self, bank: Bank) -> None:
         """Write the ``bank`` section (the profile and configuration)."""
         self._start("bank")
-        self.zip.writestr("bank.json", encode_bank(bank))
+        record = encode_bank(bank)
+        if self._content is not None:
+            self._content(record)
+        self.zip.writestr("bank.json", record)
         self._sections["bank"] = Section("bank", ("bank.json",), 1)
         self._current = None
 
@@ -237,6 +245,8 @@ class ArchiveWriter:
             if any(SECTIONS.index(done) >= order for done in self._sections):
                 raise ValueError(f"section {section!r} out of order")
             self._current = section
+            if self._content is not None:
+                self._content(b"\x00" + section.encode() + b"\x00")  # where a section begins
 
     def write(self, section: str, rows: list[Any]) -> None:
         """Append *rows* to *section* (the current one, or the next in order)."""
@@ -247,7 +257,10 @@ class ArchiveWriter:
             assert self._entry is not None
             if self._records % CHECK_EVERY == 0:
                 raise_if_cancelled()
-            self._entry.write(encode(row))
+            record = encode(row)
+            if self._content is not None:
+                self._content(record)
+            self._entry.write(record)
             self._in_entry += 1
             self._records += 1
 

@@ -8,7 +8,11 @@ An archive is stored in parts of at most :data:`PART_BYTES`, written and read on
 time (no call holds an archive in memory), and is only readable once complete: a write that
 was cancelled or failed leaves an incomplete row, which :meth:`ArchiveStore.delete_expired`
 removes with the expired ones. Archives belong to a tenant: another tenant's id is not
-found. Calls block (call them through the offload).
+found. A tenant's exports are bounded (:class:`ExportQuota`: their count and bytes, checked
+under a per-tenant lock in the transaction that records a new one, so concurrent exports
+cannot pass it together), and an export may carry a ``reuse_key`` by which a later export
+of the same records finds it (:meth:`ArchiveStore.bank_exports`). Calls block (call them
+through the offload).
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
-__all__ = ["PART_BYTES", "ArchiveKind", "ArchiveStore", "StoredArchive"]
+__all__ = [
+    "PART_BYTES",
+    "ArchiveKind",
+    "ArchiveStore",
+    "ExportQuota",
+    "ExportQuotaFull",
+    "ExportUsage",
+    "StoredArchive",
+]
 
 #: The size of a stored part.
 PART_BYTES: Final = 1024 * 1024
@@ -38,6 +50,44 @@ class StoredArchive:
     sha256: str
     created_at: float
     expires_at: float
+    #: What an export's records and parameters digest to (``None``: not reusable).
+    reuse_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportQuota:
+    """The most export archives, and bytes of them, one tenant may have stored at once."""
+
+    max_count: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExportUsage:
+    """A tenant's stored (unexpired) export archives, complete or being written: how many,
+    their bytes, and when the first of them expires (``None``: none)."""
+
+    count: int
+    byte_size: int
+    oldest_expires_at: float | None
+
+    def full(self, quota: ExportQuota, adding: int = 0) -> bool:
+        """Whether one more export of *adding* bytes would pass *quota* (``adding`` 0: whether
+        any would: the quota is reached)."""
+        return self.count + 1 > quota.max_count or self.byte_size + max(adding, 1) > (
+            quota.max_bytes
+        )
+
+
+class ExportQuotaFull(Exception):
+    """Storing an export would pass its tenant's :class:`ExportQuota` (*usage*: what the
+    tenant has stored); nothing was stored."""
+
+    def __init__(self, usage: ExportUsage, quota: ExportQuota, adding: int) -> None:
+        super().__init__(f"export quota full: {usage} of {quota}, adding {adding} bytes")
+        self.usage = usage
+        self.quota = quota
+        self.adding = adding
 
 
 class ArchiveStore(Protocol):
@@ -47,10 +97,30 @@ class ArchiveStore(Protocol):
         """Bring the schema to the current version (idempotent)."""
         ...
 
-    def put_archive(self, archive: StoredArchive, parts: Iterable[bytes]) -> StoredArchive:
+    def put_archive(
+        self,
+        archive: StoredArchive,
+        parts: Iterable[bytes],
+        quota: ExportQuota | None = None,
+    ) -> StoredArchive:
         """Store *parts* (each at most :data:`PART_BYTES`) as *archive*, a part per
         transaction (the token checked between them), and mark it complete with its real
-        size and SHA-256. Returns the stored row."""
+        size and SHA-256. Returns the stored row. With *quota* (an export), the tenant's
+        stored exports and *archive*'s ``byte_size`` (its expected size) are checked
+        against it when the row is recorded: :class:`ExportQuotaFull`, nothing stored."""
+        ...
+
+    def export_usage(self, tenant: str, now: float) -> ExportUsage:
+        """What *tenant*'s unexpired export archives (complete or being written) hold."""
+        ...
+
+    def bank_exports(self, tenant: str, bank_id: str, now: float) -> list[StoredArchive]:
+        """*tenant*'s complete, unexpired exports of bank *bank_id*, newest first."""
+        ...
+
+    def renew_archive(self, archive_id: str, expires_at: float) -> StoredArchive | None:
+        """Keep the complete archive *archive_id* until *expires_at*; the renewed row, or
+        ``None`` when it is gone (or expired) meanwhile."""
         ...
 
     def get_archive(self, tenant: str, archive_id: str) -> StoredArchive | None:

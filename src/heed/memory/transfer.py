@@ -9,7 +9,8 @@ operations: listed, read and cancelled with its retains and consolidations):
   (:mod:`heed.memory.archive`) in a temporary file, then stores it
   (:mod:`heed.memory.archive_store`) until it expires; the run's result carries
   ``download_url`` (``/v1/default/files/download/<key>``), ``storage_key``, ``byte_size``
-  and ``filename``, as hindsight-client expects.
+  and ``filename``, as hindsight-client expects. See **Stored exports** for the quota and
+  the reuse of an unchanged bank's last export.
 - ``bank_import`` (:data:`IMPORT_KIND`): the uploaded archive was checked whole before the
   run was submitted (:func:`heed.memory.archive_check.check_archive`: a bad archive is a 400 and
   nothing is stored or written) and stored; the run writes it into a **staging bank**, then
@@ -53,6 +54,21 @@ or clone also registers as its source bank's work (:meth:`MemoryEngine.track`), 
 import or clone as the work of the bank it is writing (the staging bank, which keeps its
 ref when published: deleting the new bank while the run ends cancels it too).
 
+**Stored exports.** A tenant's stored export archives are bounded by
+:class:`~heed.memory.archive_store.ExportQuota` (``HEED_EXPORT_TENANT_MAX_COUNT`` archives,
+``HEED_EXPORT_TENANT_MAX_BYTES`` bytes; expired ones do not count and are deleted before each
+export is stored). An export of a bank whose records are those of an export of the same bank
+with the same parameters the tenant still has stored is not stored again: the run returns
+that archive (``reused: true``), kept for another ``archive_ttl``. "The same records" is
+decided by what is truthful rather than by a marker some write could forget to move: the
+export digests every record it writes (:class:`~heed.memory.archive.ArchiveWriter`'s
+*content*, the manifest's time left out) with its parameters, and the archive is reused when
+the digests are equal. A reused export costs the bank's read, never its storage. Past the
+quota, the submit is refused with :class:`ExportQuotaExceeded` (429, ``Retry-After`` until the
+oldest stored export expires), unless the bank has a stored export with the same parameters
+(it may be reusable); the run checks again when it stores the archive (under a per-tenant
+lock, so concurrent exports cannot pass it together), and fails with the same 429 then.
+
 **Memory.** A page of rows, one archive record, the current document's chunks and the ids
 of the archive's memories and entities (the check), whatever the bank's size; an archive
 lives in a temporary file, not in memory (an upload is the request body, which the server's
@@ -62,19 +78,30 @@ body limit bounds).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
+import math
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
+from heed.errors import HeedError
 from heed.memory.archive import ArchiveLimits
 from heed.memory.archive_check import ArchiveCheck, check_archive_file
-from heed.memory.archive_store import PART_BYTES, ArchiveStore, StoredArchive
+from heed.memory.archive_store import (
+    PART_BYTES,
+    ArchiveStore,
+    ExportQuota,
+    ExportQuotaFull,
+    ExportUsage,
+    StoredArchive,
+)
 from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
 from heed.memory.models import Bank, Conflict, InvalidInput, NotFound, PreparedDocument
@@ -119,6 +146,7 @@ __all__ = [
     "STAGING_TENANT",
     "TRANSFER_KINDS",
     "BankTransfers",
+    "ExportQuotaExceeded",
     "TransferLimits",
     "embedding_model",
 ]
@@ -153,6 +181,8 @@ class TransferLimits:
     archive_ttl: float = 24 * 3600.0
     #: Most document ids one export names.
     max_document_ids: int = 500
+    #: A tenant's stored exports (``None``: unbounded).
+    export_quota: ExportQuota | None = None
     #: The process an upload is checked in: CPU seconds, added memory, priority.
     check: ProcessLimits = field(
         default_factory=lambda: ProcessLimits(
@@ -176,6 +206,54 @@ class ArchiveTooLarge(InvalidInput):
         super().__init__(
             f"the archive takes more than {getattr(limits, field_name)} {what} to check ({setting})"
         )
+
+
+class ExportQuotaExceeded(HeedError):
+    """The tenant's stored exports are at its quota (429, ``Retry-After`` until the oldest
+    expires); the message names the setting."""
+
+    status_code = 429
+
+    def __init__(self, usage: ExportUsage, quota: ExportQuota, adding: int = 0) -> None:
+        wait = 1
+        if usage.oldest_expires_at is not None:
+            wait = max(1, math.ceil(usage.oldest_expires_at - time.time()))
+        if usage.count + 1 > quota.max_count:
+            bound = (
+                f"{usage.count} exports stored, the most one tenant may have "
+                f"(HEED_EXPORT_TENANT_MAX_COUNT={quota.max_count})"
+            )
+        else:
+            bound = (
+                f"{usage.byte_size} bytes of exports stored; "
+                + (f"{adding} more" if adding else "more")
+                + f" would pass the most one tenant may have "
+                f"(HEED_EXPORT_TENANT_MAX_BYTES={quota.max_bytes})"
+            )
+        super().__init__(
+            f"this tenant has {bound}; the oldest expires in {wait} s "
+            "(HEED_TRANSFER_ARCHIVE_TTL_SECONDS); an export of a bank unchanged since its "
+            "last export is reused, not stored again",
+            headers={"Retry-After": str(wait)},
+        )
+
+
+def _export_key(payload: dict[str, Any], model: str, dim: int) -> str:
+    """What an export's parameters digest to (the first half of its reuse key)."""
+    params = {
+        name: payload.get(name)
+        for name in (
+            "bank_id",
+            "scope",
+            "document_ids",
+            "include_observations",
+            "include_data",
+            "include_bank_config",
+            "include_knowledge_base",
+        )
+    }
+    text = json.dumps({**params, "model": model, "dim": dim}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class _Progress:
@@ -333,7 +411,25 @@ class BankTransfers:
             "include_bank_config": include_bank_config,
             "include_knowledge_base": include_knowledge_base,
         }
+        await self._check_export_quota(bank, payload)
         return await self._submit(EXPORT_KIND, bank, payload, {"scope": scope})
+
+    async def _check_export_quota(self, bank: Bank, payload: dict[str, Any]) -> None:
+        """Refuse an export when the tenant's stored exports are at the quota, unless the
+        bank has a stored export with the same parameters (the run may reuse it)."""
+        quota = self.limits.export_quota
+        if quota is None:
+            return
+        now = time.time()
+        usage = await run_in_thread(self.archives.export_usage, bank.tenant, now)
+        if not usage.full(quota):
+            return
+        params = _export_key(
+            {"bank_id": bank.bank_id, **payload}, self.model, self.engine.embedder.dim
+        )
+        earlier = await run_in_thread(self.archives.bank_exports, bank.tenant, bank.bank_id, now)
+        if not any((a.reuse_key or "").startswith(params + ":") for a in earlier):
+            raise ExportQuotaExceeded(usage, quota)
 
     async def submit_clone(
         self,
@@ -354,6 +450,34 @@ class BankTransfers:
         }
         return await self._submit(CLONE_KIND, bank, payload, {"target_bank_id": target_bank_id})
 
+    async def check_import(
+        self,
+        bank: Bank,
+        *,
+        target_bank_id: str | None = None,
+        mode: str | None = None,
+        document_conflict: str | None = None,
+        include_data: bool | None = None,
+        include_bank_config: bool | None = None,
+        include_history: bool = False,
+    ) -> None:
+        """What an import's request must pass before its archive is read (the route runs it
+        before the upload's body is read; :meth:`submit_import` runs it again): the mode
+        and the options it takes, and a named ``target_bank_id`` that must not exist.
+        Raises :class:`InvalidInput` (400) or :class:`Conflict` (409)."""
+        self._refuse_history(include_history)
+        if mode not in (None, "restore", "merge"):
+            raise InvalidInput(f"mode {mode!r} is neither 'restore' nor 'merge'")
+        if mode == "merge":
+            self._merge_conflict(
+                bank, target_bank_id, document_conflict, include_data, include_bank_config
+            )
+            return
+        if document_conflict is not None:
+            raise InvalidInput("document_conflict applies to mode=merge")
+        if target_bank_id is not None:
+            await self._new_bank_id(target_bank_id, "target_bank_id")
+
     async def submit_import(
         self,
         bank: Bank,
@@ -372,22 +496,23 @@ class BankTransfers:
         queue its import, recorded as an operation of *bank*: into the new bank
         *target_bank_id* (default: the archive's source bank id; *mode* ``restore``, the
         default), or its documents into *bank* itself (*mode* ``merge``, by
-        *document_conflict*: :data:`~heed.memory.transfer_work.CONFLICTS`)."""
-        self._refuse_history(include_history)
-        if mode not in (None, "restore", "merge"):
-            raise InvalidInput(f"mode {mode!r} is neither 'restore' nor 'merge'")
+        *document_conflict*: :data:`~heed.memory.transfer_work.CONFLICTS`). The options
+        are checked first (:meth:`check_import`)."""
+        await self.check_import(
+            bank,
+            target_bank_id=target_bank_id,
+            mode=mode,
+            document_conflict=document_conflict,
+            include_data=include_data,
+            include_bank_config=include_bank_config,
+            include_history=include_history,
+        )
         if mode == "merge":
-            return await self._submit_merge(
-                bank,
-                archive,
-                filename,
-                target_bank_id,
-                document_conflict,
-                include_data,
-                include_bank_config,
+            conflict = document_conflict or "skip"
+            await self._check_upload(archive, False)
+            return await self._submit_upload(
+                bank, archive, filename, {"document_conflict": conflict}, mode="merge"
             )
-        if document_conflict is not None:
-            raise InvalidInput("document_conflict applies to mode=merge")
         include_data = True if include_data is None else include_data
         include_bank_config = True if include_bank_config is None else include_bank_config
         check = await self._check_upload(archive, include_bank_config)
@@ -396,17 +521,15 @@ class BankTransfers:
         payload = {"include_data": include_data, "include_bank_config": include_bank_config}
         return await self._submit_upload(bank, archive, filename, payload, target_bank_id=target)
 
-    async def _submit_merge(
-        self,
+    @staticmethod
+    def _merge_conflict(
         bank: Bank,
-        archive: IO[bytes],
-        filename: str | None,
         target_bank_id: str | None,
         document_conflict: str | None,
         include_data: bool | None,
         include_bank_config: bool | None,
-    ) -> Run:
-        """Queue a merge of *archive*'s documents into *bank* (see :meth:`submit_import`)."""
+    ) -> str:
+        """A merge's options, checked (see :meth:`submit_import`); its conflict rule."""
         conflict = document_conflict or "skip"
         if conflict not in CONFLICTS:
             raise InvalidInput(
@@ -424,10 +547,7 @@ class BankTransfers:
                 "include_bank_config: a merge folds documents only; the bank's settings, "
                 "directives, webhooks and mental models are not merged (leave it out)"
             )
-        await self._check_upload(archive, False)
-        return await self._submit_upload(
-            bank, archive, filename, {"document_conflict": conflict}, mode="merge"
-        )
+        return conflict
 
     async def _submit_upload(
         self,
@@ -549,11 +669,13 @@ class BankTransfers:
         progress = _Progress(rc, asyncio.get_running_loop(), "export")
         try:
             async with self.engine.track(bank), self.engine.retain_lane.slot(background=True):
-                stored, counts = await run_in_thread(
+                stored, counts, reused = await run_in_thread(
                     self._export_blocking, bank, selection, Flags.of(payload), payload, progress
                 )
         except NotFound as exc:
             raise OperationCancelled(BANK_DELETED) from exc
+        except ExportQuotaFull as exc:
+            raise ExportQuotaExceeded(exc.usage, exc.quota, exc.adding) from None
         finally:
             await progress.drain()
         return {
@@ -563,6 +685,7 @@ class BankTransfers:
             "filename": stored.filename,
             "sha256": stored.sha256,
             "expires_at": datetime.fromtimestamp(stored.expires_at, UTC).isoformat(),
+            "reused": reused,
             **counts,
         }
 
@@ -573,9 +696,13 @@ class BankTransfers:
         flags: Flags,
         payload: dict[str, Any],
         progress: _Progress,
-    ) -> tuple[StoredArchive, dict[str, int]]:
+    ) -> tuple[StoredArchive, dict[str, int], bool]:
+        """Write the export, then reuse the bank's stored export of the same records and
+        parameters (renewed), or store it within the tenant's quota (see the module
+        docstring); the archive, the records per section, and whether it was reused."""
         scope = payload["scope"]
         name = f"{bank.bank_id}-{scope}-{datetime.now().strftime('%Y%m%dT%H%M%S')}.zip"
+        records = hashlib.sha256()
         with tempfile.TemporaryFile() as tmp:
             counts = write_archive(
                 self.engine.store,
@@ -589,15 +716,30 @@ class BankTransfers:
                 dim=self.engine.embedder.dim,
                 batch=self.limits.batch,
                 carried=self.carried,
+                content=records.update,
             )
+            params = _export_key(
+                {"bank_id": bank.bank_id, **payload}, self.model, self.engine.embedder.dim
+            )
+            key = f"{params}:{records.hexdigest()}"
+            now = time.time()
+            self.archives.delete_expired(now)  # expired archives never count
+            for earlier in self.archives.bank_exports(bank.tenant, bank.bank_id, now):
+                if earlier.reuse_key == key:
+                    renewed = self.archives.renew_archive(earlier.id, now + self.limits.archive_ttl)
+                    if renewed is not None:
+                        return renewed, counts, True
+            size = tmp.seek(0, 2)
             tmp.seek(0)
-            row = self._archive_row(bank, "export", name)
+            row = replace(self._archive_row(bank, "export", name), byte_size=size, reuse_key=key)
             try:
-                stored = self.archives.put_archive(row, _file_parts(tmp))
+                stored = self.archives.put_archive(
+                    row, _file_parts(tmp), quota=self.limits.export_quota
+                )
             except BaseException:
                 self.archives.delete_archive(row.id)
                 raise
-        return stored, counts
+        return stored, counts, False
 
     async def _execute_import(self, rc: RunContext) -> dict[str, Any]:
         source = await self._source(rc)

@@ -235,9 +235,11 @@ def write_archive(
     batch: int,
     carried: Carried,
     compress: bool = True,
+    content: Callable[[bytes], object] | None = None,
 ) -> dict[str, int]:
     """Write *bank* (its *selection*) as an archive into *target*; the records per
-    section. Blocking; checks the token between pages."""
+    section. *content* is fed the records' bytes (:class:`ArchiveWriter`). Blocking;
+    checks the token between pages."""
     writer = ArchiveWriter(
         target,
         scope=scope,
@@ -245,6 +247,7 @@ def write_archive(
         embedding_model=model,
         dim=dim,
         compress=compress,
+        content=content,
     )
     try:
         if scope == "bank":

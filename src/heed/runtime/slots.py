@@ -31,8 +31,9 @@ number of slots and a bounded queue. The rules:
   ``max_wait`` is refused too. Refusal is :class:`LaneFull`, with a
   ``retry_after`` hint (the HTTP layer answers 503 with ``Retry-After``).
 
-Background work (memory consolidation: ``lane.slot(background=True)``) goes through the
-same lanes, with a lower priority rather than a pool of its own:
+Background work (consolidation, mental-model refreshes, bank transfers:
+``lane.slot(background=True)``) goes through the same lanes, with a lower priority rather
+than a pool of its own:
 
 - **Interactive first.** A background waiter is granted a slot only when no interactive
   waiter is queued in the lane; a freed slot goes to interactive waiters first (by the
@@ -51,14 +52,23 @@ same lanes, with a lower priority rather than a pool of its own:
 - **Never starved forever.** A background waiter that has waited over
   ``background_max_defer`` seconds is served as if it were interactive (cheap) work: it
   takes the next freed slot unless an interactive waiter that may take it arrived
-  before it (still within ``background_capacity``).
-- **Never shed for waiting.** Background waiters queue first in, first out (tenants,
-  cost and ``dear`` do not apply), in a queue of their own bounded by
-  ``background_max_queue`` (:class:`LaneFull` past it). They do not count in
-  ``max_queue``, the expected wait or the shedding of interactive waiters and have no
-  ``max_wait``: background work waits patiently. A cancelled token takes a background
-  waiter out of the queue at once, as it does an interactive one, and the slot still
-  belongs to the work.
+  before it (still within ``background_capacity``). Aging orders background work against
+  interactive work only: between tenants the ring decides (the first tenant in it whose
+  oldest waiter has aged competes), so an aged backlog never jumps another tenant.
+- **Fair between tenants, never refused.** Background waiters queue per tenant (the
+  active context's: a run's), first in, first out within a tenant (cost and ``dear`` do
+  not apply), and a slot free for background work goes round-robin over the tenants
+  that wait, as interactive slots do: one tenant's flood of consolidations or mental-model
+  refreshes delays its own background work, and another tenant's waits for at most one
+  turn of the ring. A tenant's queue holds at most ``background_max_queue`` waiters; its
+  waiters past that are *deferred*: they wait behind its queued ones, in order, and join
+  its queue as places in it free up (their ``background_max_defer`` counts from then).
+  Background work is never refused (no :class:`LaneFull`), and no tenant's work waits
+  behind another tenant's backlog. Background waiters do not count in ``max_queue``, the
+  expected wait or the shedding of interactive waiters and have no ``max_wait``:
+  background work waits patiently. A cancelled token takes a background waiter (queued or
+  deferred) out at once, as it does an interactive one, and the slot still belongs to the
+  work.
 
 Lanes are used from one event loop; the token may be cancelled from any thread.
 """
@@ -113,7 +123,11 @@ class LaneStats:
     background_in_use: int = 0
     """Slots held by background work (part of ``in_use``)."""
     background_queued: int = 0
-    """Background waiters (not part of ``queued``, which counts interactive waiters)."""
+    """Background waiters in the tenants' queues (not part of ``queued``, which counts
+    interactive waiters)."""
+    background_deferred: int = 0
+    """Background waiters deferred past their tenant's ``background_max_queue`` (not part
+    of ``background_queued``)."""
 
 
 class CpuBudget:
@@ -137,7 +151,7 @@ class CpuBudget:
     def _dispatch(self) -> None:
         """A core came free: background work waiting in any lane may go."""
         for lane in self._lanes:
-            if lane._background:
+            if lane._background_queued:
                 lane._dispatch()
 
 
@@ -158,12 +172,16 @@ class _Waiter:
     tenant: str
     dear: bool = False
     background: bool = False
-    #: When it arrived.
+    #: When it arrived (a deferred background waiter: when it joined its tenant's queue).
     arrived_at: float = field(default_factory=time.monotonic)
     #: When it is served, in its tenant's queue: arrival, later for dearer work.
     virtual_at: float = 0.0
-    #: A background waiter that has waited over ``background_max_defer``.
+    #: A background waiter that has waited over ``background_max_defer`` in its queue.
     aged: bool = False
+    #: A background waiter past its tenant's ``background_max_queue`` (not yet queued).
+    deferred: bool = False
+    #: Its timer (shedding an interactive waiter, aging a background one), if any.
+    timer: asyncio.TimerHandle | None = None
 
 
 def _virtual_at(waiter: _Waiter) -> float:
@@ -198,9 +216,9 @@ class Lane:
             raise ValueError(
                 f"lane {name!r} needs background_max_defer >= 0 or None, got {background_max_defer}"
             )
-        if background_max_queue < 0:
+        if background_max_queue < 1:
             raise ValueError(
-                f"lane {name!r} needs background_max_queue >= 0, got {background_max_queue}"
+                f"lane {name!r} needs background_max_queue >= 1, got {background_max_queue}"
             )
         if max_queue < 0:
             raise ValueError(f"lane {name!r} needs max_queue >= 0, got {max_queue}")
@@ -224,13 +242,18 @@ class Lane:
         self.cpu_bound = cpu_bound
         self._budget: CpuBudget | None = None
         self._background_held = 0
-        #: Background waiters, in arrival order (first in, first out).
-        self._background: deque[_Waiter] = deque()
+        #: Background waiters per tenant, first in first out; the dict's order is the
+        #: round-robin ring. At most ``background_max_queue`` each.
+        self._background_queues: dict[str, deque[_Waiter]] = {}
+        #: Each tenant's background waiters past ``background_max_queue``, in arrival order.
+        self._background_deferred: dict[str, deque[_Waiter]] = {}
+        self._background_queued = 0
+        self._background_deferred_count = 0
         self._held: set[_Slot] = set()
         #: Interactive waiters per tenant, in the order they are served (``virtual_at``);
         #: the dict's order is the round-robin ring.
         self._queues: dict[str, list[_Waiter]] = {}
-        #: Interactive waiters (background ones are in ``_background``).
+        #: Interactive waiters (background ones are in ``_background_queues``).
         self._queued = 0
         self._hold_seconds = 0.0
         self._rejected_total = 0
@@ -253,7 +276,8 @@ class Lane:
             shed_total=self._shed_total,
             hold_seconds=self._hold_seconds,
             background_in_use=self._background_held,
-            background_queued=len(self._background),
+            background_queued=self._background_queued,
+            background_deferred=self._background_deferred_count,
         )
 
     def expected_wait(self, dear: bool = False) -> float:
@@ -281,22 +305,24 @@ class Lane:
         the active context's; *cost* is how dear the work is relative to the usual (it
         orders waiters within a tenant), and *dear* work holds at most
         ``dear_capacity`` slots (see the module docstring). *background* work yields to
-        interactive work, holds at most ``background_capacity`` slots and waits in a
-        first-in first-out queue of its own, never shed for waiting (tenant and *cost*
-        do not apply to it; it cannot be *dear*: :class:`ValueError`). Raises
-        :class:`LaneFull` when the lane sheds the work, and :class:`OperationCancelled`
-        if the token is cancelled before a slot is granted (the work never starts). The
-        slot is released when the block exits, whatever the reason.
+        interactive work, holds at most ``background_capacity`` slots and waits in its
+        tenant's first-in first-out background queue (served round-robin over tenants),
+        deferred past ``background_max_queue``, never shed or refused (*cost* does not
+        apply to it; it cannot be *dear*: :class:`ValueError`). Raises :class:`LaneFull`
+        when the lane sheds interactive work, and :class:`OperationCancelled` if the token
+        is cancelled before a slot is granted (the work never starts). The slot is
+        released when the block exits, whatever the reason.
         """
         if background and dear:
             raise ValueError("background work cannot be dear (it yields to all interactive work)")
         ctx = _current.get()
         if token is None and ctx is not None:
             token = ctx.token
+        tenant = ctx.tenant if ctx is not None else ""
         if background:
-            slot = await self._acquire_background(token)
+            slot = await self._acquire_background(token, tenant)
         else:
-            slot = await self._acquire(token, ctx.tenant if ctx is not None else "", cost, dear)
+            slot = await self._acquire(token, tenant, cost, dear)
         try:
             yield
         finally:
@@ -330,45 +356,59 @@ class Lane:
         waiter.virtual_at = waiter.arrived_at + max(0.0, cost - 1.0) * self._hold_seconds
         bisect.insort(self._queues.setdefault(tenant, []), waiter, key=_virtual_at)
         self._queued += 1
-        timer = (
-            loop.call_later(self.max_wait, self._shed_late, waiter)
-            if self.max_wait is not None
-            else None
-        )
-        return await self._wait(loop, waiter, timer)
+        if self.max_wait is not None:
+            waiter.timer = loop.call_later(self.max_wait, self._shed_late, waiter)
+        return await self._wait(loop, waiter)
 
-    async def _acquire_background(self, token: CancellationToken | None) -> _Slot:
+    async def _acquire_background(self, token: CancellationToken | None, tenant: str) -> _Slot:
         if token is not None:
             token.raise_if_cancelled()
         if (
             len(self._held) < self.capacity
             and self._background_held < self.background_capacity
             and not self._queued
-            and not self._background
+            and not self._background_queued
             and not self._cpu_full()
         ):
             return self._grant(token, False, True)
-        if len(self._background) >= self.background_max_queue:
-            self._rejected_total += 1
-            raise LaneFull(
-                self.name, self._retry_after_hint(), "has too much background work queued"
-            )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), token, "", background=True)
-        self._background.append(waiter)
-        timer = (
-            loop.call_later(self.background_max_defer, self._age, waiter)
-            if self.background_max_defer is not None
-            else None
-        )
-        return await self._wait(loop, waiter, timer)
+        waiter = _Waiter(loop.create_future(), token, tenant, background=True)
+        queue = self._background_queues.get(tenant)
+        if queue is not None and len(queue) >= self.background_max_queue:
+            waiter.deferred = True  # behind its tenant's queue, not in anyone's way
+            self._background_deferred.setdefault(tenant, deque()).append(waiter)
+            self._background_deferred_count += 1
+        else:
+            self._queue_background(
+                loop, waiter, self._background_queues.setdefault(tenant, deque())
+            )
+        return await self._wait(loop, waiter)
 
-    async def _wait(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        waiter: _Waiter,
-        timer: asyncio.TimerHandle | None,
-    ) -> _Slot:
+    def _queue_background(
+        self, loop: asyncio.AbstractEventLoop, waiter: _Waiter, queue: deque[_Waiter]
+    ) -> None:
+        """Put *waiter* at the back of its tenant's background *queue*; its
+        ``background_max_defer`` counts from now."""
+        waiter.deferred = False
+        waiter.arrived_at = time.monotonic()
+        queue.append(waiter)
+        self._background_queued += 1
+        if self.background_max_defer is not None:
+            waiter.timer = loop.call_later(self.background_max_defer, self._age, waiter)
+
+    def _promote(self, tenant: str, queue: deque[_Waiter]) -> None:
+        """Move *tenant*'s oldest deferred waiters into its *queue* while it has room."""
+        deferred = self._background_deferred.get(tenant)
+        if not deferred:
+            return
+        loop = asyncio.get_running_loop()
+        while deferred and len(queue) < self.background_max_queue:
+            self._background_deferred_count -= 1
+            self._queue_background(loop, deferred.popleft(), queue)
+        if not deferred:
+            del self._background_deferred[tenant]
+
+    async def _wait(self, loop: asyncio.AbstractEventLoop, waiter: _Waiter) -> _Slot:
         """Wait in the queue *waiter* was put in until it is granted a slot, refused or
         cancelled; it leaves the queue whatever happens."""
         token = waiter.token
@@ -394,8 +434,8 @@ class Lane:
         finally:
             if handle is not None:
                 handle.remove()
-            if timer is not None:
-                timer.cancel()
+            if waiter.timer is not None:
+                waiter.timer.cancel()
             self._remove(waiter)
 
     def _displace_for(self, tenant: str) -> bool:
@@ -431,8 +471,8 @@ class Lane:
         )
 
     def _age(self, waiter: _Waiter) -> None:
-        """A background waiter has waited ``background_max_defer``: from now on it competes
-        with interactive waiters in arrival order."""
+        """A background waiter has waited ``background_max_defer`` in its tenant's queue:
+        from now on it competes with interactive waiters in arrival order."""
         if waiter.future.done():
             return
         waiter.aged = True
@@ -475,8 +515,9 @@ class Lane:
 
     def _dispatch(self) -> None:
         """Hand free slots to waiters: interactive ones one tenant at a time in turn, then
-        background ones (an aged one in arrival order with the interactive ones). The slot
-        is counted as held from this moment, not from when the waiter resumes."""
+        background ones one tenant at a time in turn (an aged one in arrival order with the
+        interactive ones). The slot is counted as held from this moment, not from when the
+        waiter resumes."""
         while len(self._held) < self.capacity:
             waiter = self._next_any()
             if waiter is None:
@@ -486,21 +527,37 @@ class Lane:
 
     def _next_any(self) -> _Waiter | None:
         """The waiter a free slot goes to, taken out of its queue, or ``None``."""
-        head = (
-            self._background[0]
-            if self._background and self._background_held < self.background_capacity
-            else None
+        background = (
+            self._background_queued > 0 and self._background_held < self.background_capacity
         )
-        if head is not None and head.aged:
+        if not background:
+            return self._next_waiter() if self._queued else None
+        if not self._queued and not self._cpu_full():
+            # Nothing interactive wants it: the next tenant in the ring, aged or not (aging
+            # is about interactive work, not an order between tenants).
+            return self._next_background(next(iter(self._background_queues)))
+        # The first tenant in the ring whose head has aged (its oldest waiter: first in,
+        # first out within a tenant) competes with interactive waiters by arrival.
+        aged = next((t for t, q in self._background_queues.items() if q[0].aged), None)
+        if aged is not None:
             first = self._first_interactive_arrival()
-            if first is None or head.arrived_at <= first:
-                return self._background.popleft()
+            if first is None or self._background_queues[aged][0].arrived_at <= first:
+                return self._next_background(aged)
         waiter = self._next_waiter() if self._queued else None
         if waiter is not None:
             return waiter
-        if head is not None and (head.aged or (not self._queued and not self._cpu_full())):
-            return self._background.popleft()
-        return None
+        return self._next_background(aged) if aged is not None else None
+
+    def _next_background(self, tenant: str) -> _Waiter:
+        """*tenant*'s oldest background waiter, taken out of its queue; the tenant goes to
+        the back of the ring and its oldest deferred waiter, if any, joins its queue."""
+        queue = self._background_queues.pop(tenant)
+        waiter = queue.popleft()
+        self._background_queued -= 1
+        self._promote(tenant, queue)
+        if queue:
+            self._background_queues[tenant] = queue  # re-inserted: now last in the ring
+        return waiter
 
     def _first_interactive_arrival(self) -> float | None:
         """When the longest-waiting interactive waiter that may take a slot now arrived."""
@@ -533,11 +590,30 @@ class Lane:
         return None
 
     def _remove(self, waiter: _Waiter) -> None:
-        if waiter.background:
+        if waiter.background and waiter.deferred:
+            deferred = self._background_deferred.get(waiter.tenant)
+            if deferred is None:
+                return
             try:
-                self._background.remove(waiter)
+                deferred.remove(waiter)
             except ValueError:
                 return
+            self._background_deferred_count -= 1
+            if not deferred:
+                del self._background_deferred[waiter.tenant]
+            return
+        if waiter.background:
+            ring = self._background_queues.get(waiter.tenant)
+            if ring is None:
+                return
+            try:
+                ring.remove(waiter)
+            except ValueError:
+                return
+            self._background_queued -= 1
+            self._promote(waiter.tenant, ring)
+            if not ring:
+                del self._background_queues[waiter.tenant]
         else:
             queue = self._queues.get(waiter.tenant)
             if queue is None:
@@ -549,7 +625,7 @@ class Lane:
             self._queued -= 1
             if not queue:
                 del self._queues[waiter.tenant]
-        if self._background:
+        if self._background_queued:
             # The last interactive waiter leaving may let background work take a free slot.
             self._dispatch()
 

@@ -4,7 +4,11 @@
 per archive in ``transfer_archives`` and its bytes in ``transfer_archive_parts`` (a
 ``BLOB`` on SQLite, ``BYTEA`` on PostgreSQL), one part per row and per transaction, so a
 large archive never holds SQLite's writer for long and a cancel waits for one part. A row is
-``complete`` only once its last part is stored; readers see complete rows only.
+``complete`` only once its last part is stored; readers see complete rows only. A row is
+recorded with its expected ``byte_size`` (the real one replaces it when complete), so a
+tenant's export quota counts the exports being written too; the quota is checked under a
+per-tenant lock (:meth:`~heed.storage.database.SqlDatabase.lock`) in the transaction that
+records the row.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Final
 
-from heed.memory.archive_store import PART_BYTES, StoredArchive
+from heed.memory.archive_store import (
+    PART_BYTES,
+    ExportQuota,
+    ExportQuotaFull,
+    ExportUsage,
+    StoredArchive,
+)
 from heed.runtime import raise_if_cancelled
 from heed.storage.database import Migration, SqlDatabase, apply_migrations
 
@@ -23,6 +33,8 @@ __all__ = ["MIGRATIONS", "SqlArchiveStore"]
 
 #: Parts written per transaction (a cancel waits for one: a MiB written).
 PARTS_PER_TRANSACTION: Final = 1
+#: The lock a tenant's export quota is checked under.
+QUOTA_LOCK: Final = "transfer-export-quota:"
 
 MIGRATIONS: Final = [
     Migration(
@@ -51,7 +63,17 @@ MIGRATIONS: Final = [
         );
         """,
         words={"sqlite": {"blob": "BLOB"}, "postgresql": {"blob": "BYTEA"}},
-    )
+    ),
+    Migration(
+        "transfer_archives",
+        2,
+        # An export's reuse key (heed.memory.transfer: its parameters and records
+        # digested), and a tenant's archives found by tenant (the export quota).
+        """
+        ALTER TABLE transfer_archives ADD COLUMN reuse_key TEXT;
+        CREATE INDEX transfer_archives_tenant ON transfer_archives (tenant, kind, expires_at);
+        """,
+    ),
 ]
 
 
@@ -66,6 +88,7 @@ def _archive(row: Any) -> StoredArchive:
         sha256=row["sha256"],
         created_at=float(row["created_at"]),
         expires_at=float(row["expires_at"]),
+        reuse_key=row["reuse_key"],
     )
 
 
@@ -79,20 +102,32 @@ class SqlArchiveStore:
         """Apply the ``transfer_archives`` component's migrations."""
         apply_migrations(self.db, MIGRATIONS)
 
-    def put_archive(self, archive: StoredArchive, parts: Iterable[bytes]) -> StoredArchive:
+    def put_archive(
+        self,
+        archive: StoredArchive,
+        parts: Iterable[bytes],
+        quota: ExportQuota | None = None,
+    ) -> StoredArchive:
         with self.db.write() as conn:
+            if quota is not None:
+                self.db.lock(conn, QUOTA_LOCK + archive.tenant)
+                usage = self._usage(conn, archive.tenant, time.time())
+                if usage.full(quota, archive.byte_size):
+                    raise ExportQuotaFull(usage, quota, archive.byte_size)
             conn.execute(
                 "INSERT INTO transfer_archives (id, tenant, kind, bank_id, filename,"
-                " byte_size, sha256, complete, created_at, expires_at)"
-                " VALUES (?,?,?,?,?,0,'',0,?,?)",
+                " byte_size, sha256, complete, created_at, expires_at, reuse_key)"
+                " VALUES (?,?,?,?,?,?,'',0,?,?,?)",
                 (
                     archive.id,
                     archive.tenant,
                     archive.kind,
                     archive.bank_id,
                     archive.filename,
+                    archive.byte_size,
                     archive.created_at,
                     archive.expires_at,
+                    archive.reuse_key,
                 ),
             )
         digest = hashlib.sha256()
@@ -162,6 +197,41 @@ class SqlArchiveStore:
                 "DELETE FROM transfer_archives WHERE id = ?", (archive_id,)
             ).rowcount
         return bool(deleted)
+
+    def export_usage(self, tenant: str, now: float) -> ExportUsage:
+        with self.db.read() as conn:
+            return self._usage(conn, tenant, now)
+
+    @staticmethod
+    def _usage(conn: Any, tenant: str, now: float) -> ExportUsage:
+        row = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(byte_size), 0), MIN(expires_at)"
+            " FROM transfer_archives WHERE tenant = ? AND kind = 'export' AND expires_at > ?",
+            (tenant, now),
+        ).fetchone()
+        oldest = None if row[2] is None else float(row[2])
+        return ExportUsage(int(row[0]), int(row[1]), oldest)
+
+    def bank_exports(self, tenant: str, bank_id: str, now: float) -> list[StoredArchive]:
+        if "\x00" in tenant or "\x00" in bank_id:
+            return []
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM transfer_archives WHERE tenant = ? AND kind = 'export'"
+                " AND bank_id = ? AND complete = 1 AND expires_at > ?"
+                " ORDER BY created_at DESC",
+                (tenant, bank_id, now),
+            ).fetchall()
+        return [_archive(row) for row in rows]
+
+    def renew_archive(self, archive_id: str, expires_at: float) -> StoredArchive | None:
+        with self.db.write() as conn:
+            row = conn.execute(
+                "UPDATE transfer_archives SET expires_at = ?"
+                " WHERE id = ? AND complete = 1 AND expires_at > ? RETURNING *",
+                (expires_at, archive_id, time.time()),
+            ).fetchone()
+        return _archive(row) if row is not None else None
 
     def delete_expired(self, now: float) -> int:
         with self.db.read() as conn:

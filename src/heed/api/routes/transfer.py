@@ -6,7 +6,8 @@
   ``file``) as a new bank (``target_bank_id``, default the archive's bank id), or, with
   ``mode=merge``, fold its documents into this bank (``document_conflict``: ``skip``,
   ``replace``, ``new-id``); a bad archive is a 400 naming the problem, and nothing is
-  written;
+  written. The bank and the options are checked before the upload's body is read, which
+  is then streamed into one spool file (:mod:`heed.api.uploads`);
 - ``POST /v1/default/banks/{bank_id}/document-transfer``: the same merge
   (``on_conflict``), hindsight-client's deprecated ``import_documents``;
 - ``POST /v1/default/banks/{bank_id}/clone``: copy the bank into the new ``target_bank_id``;
@@ -21,25 +22,29 @@ journal at ``/v1/runs/{id}/stream``). ``include_history`` is refused by name whe
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Annotated, Final
 
-from fastapi import APIRouter, File, Query, UploadFile
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from heed.api.deps import MemoryDep, TransfersDep
 from heed.api.input_rules import MAX_ID_CHARS, MAX_LIST_ITEMS, IdPath
-from heed.api.openapi import CONFLICT
+from heed.api.openapi import CONFLICT, EXPORT_QUOTA, UPLOAD_REFUSED, upload_body
 from heed.api.routing import HeedRoute
+from heed.api.uploads import receive_archive
 from heed.api.wire import transfer as wire
 from heed.memory.engine import BANK_ID_RE
 
 router = APIRouter(tags=["transfer"], route_class=HeedRoute)
 
 BANK = "/v1/default/banks/{bank_id}"
-#: The routes that take a bank archive upload: bodies up to HEED_MAX_UPLOAD_BYTES, spooled
-#: to disk by the request middleware (:mod:`heed.api.middleware`).
+#: The routes that take a bank archive upload: bodies up to HEED_MAX_UPLOAD_BYTES, their
+#: bytes claimed by the request middleware (:mod:`heed.api.middleware`) and read by the route
+#: into one spool file (:mod:`heed.api.uploads`).
 UPLOAD_PATHS: Final = re.compile(r"/v1/default/banks/[^/]+/(?:transfer/import|document-transfer)")
+ARCHIVE_UPLOAD: Final = upload_body("file", "A heed bank archive (docs/bank-archive.md).")
 
 DocumentIds = Annotated[
     list[Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS)]] | None,
@@ -69,7 +74,7 @@ IncludeHistory = Annotated[
 ]
 
 
-@router.post(f"{BANK}/transfer/export", status_code=202)
+@router.post(f"{BANK}/transfer/export", status_code=202, responses=EXPORT_QUOTA)
 async def export_bank(
     bank_id: IdPath,
     engine: MemoryDep,
@@ -92,10 +97,15 @@ async def export_bank(
     return wire.BankTransferSubmitResponse(operation_id=run.id)
 
 
-@router.post(f"{BANK}/transfer/import", status_code=202, responses=CONFLICT)
+@router.post(
+    f"{BANK}/transfer/import",
+    status_code=202,
+    responses={**CONFLICT, **UPLOAD_REFUSED},
+    openapi_extra=ARCHIVE_UPLOAD,
+)
 async def import_bank(
     bank_id: IdPath,
-    file: Annotated[UploadFile, File(description="A heed bank archive (docs/bank-archive.md).")],
+    request: Request,
     engine: MemoryDep,
     transfers: TransfersDep,
     mode: Annotated[str | None, Query(max_length=32, description=MODE)] = None,
@@ -109,12 +119,11 @@ async def import_bank(
 ) -> wire.BankTransferSubmitResponse:
     """Check the archive whole (400 naming the problem; nothing written) and import it as
     the new bank ``target_bank_id`` (409 when it exists), or merge its documents into this
-    bank (``mode=merge``), as an operation of this bank."""
+    bank (``mode=merge``), as an operation of this bank. The bank and the options are
+    checked before the body is read."""
     bank = await engine.get_bank(bank_id)
-    run = await transfers.submit_import(
-        bank,
-        file.file,  # the upload, spooled by the form parser: read in the offload
-        file.filename,
+    submit = functools.partial(
+        transfers.submit_import,
         target_bank_id=target_bank_id,
         mode=mode,
         document_conflict=document_conflict,
@@ -122,13 +131,22 @@ async def import_bank(
         include_bank_config=include_bank_config,
         include_history=include_history,
     )
+    await transfers.check_import(bank, **submit.keywords)
+    upload = await receive_archive(request)
+    run = await submit(bank, upload.file, upload.filename)
     return wire.BankTransferSubmitResponse(operation_id=run.id)
 
 
-@router.post(f"{BANK}/document-transfer", status_code=202, deprecated=True)
+@router.post(
+    f"{BANK}/document-transfer",
+    status_code=202,
+    deprecated=True,
+    responses=UPLOAD_REFUSED,
+    openapi_extra=ARCHIVE_UPLOAD,
+)
 async def import_documents(
     bank_id: IdPath,
-    file: Annotated[UploadFile, File(description="A heed bank archive (docs/bank-archive.md).")],
+    request: Request,
     engine: MemoryDep,
     transfers: TransfersDep,
     on_conflict: Annotated[
@@ -138,8 +156,10 @@ async def import_documents(
     """Merge the archive's documents into this bank: ``POST .../transfer/import`` with
     ``mode=merge`` (hindsight-client's deprecated ``import_documents``)."""
     bank = await engine.get_bank(bank_id)
+    await transfers.check_import(bank, mode="merge", document_conflict=on_conflict)
+    upload = await receive_archive(request)
     run = await transfers.submit_import(
-        bank, file.file, file.filename, mode="merge", document_conflict=on_conflict
+        bank, upload.file, upload.filename, mode="merge", document_conflict=on_conflict
     )
     return wire.DocumentImportSubmitResponse(operation_id=run.id)
 
@@ -166,7 +186,7 @@ async def clone_bank(
     return wire.BankTransferSubmitResponse(operation_id=run.id)
 
 
-@router.post(f"{BANK}/document-transfer/export", status_code=202)
+@router.post(f"{BANK}/document-transfer/export", status_code=202, responses=EXPORT_QUOTA)
 async def export_documents(
     bank_id: IdPath,
     engine: MemoryDep,
