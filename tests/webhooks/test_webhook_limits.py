@@ -35,6 +35,8 @@ import trustme
 
 from heed.api.app import create_app
 from heed.memory.archive import MAX_WEBHOOKS
+from heed.memory.bank_rows import WebhookRow
+from heed.memory.models import InvalidInput
 from heed.runs.model import Phase, Run
 from heed.settings import Settings
 from heed.webhooks import targets
@@ -253,6 +255,33 @@ def test_a_bank_holds_at_most_the_webhook_cap(tmp_path: Path, database: str) -> 
             t.join()
         assert sorted(statuses) == [201] * 3 + [409] * 5
         assert http.get(f"/v1/default/banks/{racing}/webhooks").json()["total"] == 3
+
+
+def test_an_import_carrying_more_webhooks_than_a_bank_may_have_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The check a bank archive's import (or a clone) runs before it writes anything."""
+    rows = [
+        WebhookRow(
+            id=f"wh_{i}",
+            url=f"https://hooks.example.com/{i}",
+            secret=SECRET,
+            event_types=["run.completed"],
+            enabled=True,
+            method="POST",
+            timeout_seconds=10,
+            headers={},
+            params={},
+            created_at=0.0,
+            updated_at=0.0,
+        )
+        for i in range(3)
+    ]
+    with _server(tmp_path, webhook_max_per_bank=2) as srv:
+        webhooks = srv.app.state.services.webhooks
+        with pytest.raises(InvalidInput, match=r"3 webhooks; .*HEED_WEBHOOK_MAX_PER_BANK=2"):
+            webhooks.check_carried(rows)
+        webhooks.check_carried(rows[:2])
 
 
 def test_the_webhook_cap_is_what_an_archive_carries(tmp_path: Path) -> None:
