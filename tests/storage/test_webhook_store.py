@@ -210,3 +210,34 @@ def test_the_schema_step_moves_each_deliverys_body_into_its_event(
     due = store.due(now + 10, 10)
     assert sorted(d.id for d in due) == ["d0", "d1", "d2"]
     assert {d.seq for d in due} == {0}
+
+
+def test_claims_of_overlapping_deliveries_by_two_workers_are_disjoint(
+    sql_database: SqlDatabase,
+) -> None:
+    store = _store(sql_database)
+    for _ in range(8):
+        _hook(store, events=["run.completed"])
+    event = _event()
+    store.add_events([event])
+    store.fan_out(event.id, time.time(), keep=10)
+    ids = sorted(d.id for d in store.due(time.time() + 1, 20))
+    assert len(ids) == 8
+    now = time.time() + 1
+    claimed: dict[str, set[str]] = {}
+
+    def claim(owner: str, wanted: list[str]) -> None:
+        claimed[owner] = store.claim_many(wanted, owner, now, now + 60)
+
+    threads = [
+        threading.Thread(target=claim, args=("one", ids[:6])),
+        threading.Thread(target=claim, args=("two", ids[2:])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not claimed["one"] & claimed["two"]
+    assert claimed["one"] | claimed["two"] == set(ids)
+    assert store.claim_many(ids, "three", now, now + 60) == set()  # all leased
+    assert store.claim_many([], "three", now, now + 60) == set()

@@ -495,6 +495,25 @@ class SqlWebhookStore:
             ).rowcount
         return int(claimed) == 1
 
+    def claim_many(
+        self, delivery_ids: Sequence[str], owner: str, now: float, lease_until: float
+    ) -> set[str]:
+        if not delivery_ids:
+            return set()
+        # PostgreSQL: rows another instance is claiming are skipped, not waited for (and two
+        # claims of overlapping sets cannot deadlock); SQLite's writer lock serialises them.
+        skip = " FOR UPDATE SKIP LOCKED" if self.db.dialect == "postgresql" else ""
+        with self.db.write() as conn:
+            rows = conn.execute(
+                "UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ? WHERE id IN ("
+                f"  SELECT id FROM webhook_deliveries WHERE id IN ({_marks(delivery_ids)})"
+                "  AND status = ? AND next_attempt_at <= ?"
+                f"  AND (lease_until IS NULL OR lease_until < ?) ORDER BY id{skip}"
+                ") RETURNING id",
+                (owner, lease_until, *delivery_ids, PENDING, now, now),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+
     def finish(self, delivery_id: str, owner: str, fields: dict[str, Any]) -> bool:
         unknown = set(fields) - _FINISH_FIELDS
         if unknown:

@@ -92,6 +92,12 @@ class WebhookStore(Protocol):
         unleased (or its lease expired) at *now*: a guarded update, so of several workers
         racing, one wins."""
 
+    def claim_many(
+        self, delivery_ids: Sequence[str], owner: str, now: float, lease_until: float
+    ) -> set[str]:
+        """:meth:`claim` for several deliveries in one transaction; the ids claimed (one
+        another instance holds, or that is no longer due, is left out)."""
+
     def finish(self, delivery_id: str, owner: str, fields: dict[str, Any]) -> bool:
         """Record a try (the status, attempts, next time, last answer) and release the
         lease, if *owner* still holds it."""

@@ -12,9 +12,10 @@ One worker per process (started and closed by the composition root). Each pass i
    ``HEED_WEBHOOK_LOG_MAX_PER_WEBHOOK`` as deliveries are written);
 3. **starts sends**: it reads due deliveries (pending, their time come, no live lease),
    leaving out those of tenants and webhooks that already hold their share of this
-   process's senders, and **claims** each with a guarded update that sets a lease
-   (``lease_owner`` = this process, ``lease_until`` = now + ``HEED_WEBHOOK_LEASE_SECONDS``):
-   of several instances racing for one delivery, one update matches. Each claimed delivery
+   process's senders, and **claims** those that fit with one guarded update that sets a
+   lease (``lease_owner`` = this process, ``lease_until`` = now +
+   ``HEED_WEBHOOK_LEASE_SECONDS``): of several instances racing for one delivery, one update
+   matches it. Each claimed delivery
    is sent by a task of its own: at most ``HEED_WEBHOOK_CONCURRENCY`` at once, of which at
    most ``HEED_WEBHOOK_CONCURRENCY_PER_TENANT`` for one tenant and
    ``HEED_WEBHOOK_CONCURRENCY_PER_WEBHOOK`` for one webhook. A send that ends frees its
@@ -263,24 +264,41 @@ class DeliveryWorker:
             now = self.clock()
             free = limits.concurrency - len(self._sends)
             due = await self.io.call(self.store.due, now, free, full_tenants, full_hooks)
-            progressed = False
-            for delivery in due:
-                if len(self._sends) >= limits.concurrency:
-                    break
-                if (
-                    self._per_tenant[delivery.tenant] >= limits.per_tenant
-                    or self._per_webhook[delivery.webhook_id] >= limits.per_webhook
-                    or delivery.id in self._sends
-                ):
-                    continue
-                lease_until = now + self.lease_seconds
-                if await self.io.call(self.store.claim, delivery.id, self.owner, now, lease_until):
+            chosen = self._within_shares(due, free)
+            claimed = await self.io.call(
+                self.store.claim_many,
+                [d.id for d in chosen],
+                self.owner,
+                now,
+                now + self.lease_seconds,
+            )
+            for delivery in chosen:
+                if delivery.id in claimed:
                     self._start(delivery)
                     started += 1
-                    progressed = True
-            if not progressed:
+            if not claimed:
                 break
         return started
+
+    def _within_shares(self, due: list[Delivery], free: int) -> list[Delivery]:
+        """The first of *due* that fit the free places and their tenant's and webhook's
+        shares (counting those already sending)."""
+        limits = self.limits
+        tenants, hooks = Counter(self._per_tenant), Counter(self._per_webhook)
+        chosen: list[Delivery] = []
+        for delivery in due:
+            if len(chosen) >= free:
+                break
+            if (
+                tenants[delivery.tenant] >= limits.per_tenant
+                or hooks[delivery.webhook_id] >= limits.per_webhook
+                or delivery.id in self._sends
+            ):
+                continue
+            tenants[delivery.tenant] += 1
+            hooks[delivery.webhook_id] += 1
+            chosen.append(delivery)
+        return chosen
 
     def _start(self, delivery: Delivery) -> None:
         self._per_tenant[delivery.tenant] += 1
