@@ -48,6 +48,8 @@ from tests.webhooks.support import FakeDns
 
 KEY_A, KEY_B = "hooks-key-a-0123456789", "hooks-key-b-0123456789"
 SECRET = "whsec-never-shown-twice-0123"
+TOKEN = "receiver-token-in-the-query"
+HEADER = "receiver-token-in-a-header"
 
 
 def _settings(data_dir: Path, url: str | None = None, **extra: Any) -> Settings:
@@ -623,13 +625,19 @@ def test_secrets_are_shown_once_and_never_logged(
     with receiver() as rec, _server(tmp_path) as srv, _client(srv) as http:
         rec.answers["/no"] = (500, {})
         bank = _bank(http)
-        created = _hook(http, bank, f"{rec.url}/no", secret=SECRET)
+        created = _hook(
+            http,
+            bank,
+            f"{rec.url}/no?token={TOKEN}",
+            secret=SECRET,
+            http_config={"headers": {"Authorization": f"Bearer {HEADER}"}},
+        )
         assert created["secret"] == SECRET  # the one answer that shows it
         hooks = f"/v1/default/banks/{bank}/webhooks"
         answers = [
             http.get(hooks),
             http.patch(f"{hooks}/{created['id']}", json={"enabled": True}),
-            http.patch(f"{hooks}/{created['id']}", json={"url": f"{rec.url}/no?x=1"}),
+            http.patch(f"{hooks}/{created['id']}", json={"url": f"{rec.url}/no?x=1&token={TOKEN}"}),
         ]
         _retain(http, bank, ["Nia climbs."])
         wait_for(
@@ -647,6 +655,8 @@ def test_secrets_are_shown_once_and_never_logged(
         for request in rec.at("/no"):
             assert SECRET.encode() not in request.body
             assert all(SECRET not in value for value in request.headers.values())
+            assert request.headers["Authorization"] == f"Bearer {HEADER}"
         assert rec.at("/no")  # it was sent, signed
         logged = "\n".join(r.getMessage() + str(r.args) for r in caplog.records)
-        assert SECRET not in logged
+        for secret in (SECRET, TOKEN, HEADER):  # nor the receiver's own, in its URL or headers
+            assert secret not in logged, secret

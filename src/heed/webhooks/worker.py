@@ -36,8 +36,9 @@ resolving the host, connecting, sending, the answer's head and the excerpt of it
 every redirect hop. The host is resolved **once** per hop and every answer checked against
 the allow-list (:func:`heed.webhooks.targets.resolve`); the connection goes to a checked
 address (the URL's host replaced by it, the ``Host`` header and the TLS server name and
-certificate check kept for the URL's host: httpx's ``sni_hostname`` extension), on a client
-of its own (no connection is shared between tries). The answer's status decides; at most
+certificate check kept for the URL's host: httpx's ``sni_hostname`` extension), on a
+transport of its own (no connection is shared between tries). No URL is logged (a query
+parameter may carry a receiver's token). The answer's status decides; at most
 ``HEED_WEBHOOK_RESPONSE_EXCERPT_BYTES`` of its body are read (raw, ``Accept-Encoding:
 identity``) and kept in the log; a body still arriving at the deadline is not waited for.
 A resolver that hangs (a thread in ``getaddrinfo``) holds its sender's place until it
@@ -427,23 +428,24 @@ class DeliveryWorker:
         failure: Exception | None = None
         for address in addresses:
             remaining = deadline - asyncio.get_running_loop().time()
-            async with httpx.AsyncClient(
-                verify=self._ssl or True,
-                trust_env=False,
-                follow_redirects=False,
-                timeout=max(remaining, 0.001),
-                limits=httpx.Limits(max_keepalive_connections=0),
-            ) as client:
-                request = client.build_request(
-                    "POST",
-                    url.copy_with(host=address),
-                    content=content,
-                    headers=pinned_headers,
-                    extensions=extensions,
-                )
+            request = httpx.Request(
+                "POST",
+                url.copy_with(host=address),
+                content=content,
+                headers=pinned_headers,
+                extensions={
+                    **extensions,
+                    "timeout": httpx.Timeout(max(remaining, 0.001)).as_dict(),
+                },
+            )
+            # A transport of its own (no connection shared between tries or hosts), used
+            # without a client: httpx's client logs every request's URL, query included.
+            async with httpx.AsyncHTTPTransport(
+                verify=self._ssl or True, limits=httpx.Limits(max_keepalive_connections=0)
+            ) as transport:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        response = await client.send(request, stream=True)
+                        response = await transport.handle_async_request(request)
                 except (TimeoutError, httpx.TimeoutException):
                     raise _Failed(_late(limit, "waiting for the answer")) from None
                 except httpx.ConnectError as exc:
