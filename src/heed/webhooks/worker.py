@@ -96,8 +96,10 @@ log = logging.getLogger("heed.webhooks")
 #: Events fanned out per pass (tenants taking turns), and at most per tenant.
 FAN_OUT_BATCH: Final = 16
 FAN_OUT_PER_TENANT: Final = 4
-#: Finished deliveries deleted per prune statement.
+#: Finished deliveries deleted per prune statement (a short transaction), and statements
+#: per pass.
 PRUNE_BATCH: Final = 1000
+PRUNE_BATCHES_PER_PASS: Final = 10
 MAX_REDIRECTS: Final = 3
 MAX_BACKOFF_SECONDS: Final = 3600.0
 
@@ -250,8 +252,10 @@ class DeliveryWorker:
             return
         self._pruned_at = now
         before = now - self.log_limits.retention_seconds
-        while await self.io.call(self.store.prune, before, PRUNE_BATCH) >= PRUNE_BATCH:
-            pass
+        for _ in range(PRUNE_BATCHES_PER_PASS):
+            if await self.io.call(self.store.prune, before, PRUNE_BATCH) < PRUNE_BATCH:
+                return
+        self._pruned_at = 0.0  # more to prune: on with it next pass, sends in between
 
     # -- 3. sends ----------------------------------------------------------------------
 
@@ -385,7 +389,7 @@ class DeliveryWorker:
             DELIVERY_HEADER: delivery.id,
             SIGNATURE_HEADER: sign(webhook.secret, content),
         }
-        url = httpx.URL(webhook.url, params=webhook.http_config.params or None)
+        url = _url(webhook.url, webhook.http_config.params)
         for _hop in range(MAX_REDIRECTS + 1):
             try:
                 async with asyncio.timeout_at(deadline):
@@ -400,7 +404,7 @@ class DeliveryWorker:
                 url, addresses, headers, content, deadline, limit=timeout
             )
             if location is not None:
-                url = url.join(location)  # the Location is the whole next URL
+                url = _url(location, base=url)  # the Location is the whole next URL
                 continue
             if 200 <= status < 300:
                 return status, excerpt
@@ -476,6 +480,20 @@ class DeliveryWorker:
                         if len(kept) >= wanted:
                             break
         return bytes(kept[:wanted]).decode("utf-8", "replace")
+
+
+def _url(
+    text: str, params: dict[str, str] | None = None, *, base: httpx.URL | None = None
+) -> httpx.URL:
+    """*text* as httpx reads it (joined to *base* when given, *params* merged), or a
+    final :class:`_Failed` naming why not."""
+    try:
+        url = base.join(text) if base is not None else httpx.URL(text)
+        return url.copy_merge_params(params) if params else url
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise _Failed(
+            f"webhook url {text[:200]!r} is not a valid URL ({exc})", final=True
+        ) from None
 
 
 def _late(timeout: float, doing: str) -> str:
