@@ -1120,6 +1120,376 @@ def export_quota(_: Server) -> dict[str, Any]:
         return _during(server, work)
 
 
+# -- webhooks (issue 37, findings 6 and 7) ------------------------------------------------------
+# Each starts a server of its own (its webhooks target receivers on loopback, so it runs with
+# HEED_WEBHOOK_ALLOW_PRIVATE) with the receivers in this process, and leaves the shared one be.
+#
+# - ``webhook_slow_target``: tenant B's retains, each delivered to B's webhook, first alone, then
+#   while tenant A's four webhooks point at a target that answers 200 with ``Content-Length:
+#   100000`` and then a byte a second and A's ten retains queue 80 deliveries to it; measured:
+#   B's delivery latency (from its run's end to the receiver) in both phases, /health, and how
+#   many of A's sends ran at once (A's share of the senders);
+# - ``webhook_fanout``: 100 webhooks on one bank (the cap; the 101st is refused), then one async
+#   retain of about 0.9 MB (2,000 documents) whose two events go to all of them; measured: the
+#   webhook tables' growth, the bytes stored per event, the bytes sent, tenant B's writes and
+#   /health while the events fan out and are sent.
+
+_WH_ENV = {"HEED_WEBHOOK_ALLOW_PRIVATE": "true", "HEED_WEBHOOK_POLL_SECONDS": "0.05"}
+
+
+class _WhReceiver:
+    """Receivers on loopback: each request's path, wall-clock arrival and body; a path under
+    ``/drip/`` answers 200 with ``Content-Length: 100000``, then a byte a second."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.arrivals: list[tuple[str, float, bytes]] = []
+        self.dripping = 0
+        self.most_dripping = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with receiver.lock:
+                    receiver.arrivals.append((self.path, time.time(), body))
+                if self.path.startswith("/drip/"):
+                    self._drip()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def _drip(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                with receiver.lock:
+                    receiver.dripping += 1
+                    receiver.most_dripping = max(receiver.most_dripping, receiver.dripping)
+                try:
+                    while not receiver.stop.is_set():
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        receiver.stop.wait(1.0)
+                except OSError:
+                    pass
+                finally:
+                    with receiver.lock:
+                        receiver.dripping -= 1
+                self.close_connection = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _WhReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def at(self, prefix: str) -> list[tuple[str, float, bytes]]:
+        with self.lock:
+            return [a for a in self.arrivals if a[0].startswith(prefix)]
+
+
+@contextlib.contextmanager
+def _wh_server(**extra: str) -> Iterator[tuple[Server, str]]:
+    env = {**scripted_env(0.05), "HEED_API_KEYS": f"{KEY_A}=a,{KEY_B}=b", **_WH_ENV, **extra}
+    with tempfile.TemporaryDirectory(prefix="heed-hooks-") as data_dir, serve(data_dir, env) as s:
+        with httpx.Client(base_url=s.url, headers=A, timeout=120) as http:  # models loaded
+            http.put("/v1/default/banks/warm-up", json={}).raise_for_status()
+            http.post(
+                "/v1/default/banks/warm-up/memories", json={"items": [{"content": "Warm."}]}
+            ).raise_for_status()
+        time.sleep(2)
+        yield s, data_dir
+
+
+def _wh_wait(predicate: Callable[[], Any], seconds: float) -> Any:
+    """*predicate*'s first truthy value within *seconds*, else ``None``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    return None
+
+
+def _wh_finished_at(body: bytes) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(json.loads(body)["data"]["finished_at"]).timestamp()
+
+
+def _wh_stats(values: list[float], name: str) -> dict[str, Any]:
+    return {
+        f"{name}_p50_ms": round(percentile(values, 50), 1),
+        f"{name}_p99_ms": round(percentile(values, 99), 1),
+        f"{name}_max_ms": round(max(values), 1) if values else None,
+    }
+
+
+def _wh_tenant_b(http: httpx.Client, rec: _WhReceiver, label: str, n: int) -> dict[str, Any]:
+    """B's *n* async retains one after another, each awaited at B's receiver; the latency
+    from each run's end to its delivery's arrival, and each retain request's."""
+    bank = f"b-{label}"
+    http.put(f"/v1/default/banks/{bank}", json={}).raise_for_status()
+    hook = {"url": f"{rec.url}/b/{label}", "event_types": ["run.completed"]}
+    http.post(f"/v1/default/banks/{bank}/webhooks", json=hook).raise_for_status()
+    delivery_ms: list[float] = []
+    retain_ms: list[float] = []
+    for i in range(n):
+        started = time.perf_counter()
+        http.post(
+            f"/v1/default/banks/{bank}/memories",
+            json={"items": [{"content": f"Bea's note {i}: the kettle whistles."}], "async": True},
+        ).raise_for_status()
+        retain_ms.append((time.perf_counter() - started) * 1000)
+        arrived = _wh_wait(lambda m=i + 1: len(a := rec.at(f"/b/{label}")) >= m and a, 60)
+        if arrived is None:  # stuck behind another tenant: stop here, say so
+            return {
+                "b_delivered": len(delivery_ms),
+                "b_not_delivered_within_s": 60,
+                **_wh_stats(delivery_ms, "b_delivery"),
+            }
+        _, at, body = arrived[i]
+        delivery_ms.append((at - _wh_finished_at(body)) * 1000)
+    return {
+        "b_delivered": len(delivery_ms),
+        **_wh_stats(delivery_ms, "b_delivery"),
+        **_wh_stats(retain_ms, "b_retain_request"),
+    }
+
+
+def webhook_slow_target(_shared: Server) -> dict[str, Any]:
+    with _wh_server() as (server, _), _WhReceiver() as rec:
+        a = httpx.Client(base_url=server.url, headers=A, timeout=60)
+        b = httpx.Client(base_url=server.url, headers=B, timeout=60)
+        with a, b:
+            alone = _during(server, lambda: _wh_tenant_b(b, rec, "alone", 40))
+
+            def slow() -> dict[str, Any]:
+                a.put("/v1/default/banks/a-slow", json={}).raise_for_status()
+                for i in range(4):
+                    hook = {"url": f"{rec.url}/drip/{i}", "http_config": {"timeout_seconds": 60}}
+                    a.post("/v1/default/banks/a-slow/webhooks", json=hook).raise_for_status()
+                for i in range(10):
+                    a.post(
+                        "/v1/default/banks/a-slow/memories",
+                        json={"items": [{"content": f"Ada's note {i}."}], "async": True},
+                    ).raise_for_status()
+                _wh_wait(lambda: rec.dripping >= 8, 60)  # A holds its share (or all of them)
+                measured = _wh_tenant_b(b, rec, "beside-slow", 40)
+                return {
+                    **measured,
+                    "a_deliveries_queued": 80,
+                    "a_sends_at_once_max": rec.most_dripping,
+                    "a_sends_dripping_at_end": rec.dripping,
+                }
+
+            beside = _during(server, slow)
+    stuck = "b_not_delivered_within_s" in beside
+    increase = None if stuck else beside["b_delivery_p99_ms"] - alone["b_delivery_p99_ms"]
+    return {
+        "b_alone": alone,
+        "b_beside_slow_target": beside,
+        "b_delivery_p99_increase_ms": None if increase is None else round(increase, 1),
+        "b_unaffected_within_50ms": increase is not None and increase <= TARGET_STALL_MS,
+        "health_max_ms": max(alone["health_max_ms"], beside["health_max_ms"]),
+    }
+
+
+def _wh_table_bytes(data_dir: str) -> dict[str, int]:
+    """Bytes of each webhook table and its indexes in the server's SQLite file (dbstat)."""
+    import sqlite3
+
+    uri = f"file:{data_dir}/heed.db?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        rows = conn.execute(
+            "SELECT m.tbl_name, SUM(s.pgsize) FROM dbstat s JOIN sqlite_master m"
+            " ON m.name = s.name WHERE m.tbl_name LIKE 'webhook%' GROUP BY m.tbl_name"
+        ).fetchall()
+    return {str(name): int(size) for name, size in rows}
+
+
+def _wh_bodies(data_dir: str, operation: str) -> dict[str, int]:
+    """How many bodies the run's events are stored as, and their bytes (events stored once;
+    before issue 37, one body per delivery)."""
+    import sqlite3
+
+    uri = f"file:{data_dir}/heed.db?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        try:
+            sql = "SELECT COUNT(*), SUM(LENGTH(body)) FROM webhook_events WHERE id LIKE ?"
+            n, size = conn.execute(sql, (f"{operation}:%",)).fetchone()
+        except sqlite3.OperationalError:  # a body per delivery
+            sql = "SELECT COUNT(*), SUM(LENGTH(body)) FROM webhook_deliveries WHERE event_id LIKE ?"
+            n, size = conn.execute(sql, (f"{operation}:%",)).fetchone()
+    return {"bodies_stored": int(n or 0), "body_bytes_stored": int(size or 0)}
+
+
+def _wh_db_bytes(data_dir: str) -> int:
+    from pathlib import Path
+
+    return sum(p.stat().st_size for p in Path(data_dir).glob("heed.db*"))
+
+
+def _wh_health_child(url: str, stop: Any, out: Any) -> None:
+    samples: list[tuple[float, float]] = []
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while not stop.is_set():
+            at, started = time.time(), time.perf_counter()
+            with contextlib.suppress(httpx.HTTPError):
+                client.get("/health")
+                samples.append((at, (time.perf_counter() - started) * 1000))
+            stop.wait(0.01)
+    out.send(samples)
+
+
+class _WhHealth:
+    """/health every 10 ms from a process of its own (the receivers in this one do not
+    delay it), each answer's (wall-clock start, latency in ms)."""
+
+    def __init__(self, url: str) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.samples: list[tuple[float, float]] = []
+        self._stop = context.Event()
+        self._out, child_end = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_wh_health_child, args=(url, self._stop, child_end), daemon=True
+        )
+
+    def __enter__(self) -> _WhHealth:
+        self._process.start()
+        _wh_wait(lambda: self._process.is_alive(), 30)
+        time.sleep(1.0)  # the child's imports
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.samples = self._out.recv()
+        self._process.join()
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [ms for at, ms in self.samples if start <= at < end]
+
+
+def webhook_fanout(_shared: Server) -> dict[str, Any]:
+    """The big retain's events, then five small retains' (more fan-outs to measure /health
+    and B's writes beside; each event goes to every webhook)."""
+    with _wh_server() as (server, data_dir), _WhReceiver() as rec:
+        a = httpx.Client(base_url=server.url, headers=A, timeout=300)
+        b = httpx.Client(base_url=server.url, headers=B, timeout=60)
+        with a, b:
+            a.put("/v1/default/banks/fan", json={}).raise_for_status()
+            statuses: dict[int, int] = {}
+            for i in range(101):
+                status = a.post("/v1/default/banks/fan/webhooks", json={"url": f"{rec.url}/f/{i}"})
+                statuses[status.status_code] = statuses.get(status.status_code, 0) + 1
+            refusal = status.json().get("detail")
+            hooks = statuses.get(201, 0)
+            b.put("/v1/default/banks/b-writes", json={}).raise_for_status()
+            items = [
+                {"content": f"Doc {i}: " + "Otto keeps a tidy ledger. " * 17} for i in range(2_000)
+            ]
+            big = json.dumps({"items": items, "async": True}).encode()
+            small = json.dumps({"items": [{"content": "Otto's ledger balances."}], "async": True})
+            tables_before = _wh_table_bytes(data_dir)
+            db_before = _wh_db_bytes(data_dir)
+            writes: list[tuple[float, float]] = []  # B's: (wall-clock start, ms)
+            windows: list[tuple[float, float]] = []  # each event's: run end, last arrival
+
+            def write(n: int) -> None:
+                at, started = time.time(), time.perf_counter()
+                b.put("/v1/default/banks/b-writes", json={"mission": f"write {n}"})
+                writes.append((at, (time.perf_counter() - started) * 1000))
+                time.sleep(0.02)
+
+            def retain(body: bytes | str, n: int) -> tuple[str, int]:
+                seen = len(rec.at("/f/"))
+                operation = a.post(
+                    "/v1/default/banks/fan/memories",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                ).json()["operation_id"]
+                began = time.time()
+                while len(rec.at("/f/")) < seen + 2 * hooks:
+                    write(n := n + 1)
+                    if time.time() - began > 1800:
+                        raise SystemExit("webhook_fanout: the deliveries never all arrived")
+                mine = rec.at("/f/")[seen:]
+                windows.append((min(_wh_finished_at(x[2]) for x in mine), max(x[1] for x in mine)))
+                return operation, n
+
+            cpu_before = server.cpu_seconds()
+            with _WhHealth(server.url) as health:
+                idle_from = time.time()
+                n = 0
+                while time.time() - idle_from < 3:
+                    write(n := n + 1)
+                posted = time.time()
+                operation, n = retain(big, n)
+                big_arrivals = rec.at("/f/")
+                for _ in range(5):
+                    time.sleep(0.5)
+                    _, n = retain(small, n)
+                time.sleep(0.3)
+            time.sleep(0.5)
+            tables_after = _wh_table_bytes(data_dir)
+            stored = _wh_bodies(data_dir, operation)
+            db_growth = _wh_db_bytes(data_dir) - db_before
+            cpu = server.cpu_seconds() - cpu_before
+
+    def within(samples: list[tuple[float, float]]) -> list[float]:
+        return [ms for at, ms in samples if any(s <= at < e for s, e in windows)]
+
+    fanned = within(health.samples)
+    ended, last = windows[0]
+    grown = sum(tables_after.values()) - sum(tables_before.values())
+    return {
+        "webhook_create_statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "the_101st_refused_with": refusal,
+        "webhooks": hooks,
+        "retain_body_bytes": len(big),
+        "retain_seconds": round(ended - posted, 2),
+        "deliveries_received_for_the_big_retain": len(big_arrivals),
+        "bytes_sent_for_the_big_retain": sum(len(x[2]) for x in big_arrivals),
+        "largest_body_bytes": max(len(x[2]) for x in big_arrivals),
+        "all_delivered_after_run_end_s": round(last - ended, 2),
+        "events_measured": len(windows),
+        "delivered_after_run_end_s_each": [round(e - s, 2) for s, e in windows],
+        **stored,
+        "webhook_tables_growth_bytes": grown,
+        "webhook_bytes_stored_per_event": round(grown / (2 * len(windows))),
+        "database_growth_bytes_memories_included": db_growth,
+        "server_cpu_seconds": round(cpu, 2),
+        **_wh_stats([ms for at, ms in writes if idle_from <= at < posted], "b_write_idle"),
+        **_wh_stats(health.between(idle_from, posted), "health_idle"),
+        **_wh_stats([ms for at, ms in writes if posted <= at < ended], "b_write_retain_runs"),
+        **_wh_stats(health.between(posted, ended), "health_retain_runs"),
+        **_wh_stats(within(writes), "b_write_fan_out_and_sends"),
+        **_wh_stats(fanned, "health_fan_out_and_sends"),
+        # The target: /health while the events fan out and are sent.
+        "health_max_ms": round(max(fanned or [0.0]), 2),
+    }
+
+
 SCENARIOS: dict[str, Callable[[Server], dict[str, Any]]] = {
     "tags_60000": tags_60000,
     "retain_1000_items_64_tags": retain_1000_items,
@@ -1135,6 +1505,8 @@ SCENARIOS: dict[str, Callable[[Server], dict[str, Any]]] = {
     "upload_spool": upload_spool,
     "background_fairness": background_fairness,
     "export_quota": export_quota,
+    "webhook_slow_target": webhook_slow_target,
+    "webhook_fanout": webhook_fanout,
     "key_guessing": key_guessing,  # last: it throttles this address for a minute
 }
 

@@ -62,6 +62,7 @@ from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
 from heed.storage.webhook_store import SqlWebhookStore
 from heed.webhooks import DeliveryWorker, Webhooks
+from heed.webhooks.worker import LogLimits, SendLimits
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
@@ -328,7 +329,10 @@ class Services:
         # Webhooks: the outbox is written in the transaction that ends any run of a bank;
         # the worker sends it (claims leased in the database: once across instances).
         self.webhooks = Webhooks(
-            webhook_store, self.memory, allow_private=settings.webhook_allow_private
+            webhook_store,
+            self.memory,
+            allow_private=settings.webhook_allow_private,
+            max_per_bank=settings.webhook_max_per_bank,
         )
         manager.terminal_hooks.append(self.webhooks.on_terminal)
         self.transfers.webhooks = self.webhooks  # a bank's webhooks travel with its config
@@ -340,6 +344,17 @@ class Services:
             backoff_seconds=settings.webhook_backoff_seconds,
             poll_seconds=settings.webhook_poll_seconds,
             lease_seconds=settings.webhook_lease_seconds,
+            limits=SendLimits(
+                concurrency=settings.webhook_concurrency,
+                per_tenant=settings.webhook_concurrency_per_tenant,
+                per_webhook=settings.webhook_concurrency_per_webhook,
+                excerpt_bytes=settings.webhook_response_excerpt_bytes,
+            ),
+            log_limits=LogLimits(
+                retention_seconds=settings.webhook_log_retention_seconds,
+                max_per_webhook=settings.webhook_log_max_per_webhook,
+                prune_interval=settings.webhook_prune_interval_seconds,
+            ),
         )
 
         # The LLMs' models load at start-up, beside serving (the reflect one, then turns').

@@ -485,6 +485,38 @@ class Settings(BaseSettings):
     webhook_lease_seconds: float = Field(
         default=90.0, gt=0, description="How long a claimed delivery is held by its worker."
     )
+    webhook_max_per_bank: int = Field(
+        default=100,
+        ge=1,
+        le=100,
+        description="Most webhooks a bank may have (at most 100: what a bank archive carries).",
+    )
+    webhook_concurrency: int = Field(
+        default=64, ge=1, le=1024, description="Deliveries one process sends at once."
+    )
+    webhook_concurrency_per_tenant: int = Field(
+        default=8, ge=1, description="Deliveries of one tenant one process sends at once."
+    )
+    webhook_concurrency_per_webhook: int = Field(
+        default=4, ge=1, description="Deliveries of one webhook one process sends at once."
+    )
+    webhook_response_excerpt_bytes: int = Field(
+        default=256,
+        ge=0,
+        le=4096,
+        description="Bytes of a receiver's answer kept in the delivery log (0: none).",
+    )
+    webhook_log_max_per_webhook: int = Field(
+        default=1000, ge=1, description="Deliveries a webhook's log keeps (the newest)."
+    )
+    webhook_log_retention_seconds: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="How long a finished delivery stays in its webhook's log.",
+    )
+    webhook_prune_interval_seconds: float = Field(
+        default=60.0, gt=0, description="How often the delivery log is pruned."
+    )
     vector_cache_mb: int = Field(
         default=2048,
         ge=1,

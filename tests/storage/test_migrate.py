@@ -5,8 +5,8 @@ The source is built once per module through the real code: a memory engine on SQ
 document, an appended document, a deleted unit, an idempotency key), and the SQL run and
 session stores on the same file hold a session with a transcript and a wakeup, finished
 runs with journals and one unfinished run; the webhook store holds a bank's webhooks with
-delivered, failed and pending deliveries, and the archive store an export of three parts
-and an expired one. Each test migrates it into a fresh schema.
+delivered, failed and pending deliveries (and their events), and the archive store an
+export of three parts and an expired one. Each test migrates it into a fresh schema.
 """
 
 from __future__ import annotations
@@ -64,7 +64,15 @@ from heed.storage.postgres import PostgresDatabase
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
 from heed.storage.webhook_store import SqlWebhookStore
-from heed.webhooks.models import DELIVERED, FAILED, PENDING, Delivery, HttpConfig, Webhook
+from heed.webhooks.models import (
+    DELIVERED,
+    FAILED,
+    PENDING,
+    Delivery,
+    Event,
+    HttpConfig,
+    Webhook,
+)
 from tests.pg_support import fresh_schema
 from tests.support import live_server
 
@@ -264,21 +272,34 @@ def _webhooks_and_archives(db: SqliteDatabase) -> bytes:
                 now,
             )
         )
-    deliveries = [
-        Delivery(
-            f"dl_{status}",
+    events = [
+        Event(
+            f"ev_{status}",
             "default",
             ref,
-            "wh_on",
-            f"ev_{status}",
             "retain.completed",
-            "https://hooks.example.com/wh_on",
             json.dumps({"type": "retain.completed", "n": i}),
-            status,
-            attempts,
-            now + i,
             now - 60 + i,
-            now - 30 + i,
+            fanned_out=True,
+        )
+        for i, status in enumerate((DELIVERED, FAILED, PENDING))
+    ]
+    webhooks.add_events(events)
+    deliveries = [
+        Delivery(
+            id=f"dl_{status}",
+            tenant="default",
+            bank_ref=ref,
+            webhook_id="wh_on",
+            event_id=f"ev_{status}",
+            event_type="retain.completed",
+            url="https://hooks.example.com/wh_on",
+            status=status,
+            attempts=attempts,
+            next_attempt_at=now + i,
+            created_at=now - 60 + i,
+            updated_at=now - 30 + i,
+            seq=i + 1,
             lease_owner="old-server" if status == PENDING else None,
             lease_until=now + 90 if status == PENDING else None,
             last_error="HTTP 500" if status == FAILED else None,
@@ -365,6 +386,7 @@ TABLES = [
     "session_messages",
     "session_wakeups",
     "webhooks",
+    "webhook_events",
     "webhook_deliveries",
 ]
 
@@ -459,7 +481,7 @@ def test_migration_copies_every_table_and_leaves_unfinished_runs_out(
     assert summary.verification is not None
     assert summary.verification.ok, summary.verification.problems()
     checked = {c.table for c in summary.verification.counts}
-    assert {"webhooks", "webhook_deliveries", "transfer_archive_parts"} <= checked
+    assert {"webhooks", "webhook_events", "webhook_deliveries", "transfer_archive_parts"} <= checked
 
 
 def test_webhooks_and_live_archives_survive_the_migration(
@@ -497,6 +519,10 @@ def test_webhooks_and_live_archives_survive_the_migration(
                     "SELECT * FROM webhook_deliveries WHERE id = ?", (delivery.id,)
                 ).fetchone()
                 assert delivery == Delivery(**dict(zip(row.keys(), tuple(row), strict=True)))
+        for delivery in log:  # each body stored once, with its event
+            n = {"dl_delivered": 0, "dl_failed": 1, "dl_pending": 2}[delivery.id]
+            body = webhooks.event_body(delivery.event_id)
+            assert body is not None and json.loads(body) == {"type": "retain.completed", "n": n}
         later = time.time() + 120  # the stopped server's lease is over
         assert [d.id for d in webhooks.due(later, 10)] == ["dl_pending"]
         assert webhooks.claim("dl_pending", "new-server", later, later + 90)
@@ -511,12 +537,19 @@ def test_webhooks_and_live_archives_survive_the_migration(
     finally:
         database.close()
     assert summary.copied["webhooks"] == 2 and summary.copied["webhook_deliveries"] == 3
+    assert summary.copied["webhook_events"] == 3
     assert summary.copied["transfer_archives"] == 1
     assert summary.copied["transfer_archive_parts"] == 3
     assert summary.left_out["transfer_archives"] == 1
     assert summary.left_out["transfer_archive_parts"] == 3
     again = migration.migrate(source.path, pg_url, verify_queries=0)
-    for table in ("webhooks", "webhook_deliveries", "transfer_archives", "transfer_archive_parts"):
+    for table in (
+        "webhooks",
+        "webhook_events",
+        "webhook_deliveries",
+        "transfer_archives",
+        "transfer_archive_parts",
+    ):
         assert again.copied[table] == 0 and again.existing[table] == summary.copied[table]
 
 

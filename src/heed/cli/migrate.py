@@ -165,7 +165,7 @@ def migrate(
     Copies memory banks (documents, chunks, units with their vectors and keyword
     text, entities, links, the retain ledger, directives, mental models), sessions with
     their transcripts and wakeups, finished runs with their journals, the banks' webhooks
-    with their deliveries, and exported bank archives not yet expired; unfinished runs
+    with their events and deliveries, and exported bank archives not yet expired; unfinished runs
     (and expired archives) are left out and counted. Stop the server using the SQLite
     file first; the file is only read.
 

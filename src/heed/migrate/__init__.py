@@ -17,8 +17,8 @@ What is copied: memory banks, documents, chunks, units (with their vectors and k
 text), entities, unit-entity rows, links, shared values, the retain ledger, directives,
 mental models with their history and knowledge folders; sessions with their transcripts and
 wakeups; runs whose phase is terminal, with their journals and summaries but not their
-payloads; the banks' webhooks with their deliveries (pending ones are sent by the servers
-on the target); exported bank archives not yet expired, with their parts (a finished
+payloads; the banks' webhooks with their events and deliveries (pending ones are sent by
+the servers on the target); exported bank archives not yet expired, with their parts (a finished
 export's ``download_url`` names one). Unfinished runs are left out and counted: the server
 that owned them is stopped, so they are stale; so are expired or unfinished archives. Left
 out on purpose (:data:`~heed.migrate.tables.LEFT_OUT`): run payloads, UI logouts. The

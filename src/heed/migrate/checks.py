@@ -2,7 +2,7 @@
 
 Counts: per bank, source and target must hold the same number of documents, chunks, units,
 units with a vector, entities, memberships, links and ledger rows; for sessions, messages,
-wakeups, (finished) runs and journal events, webhooks and their deliveries, and the
+wakeups, (finished) runs and journal events, webhooks, their events and deliveries, and the
 archives still downloadable and their parts, every source row's key must be in the target.
 
 Recall: for each bank, up to ``queries`` units sampled deterministically (the first by id;
@@ -162,6 +162,12 @@ def _count_checks(src: Snapshot, dst: PostgresDatabase) -> list[CountCheck]:
             "id",
         ),
         ("webhooks", "webhooks", "SELECT rowid AS _k, id FROM webhooks WHERE 1 = 1", "id"),
+        (
+            "webhooks",
+            "webhook_events",
+            "SELECT rowid AS _k, id FROM webhook_events WHERE 1 = 1",
+            "id",
+        ),
         (
             "webhooks",
             "webhook_deliveries",

@@ -156,7 +156,7 @@ class Copier:
             self._copy_plain(spec)
 
     def copy_webhooks_and_archives(self) -> None:
-        """The banks' webhooks with their deliveries, and the archives still downloadable
+        """The banks' webhooks with their events and deliveries, and the archives still downloadable
         (see :data:`~heed.migrate.tables.WEBHOOK_TABLES`, :data:`~.tables.ARCHIVE_TABLES`)."""
         for spec in (*WEBHOOK_TABLES, *ARCHIVE_TABLES):
             self._copy_plain(spec)

@@ -116,11 +116,13 @@ MEMORY_TABLES: Final = (
     TableCopy("memory_knowledge_folders", "memory"),
 )
 
-#: A bank's webhooks and their deliveries (the outbox and its log), every row: a pending
-#: delivery is sent by the servers on the target (its old lease expires), a finished one
-#: stays in the webhook's log. Keyed by the bank's ref, which the copy keeps.
+#: A bank's webhooks, their events (each body stored once; one not yet fanned out is
+#: fanned out by the servers on the target) and deliveries (the outbox and its log), every
+#: row: a pending delivery is sent by the servers on the target (its old lease expires), a
+#: finished one stays in the webhook's log. Keyed by the bank's ref, which the copy keeps.
 WEBHOOK_TABLES: Final = (
     TableCopy("webhooks", "webhooks"),
+    TableCopy("webhook_events", "webhooks"),
     TableCopy("webhook_deliveries", "webhooks"),
 )
 

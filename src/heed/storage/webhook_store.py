@@ -1,11 +1,19 @@
 """The SQL implementation of :class:`heed.webhooks.store.WebhookStore` (component
 ``webhooks``), on SQLite or PostgreSQL (any :class:`~heed.storage.database.SqlDatabase`).
 
-Two tables: ``webhooks`` (a bank's subscriptions, keyed by the bank's ref so a bank deleted
-and created again starts with none) and ``webhook_deliveries`` (the outbox and its log, one
-row per webhook and event id). ``enqueue`` and ``subscribers`` use ``db.write()`` /
-``db.read()``, which join a transaction the calling thread has open: called from the run
-manager's terminal hook, the deliveries commit with the run's terminal row.
+Three tables: ``webhooks`` (a bank's subscriptions, keyed by the bank's ref so a bank
+deleted and created again starts with none), ``webhook_events`` (the end of a run as its
+subscribers are told it: one row per run and event type, its body stored once) and
+``webhook_deliveries`` (the outbox and its log: one row per webhook and event, pointing to
+the event). ``add_events`` and ``subscribers`` use ``db.write()`` / ``db.read()``, which
+join a transaction the calling thread has open: called from the run manager's terminal
+hook, the events commit with the run's terminal row. :meth:`SqlWebhookStore.fan_out` writes
+an event's deliveries later, in a transaction of its own.
+
+A webhook's log is kept short: when a delivery is written, the webhook's finished
+deliveries older than its newest *keep* (by ``seq``, a per-webhook counter) are deleted in
+the same transaction; :meth:`SqlWebhookStore.prune` deletes finished deliveries whose last
+try is older than the retention. An event goes with its last delivery.
 
 A claim is a guarded ``UPDATE ... WHERE status = 'pending' AND (lease_until IS NULL OR
 lease_until < now)``: on PostgreSQL (``READ COMMITTED``) a second updater waits for the
@@ -17,10 +25,12 @@ recorded by an update guarded by the lease owner.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Sequence
 from typing import Any, Final
 
 from heed.storage.database import Migration, SqlDatabase, apply_migrations
-from heed.webhooks.models import PENDING, Delivery, HttpConfig, Webhook
+from heed.webhooks.models import PENDING, Delivery, Event, HttpConfig, Webhook
 
 __all__ = ["MIGRATIONS", "SqlWebhookStore"]
 
@@ -70,6 +80,35 @@ MIGRATIONS: Final = [
         CREATE INDEX webhook_deliveries_log ON webhook_deliveries (webhook_id, created_at, id);
         """,
     ),
+    # An event's body is stored once, in webhook_events, and its deliveries point to it
+    # (each delivery used to carry its own copy of the run's whole result); a per-webhook
+    # seq orders a webhook's deliveries so its log can be cut to the newest ones.
+    Migration(
+        "webhooks",
+        2,
+        """
+        CREATE TABLE webhook_events (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            bank_ref TEXT NOT NULL,
+            event_type TEXT NOT NULL,
+            body TEXT NOT NULL,
+            fanned_out INTEGER NOT NULL DEFAULT 0,
+            created_at {real} NOT NULL
+        );
+        CREATE INDEX webhook_events_pending ON webhook_events (fanned_out, created_at);
+        CREATE INDEX webhook_events_bank ON webhook_events (tenant, bank_ref);
+        INSERT INTO webhook_events
+            (id, tenant, bank_ref, event_type, body, fanned_out, created_at)
+            SELECT event_id, MIN(tenant), MIN(bank_ref), MIN(event_type), MIN(body), 1,
+                MIN(created_at)
+            FROM webhook_deliveries GROUP BY event_id;
+        ALTER TABLE webhook_deliveries DROP COLUMN body;
+        ALTER TABLE webhook_deliveries ADD COLUMN seq {bigint} NOT NULL DEFAULT 0;
+        CREATE INDEX webhook_deliveries_seq ON webhook_deliveries (webhook_id, seq);
+        CREATE INDEX webhook_deliveries_event ON webhook_deliveries (event_id);
+        """,
+    ),
 ]
 
 _WEBHOOK_COLUMNS: Final = (
@@ -77,10 +116,13 @@ _WEBHOOK_COLUMNS: Final = (
     "created_at, updated_at"
 )
 _DELIVERY_COLUMNS: Final = (
-    "id, tenant, bank_ref, webhook_id, event_id, event_type, url, body, status, attempts, "
+    "id, tenant, bank_ref, webhook_id, event_id, event_type, url, status, attempts, "
     "next_attempt_at, lease_owner, lease_until, last_error, last_response_status, "
-    "last_response_body, last_attempt_at, created_at, updated_at"
+    "last_response_body, last_attempt_at, created_at, updated_at, seq"
 )
+_EVENT_COLUMNS: Final = "id, tenant, bank_ref, event_type, body, fanned_out, created_at"
+#: A delivery's finished statuses (what the log keeps, and prunes).
+_FINISHED_SQL: Final = "status <> 'pending'"
 #: The fields a try may set (:meth:`SqlWebhookStore.finish`).
 _FINISH_FIELDS: Final = frozenset(
     {
@@ -133,6 +175,22 @@ def _delivery(row: Any) -> Delivery:
     return Delivery(**{name: row[name] for name in _DELIVERY_COLUMNS.split(", ")})
 
 
+def _event(row: Any) -> Event:
+    return Event(
+        id=row["id"],
+        tenant=row["tenant"],
+        bank_ref=row["bank_ref"],
+        event_type=row["event_type"],
+        body=row["body"],
+        created_at=row["created_at"],
+        fanned_out=bool(row["fanned_out"]),
+    )
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
 class SqlWebhookStore:
     """Webhooks and their deliveries on a :class:`~heed.storage.database.SqlDatabase`."""
 
@@ -144,13 +202,24 @@ class SqlWebhookStore:
 
     # -- webhooks --------------------------------------------------------------------
 
-    def create(self, webhook: Webhook) -> None:
+    def create(self, webhook: Webhook, limit: int | None = None) -> bool:
         with self.db.write() as conn:
+            if limit is not None:
+                # Count and insert under the bank's lock: two creates at once cannot both
+                # pass a count of limit - 1.
+                self.db.lock(conn, f"webhooks:{webhook.tenant}:{webhook.bank_ref}")
+                (count,) = conn.execute(
+                    "SELECT COUNT(*) FROM webhooks WHERE tenant = ? AND bank_ref = ?",
+                    (webhook.tenant, webhook.bank_ref),
+                ).fetchone()
+                if int(count) >= limit:
+                    return False
             conn.execute(
                 f"INSERT INTO webhooks ({_WEBHOOK_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self._webhook_row(webhook),
             )
+        return True
 
     @staticmethod
     def _webhook_row(webhook: Webhook) -> tuple[Any, ...]:
@@ -216,15 +285,19 @@ class SqlWebhookStore:
                 (webhook_id, tenant, bank_ref),
             ).rowcount
             if gone:
-                conn.execute("DELETE FROM webhook_deliveries WHERE webhook_id = ?", (webhook_id,))
+                events = conn.execute(
+                    "DELETE FROM webhook_deliveries WHERE webhook_id = ? RETURNING event_id",
+                    (webhook_id,),
+                ).fetchall()
+                self._drop_orphans(conn, [r[0] for r in events])
         return int(gone) > 0
 
     def delete_bank(self, tenant: str, bank_ref: str) -> int:
         with self.db.write() as conn:
-            conn.execute(
-                "DELETE FROM webhook_deliveries WHERE tenant = ? AND bank_ref = ?",
-                (tenant, bank_ref),
-            )
+            for table in ("webhook_deliveries", "webhook_events"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE tenant = ? AND bank_ref = ?", (tenant, bank_ref)
+                )
             return int(
                 conn.execute(
                     "DELETE FROM webhooks WHERE tenant = ? AND bank_ref = ?", (tenant, bank_ref)
@@ -233,7 +306,8 @@ class SqlWebhookStore:
 
     def delete_ref(self, bank_ref: str) -> int:
         with self.db.write() as conn:
-            conn.execute("DELETE FROM webhook_deliveries WHERE bank_ref = ?", (bank_ref,))
+            for table in ("webhook_deliveries", "webhook_events"):
+                conn.execute(f"DELETE FROM {table} WHERE bank_ref = ?", (bank_ref,))
             return int(
                 conn.execute("DELETE FROM webhooks WHERE bank_ref = ?", (bank_ref,)).rowcount
             )
@@ -249,27 +323,167 @@ class SqlWebhookStore:
             ).fetchall()
         return [_webhook(r) for r in rows]
 
+    def add_events(self, events: list[Event]) -> None:
+        with self.db.write() as conn:
+            for event in events:
+                conn.execute(
+                    f"INSERT INTO webhook_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (id) DO NOTHING",
+                    (
+                        event.id,
+                        event.tenant,
+                        event.bank_ref,
+                        event.event_type,
+                        event.body,
+                        int(event.fanned_out),
+                        event.created_at,
+                    ),
+                )
+
+    def pending_events(self, per_tenant: int, limit: int) -> list[Event]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM ("
+                f"  SELECT {_EVENT_COLUMNS}, ROW_NUMBER() OVER ("
+                "    PARTITION BY tenant ORDER BY created_at, id) AS turn"
+                "  FROM webhook_events WHERE fanned_out = 0"
+                ") ranked WHERE turn <= ? ORDER BY turn, created_at, id LIMIT ?",
+                (per_tenant, limit),
+            ).fetchall()
+        return [_event(r) for r in rows]
+
+    def fan_out(self, event_id: str, now: float, keep: int) -> int:
+        with self.db.write() as conn:
+            claimed = conn.execute(
+                "UPDATE webhook_events SET fanned_out = 1 WHERE id = ? AND fanned_out = 0",
+                (event_id,),
+            ).rowcount
+            if not claimed:
+                return 0  # another instance did it, or the event is gone
+            event = _event(
+                conn.execute(
+                    f"SELECT {_EVENT_COLUMNS} FROM webhook_events WHERE id = ?", (event_id,)
+                ).fetchone()
+            )
+            hooks = [
+                w
+                for w in self.subscribers(event.tenant, event.bank_ref)
+                if event.event_type in w.event_types
+            ]
+            if not hooks:
+                conn.execute("DELETE FROM webhook_events WHERE id = ?", (event_id,))
+                return 0
+            dropped: list[str] = []
+            for hook in hooks:
+                (last,) = conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM webhook_deliveries WHERE webhook_id = ?",
+                    (hook.id,),
+                ).fetchone()
+                seq = int(last) + 1
+                self.enqueue(
+                    [
+                        Delivery(
+                            id="whd_" + uuid.uuid4().hex[:24],
+                            tenant=event.tenant,
+                            bank_ref=event.bank_ref,
+                            webhook_id=hook.id,
+                            event_id=event.id,
+                            event_type=event.event_type,
+                            url=hook.url,
+                            status=PENDING,
+                            attempts=0,
+                            next_attempt_at=now,
+                            created_at=now,
+                            updated_at=now,
+                            seq=seq,
+                        )
+                    ]
+                )
+                dropped += [
+                    r[0]
+                    for r in conn.execute(
+                        "DELETE FROM webhook_deliveries WHERE webhook_id = ? AND seq <= ? "
+                        f"AND {_FINISHED_SQL} RETURNING event_id",
+                        (hook.id, seq - keep),
+                    ).fetchall()
+                ]
+            self._drop_orphans(conn, dropped)
+        return len(hooks)
+
     def enqueue(self, deliveries: list[Delivery]) -> None:
         columns = _DELIVERY_COLUMNS.split(", ")
-        marks = ", ".join("?" for _ in columns)
         with self.db.write() as conn:
             for delivery in deliveries:
                 conn.execute(
-                    f"INSERT INTO webhook_deliveries ({_DELIVERY_COLUMNS}) VALUES ({marks}) "
-                    "ON CONFLICT (webhook_id, event_id) DO NOTHING",
+                    f"INSERT INTO webhook_deliveries ({_DELIVERY_COLUMNS}) "
+                    f"VALUES ({_marks(columns)}) ON CONFLICT (webhook_id, event_id) DO NOTHING",
                     tuple(getattr(delivery, c) for c in columns),
                 )
 
-    def due(self, now: float, limit: int) -> list[Delivery]:
+    def event_body(self, event_id: str) -> str | None:
         with self.db.read() as conn:
-            rows = conn.execute(
-                f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries "
-                "WHERE status = ? AND next_attempt_at <= ? "
-                "AND (lease_until IS NULL OR lease_until < ?) "
-                "ORDER BY next_attempt_at, id LIMIT ?",
-                (PENDING, now, now, limit),
-            ).fetchall()
+            row = conn.execute(
+                "SELECT body FROM webhook_events WHERE id = ?", (event_id,)
+            ).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def due(
+        self,
+        now: float,
+        limit: int,
+        skip_tenants: Sequence[str] = (),
+        skip_webhooks: Sequence[str] = (),
+    ) -> list[Delivery]:
+        sql = (
+            f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries "
+            "WHERE status = ? AND next_attempt_at <= ? "
+            "AND (lease_until IS NULL OR lease_until < ?)"
+        )
+        args: list[Any] = [PENDING, now, now]
+        if skip_tenants:
+            sql += f" AND tenant NOT IN ({_marks(skip_tenants)})"
+            args += skip_tenants
+        if skip_webhooks:
+            sql += f" AND webhook_id NOT IN ({_marks(skip_webhooks)})"
+            args += skip_webhooks
+        sql += " ORDER BY next_attempt_at, id LIMIT ?"
+        args.append(limit)
+        with self.db.read() as conn:
+            rows = conn.execute(sql, args).fetchall()
         return [_delivery(r) for r in rows]
+
+    def prune(self, before: float, batch: int) -> int:
+        with self.db.write() as conn:
+            events = conn.execute(
+                "DELETE FROM webhook_deliveries WHERE id IN ("
+                "  SELECT id FROM webhook_deliveries WHERE status IN ('delivered', 'failed')"
+                "  AND next_attempt_at < ? LIMIT ?"
+                ") RETURNING event_id",
+                (before, batch),
+            ).fetchall()
+            self._drop_orphans(conn, [r[0] for r in events])
+            conn.execute(
+                "DELETE FROM webhook_events WHERE id IN ("
+                "  SELECT e.id FROM webhook_events e WHERE e.fanned_out = 1"
+                "  AND e.created_at < ? AND NOT EXISTS ("
+                "    SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id"
+                "  ) LIMIT ?"
+                ")",
+                (before, batch),
+            )
+        return len(events)
+
+    @staticmethod
+    def _drop_orphans(conn: Any, event_ids: list[str]) -> None:
+        """Delete the events among *event_ids* (fanned out) that no delivery points to."""
+        for start in range(0, len(event_ids), 500):
+            ids = sorted(set(event_ids[start : start + 500]))
+            conn.execute(
+                f"DELETE FROM webhook_events WHERE id IN ({_marks(ids)}) AND fanned_out = 1 "
+                "AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d "
+                "WHERE d.event_id = webhook_events.id)",
+                ids,
+            )
 
     def claim(self, delivery_id: str, owner: str, now: float, lease_until: float) -> bool:
         with self.db.write() as conn:
@@ -280,6 +494,25 @@ class SqlWebhookStore:
                 (owner, lease_until, delivery_id, PENDING, now, now),
             ).rowcount
         return int(claimed) == 1
+
+    def claim_many(
+        self, delivery_ids: Sequence[str], owner: str, now: float, lease_until: float
+    ) -> set[str]:
+        if not delivery_ids:
+            return set()
+        # PostgreSQL: rows another instance is claiming are skipped, not waited for (and two
+        # claims of overlapping sets cannot deadlock); SQLite's writer lock serialises them.
+        skip = " FOR UPDATE SKIP LOCKED" if self.db.dialect == "postgresql" else ""
+        with self.db.write() as conn:
+            rows = conn.execute(
+                "UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ? WHERE id IN ("
+                f"  SELECT id FROM webhook_deliveries WHERE id IN ({_marks(delivery_ids)})"
+                "  AND status = ? AND next_attempt_at <= ?"
+                f"  AND (lease_until IS NULL OR lease_until < ?) ORDER BY id{skip}"
+                ") RETURNING id",
+                (owner, lease_until, *delivery_ids, PENDING, now, now),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
 
     def finish(self, delivery_id: str, owner: str, fields: dict[str, Any]) -> bool:
         unknown = set(fields) - _FINISH_FIELDS

@@ -9,11 +9,20 @@ subscriber reads ``data.status``, not the event's name, to know how it ended.
 
 ``memory_defense.triggered``, which Hindsight also names, is not implemented by heed
 (:data:`NOT_IMPLEMENTED`): subscribing to it is refused by name.
+
+An event's body is small and stored once (:class:`~heed.webhooks.models.Event`), however
+many webhooks it goes to: the run's ids, status and times, its error (at most
+:data:`MAX_ERROR_CHARS` characters) and a summary of its result, the result's scalar entries
+(ids, counts, flags, texts of at most :data:`MAX_TEXT_CHARS` characters; at most
+:data:`MAX_RESULT_FIELDS` of them). Lists and maps (a retain's document ids, an extraction
+report) are left out: a subscriber that wants them reads the operation
+(``GET .../operations/{operation_id}``). A body is at most :data:`MAX_BODY_BYTES` bytes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -24,12 +33,17 @@ __all__ = [
     "BANK_PREFIX",
     "EVENT_TYPES",
     "KIND_EVENTS",
+    "MAX_BODY_BYTES",
+    "MAX_ERROR_CHARS",
+    "MAX_RESULT_FIELDS",
+    "MAX_TEXT_CHARS",
     "NOT_IMPLEMENTED",
     "RUN_COMPLETED",
     "bank_ref_of",
     "event_body",
     "event_id",
     "events_of",
+    "result_summary",
 ]
 
 RUN_COMPLETED: Final = "run.completed"
@@ -46,6 +60,15 @@ EVENT_TYPES: Final = (*KIND_EVENTS.values(), RUN_COMPLETED)
 NOT_IMPLEMENTED: Final = ("memory_defense.triggered",)
 #: How a bank's runs are grouped (:func:`heed.memory.operations.bank_session`).
 BANK_PREFIX: Final = "bank:"
+#: Most entries of a run's result an event carries.
+MAX_RESULT_FIELDS: Final = 16
+#: Longest text value of a result an event carries (a longer one is left out), and longest key.
+MAX_TEXT_CHARS: Final = 256
+MAX_KEY_CHARS: Final = 64
+#: Longest error an event carries (a longer one is cut, marked with an ellipsis).
+MAX_ERROR_CHARS: Final = 1000
+#: The largest body an event can have (what the bounds above add up to, with room to spare).
+MAX_BODY_BYTES: Final = 8192
 
 
 def bank_ref_of(run: Run) -> str | None:
@@ -67,10 +90,12 @@ def event_id(run: Run, event_type: str) -> str:
 
 
 def event_body(event_type: str, run: Run, bank_id: str, now: float) -> str:
-    """The JSON body sent (and signed) for *event_type* of *run*: fixed when enqueued.
+    """The JSON body sent (and signed) for *event_type* of *run*: fixed when the run ends.
 
     ``{"id", "type", "created_at", "bank_id", "data": {"run_id", "operation_id", "kind",
-    "status", "phase", "error", "result", "started_at", "finished_at"}}`` (times ISO 8601).
+    "status", "phase", "error", "result", "started_at", "finished_at"}}`` (times ISO 8601;
+    ``result``: :func:`result_summary`). At most :data:`MAX_BODY_BYTES` bytes; never raises
+    for any run (it is written in the transaction that ends the run).
     """
     body: dict[str, Any] = {
         "id": event_id(run, event_type),
@@ -83,13 +108,37 @@ def event_body(event_type: str, run: Run, bank_id: str, now: float) -> str:
             "kind": run.kind,
             "status": status_of_phase(run.phase),
             "phase": run.phase,
-            "error": run.error,
-            "result": run.result,
+            "error": _cut(run.error, MAX_ERROR_CHARS),
+            "result": result_summary(run.result),
             "started_at": _iso(run.started_at),
             "finished_at": _iso(run.finished_at),
         },
     }
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def result_summary(result: object) -> dict[str, Any] | None:
+    """The scalar entries of a run's *result* (see the module docstring), or ``None``."""
+    if not isinstance(result, dict):
+        return None
+    kept: dict[str, Any] = {}
+    for key, value in result.items():
+        if len(kept) >= MAX_RESULT_FIELDS:
+            break
+        if not isinstance(key, str) or len(key) > MAX_KEY_CHARS:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        scalar = value is None or isinstance(value, bool | int | float)
+        if scalar or (isinstance(value, str) and len(value) <= MAX_TEXT_CHARS):
+            kept[key] = value
+    return kept
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "\u2026"
 
 
 def _iso(ts: float | None) -> str | None:

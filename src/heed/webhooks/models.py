@@ -1,11 +1,12 @@
-"""A webhook, its HTTP delivery config, and one delivery (a row of the outbox and its log)."""
+"""A webhook, its HTTP delivery config, an event (stored once) and one delivery of it (a
+row of the outbox and its log)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["DELIVERED", "FAILED", "PENDING", "Delivery", "HttpConfig", "Webhook"]
+__all__ = ["DELIVERED", "FAILED", "PENDING", "Delivery", "Event", "HttpConfig", "Webhook"]
 
 #: A delivery's status: waiting for its first or next try.
 PENDING: Final = "pending"
@@ -44,9 +45,29 @@ class Webhook:
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
-    """One event for one webhook: its body (fixed when enqueued), status and tries.
+class Event:
+    """The end of a bank's run as its subscribers are told it: one row per run and event
+    type (``id``: ``<run id>:<event type>``), whatever the number of webhooks. *body* is
+    the exact JSON every delivery of it sends and signs (small: ids, status and counts;
+    see :func:`heed.webhooks.events.event_body`).
 
+    ``fanned_out``: whether its deliveries (one per subscribed webhook) were written."""
+
+    id: str
+    tenant: str
+    bank_ref: str
+    event_type: str
+    body: str
+    created_at: float
+    fanned_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One event for one webhook: its status and tries; the body is the event's
+    (:class:`Event`, by ``event_id``).
+
+    ``seq`` orders a webhook's deliveries (its log is cut to the newest ones by it).
     ``lease_owner`` / ``lease_until``: the worker that claimed it, until when; nobody else
     sends it meanwhile."""
 
@@ -57,12 +78,12 @@ class Delivery:
     event_id: str
     event_type: str
     url: str
-    body: str
     status: str
     attempts: int
     next_attempt_at: float
     created_at: float
     updated_at: float
+    seq: int = 0
     lease_owner: str | None = None
     lease_until: float | None = None
     last_error: str | None = None

@@ -4,17 +4,23 @@
 the allow-list (:mod:`heed.webhooks.targets`), the events it wants (:data:`EVENT_TYPES`;
 all of them when not given; an unknown one, or one heed does not send, is refused by name),
 a secret (generated when not given, shown once: in the answer that created it), an
-``enabled`` flag and an HTTP config (``POST`` only; a timeout of 1 to 60 s; up to 20 extra
-headers, none of heed's own or the transport's; up to 20 query parameters). Deleting the
-bank deletes its webhooks and their deliveries.
+``enabled`` flag and an HTTP config (``POST`` only; a timeout of 1 to 60 s, the whole of a
+try; up to 20 extra headers, none of heed's own or the transport's; up to 20 query
+parameters). A bank has at most ``HEED_WEBHOOK_MAX_PER_BANK`` webhooks (100, what an archive
+carries): one more is a 409 naming the limit and the setting. Deleting the bank deletes
+its webhooks, their events and deliveries.
 
 **The outbox.** :meth:`Webhooks.on_terminal` is a terminal hook of the run manager
 (``RunManager.terminal_hooks``): it runs inside the transaction that makes a run terminal
-(:func:`heed.runs.ending.end_run`), on the same database connection, so the deliveries of
-the run's events (:func:`heed.webhooks.events.events_of`) are committed with the terminal
-row and its journal event, or not at all. A run that is not a bank's, or whose bank has no
-enabled subscriber for its events, costs one indexed read. The worker
-(:mod:`heed.webhooks.worker`) sends what this wrote.
+(:func:`heed.runs.ending.end_run`), on the same database connection, so the run's events
+(:func:`heed.webhooks.events.events_of`) are committed with the terminal row and its
+journal event, or not at all. It writes one small row per event (its body, stored once:
+:func:`heed.webhooks.events.event_body`), and only for an event some enabled webhook of the
+bank subscribes to; a run that is not a bank's, or whose bank has no subscriber for its
+events, costs one indexed read. Whatever the number of webhooks, the run's transaction
+writes at most two rows. The worker (:mod:`heed.webhooks.worker`) then writes each event's
+deliveries, one per subscribed webhook, in a transaction of its own
+(:meth:`~heed.webhooks.store.WebhookStore.fan_out`), and sends them.
 
 Why a hook of the run manager and not the run store writing the row itself: ``end_run`` is
 already the one place every terminal transition goes through, with its transaction open
@@ -34,7 +40,7 @@ from typing import Any, Final
 
 from heed.memory.bank_rows import WebhookRow
 from heed.memory.engine import MemoryEngine
-from heed.memory.models import Bank, InvalidInput, NotFound
+from heed.memory.models import Bank, Conflict, InvalidInput, NotFound
 from heed.runs.model import Run
 from heed.runtime import run_in_thread
 from heed.webhooks.events import (
@@ -45,7 +51,7 @@ from heed.webhooks.events import (
     event_id,
     events_of,
 )
-from heed.webhooks.models import PENDING, Delivery, HttpConfig, Webhook
+from heed.webhooks.models import Delivery, Event, HttpConfig, Webhook
 from heed.webhooks.store import WebhookStore
 from heed.webhooks.targets import check_target
 
@@ -88,10 +94,18 @@ def given(value: object) -> bool:
 class Webhooks:
     """A bank's webhooks and their deliveries (see the module docstring)."""
 
-    def __init__(self, store: WebhookStore, engine: MemoryEngine, *, allow_private: bool) -> None:
+    def __init__(
+        self,
+        store: WebhookStore,
+        engine: MemoryEngine,
+        *,
+        allow_private: bool,
+        max_per_bank: int = 100,
+    ) -> None:
         self.store = store
         self.engine = engine
         self.allow_private = allow_private
+        self.max_per_bank = max_per_bank
         engine.before_delete.append(self._delete_bank)
 
     # -- subscriptions --------------------------------------------------------------
@@ -107,7 +121,8 @@ class Webhooks:
         http_config: HttpConfig | None = None,
     ) -> Webhook:
         """Register a webhook on *bank*; the returned one carries its secret (400 naming a
-        bad field, the URL's address when refused)."""
+        bad field, the URL's address when refused; :class:`Conflict` when the bank already
+        has :attr:`max_per_bank` webhooks)."""
         events = self._events(event_types)
         config = self._config(http_config or HttpConfig())
         await run_in_thread(check_target, url, self.allow_private)
@@ -125,7 +140,12 @@ class Webhooks:
             created_at=now,
             updated_at=now,
         )
-        await run_in_thread(self.store.create, webhook)
+        if not await run_in_thread(self.store.create, webhook, self.max_per_bank):
+            raise Conflict(
+                f"bank {bank.bank_id!r} already has {self.max_per_bank} webhooks, the most a "
+                f"bank may have (HEED_WEBHOOK_MAX_PER_BANK={self.max_per_bank}); delete one "
+                "first"
+            )
         return webhook
 
     async def list_bank(self, bank: Bank, limit: int, offset: int) -> tuple[list[Webhook], int]:
@@ -194,7 +214,13 @@ class Webhooks:
 
     def check_carried(self, webhooks: list[WebhookRow]) -> None:
         """Refuse a carried webhook the API would refuse (the same rules as
-        :meth:`create`), naming it: an import's check."""
+        :meth:`create`), naming it, and more webhooks than a bank may have: an import's
+        check."""
+        if len(webhooks) > self.max_per_bank:
+            raise InvalidInput(
+                f"{len(webhooks)} webhooks; a bank may have at most {self.max_per_bank} "
+                f"(HEED_WEBHOOK_MAX_PER_BANK={self.max_per_bank})"
+            )
         for webhook in webhooks:
             try:
                 self._events(webhook.event_types)
@@ -206,7 +232,8 @@ class Webhooks:
 
     def stage_carried(self, webhooks: list[WebhookRow], bank: Bank) -> int:
         """Store carried *webhooks* as *bank*'s, each under a new id (ids are global);
-        their secrets, events, config and timestamps as they were."""
+        their secrets, events, config and timestamps as they were (after
+        :meth:`check_carried`)."""
         for webhook in webhooks:
             self.store.create(
                 Webhook(
@@ -232,36 +259,29 @@ class Webhooks:
     # -- the outbox ------------------------------------------------------------------
 
     def on_terminal(self, run: Run) -> None:
-        """The run manager's terminal hook: enqueue the deliveries of *run*'s events, in
-        the transaction that ends it (see the module docstring). Blocking."""
+        """The run manager's terminal hook: store *run*'s events that some enabled webhook
+        of its bank subscribes to, in the transaction that ends it (see the module
+        docstring): at most two small rows. Blocking; raises only what the store raises."""
         ref = bank_ref_of(run)
         if ref is None:
             return
-        events = events_of(run)
         subscribers = [w for w in self.store.subscribers(run.tenant, ref) if w.enabled]
+        wanted = {name for w in subscribers for name in w.event_types}
         now = time.time()
-        deliveries = [
-            Delivery(
-                id="whd_" + uuid.uuid4().hex[:24],
+        events = [
+            Event(
+                id=event_id(run, name),
                 tenant=run.tenant,
                 bank_ref=ref,
-                webhook_id=webhook.id,
-                event_id=event_id(run, event),
-                event_type=event,
-                url=webhook.url,
-                body=event_body(event, run, webhook.bank_id, now),
-                status=PENDING,
-                attempts=0,
-                next_attempt_at=now,
+                event_type=name,
+                body=event_body(name, run, subscribers[0].bank_id, now),
                 created_at=now,
-                updated_at=now,
             )
-            for webhook in subscribers
-            for event in events
-            if event in webhook.event_types
+            for name in events_of(run)
+            if name in wanted
         ]
-        if deliveries:
-            self.store.enqueue(deliveries)
+        if events:
+            self.store.add_events(events)
 
     # -- the rules -------------------------------------------------------------------
 
