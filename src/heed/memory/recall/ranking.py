@@ -55,9 +55,9 @@ class RankingWeights:
     #: Share of the cosine in the blend (the rest is the normalised BM25), in [0, 1].
     semantic: float = 0.6
     #: Added to a unit spoken by one of the query's entities.
-    speaker: float = 0.3
+    speaker: float = 0.2
     #: Added to a unit whose event or mention time is in the query's date window.
-    temporal: float = 0.1
+    temporal: float = 0.2
 
 
 DEFAULT_WEIGHTS: Final = RankingWeights()
