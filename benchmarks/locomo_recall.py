@@ -21,7 +21,13 @@ ranking's weights, set through each bank's settings (``PATCH .../config``:
   |evidence|, averaged over questions), overall and per category, and session-level Hit@1
   and NDCG@5: the sessions of the ranked turns in order of first appearance, relevant when
   they hold an evidence turn (binary gain; comparable with arXiv 2606.04194's session
-  retrieval, whose systems rank sessions directly).
+  retrieval, whose systems rank sessions directly);
+- ``failure_causes``: every evidence turn missing from the top 10 at the defaults, counted by
+  its first cause in this order: ranked 11-20; spoken by someone other than the one speaker
+  the question names; sharing a query word only through its image caption; an open-domain
+  question sharing no word with it; sharing no query word (vocabulary); a list question (4+
+  evidence turns); ranked past 20 though sharing words. Words are compared by their first
+  five letters, stop words and the question's entity names left out.
 
 The data is read from ../shared (CC BY-NC 4.0); it is never copied here.
 """
@@ -33,6 +39,7 @@ import asyncio
 import itertools
 import math
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -40,8 +47,9 @@ from typing import Any
 
 import httpx
 
-from _locomo import DEFAULT_DATA, Conversation, load_conversations, retain_conversation
+from _locomo import DEFAULT_DATA, Conversation, Turn, load_conversations, retain_conversation
 from _server import percentile, serve, write_result
+from heed.memory.recall.query import keyword_terms
 from heed.memory.recall.ranking import DEFAULT_WEIGHTS, WEIGHT_SETTINGS
 
 KS = (5, 10, 20)
@@ -129,7 +137,7 @@ async def _dia_ids(http: httpx.AsyncClient, bank: str) -> dict[str, str]:
             )
         ).json()
         for item in page["items"]:
-            out[item["id"]] = (item.get("metadata") or {}).get("dia_id")
+            out[item["id"]] = str((item.get("metadata") or {}).get("dia_id"))
         offset += len(page["items"])
         if not page["items"] or offset >= page["total"]:
             return out
@@ -147,7 +155,10 @@ async def ask_all(
     ``keyword`` and ``semantic`` arms) one scored row per question, and the latencies."""
     rows: dict[str, list[dict[str, Any]]] = {"final": [], "keyword": [], "semantic": []}
     latencies: list[float] = []
+    causes: list[tuple[str, int]] = []
     for conv in conversations:
+        turns = {t.dia_id: t for t in conv.turns}
+        speakers = list(dict.fromkeys(t.speaker for t in conv.turns))
         bank = conv.sample_id
         if settings is None:
             response = await http.delete(f"/v1/default/banks/{bank}/config")
@@ -184,6 +195,19 @@ async def ask_all(
                 arms = body["trace"]["arms"]
                 rankings["keyword"] = [dia.get(i) for i in arms.get("keyword", [])]
                 rankings["semantic"] = [dia.get(i) for i in arms.get("semantic", [])]
+                final = rankings["final"]
+                for dia_id in evidence - set(final[:10]):
+                    rank = final.index(dia_id) + 1 if dia_id in final else None
+                    cause = failure_cause(
+                        turns.get(dia_id),
+                        rank,
+                        qa["category"],
+                        len(evidence),
+                        body["trace"]["query"]["terms"],
+                        body["trace"]["query"]["entities"],
+                        speakers,
+                    )
+                    causes.append((cause, qa["category"]))
             for ranking, ranked in rankings.items():
                 rows[ranking].append(
                     {
@@ -192,11 +216,58 @@ async def ask_all(
                         **score_question(ranked, evidence),
                     }
                 )
-    return {k: v for k, v in rows.items() if v}, latencies
+    out = {k: v for k, v in rows.items() if v}
+    if trace:
+        out["causes"] = [{"cause": c, "category": cat} for c, cat in causes]
+    return out, latencies
+
+
+_CAPTION = re.compile(r"\[shares a photo: (.*)\]")
+CAUSES = (
+    "ranked 11-20",
+    "spoken by another than the person asked about",
+    "query words only in its image caption",
+    "open-domain inference, no shared word",
+    "no query word in the turn (vocabulary)",
+    "list question, 4+ evidence turns",
+    "ranked past 20, shares query words",
+    "evidence turn not in the data",
+)
+
+
+def _stems(text: str) -> set[str]:
+    return {w[:5] for w in keyword_terms(text, limit=512)}
+
+
+def failure_cause(
+    turn: Turn | None,
+    rank: int | None,
+    category: int,
+    evidence: int,
+    terms: list[str],
+    entities: list[str],
+    speakers: list[str],
+) -> str:
+    """The first cause (:data:`CAUSES`, in order) of an evidence turn outside the top 10."""
+    if turn is None:
+        return CAUSES[7]
+    if rank is not None and rank <= 20:
+        return CAUSES[0]
+    named = [s for s in speakers if s.lower() in entities]
+    if len(named) == 1 and turn.speaker != named[0]:
+        return CAUSES[1]
+    asked = {t[:5] for t in terms if t not in entities}
+    caption = _CAPTION.search(turn.text)
+    own = _stems(_CAPTION.sub(" ", turn.text))
+    if not asked & own:
+        if caption is not None and asked & _stems(caption.group(1)):
+            return CAUSES[2]
+        return CAUSES[3] if category == 3 else CAUSES[4]
+    return CAUSES[5] if evidence >= 4 else CAUSES[6]
 
 
 def _mean_recall10(rows: list[dict[str, Any]]) -> float:
-    return sum(r["recall@10"] for r in rows) / len(rows)
+    return float(sum(r["recall@10"] for r in rows)) / len(rows)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,20 +314,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             name: getattr(DEFAULT_WEIGHTS, field) for name, (field, _, _) in WEIGHT_SETTINGS.items()
         },
         "targets": TARGETS,
-        "all_dev": {ranking: aggregate(rows) for ranking, rows in default_rows.items()},
+        "all_dev": {
+            ranking: aggregate(rows)
+            for ranking, rows in default_rows.items()
+            if ranking != "causes"
+        },
+        "failure_causes": {
+            cause: {
+                "turns": sum(1 for c in default_rows["causes"] if c["cause"] == cause),
+                **{
+                    name: sum(
+                        1
+                        for c in default_rows["causes"]
+                        if c["cause"] == cause and c["category"] == cat
+                    )
+                    for cat, name in CATEGORIES.items()
+                },
+            }
+            for cause in CAUSES
+        },
     }
     if by_point:
-        convs = [c.sample_id for c in conversations]
         folds = []
         held: list[dict[str, Any]] = []
-        for conv in convs:
+        for held_out in [c.sample_id for c in conversations]:
             point, rows = max(
                 by_point,
-                key=lambda pr: _mean_recall10([r for r in pr[1] if r["conversation"] != conv]),
+                key=lambda pr: _mean_recall10([r for r in pr[1] if r["conversation"] != held_out]),
             )
-            mine = [r for r in rows if r["conversation"] == conv]
+            mine = [r for r in rows if r["conversation"] == held_out]
             held.extend(mine)
-            folds.append({"held_out": conv, "chosen": point, **aggregate(mine)})
+            folds.append({"held_out": held_out, "chosen": point, **aggregate(mine)})
         best_point, best_rows = max(by_point, key=lambda pr: _mean_recall10(pr[1]))
         result["cross_validated"] = {
             **fold_average(folds),
