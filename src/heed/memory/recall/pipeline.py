@@ -383,7 +383,7 @@ def _boost(
                 base.get((key, hit.unit.seq - 1), 0.0), base.get((key, hit.unit.seq + 1), 0.0)
             )
             hit.final += deps.neighbor_weight * near
-    names = analysis.entity_names
+    names = frozenset(analysis.entity_names)
     for hit in hits:
         mentioned = _parse_iso(hit.unit.mentioned_at)
         when = _parse_iso(hit.unit.occurred_start) or mentioned

@@ -29,7 +29,7 @@ dev conversations; they encode no date, name or phrase of any data.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -84,6 +84,6 @@ def ranking_weights(config: Mapping[str, Any]) -> RankingWeights:
     return RankingWeights(**values) if values else DEFAULT_WEIGHTS
 
 
-def speaks(speaker: str | None, entity_names: Iterable[str]) -> bool:
+def speaks(speaker: str | None, entity_names: Collection[str]) -> bool:
     """Whether *speaker* (a unit's, or ``None``) is one of the canonical *entity_names*."""
-    return speaker is not None and canonical(speaker) in set(entity_names)
+    return speaker is not None and canonical(speaker) in entity_names
