@@ -210,6 +210,9 @@ def test_reset_bank_config_returns_to_the_server_defaults(
         ({"recall_budget_adaptive_mid": "0.1"}, 422, ["recall_budget_adaptive_mid"]),
         ({"recall_budget_adaptive_low": 0}, 422, ["recall_budget_adaptive_low"]),
         ({"recall_max_tokens": 0}, 422, ["recall_max_tokens"]),
+        ({"recall_semantic_weight": 1.5}, 422, ["recall_semantic_weight"]),
+        ({"recall_speaker_weight": -0.1}, 422, ["recall_speaker_weight"]),
+        ({"recall_temporal_weight": 11}, 422, ["recall_temporal_weight"]),
         ({"HINDSIGHT_API_RECALL_BUDGET_MIN": -1}, 400, ["recall_budget_min"]),
         ({"colour": "red"}, 400, ["unknown settings", "'colour'"]),
         (
