@@ -16,8 +16,10 @@ profile fields ``create_bank`` has always written). A ``null`` value removes the
 value, so the server's default applies again; a reset (:func:`reset`) removes them all.
 
 What reads them: recall its retrieval switches (``enable_*``), ``recall_prefer_observations``
-(the default of a recall that does not say) and its size, ``recall_budget_function`` and the
-``recall_budget_*`` numbers (:mod:`heed.memory.recall.budget`); retain ``retain_mission`` and
+(the default of a recall that does not say), its size, ``recall_budget_function`` and the
+``recall_budget_*`` numbers (:mod:`heed.memory.recall.budget`), and its ranking's weights
+``recall_semantic_weight``, ``recall_speaker_weight`` and ``recall_temporal_weight``
+(:mod:`heed.memory.recall.ranking`); retain ``retain_mission`` and
 ``retain_extraction_mode``; consolidation ``enable_observations``, ``observations_mission``,
 ``default_observation_scopes`` and ``consolidation_strategies`` (:mod:`heed.memory.scopes`);
 reflect the mission, the disposition and ``recall_max_tokens`` (the token budget of each
@@ -47,6 +49,7 @@ from heed.memory.recall.budget import (
     MAX_TOKENS,
     BudgetFunction,
 )
+from heed.memory.recall.ranking import DEFAULT_WEIGHTS, WEIGHT_SETTINGS
 
 __all__ = [
     "DISPOSITION_DEFAULT",
@@ -132,6 +135,14 @@ class ConsolidationStrategy(BaseModel):
 
 Home = Literal["config", "mission", "disposition"]
 
+#: What each ranking weight does (:mod:`heed.memory.recall.ranking`).
+_WEIGHT_HELP: Final[Mapping[str, str]] = {
+    "semantic": "share of the cosine in recall's blend of cosine and BM25 (0-1)",
+    "speaker": "added to a recalled unit spoken by a person the query names",
+    "temporal": "added to a recalled unit whose event or mention time is in the query's "
+    "date window",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Setting:
@@ -195,6 +206,14 @@ SETTINGS: Final[Mapping[str, Setting]] = {
     "recall_budget_max": Setting(
         PerArm, ADAPTIVE_MAX, help="most candidates per arm of the adaptive function"
     ),
+    **{
+        name: Setting(
+            Annotated[float, Field(ge=low, le=high, allow_inf_nan=False)],
+            getattr(DEFAULT_WEIGHTS, field),
+            help=_WEIGHT_HELP[field],
+        )
+        for name, (field, low, high) in WEIGHT_SETTINGS.items()
+    },
     "recall_max_tokens": Setting(
         Tokens | None,
         None,

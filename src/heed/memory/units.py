@@ -37,6 +37,7 @@ __all__ = [
     "index_text",
     "neighbour_gains",
     "neighbour_texts",
+    "speaker_of",
     "split_units",
     "with_neighbours",
 ]
@@ -98,6 +99,13 @@ def _sentence_groups(content: str, max_chars: int) -> list[str]:
             groups.append(current)
             current = ""
     return [g for g in groups if g]
+
+
+def speaker_of(text: str) -> str | None:
+    """The speaker of a unit's *text* when it is a dialogue turn ("Name: text"), else
+    ``None``: the label :func:`split_units` attributes a turn to, read back from the text."""
+    m = _SPEAKER.match(text)
+    return m.group("speaker").strip() if m else None
 
 
 def split_units(content: str, max_chars: int = 800) -> list[UnitText]:

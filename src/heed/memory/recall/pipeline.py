@@ -3,6 +3,10 @@
     admission -> query embedding -> arms (semantic | keyword | graph | temporal)
     -> fusion (RRF) -> rerank -> boosts -> enrichment -> token budget
 
+How the candidates are ranked (the query embedded without its entity names, the blend
+of cosine and BM25, the speaker and date-window boosts, and the bank settings that weigh
+them) is :mod:`heed.memory.recall.ranking`'s.
+
 Cancellation, stage by stage:
 
 - admission: ``lane.slot()``; a request cancelled while queued leaves the
@@ -44,9 +48,11 @@ from heed.memory.models import Bank, RecallHit, RecallOutcome, RecallQuery, Stor
 from heed.memory.recall.budget import BUDGET_SIZES, RecallSize, recall_size
 from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import QueryAnalysis, analyze_query
+from heed.memory.recall.ranking import RankingWeights, ranking_weights, speaks
 from heed.memory.recall.rerank import Candidate, Reranker
 from heed.memory.store import MemoryStore
 from heed.memory.tags import tags_pass
+from heed.memory.units import speaker_of
 from heed.memory.vectors import VectorSearch
 from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
 
@@ -73,7 +79,6 @@ class RecallDeps:
         default_factory=lambda: {"semantic": 1.0, "keyword": 1.0, "graph": 0.5, "temporal": 0.5}
     )
     recency_weight: float = 0.0
-    temporal_boost: float = 0.1
     #: 0: units are indexed with their neighbours (heed.memory.units), which served
     #: LoCoMo better than this boost on top (recall@10 0.786 against 0.780 with 0.3).
     neighbor_weight: float = 0.0
@@ -162,6 +167,7 @@ async def _gather_all(*aws: Awaitable[Any]) -> list[Any]:
 
 
 def _embed_query(deps: RecallDeps, query: str) -> np.ndarray:
+    """The embedding of *query* (the analysed query's ``semantic_query``)."""
     _hook(deps, "embedding")
     vector: np.ndarray = deps.embedder.embed([query])[0]
     return vector
@@ -218,11 +224,12 @@ def _temporal_arm(
 
 
 def _embed_and_search(
-    deps: RecallDeps, index: VectorSearch, q: RecallQuery, k: int
+    deps: RecallDeps, index: VectorSearch, q: RecallQuery, text: str, k: int
 ) -> tuple[np.ndarray, list[tuple[int, float]], float]:
-    """The query embedding, then the semantic arm (one worker thread; a checkpoint between)."""
+    """The embedding of *text* (the query without its entity names), then the semantic arm
+    (one worker thread; a checkpoint between)."""
     start = time.perf_counter()
-    qvec = _embed_query(deps, q.query)
+    qvec = _embed_query(deps, text)
     embed_ms = (time.perf_counter() - start) * 1000
     raise_if_cancelled()
     return qvec, _semantic_arm(deps, index, qvec, k, q), embed_ms
@@ -329,10 +336,14 @@ def _candidates(
 
 
 def _rerank(
-    deps: RecallDeps, query: str, qvec: np.ndarray, candidates: Sequence[Candidate]
+    deps: RecallDeps,
+    query: str,
+    qvec: np.ndarray,
+    candidates: Sequence[Candidate],
+    weights: RankingWeights,
 ) -> list[float]:
     _hook(deps, "rerank")
-    return deps.reranker.score(query, qvec, candidates)
+    return deps.reranker.score(query, qvec, candidates, semantic_weight=weights.semantic)
 
 
 def _parse_iso(value: str | None) -> datetime | None:
@@ -349,13 +360,21 @@ def _boost(
     hits: list[RecallHit],
     analysis: QueryAnalysis,
     anchor: datetime,
+    weights: RankingWeights,
+    counts: dict[str, int] | None = None,
 ) -> list[RecallHit]:
-    """Neighbor, recency (exponential decay, half-life one year) and query-window boosts.
+    """Neighbor, recency (exponential decay, half-life one year), speaker and date-window
+    boosts, then the hits re-sorted; *counts* (when given) gets how many hits each of the
+    last two lifted (for ``trace: true``).
 
-    The neighbor boost adds ``neighbor_weight`` times the best score of the
-    adjacent units of the same document among the candidates (a question
-    turn lifts the answer turn after it).
+    The neighbor boost adds ``neighbor_weight`` times the best score of the adjacent units
+    of the same document among the candidates (a question turn lifts the answer turn after
+    it). The speaker boost adds ``weights.speaker`` to a unit spoken by one of the query's
+    entities; the window boost ``weights.temporal`` to a unit whose event range
+    (``occurred_start``..``occurred_end``) overlaps the query's date window or whose
+    ``mentioned_at`` is inside it (:mod:`heed.memory.recall.ranking`).
     """
+    spoken = window = 0
     if deps.neighbor_weight:
         base = {(h.unit.document_id, h.unit.seq): h.final for h in hits}
         for hit in hits:
@@ -364,17 +383,28 @@ def _boost(
                 base.get((key, hit.unit.seq - 1), 0.0), base.get((key, hit.unit.seq + 1), 0.0)
             )
             hit.final += deps.neighbor_weight * near
+    names = frozenset(analysis.entity_names)
     for hit in hits:
-        when = _parse_iso(hit.unit.occurred_start) or _parse_iso(hit.unit.mentioned_at)
+        mentioned = _parse_iso(hit.unit.mentioned_at)
+        when = _parse_iso(hit.unit.occurred_start) or mentioned
         if when is not None and deps.recency_weight:
             age_days = max(0.0, (anchor - when).total_seconds() / 86400)
             hit.final += deps.recency_weight * math.exp(-age_days * math.log(2) / 365)
-        if analysis.window is not None and when is not None:
+        if weights.speaker and names and speaks(speaker_of(hit.unit.text), names):
+            hit.final += weights.speaker
+            spoken += 1
+        if weights.temporal and analysis.window is not None and when is not None:
             start, end = analysis.window
             end_when = _parse_iso(hit.unit.occurred_end) or when
-            if when <= end and end_when >= start:
-                hit.final += deps.temporal_boost
+            if (when <= end and end_when >= start) or (
+                mentioned is not None and start <= mentioned <= end
+            ):
+                hit.final += weights.temporal
+                window += 1
     hits.sort(key=lambda h: -h.final)
+    if counts is not None:
+        counts["speaker"] = spoken
+        counts["window"] = window
     return hits
 
 
@@ -470,6 +500,7 @@ def _rank_and_fill(
     analysis: QueryAnalysis,
     anchor: datetime,
     rerank_n: int,
+    weights: RankingWeights,
 ) -> tuple[list[RecallHit], dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]] | None]:
     """Fusion, candidates (the best *rerank_n*), rerank, boosts, token budget and enrichment
     (one worker thread; a checkpoint before each stage, and each stage's time in *tracer*)."""
@@ -489,7 +520,7 @@ def _rank_and_fill(
         count=lambda r: len(r[0]),
     )
     if bank.config.get("enable_reranking", True):
-        scores = tracer.run("rerank", _rerank, deps, q.query, qvec, candidates, count=len)
+        scores = tracer.run("rerank", _rerank, deps, q.query, qvec, candidates, weights, count=len)
     else:
         top = max((c.fused for c in candidates), default=1.0) or 1.0
         scores = [c.fused / top for c in candidates]
@@ -504,13 +535,18 @@ def _rank_and_fill(
         for c, score in zip(candidates, scores, strict=True)
     ]
 
+    lifted: dict[str, int] = {}
+
     def boost(hits: list[RecallHit]) -> list[RecallHit]:
-        hits = _boost(deps, hits, analysis, anchor)
+        hits = _boost(deps, hits, analysis, anchor, weights, lifted)
         if q.min_final is not None:
             hits = [h for h in hits if h.final >= q.min_final]
         return hits
 
-    hits = tracer.run("boost", boost, hits, count=len)
+    raise_if_cancelled()
+    start = time.perf_counter()
+    hits = boost(hits)
+    tracer.record("boost", start, candidates=len(hits), lifted=lifted)
     hits = tracer.run("budget", _budget, deps, hits, q.max_tokens, count=len)
     chunks, entities = tracer.run("enrichment", _enrich, deps, bank, hits, q)
     return hits, chunks, entities
@@ -548,6 +584,7 @@ async def run_recall(
         tracer.record("admission", queued_at)
         anchor = q.query_timestamp or datetime.now(UTC)
         analysis = analyze_query(q.query, anchor, q.temporal_window)
+        weights = ranking_weights(bank.config)
         index = await tracer.stage("index", deps.index_for(bank))
 
         # Two offloaded branches run side by side: the query embedding followed by the
@@ -569,7 +606,7 @@ async def run_recall(
             if wanted
         ]
         (qvec, semantic, embed_ms), lexical_hits = await _gather_all(
-            run_in_thread(_embed_and_search, deps, index, q, per_arm),
+            run_in_thread(_embed_and_search, deps, index, q, analysis.semantic_query, per_arm),
             run_in_thread(_lexical_arms, deps, bank, analysis, q, per_arm, lexical),
         )
         tracer.stages.append({"stage": "embedding", "ms": round(embed_ms, 3)})
@@ -590,11 +627,18 @@ async def run_recall(
             analysis,
             anchor,
             size.reranked,
+            weights,
         )
     tracer.extra["query"] = {
         "terms": analysis.terms,
         "entities": analysis.entity_names,
         "window": [w.isoformat() for w in analysis.window] if analysis.window else None,
+        "semantic_query": analysis.semantic_query,
+        "weights": {
+            "semantic": weights.semantic,
+            "speaker": weights.speaker,
+            "temporal": weights.temporal,
+        },
         "budget": q.budget,
         "budget_function": size.function,
         "candidates_per_arm": size.per_arm,

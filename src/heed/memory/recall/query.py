@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from heed.memory.dates import find_dates
 from heed.memory.entities import query_entity_names
 
-__all__ = ["STOP_WORDS", "QueryAnalysis", "analyze_query", "keyword_terms"]
+__all__ = ["STOP_WORDS", "QueryAnalysis", "analyze_query", "keyword_terms", "semantic_text"]
 
 _STOP_TEXT = """
     a about above after again against all am an and any are aren't as at be because been before
@@ -43,6 +44,23 @@ def keyword_terms(text: str, limit: int = 32) -> list[str]:
     return terms
 
 
+def semantic_text(query: str, entity_names: Iterable[str]) -> str:
+    """*query* without its entity names (case-insensitive, whole words, with a possessive
+    ``'s``), spaces collapsed: what the query is embedded as. When nothing but stop words
+    would be left ("Caroline?", "Tell me about Rome"), the query itself."""
+    names = sorted({n for n in entity_names if n}, key=len, reverse=True)
+    if not names:
+        return query
+    pattern = re.compile(
+        r"(?<!\w)(?:"
+        + "|".join(r"\s+".join(map(re.escape, name.split())) for name in names)
+        + r")(?:['\u2019]s)?(?!\w)",
+        re.IGNORECASE,
+    )
+    stripped = " ".join(pattern.sub(" ", query).split())
+    return stripped if keyword_terms(stripped) else query
+
+
 @dataclass(frozen=True, slots=True)
 class QueryAnalysis:
     """What the arms need from the query text."""
@@ -50,14 +68,18 @@ class QueryAnalysis:
     terms: list[str]
     entity_names: list[str]
     window: tuple[datetime, datetime] | None
+    #: What the query is embedded as (:func:`semantic_text`).
+    semantic_query: str
 
 
 def analyze_query(
     query: str, anchor: datetime | None, window: tuple[datetime, datetime] | None = None
 ) -> QueryAnalysis:
-    """Terms for BM25, canonical entity names, and the query's date window (explicit wins)."""
+    """Terms for BM25, canonical entity names, the query's date window (explicit wins; a
+    relative date resolved against *anchor*) and the text to embed."""
     if window is None:
         dates = find_dates(query, anchor)
         if dates:
             window = (min(d.start for d in dates), max(d.end for d in dates))
-    return QueryAnalysis(keyword_terms(query), query_entity_names(query), window)
+    names = query_entity_names(query)
+    return QueryAnalysis(keyword_terms(query), names, window, semantic_text(query, names))

@@ -8,9 +8,10 @@ seam: called in the worker thread before each batch.
 Options (``HEED_RERANKER``), measured on LoCoMo (see benchmarks/results/):
 
 - ``none``: keep the fused (RRF) order.
-- ``blend``: ``alpha * cosine + (1 - alpha) * bm25 / max_bm25`` over the
-  candidates; the cosine is recomputed for every candidate, including those
-  only the keyword, graph or temporal arm found.
+- ``blend`` (the default): ``alpha * cosine + (1 - alpha) * bm25 / max_bm25``
+  over the candidates; the cosine is recomputed for every candidate, including
+  those only the keyword, graph or temporal arm found. ``alpha`` is the bank's
+  ``recall_semantic_weight`` (:mod:`heed.memory.recall.ranking`).
 - ``overlap``: fused score plus the share of query terms present in the text.
 - ``cross-encoder``: an ONNX cross-encoder from ``HEED_RERANKER_MODEL_DIR``
   (``model.onnx`` + ``tokenizer.json``), used when configured.
@@ -54,12 +55,21 @@ class Candidate:
 
 
 class Reranker(Protocol):
-    """Scores candidates for a query; higher is better. Blocking; checks the token per batch."""
+    """Scores candidates for a query; higher is better. Blocking; checks the token per batch.
+
+    *semantic_weight* is the bank's share of the cosine in a blend
+    (:mod:`heed.memory.recall.ranking`); ``None`` keeps the reranker's own. Rerankers
+    that blend nothing ignore it."""
 
     name: str
 
     def score(
-        self, query: str, query_vector: np.ndarray, candidates: Sequence[Candidate]
+        self,
+        query: str,
+        query_vector: np.ndarray,
+        candidates: Sequence[Candidate],
+        *,
+        semantic_weight: float | None = None,
     ) -> list[float]: ...
 
 
@@ -85,7 +95,12 @@ class FusedOrderReranker(_Batched):
     name = "none"
 
     def score(
-        self, query: str, query_vector: np.ndarray, candidates: Sequence[Candidate]
+        self,
+        query: str,
+        query_vector: np.ndarray,
+        candidates: Sequence[Candidate],
+        *,
+        semantic_weight: float | None = None,
     ) -> list[float]:
         top = max((c.fused for c in candidates), default=1.0) or 1.0
         out: list[float] = []
@@ -105,10 +120,16 @@ class BlendReranker(_Batched):
         self.rrf_weight = rrf_weight
 
     def score(
-        self, query: str, query_vector: np.ndarray, candidates: Sequence[Candidate]
+        self,
+        query: str,
+        query_vector: np.ndarray,
+        candidates: Sequence[Candidate],
+        *,
+        semantic_weight: float | None = None,
     ) -> list[float]:
         top_kw = max((c.keyword or 0.0 for c in candidates), default=0.0) or 1.0
         top_fused = max((c.fused for c in candidates), default=1.0) or 1.0
+        alpha = self.alpha if semantic_weight is None else semantic_weight
         out: list[float] = []
         for batch in self._batches(candidates):
             for c in batch:
@@ -116,7 +137,7 @@ class BlendReranker(_Batched):
                     float(c.vector @ query_vector) if c.vector is not None else (c.semantic or 0.0)
                 )
                 keyword = (c.keyword or 0.0) / top_kw
-                value = self.alpha * cosine + (1 - self.alpha) * keyword
+                value = alpha * cosine + (1 - alpha) * keyword
                 out.append(value + self.rrf_weight * c.fused / top_fused)
         return out
 
@@ -131,7 +152,12 @@ class OverlapReranker(_Batched):
         self.weight = weight
 
     def score(
-        self, query: str, query_vector: np.ndarray, candidates: Sequence[Candidate]
+        self,
+        query: str,
+        query_vector: np.ndarray,
+        candidates: Sequence[Candidate],
+        *,
+        semantic_weight: float | None = None,
     ) -> list[float]:
         terms = {t[:5] for t in keyword_terms(query)}
         top = max((c.fused for c in candidates), default=1.0) or 1.0
@@ -172,7 +198,12 @@ class CrossEncoderReranker(_Batched):
         self._inputs = {i.name for i in self._session.get_inputs()}
 
     def score(
-        self, query: str, query_vector: np.ndarray, candidates: Sequence[Candidate]
+        self,
+        query: str,
+        query_vector: np.ndarray,
+        candidates: Sequence[Candidate],
+        *,
+        semantic_weight: float | None = None,
     ) -> list[float]:
         out: list[float] = []
         for batch in self._batches(candidates):
