@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from heed.llm.factory import resolve
+from heed.llm.factory import Operation, providers_of
 from heed.llm.warmup import ModelWarmup
 from heed.memory.embeddings import Embedder, OnnxMiniLM
 from heed.runs.broker import Broker
@@ -40,7 +40,7 @@ __all__ = ["Check", "Database", "Readiness"]
 log = logging.getLogger("heed.health")
 
 #: The operations whose provider the start-up warmup loads (heed.llm.warmup).
-_WARMED: Final = ("reflect", "turn")
+_WARMED: Final[tuple[Operation, ...]] = ("reflect", "turn")
 
 
 class Database(Protocol):
@@ -159,9 +159,9 @@ class Readiness:
         return "onnx model loaded"
 
     def _llm(self) -> Check:
-        providers = {resolve(self.settings, operation).provider for operation in _WARMED}
-        if "local" not in providers:
-            kinds = ", ".join(sorted(providers))
+        served_by = providers_of(self.settings, _WARMED)
+        if "local" not in served_by:
+            kinds = ", ".join(sorted(served_by))
             return Check("llm", True, f"{kinds}: no model to load here")
         warmup = self.warmup
         if warmup.state == "ready":
