@@ -58,13 +58,18 @@ And four for background operations that survive dead workers (issue 30):
 
 Only the relevant test files run, with ``-x``, so the check stays fast. The same
 selection first runs unmutated and must pass (otherwise "red" would prove
-nothing). Exit status 0 when every mutation is killed; 1 otherwise.
+nothing). A mutation is killed only when pytest exits 1 (tests ran and some failed) with
+one of its named tests (the node ids in its list, else its files) among the failures: a
+collection error, a crash, an interrupted run or another test failing is not a kill. The
+named tests run first, so ``-x`` stops at theirs. Exit status 0 when every mutation is
+killed; 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,6 +89,16 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        """The tests whose failure kills the mutation: its node ids, else its files."""
+        return tuple(t for t in self.tests if "::" in t) or self.tests
+
+    @property
+    def ordered(self) -> tuple[str, ...]:
+        """Its tests, the named ones first (so ``-x`` stops at one of theirs)."""
+        return (*self.named, *(t for t in self.tests if t not in self.named))
 
 
 MUTATIONS = (
@@ -240,20 +255,53 @@ MUTATIONS = (
 )
 
 
-def run_pytest(tests: tuple[str, ...], pythonpath: str | None) -> tuple[int, str, float]:
+#: pytest's exit status when tests ran and some failed (``pytest.ExitCode.TESTS_FAILED``).
+TESTS_FAILED = 1
+_FAILED_LINE = re.compile(r"^FAILED (\S+)")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One pytest run: its exit status, the node ids that failed, its last line."""
+
+    code: int
+    failed: tuple[str, ...]
+    summary: str
+    seconds: float
+
+
+def run_pytest(
+    tests: tuple[str, ...], pythonpath: str | None, *, cwd: Path = ROOT, stop_first: bool = True
+) -> Outcome:
+    """Run pytest on *tests* in *cwd* (*pythonpath* first on the path); its outcome."""
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     started = time.monotonic()
+    options = ["-x"] if stop_first else []
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-        cwd=ROOT,
+        [sys.executable, "-m", "pytest", *options, "-q", "-rf", "-p", "no:cacheprovider", *tests],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
     )
-    summary = (proc.stdout.strip().splitlines() or [""])[-1]
-    return proc.returncode, summary, time.monotonic() - started
+    lines = proc.stdout.strip().splitlines()
+    failed = tuple(m.group(1) for line in lines if (m := _FAILED_LINE.match(line)))
+    return Outcome(proc.returncode, failed, (lines or [""])[-1], time.monotonic() - started)
+
+
+def _is_named(node_id: str, named: tuple[str, ...]) -> bool:
+    """Whether the failed *node_id* is one of *named* (a node id, a parametrized case of
+    one, or a test in a named file)."""
+    return any(node_id == name or node_id.startswith((f"{name}[", f"{name}::")) for name in named)
+
+
+def is_kill(outcome: Outcome, named: tuple[str, ...]) -> bool:
+    """A kill: pytest exited 1 (tests ran, some failed) with a *named* test among the
+    failures. Any other exit (a collection error, a crash, an interruption) or only other
+    tests failing is not."""
+    return outcome.code == TESTS_FAILED and any(_is_named(f, named) for f in outcome.failed)
 
 
 def mutated_copy(mutation: Mutation, workdir: Path) -> Path:
@@ -281,18 +329,25 @@ def main() -> int:
     failures = 0
     if not args.skip_baseline:
         tests = tuple(dict.fromkeys(t for m in selected for t in m.tests))
-        code, summary, seconds = run_pytest(tests, None)
-        print(f"baseline (unmutated): exit {code} in {seconds:.1f} s: {summary}")
-        if code != 0:
+        baseline = run_pytest(tests, None)
+        print(f"baseline (unmutated): exit {baseline.code} in {baseline.seconds:.1f} s")
+        print(f"  {baseline.summary}")
+        if baseline.code != 0:
             print("baseline is red: mutation results would prove nothing")
             return 1
     with tempfile.TemporaryDirectory(prefix="heed-mutation-") as tmp:
         for mutation in selected:
             root = mutated_copy(mutation, Path(tmp))
-            code, summary, seconds = run_pytest(mutation.tests, str(root))
-            killed = code != 0
-            verdict = "killed (suite red)" if killed else "SURVIVED (suite green)"
-            print(f"mutation {mutation.name}: {verdict} in {seconds:.1f} s: {summary}")
+            outcome = run_pytest(mutation.ordered, str(root))
+            killed = is_kill(outcome, mutation.named)
+            if killed:
+                verdict = "killed (a named test failed)"
+            elif outcome.code == 0:
+                verdict = "SURVIVED (suite green)"
+            else:
+                verdict = f"SURVIVED (exit {outcome.code}, failed: {list(outcome.failed)})"
+            print(f"mutation {mutation.name}: {verdict} in {outcome.seconds:.1f} s")
+            print(f"  {outcome.summary}")
             failures += 0 if killed else 1
     if failures:
         print(f"{failures} mutation(s) survived: the tests do not guard the contract")

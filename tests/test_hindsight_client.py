@@ -45,6 +45,7 @@ from tests.webhooks.receiver import Receiver, receiver
 
 PETS = "Alice has two cats named Tom and Jerry."
 PETS_ANSWER = "Alice has two cats, Tom and Jerry."
+ANIMALS_ANSWER = "Two cats live with Alice: Tom and Jerry."
 WORK = "Alice works as a nurse in Lyon."
 SKI = "Bob skis in the Alps every winter."
 TRIP = "Bob went sailing to Brest in May."
@@ -63,6 +64,7 @@ SCRIPT = {
     "replies": [
         {"when": "JSON Schema:", "json": PETS_JSON},  # reflect's structured-output call
         {"when": "what pets", "text": PETS_ANSWER},  # reflect and the mental model
+        {"when": "which animals", "text": ANIMALS_ANSWER},  # the model, asked anew
         {"when": "who is alice", "text": NURSE_PAGE},  # the knowledge page
     ],
 }
@@ -331,7 +333,22 @@ def test_memories(server: LiveServer, twin: Twin, tmp_path: Path) -> None:
     the bank config and delete."""
     hs = twin
     version = hs.get_version()
-    assert version.api_version and version.features is not None
+    assert version.api_version
+    flags = version.features.to_dict()
+    # This server does not learn (scripted provider, HEED_OBSERVATIONS=auto); the
+    # capabilities this file drives through the client are on.
+    assert flags["observations"] is False
+    on = ("mcp", "worker", "bank_config_api", "file_upload_api", "document_export_api")
+    assert all(flags[name] for name in (*on, "document_import_api", "store_document_text"))
+    # The flags for routes heed may not serve say so: on exactly when the route answers.
+    for name, path in (
+        ("bank_llm_health", "/v1/default/banks/none/health/llm"),
+        ("audit_log", "/v1/default/banks/none/audit-logs"),
+        ("llm_trace", "/v1/default/banks/none/llm-requests"),
+    ):
+        method = "POST" if name == "bank_llm_health" else "GET"
+        answer = httpx.request(method, f"{server.url}{path}", timeout=30)
+        assert flags[name] is (answer.json() != {"detail": "Not Found"}), (name, answer.text)
     bank = new_bank_id("client")
 
     made = hs.create_bank(
@@ -512,11 +529,19 @@ def test_mental_models(server: LiveServer, twin: Twin) -> None:
     assert updated.trigger.refresh_after_consolidation is True
     assert updated.source_query == "What pets does Alice have?"  # not named: unchanged
 
+    asked_anew = hs.update_mental_model(
+        bank, "alice-pets", source_query="Which animals live with Alice?"
+    )
+    assert asked_anew.content == PETS_ANSWER  # until the next refresh
     refreshed = hs.refresh_mental_model(bank, "alice-pets")
     assert refreshed.operation_id
-    completed(server, bank, refreshed.operation_id)
+    done = completed(server, bank, refreshed.operation_id)
+    assert done["result_metadata"]["outcome"] == "content_written"
+    assert hs.get_mental_model(bank, "alice-pets").content == ANIMALS_ANSWER
+    [before, *_] = hs.get_mental_model_history(bank, "alice-pets")
+    assert (before["previous_content"], before["reason"]) == (PETS_ANSWER, "refreshed")
     dry = hs.dry_run_refresh_mental_model(bank, "alice-pets")
-    assert dry.mental_model_id == "alice-pets" and dry.candidate_content == PETS_ANSWER
+    assert dry.mental_model_id == "alice-pets" and dry.candidate_content == ANIMALS_ANSWER
     assert dry.outcome == "content_unchanged"
 
     cited = hs.reflect(bank, "What pets does Alice have?", include_facts=True)
@@ -526,8 +551,9 @@ def test_mental_models(server: LiveServer, twin: Twin) -> None:
     cleared = hs.clear_mental_model(bank, "alice-pets")
     assert cleared.id == "alice-pets" and cleared.content == ""
     history = hs.get_mental_model_history(bank, "alice-pets")
-    assert history[0]["previous_content"] == PETS_ANSWER
+    assert history[0]["previous_content"] == ANIMALS_ANSWER
     assert history[0]["reason"] == "cleared" and history[0]["changed_at"]
+    assert [h["previous_content"] for h in history[1:]] == [PETS_ANSWER]  # the refresh's
 
     hs.delete_mental_model(bank, "alice-pets")
     assert hs.list_mental_models(bank).total == 0

@@ -120,6 +120,13 @@ class Settings(BaseSettings):
     keep_alive_seconds: int = Field(
         default=5, ge=1, description="An idle kept-alive connection closes after this."
     )
+    ready_timeout_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="GET /health/ready: how long each check (database, broker, embedding "
+        "model) may take before it counts as not ready (503).",
+    )
     max_in_flight: int = Field(
         default=128,
         ge=1,

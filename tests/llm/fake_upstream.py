@@ -3,7 +3,8 @@
 A raw ASGI app served by uvicorn on a real 127.0.0.1 port in its own thread
 (its own event loop, so a busy client loop cannot delay what it records). It
 answers ``POST /v1/chat/completions`` from a plan of :class:`Behaviour` objects
-(one per request, then ``default``), streams chunks at a set interval, and
+(one per request, then ``default``), or, when set, from ``responder`` (a function of the
+request's body; ``None`` falls back to the plan), streams chunks at a set interval, and
 records per request when each chunk was sent and when the client closed the
 connection (``http.disconnect``, watched on ``receive`` the whole time).
 
@@ -17,7 +18,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +104,8 @@ class FakeUpstream:
         self._plan: deque[Behaviour] = deque()
         self.records: list[Record] = []
         self._lock = threading.Lock()
+        #: Answers a request by its body (runs on the fake's loop); ``None``: the plan.
+        self.responder: Callable[[dict[str, Any]], Behaviour | None] | None = None
 
     def plan(self, *behaviours: Behaviour) -> None:
         """The next requests get these behaviours, in order, then ``default``."""
@@ -114,9 +117,13 @@ class FakeUpstream:
         with self._lock:
             self._plan.clear()
             self.records.clear()
+            self.responder = None
             self.default = Behaviour(chunks=[*text_chunks(["Hello", " world"]), usage_chunk(3, 2)])
 
-    def _next(self) -> Behaviour:
+    def _next(self, body: dict[str, Any]) -> Behaviour:
+        chosen = self.responder(body) if self.responder is not None else None
+        if chosen is not None:
+            return chosen
         with self._lock:
             return self._plan.popleft() if self._plan else self.default
 
@@ -145,7 +152,7 @@ class FakeUpstream:
         record = Record(body=json.loads(raw or b"{}"), started_at=time.monotonic())
         with self._lock:
             self.records.append(record)
-        behaviour = self._next()
+        behaviour = self._next(record.body)
 
         disconnected = asyncio.Event()
 

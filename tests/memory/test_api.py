@@ -37,12 +37,6 @@ async def _fill(client: Hindsight, bank_id: str) -> None:
     assert response.success and response.items_count == len(TURNS) and not response.var_async
 
 
-async def test_version_has_what_the_client_requires(client: Hindsight) -> None:
-    version = await client.aget_version()
-    assert version.api_version
-    assert version.features.worker is True
-
-
 async def test_bank_lifecycle(client: Hindsight, bank_id: str) -> None:
     profile = await client._acreate_bank(bank_id, name="Alice", mission="remember")
     assert profile.bank_id == bank_id and profile.name == "Alice"

@@ -152,8 +152,6 @@ def test_retain_extracts_facts_with_provenance_and_consolidates_them(server: Liv
         operations = httpx.get(f"{server.url}/v1/default/banks/{bank}/operations", timeout=10)
         kinds = {o["operation_type"] for o in operations.json()["operations"]}
         assert kinds == {"consolidation"}  # the retain was synchronous
-        version = httpx.get(f"{server.url}/version", timeout=10).json()
-        assert version["features"]["observations"] is True
     finally:
         client.close()
 

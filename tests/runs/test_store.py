@@ -101,6 +101,16 @@ def test_trim_moves_first_seq(store: SqlRunStore) -> None:
     assert [e.seq for e in store.events_after(run.id, 0)] == [6, 7, 8, 9, 10]
 
 
+def test_last_event_finds_the_newest_of_its_type_behind_others(store: SqlRunStore) -> None:
+    run = store.create(new_run())
+    assert store.last_event(run.id, "progress") is None
+    store.append_events(run.id, [("progress", {"processed": 1}), ("progress", {"processed": 2})])
+    store.append_events(run.id, [("text_delta", {"i": i}) for i in range(20)])
+    last = store.last_event(run.id, "progress")
+    assert last is not None and (last.seq, last.data) == (2, {"processed": 2})
+    assert store.last_event("no-such-run", "progress") is None
+
+
 def test_admission_is_atomic_across_threads(store: SqlRunStore) -> None:
     results: list[Run | None] = []
     lock = threading.Lock()

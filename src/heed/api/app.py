@@ -16,6 +16,7 @@ from heed.api.errors import install_error_handlers
 from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
 from heed.api.openapi import install_openapi
+from heed.api.readiness import Readiness
 from heed.api.revocations import Revocations
 from heed.api.routes import (
     auth,
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
                 async with mcp.sessions():
                     yield
             finally:
+                await app.state.readiness.aclose()  # probes still waiting on the database
                 await services.close()
 
     # No redirect_slashes: an id ending in "/" would be redirected to another object's URL.
@@ -103,6 +105,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.burn_records = OrderedDict()
     app.state.authenticator = authenticator_of(settings)
     app.state.drain = Drain()
+    app.state.readiness = Readiness(
+        settings,
+        services.database,
+        services.broker,
+        services.memory.embedder,
+        services.model_warmup,
+    )
     app.state.revocations = Revocations(services.revocation_store)
     app.state.admission = Admission(settings.max_in_flight, settings.tenant_max_in_flight)
     app.state.stream_slots = StreamSlots(settings.tenant_max_streams)

@@ -56,7 +56,9 @@ ANONYMOUS_TENANT: Final = ""
 """The tenant of a request to a public path without credentials: it owns nothing."""
 
 LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "::1")
-_PUBLIC_PATHS: Final = frozenset({"/", "/health", "/v1/auth/login", "/v1/auth/session"})
+_PUBLIC_PATHS: Final = frozenset(
+    {"/", "/health", "/health/live", "/health/ready", "/v1/auth/login", "/v1/auth/session"}
+)
 _PUBLIC_PREFIXES: Final = ("/ui/",)
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 _SALT: Final = "heed-ui-session"

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp
 from heed.api.auth import Authenticator
 from heed.api.drain import Drain
 from heed.api.metrics import Metrics
+from heed.api.readiness import Readiness
 from heed.api.revocations import Revocations
 from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
@@ -61,6 +62,7 @@ __all__ = [
     "MemoryDep",
     "MentalModelsDep",
     "MetricsDep",
+    "ReadinessDep",
     "ReflectDep",
     "ReflectRunsDep",
     "RetainOperationsDep",
@@ -161,6 +163,8 @@ KnowledgeBaseDep = Annotated[KnowledgeBase, Depends(_of_services(lambda s: s.kno
 SettingsDep = Annotated[Settings, Depends(_of_services(lambda s: s.settings))]
 #: The app's metrics.
 MetricsDep = Annotated[Metrics, Depends(_of_state("metrics", Metrics))]
+#: The app's readiness checks (GET /health/ready).
+ReadinessDep = Annotated[Readiness, Depends(_of_state("readiness", Readiness))]
 #: The app's drain.
 DrainDep = Annotated[Drain, Depends(_of_state("drain", Drain))]
 #: Who is asking: keys, UI sessions, CSRF.

@@ -67,7 +67,7 @@ __all__ = ["CLIENT_DISCONNECTED", "SECURITY_HEADERS", "RequestLifecycleMiddlewar
 CLIENT_DISCONNECTED: Final = "client disconnected"
 STATUS_CLIENT_CLOSED: Final = 499
 #: Cheap answers that must stay available under any load (load balancers, scrapers).
-_NOT_ADMITTED: Final = frozenset({"/health", "/metrics"})
+_NOT_ADMITTED: Final = frozenset({"/health", "/health/live", "/health/ready", "/metrics"})
 HEAD_ANSWERED: Final = "HEAD answered"
 
 #: On every response. The UI loads nothing from another origin and runs no inline script

@@ -24,7 +24,15 @@ from typing import Any, Final, Literal
 from heed.llm.base import ChatProvider, UnknownProvider
 from heed.settings import Settings
 
-__all__ = ["OPERATIONS", "PROVIDERS", "Operation", "ProviderConfig", "build_provider", "resolve"]
+__all__ = [
+    "OPERATIONS",
+    "PROVIDERS",
+    "Operation",
+    "ProviderConfig",
+    "build_provider",
+    "providers_of",
+    "resolve",
+]
 
 Operation = Literal["reflect", "turn", "retain"]
 OPERATIONS: Final = ("reflect", "turn", "retain")
@@ -73,6 +81,11 @@ def resolve(settings: Settings, operation: Operation) -> ProviderConfig:
         prefill_threads=settings.llm_prefill_threads,
         cache_dir=settings.model_cache_dir,
     )
+
+
+def providers_of(settings: Settings, operations: tuple[Operation, ...]) -> set[str]:
+    """The providers (``local``, ``openai``, ``scripted``) that serve *operations*."""
+    return {resolve(settings, operation).provider for operation in operations}
 
 
 def build_provider(settings: Settings, operation: Operation = "turn") -> ChatProvider:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -40,6 +42,7 @@ __all__ = [
     "OPERATION_KINDS",
     "RETAIN_KIND",
     "TRANSFER_KINDS",
+    "Progress",
     "RetainOperations",
     "bank_session",
     "cancel_bank_runs",
@@ -82,6 +85,44 @@ def status_of_phase(phase: str) -> str:
     """Hindsight's status for a stored phase string (unknown or blank: ``failed``)."""
     parsed = parse_phase(phase)
     return _STATUS.get(parsed, "failed") if parsed is not None else "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A run's last progress event, in the terms of Hindsight's ``OperationProgress``: the
+    stage it names (``None``: the kind's only one), work done and in all when the run knows
+    them (a consolidation takes what is pending round by round: no total), and its other
+    counters (``detail``); ``at`` is the event's time (epoch seconds)."""
+
+    stage: str | None
+    processed: int | None
+    total: int | None
+    detail: dict[str, int]
+    at: float
+
+
+_PROGRESS_KEYS: Final = frozenset({"stage", "processed", "total"})
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def progress_of(data: Mapping[str, Any], at: float) -> Progress:
+    """A progress event's data as a :class:`Progress`; every field is optional (each kind
+    of run reports what it knows), and only integer counters go to ``detail``."""
+    stage = data.get("stage")
+    return Progress(
+        stage=stage if isinstance(stage, str) and stage else None,
+        processed=_count(data.get("processed")),
+        total=_count(data.get("total")),
+        detail={
+            key: value
+            for key, value in data.items()
+            if key not in _PROGRESS_KEYS and _count(value) is not None
+        },
+        at=at,
+    )
 
 
 def _item_payload(item: RetainItem) -> dict[str, Any]:
@@ -300,15 +341,12 @@ class RetainOperations:
             raise NotFound(f"operation {operation_id!r} not found")
         return run
 
-    async def progress(self, run: Run) -> tuple[int, int, float] | None:
-        """The last ``(processed, total, at)`` progress event of a run, if any."""
-        events = await self.manager.io.call(
-            self.manager.store.events_after, run.id, max(0, run.last_seq - 3), 3
+    async def progress(self, run: Run) -> Progress | None:
+        """The run's last progress event, if its journal still holds one."""
+        event = await self.manager.io.call(
+            self.manager.store.last_event, run.id, EventType.PROGRESS.value
         )
-        for event in reversed(events):
-            if event.type == EventType.PROGRESS:
-                return int(event.data["processed"]), int(event.data["total"]), event.ts
-        return None
+        return progress_of(event.data, event.ts) if event is not None else None
 
     async def cancel(self, bank: Bank, operation_id: str) -> Run:
         """Cancel an operation (idempotent; terminal ones are returned unchanged)."""

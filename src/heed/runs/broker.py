@@ -91,6 +91,11 @@ class Broker(Protocol):
         """Release what :meth:`start` opened; idempotent."""
         ...
 
+    async def ping(self) -> None:
+        """Return once the broker's bus answered (readiness); raise when it cannot be
+        reached. The caller bounds the wait."""
+        ...
+
     def publish(self, topic: str, message: object) -> None: ...
 
     def subscribe(self, topic: str, *, maxsize: int = 4096) -> Subscription: ...
@@ -176,6 +181,9 @@ class InProcessBroker:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+    async def ping(self) -> None:
+        """Always reachable: the bus is this process."""
 
     def subscribe(self, topic: str, *, maxsize: int = 4096) -> _LocalSubscription:
         """Must be called on an event loop; messages are delivered on that loop."""

@@ -457,6 +457,22 @@ class RedisBroker:
         if client is not None:
             await _close_client(client)
 
+    async def ping(self) -> None:
+        """``PING`` Redis on the publishing connection; raises :class:`RedisBrokerError`
+        naming the address when it does not answer (or before :meth:`start`, after
+        :meth:`aclose`). The caller bounds the wait; a socket connect stops after
+        *connect_timeout*."""
+        client = self._client
+        if client is None:
+            raise RedisBrokerError(f"RedisBroker {self._where} is not connected")
+        try:
+            await client.ping()
+        except Exception as exc:
+            reraise_cancellation(exc)
+            raise RedisBrokerError(
+                f"RedisBroker cannot reach Redis at {self._where}: {_why(exc)}"
+            ) from exc
+
     # -- the Broker interface ----------------------------------------------------------
 
     def publish(self, topic: str, message: object) -> None:

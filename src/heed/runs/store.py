@@ -189,6 +189,10 @@ class RunStore(Protocol):
         """Retained events with ``seq > after``, in order, at most *limit*."""
         ...
 
+    def last_event(self, run_id: str, event_type: str) -> RunEvent | None:
+        """The run's retained event of *event_type* with the highest seq, if any."""
+        ...
+
     def trim_journal(self, run_id: str, keep_from_seq: int) -> int:
         """Retention: delete events with ``seq < keep_from_seq``; returns how many.
         Readers whose cursor falls before the retained range get an explicit gap."""

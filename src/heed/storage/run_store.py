@@ -589,6 +589,17 @@ class SqlRunStore:
             ).fetchall()
         return [_row_to_event(row) for row in rows]
 
+    def last_event(self, run_id: str, event_type: str) -> RunEvent | None:
+        if NUL in run_id or NUL in event_type:
+            return None
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT run_id, seq, type, data, ts FROM run_events"
+                " WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
+                (run_id, event_type),
+            ).fetchone()
+        return _row_to_event(row) if row is not None else None
+
     def finished_before(self, cutoff: float, limit: int = 1000) -> list[Run]:
         with self.db.read() as conn:
             rows = conn.execute(

@@ -1,14 +1,17 @@
 """Async operations: list, get, cancel (``/v1/default/banks/{bank_id}/operations``).
 
-Operations are runs of kind ``retain`` and ``consolidation``; their phases map onto Hindsight's
-statuses (queued: pending; running and cancelling: processing; cancelled;
-completed; failed and interrupted: failed). ``phase`` carries heed's own.
+Operations are a bank's runs of the kinds :data:`heed.memory.operations.OPERATION_KINDS` names
+(retains, consolidations, mental-model refreshes, transfers); their phases map onto Hindsight's
+statuses (queued: pending; running and cancelling: processing; cancelled; completed; failed and
+interrupted: failed). ``phase`` carries heed's own. ``progress`` is the last progress the run
+reported, as Hindsight's ``OperationProgress``: a consolidation knows no total (``null``) and
+gives its counters in ``detail``.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Final, Literal
 
 from fastapi import APIRouter
 
@@ -16,7 +19,12 @@ from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.memory.operations import RetainOperations, status_of
+from heed.memory.operations import (
+    CONSOLIDATION_KIND,
+    RETAIN_KIND,
+    RetainOperations,
+    status_of,
+)
 from heed.runs.model import Run
 from heed.runs.state import is_terminal
 
@@ -31,21 +39,30 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
 
 
+#: The stage a run's progress is in when its events name none (the kind has one).
+_STAGE: Final = {RETAIN_KIND: "writing_documents", CONSOLIDATION_KIND: "consolidating"}
+
+
 async def _progress(operations: RetainOperations, run: Run) -> wire.OperationProgressOut | None:
-    if not is_terminal(run):
-        latest = await operations.progress(run)
-        if latest is None:
+    """The run's last progress (Hindsight keeps it once the operation ended); a finished
+    retain's is its documents written. ``None`` before the run reported any."""
+    if is_terminal(run) and run.kind == RETAIN_KIND:
+        if not run.result:
             return None
-        processed, total, at = latest
-        return wire.OperationProgressOut(
-            stage="writing_documents", at=_iso(at) or "", processed=processed, total=total
-        )
-    if run.result:
         n = int(run.result.get("documents", 0))
         return wire.OperationProgressOut(
             stage="done", at=_iso(run.finished_at) or "", processed=n, total=n
         )
-    return None
+    latest = await operations.progress(run)
+    if latest is None:
+        return None
+    return wire.OperationProgressOut(
+        stage=latest.stage or _STAGE.get(run.kind, "processing"),
+        at=_iso(latest.at) or "",
+        processed=latest.processed,
+        total=latest.total,
+        detail=latest.detail or None,
+    )
 
 
 def _updated(run: Run) -> str | None:

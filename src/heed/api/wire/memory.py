@@ -419,10 +419,14 @@ class DeleteDocumentResponse(BaseModel):
 
 
 class OperationProgressOut(BaseModel):
+    """Hindsight's ``OperationProgress``: the last progress a run reported; ``processed`` and
+    ``total`` when the run knows them, its other counters in ``detail``."""
+
     stage: str
     at: str
     processed: int | None = None
     total: int | None = None
+    detail: dict[str, int] | None = None
 
 
 class OperationResponse(BaseModel):
