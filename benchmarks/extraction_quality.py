@@ -10,8 +10,8 @@ metadata), into a real ``heed serve`` subprocess, once per variant:
   session's ``observation`` annotations from the data file (facts written by an LLM when
   LoCoMo was made, each citing its ``dia_id``s), the ones whose turns fall in the chunk,
   ``sources`` = those turns' numbers in the chunk's prompt. The script is built by replaying
-  heed's own split and chunking (``heed.memory.retain.split_documents``,
-  ``heed.memory.extraction.chunk_units`` and ``facts_prompt``); each reply's ``when`` is
+  heed's own split and chunking (``heed.memory.retain.prepare.split_documents``,
+  ``heed.memory.learning.extraction.chunk_units`` and ``facts_prompt``); each reply's ``when`` is
   the chunk's whole prompt, so a reply can only match its own chunk (checked). A fact whose
   turns span two chunks goes to the chunk of its first turn and cites only its turns there.
 - ``local``: the embedded model (SmolLM2-135M) as extractor. First a live probe: a server
@@ -72,9 +72,9 @@ from _locomo import DEFAULT_DATA, Conversation, Turn, load_conversations
 from _server import percentile, serve, write_result
 from heed.llm.base import BadModelOutput, JsonSchemaFormat, ProviderError
 from heed.llm.structured import complete_json
-from heed.memory.extraction import FACTS_SCHEMA, chunk_units, facts_prompt
+from heed.memory.learning.extraction import FACTS_SCHEMA, chunk_units, facts_prompt
 from heed.memory.models import PreparedDocument, RetainItem
-from heed.memory.retain import DocumentPlan, split_documents
+from heed.memory.retain.prepare import DocumentPlan, split_documents
 
 KS = (5, 10, 20)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}

@@ -21,12 +21,16 @@ from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
 from heed.memory.archive import ArchiveLimits
 from heed.memory.archive_store import ExportQuota
-from heed.memory.config_service import BankConfigService
-from heed.memory.consolidation import CONSOLIDATION_KIND, Consolidation, ConsolidationLimits
-from heed.memory.directive_service import DirectiveService
+from heed.memory.bank_config.service import BankConfigService
+from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FILE_PARSER_MODULES, FileLimits, FileRetain
+from heed.memory.learning.consolidation import (
+    CONSOLIDATION_KIND,
+    Consolidation,
+    ConsolidationLimits,
+)
 from heed.memory.mental_models import MentalModelLookup
-from heed.memory.operations import RETAIN_KIND, RetainOperations
+from heed.memory.retain.operations import RETAIN_KIND, RetainOperations
 from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
 from heed.mental_models import (
     MENTAL_MODEL_REFRESH_KIND,

@@ -332,7 +332,7 @@ class Settings(BaseSettings):
     retain_llm_max_tokens: int | None = Field(default=None, ge=1)
     retain_llm_script: str | None = None
 
-    # Memory that learns (heed.memory.extraction, heed.memory.consolidation).
+    # Memory that learns (heed.memory.learning.extraction, heed.memory.learning.consolidation).
     retain_extraction: Literal["auto", "off", "concise", "verbose"] = Field(
         default="auto",
         description="Fact extraction at retain for banks that do not choose: auto is on "

@@ -22,7 +22,7 @@ import pytest
 
 from heed.api.app import create_app
 from heed.memory.models import RetainItem
-from heed.memory.retain import plan_documents
+from heed.memory.retain.prepare import plan_documents
 from heed.settings import Settings
 from tests.support import LiveServer, live_server, wait_for
 

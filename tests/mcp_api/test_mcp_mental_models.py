@@ -656,7 +656,7 @@ def test_the_tag_limit_is_the_http_apis() -> None:
 
 def test_a_bank_may_list_every_tool_and_only_those() -> None:
     from heed.mcp.tools import HeedTools
-    from heed.memory.bank_config import MCP_TOOLS
+    from heed.memory.bank_config.settings import MCP_TOOLS
 
     class Recorder:
         def __init__(self) -> None:

@@ -239,7 +239,7 @@ async def test_unknown_bank_unknown_fields_and_bad_utf8(server: LiveServer, bank
             f"/v1/default/banks/{bank_id}/memories/recall", json={"query": "hello"}
         )
         assert missing.status_code == 404 and bank_id in missing.text
-        # A bank setting heed does not know is refused by name (heed.memory.bank_config).
+        # A bank setting heed does not know is refused by name (heed.memory.bank_config.settings).
         refused = await http.put(
             f"/v1/default/banks/{bank_id}", json={"name": "x", "some_new_field": 1}
         )

@@ -23,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from heed.api.app import create_app
 from heed.llm import ScriptedProvider
-from heed.memory.bank_config import MCP_TOOLS, NOT_IMPLEMENTED, SETTINGS
+from heed.memory.bank_config.settings import MCP_TOOLS, NOT_IMPLEMENTED, SETTINGS
 from heed.settings import Settings
 from tests.memory.test_learning_http import CONSOLIDATION, EXTRACTION, TURNS
 from tests.pg_support import fresh_schema

@@ -2,7 +2,7 @@
 PostgreSQL, reflect and bank-bound chat turns saying them to the model, and bad input.
 
 The scripted provider records every request, so the tests read the prompts the model was
-given. Which directives apply (:mod:`heed.memory.directives`) is checked case by case at the
+given. Which directives apply (:mod:`heed.memory.directives.rules`) is checked case by case at the
 end, as the pure rule it is.
 """
 
@@ -21,7 +21,7 @@ from hindsight_client_api.exceptions import NotFoundException
 from heed.api.app import create_app
 from heed.llm import ScriptedProvider
 from heed.llm.grounding import ANSWER_FROM_MEMORIES
-from heed.memory.directives import (
+from heed.memory.directives.rules import (
     MAX_DIRECTIVES,
     RULES_HEADING,
     Directive,

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from heed.memory import MemoryEngine
-from heed.memory.idempotency import IdempotencyConflict
 from heed.memory.models import RetainItem
+from heed.memory.retain.idempotency import IdempotencyConflict
 from heed.memory.store import UnitFilter
 from heed.runtime import OperationCancelled, RequestContext, use_context
 from heed.storage.memory import SqlMemoryStore

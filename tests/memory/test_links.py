@@ -1,12 +1,12 @@
-"""The graph-link rule (:mod:`heed.memory.links`), without a database: which entities a
+"""The graph-link rule (:mod:`heed.memory.retain.links`), without a database: which entities a
 write creates, which memberships and links its units get."""
 
 from __future__ import annotations
 
 import uuid
 
-from heed.memory.links import ENTITY_LINKS_PER_ENTITY, first_mentions, plan_links
 from heed.memory.models import EntityRef, PreparedUnit
+from heed.memory.retain.links import ENTITY_LINKS_PER_ENTITY, first_mentions, plan_links
 
 
 def _unit(*entities: str | tuple[str, str]) -> PreparedUnit:

@@ -12,9 +12,9 @@ from heed.memory.entities import canonical, extract_entities, query_entity_names
 from heed.memory.models import RetainItem
 from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import analyze_query, keyword_terms
-from heed.memory.retain import plan_documents, prepare_documents
-from heed.memory.units import neighbour_gains, split_units
-from heed.memory.vectors import VectorIndex
+from heed.memory.recall.vectors import VectorIndex
+from heed.memory.retain.prepare import plan_documents, prepare_documents
+from heed.memory.retain.units import neighbour_gains, split_units
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 
 ANCHOR = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # a Monday
@@ -128,7 +128,7 @@ class _FakeStore:
 
 
 def test_bank_indexes_unload_the_least_recently_used() -> None:
-    from heed.memory.vectors import BankIndexes
+    from heed.memory.recall.vectors import BankIndexes
 
     store = _FakeStore(rows=2000)
     one_index = VectorIndex(dim=3, capacity=2000).nbytes

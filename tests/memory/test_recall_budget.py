@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from heed.memory import InvalidInput
-from heed.memory.bank_config import SETTINGS, validate
+from heed.memory.bank_config.settings import SETTINGS, validate
 from heed.memory.models import Budget
 from heed.memory.recall.budget import BUDGET_SIZES, MAX_PER_ARM, RecallSize, recall_size
 from heed.memory.recall.pipeline import slot_terms

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from heed.memory import MemoryEngine, build_memory_engine
-from heed.memory.bank_config import validate
+from heed.memory.bank_config.settings import validate
 from heed.memory.models import Bank, InvalidInput, RecallQuery, RetainItem
 from heed.memory.recall.query import analyze_query, semantic_text
 from heed.memory.recall.ranking import DEFAULT_WEIGHTS, RankingWeights, ranking_weights, speaks
-from heed.memory.units import speaker_of
+from heed.memory.retain.units import speaker_of
 from heed.runtime import RequestContext, use_context
 from heed.services import build_lanes
 from heed.settings import Settings

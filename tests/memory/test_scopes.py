@@ -1,10 +1,10 @@
-"""Observation scopes and per-scope missions (:mod:`heed.memory.scopes`), pure rules."""
+"""Observation scopes and per-scope missions (:mod:`heed.memory.learning.scopes`), pure rules."""
 
 from __future__ import annotations
 
 import pytest
 
-from heed.memory.scopes import mission_for, scope_rule, scopes_of
+from heed.memory.learning.scopes import mission_for, scope_rule, scopes_of
 
 TAGS = ["user:a", "topic:x", "draft"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from heed.errors import InvalidText
-from heed.memory.directives import Directive, DirectivePatch
+from heed.memory.directives.rules import Directive, DirectivePatch
 from heed.memory.store import BankGone
 from heed.storage import SqlDatabase
 from heed.storage.memory import SqlMemoryStore

@@ -29,7 +29,6 @@ import psycopg
 import pytest
 
 from heed.memory import MemoryEngine, build_memory_engine, shared_minilm, shared_token_counter
-from heed.memory.idempotency import IdempotencyConflict, RetainKey
 from heed.memory.models import (
     Bank,
     Chunk,
@@ -40,7 +39,8 @@ from heed.memory.models import (
     RetainItem,
     StoredUnit,
 )
-from heed.memory.retain import plan_documents, prepare_documents
+from heed.memory.retain.idempotency import IdempotencyConflict, RetainKey
+from heed.memory.retain.prepare import plan_documents, prepare_documents
 from heed.memory.store import UnitFilter
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 from heed.services import build_lanes

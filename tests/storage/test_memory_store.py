@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from heed.errors import InvalidText
-from heed.memory.idempotency import IdempotencyConflict, RetainKey
 from heed.memory.models import Bank, Chunk, EntityRef, PreparedDocument, PreparedUnit, TagsMatch
+from heed.memory.retain.idempotency import IdempotencyConflict, RetainKey
 from heed.memory.store import BankGone, BankTaken, MemoryStore, UnitFilter, VectorSearchingStore
 from heed.memory.tags import TAGS_MATCH, tags_pass
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
@@ -289,7 +289,7 @@ def test_an_append_indexes_as_if_the_document_were_retained_whole(store: SqlMemo
         "Nate: Yes, with my turtles watching from the tank.",
         "Joanna: My stuffed dog Tilly sits with me while I write.",
     ]
-    from heed.memory.units import neighbour_texts, with_neighbours
+    from heed.memory.retain.units import neighbour_texts, with_neighbours
 
     def units(texts: list[str]) -> list[PreparedUnit]:
         out = [_unit(t) for t in texts]

@@ -34,7 +34,7 @@ from heed.api.app import create_app
 from heed.cli import main
 from heed.memory import build_memory_engine
 from heed.memory.archive_store import PART_BYTES, StoredArchive
-from heed.memory.directives import Directive
+from heed.memory.directives.rules import Directive
 from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
@@ -566,7 +566,8 @@ def test_the_postgres_store_searches_the_migrated_units(
             for u in store.list_units(bank.ref, UnitFilter(search="Inari"), 10, 0)[0]
             if "Inari" in u.text
         )
-        # (its neighbours in the document are indexed with its words too: see heed.memory.units)
+        # (its neighbours in the document are indexed with its words too:
+        # see heed.memory.retain.units)
         hits = store.keyword_search(bank.ref, ["shrine"], 5)
         assert unit.seq in [seq for seq, _ in hits]
         vector = store.unit_vectors(bank.ref, [unit.seq])[unit.seq]

@@ -33,11 +33,11 @@ from heed.api.revocations import Revocations
 from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
 from heed.memory import MemoryEngine
-from heed.memory.config_service import BankConfigService
-from heed.memory.consolidation import Consolidation
-from heed.memory.directive_service import DirectiveService
+from heed.memory.bank_config.service import BankConfigService
+from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FileRetain
-from heed.memory.operations import RetainOperations
+from heed.memory.learning.consolidation import Consolidation
+from heed.memory.retain.operations import RetainOperations
 from heed.memory.transfer import BankTransfers
 from heed.mental_models import KnowledgeBase, MentalModels
 from heed.reflect.runs import ReflectRuns

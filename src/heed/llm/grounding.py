@@ -239,7 +239,7 @@ class GroundedAnswer:
         rules: str = "",
     ) -> str:
         """Answer each part over its memories (*context* joins each question; *rules*, the
-        bank's directives as :func:`heed.memory.directives.rules_text` says them, join the
+        bank's directives as :func:`heed.memory.directives.rules.rules_text` says them, join the
         system prompt); returns the answers joined by a space, which is exactly what was
         streamed."""
         answers: list[str] = []

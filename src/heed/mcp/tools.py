@@ -21,7 +21,7 @@ validation are the HTTP API's own:
 
 Resources: ``heed://banks/{bank_id}``, a bank's profile and counts.
 
-A bank whose ``mcp_enabled_tools`` setting lists tools (:mod:`heed.memory.bank_config`)
+A bank whose ``mcp_enabled_tools`` setting lists tools (:mod:`heed.memory.bank_config.settings`)
 lets only those act on it: another tool naming the bank (or, for ``start_turn``, a session
 bound to it) is a tool error naming the tool and the bank, before any work.
 
@@ -31,7 +31,7 @@ needs a provider that can be built (:meth:`ReflectRuns.submit
 <heed.reflect.runs.ReflectRuns.submit>`, and :class:`~heed.mental_models.MentalModels` for a
 refresh), a mental model's and a directive's fields are checked by
 :class:`~heed.mental_models.MentalModels` and
-:class:`~heed.memory.directive_service.DirectiveService`; no tool checks them itself.
+:class:`~heed.memory.directives.service.DirectiveService`; no tool checks them itself.
 """
 
 from __future__ import annotations
@@ -57,10 +57,15 @@ from heed.mcp.calls import (
     start_run,
     tool_call,
 )
-from heed.memory.bank_config import check_mcp_tool
+from heed.memory.bank_config.settings import check_mcp_tool
 from heed.memory.dates import parse_timestamp
-from heed.memory.directive_service import PRIORITY_RANGE
-from heed.memory.directives import MAX_CONTENT_CHARS, Directive, DirectivePatch, DirectiveScope
+from heed.memory.directives.rules import (
+    MAX_CONTENT_CHARS,
+    Directive,
+    DirectivePatch,
+    DirectiveScope,
+)
+from heed.memory.directives.service import PRIORITY_RANGE
 from heed.memory.engine import RetainSummary
 from heed.memory.mental_models import MentalModel
 from heed.memory.models import (
@@ -282,7 +287,7 @@ class HeedTools:
 
     async def _bank(self, bank_id: str, tool: str) -> Bank:
         """The caller's bank *bank_id*, if its ``mcp_enabled_tools`` let *tool* act on it
-        (:func:`heed.memory.bank_config.check_mcp_tool`)."""
+        (:func:`heed.memory.bank_config.settings.check_mcp_tool`)."""
         bank = await self.services.memory.get_bank(bank_id)
         check_mcp_tool(bank, tool)
         return bank

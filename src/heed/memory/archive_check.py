@@ -38,7 +38,7 @@ import numpy as np
 from heed.memory.archive import MANIFEST, MAX_WEBHOOKS, ArchiveLimits, ArchiveReader, Manifest
 from heed.memory.archive_records import BankRecord, InvalidArchive
 from heed.memory.bank_rows import DocumentRow, EntityRow, MentalModelRow, UnitRow, WebhookRow
-from heed.memory.directives import MAX_DIRECTIVES
+from heed.memory.directives.rules import MAX_DIRECTIVES
 from heed.memory.entities import canonical
 from heed.memory.mental_models import MAX_MENTAL_MODELS, MAX_NODE_DEPTH, KnowledgeFolder
 from heed.runtime import ChildFd, raise_if_cancelled

@@ -35,7 +35,7 @@ from heed.memory.bank_rows import (
     UnitRow,
     WebhookRow,
 )
-from heed.memory.directives import MAX_CONTENT_CHARS, Directive
+from heed.memory.directives.rules import MAX_CONTENT_CHARS, Directive
 from heed.memory.mental_models import (
     HISTORY_LIMIT,
     HistoryEntry,

@@ -95,7 +95,7 @@ class UnitRow:
 
     Times are ISO-8601 text in UTC, as the stores keep them. ``index_text`` is what the
     keyword index holds for it (``None`` when the store could not read it back: the
-    reader rebuilds it by :mod:`heed.memory.units`' rule). ``vector`` is float32 of the
+    reader rebuilds it by :mod:`heed.memory.retain.units`' rule). ``vector`` is float32 of the
     store's size, or ``None`` for a unit stored without one.
     """
 

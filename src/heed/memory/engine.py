@@ -26,10 +26,9 @@ from typing import Any, Final, TypeVar
 
 from heed.errors import NUL
 from heed.llm.base import ChatProvider
-from heed.memory import bank_config
+from heed.memory.bank_config import settings as bank_config
 from heed.memory.embeddings import Embedder, TokenCounter
-from heed.memory.extraction import Extraction, extract_document_facts, extraction_mode
-from heed.memory.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
+from heed.memory.learning.extraction import Extraction, extract_document_facts, extraction_mode
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -46,9 +45,10 @@ from heed.memory.models import (
 )
 from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
 from heed.memory.recall.rerank import Reranker
-from heed.memory.retain import embed_documents, plan_documents, split_documents
+from heed.memory.recall.vectors import BankIndexes, CurrentIndex, StoreVectors, VectorSearch
+from heed.memory.retain.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
+from heed.memory.retain.prepare import embed_documents, plan_documents, split_documents
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
-from heed.memory.vectors import BankIndexes, CurrentIndex, StoreVectors, VectorSearch
 from heed.runtime import (
     CancellationToken,
     Lane,
@@ -123,7 +123,8 @@ class RetainSummary:
 
 @dataclass(frozen=True, slots=True)
 class Learning:
-    """How the engine learns (:mod:`heed.memory.extraction`, :mod:`heed.memory.consolidation`):
+    """How the engine learns (:mod:`heed.memory.learning.extraction`,
+    :mod:`heed.memory.learning.consolidation`):
     the server's defaults, which a bank's config overrides, and the provider extraction
     uses (built on first use; its error is the retain's)."""
 
@@ -355,7 +356,7 @@ class MemoryEngine:
 
     async def change_bank(self, bank_id: str, change: Callable[[Bank], None]) -> Bank:
         """Apply *change* to the current tenant's bank *bank_id* and save it, under the lock
-        :meth:`put_bank` takes (its settings: :mod:`heed.memory.bank_config`). 404 when the
+        :meth:`put_bank` takes (its settings: :mod:`heed.memory.bank_config.settings`). 404 when the
         bank does not exist (or another process deleted it meanwhile), 409 while it is
         being deleted here."""
         tenant = current_context().tenant
@@ -446,7 +447,7 @@ class MemoryEngine:
         Cancellable while queued for a retain slot, while embedding (between
         batches), and between documents; a document is written whole or not at
         all. Under *idempotency_key* a retry writes only the documents an earlier
-        attempt did not (see :mod:`heed.memory.idempotency`). Raises
+        attempt did not (see :mod:`heed.memory.retain.idempotency`). Raises
         ``OperationCancelled``, :class:`NotFound` if the bank was deleted meanwhile
         (here, or by another process: then by the first document's write, which
         writes nothing), ``IdempotencyConflict`` when the key was used for a

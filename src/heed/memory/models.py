@@ -37,7 +37,7 @@ __all__ = [
 
 #: The fact types heed stores. Retained text is "world" unless the item says otherwise;
 #: extracted facts are "world" or "experience"; consolidation writes "observation"
-#: (:mod:`heed.memory.consolidation`).
+#: (:mod:`heed.memory.learning.consolidation`).
 FACT_TYPES: Final = ("world", "experience", "observation")
 #: What ``consolidation_state`` a unit can have: waiting for consolidation, consolidated,
 #: or given up on (the model's reply for it stayed malformed; ``recover`` sets it pending).
@@ -243,7 +243,8 @@ class RecallQuery:
     temporal_window: tuple[datetime, datetime] | None = None
     prefer_observations: bool | None = None
     """With observations among the types: drop a raw fact a returned observation rests on
-    (``None``: the bank's ``recall_prefer_observations``, :mod:`heed.memory.bank_config`)."""
+    (``None``: the bank's ``recall_prefer_observations``,
+    :mod:`heed.memory.bank_config.settings`)."""
 
 
 @dataclass(slots=True)

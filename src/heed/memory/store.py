@@ -41,8 +41,7 @@ from heed.memory.bank_rows import (
     MentalModelRow,
     UnitRow,
 )
-from heed.memory.directives import Directive, DirectivePatch
-from heed.memory.idempotency import LedgerEntry, RetainKey
+from heed.memory.directives.rules import Directive, DirectivePatch
 from heed.memory.mental_models import HistoryEntry, KnowledgeFolder, MentalModel
 from heed.memory.models import (
     Bank,
@@ -55,6 +54,7 @@ from heed.memory.models import (
     StoredUnit,
     TagsMatch,
 )
+from heed.memory.retain.idempotency import LedgerEntry, RetainKey
 
 __all__ = [
     "BankGone",
@@ -160,7 +160,7 @@ class ObservationChanges:
 
 
 class LearningStore(Protocol):
-    """What consolidation needs of a store (:mod:`heed.memory.consolidation`); part of
+    """What consolidation needs of a store (:mod:`heed.memory.learning.consolidation`); part of
     every :class:`MemoryStore`. Writes are one transaction each and check the bank's row
     first (:class:`BankGone`, nothing written)."""
 
@@ -193,7 +193,7 @@ class LearningStore(Protocol):
 
 
 class DirectiveStore(Protocol):
-    """A bank's directives (:mod:`heed.memory.directives`); part of every
+    """A bank's directives (:mod:`heed.memory.directives.rules`); part of every
     :class:`MemoryStore`. Each write is one transaction that checks the bank's row first
     (:class:`BankGone`, nothing written); deleting a bank deletes its directives. Reads of
     an id holding NUL find nothing."""
@@ -204,7 +204,7 @@ class DirectiveStore(Protocol):
         ...
 
     def list_directives(self, bank_ref: str) -> list[Directive]:
-        """Every directive of the bank, in :func:`heed.memory.directives.in_order`."""
+        """Every directive of the bank, in :func:`heed.memory.directives.rules.in_order`."""
         ...
 
     def get_directive(self, bank_ref: str, directive_id: str) -> Directive | None:
@@ -435,8 +435,8 @@ class MemoryStore(LearningStore, DirectiveStore, TransferStore, Protocol):
         bank's row is gone, ``ValueError`` for a vector of another size than the store
         holds. A document replaces a stored one of its id (``replace``) or is appended to
         it: then the stored last units and the new first ones are indexed with each other's
-        text, as if the document had been retained whole (:mod:`heed.memory.units`).
-        Entities and links follow :mod:`heed.memory.links`."""
+        text, as if the document had been retained whole (:mod:`heed.memory.retain.units`).
+        Entities and links follow :mod:`heed.memory.retain.links`."""
         ...
 
     def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:

@@ -105,7 +105,7 @@ from heed.memory.archive_store import (
 from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
 from heed.memory.models import Bank, Conflict, InvalidInput, NotFound, PreparedDocument
-from heed.memory.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
+from heed.memory.retain.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
 from heed.memory.store import BankGone, BankTaken, MentalModelStore
 from heed.memory.transfer_work import (
     CONFLICTS,

@@ -7,7 +7,7 @@ progress to a :class:`Progress`.
 
 Two rules live here: the keyword text a memory gets when the store could not read it back
 (PostgreSQL keeps only a ``tsvector``: :func:`with_index_texts` rebuilds it by the rule of
-retain and consolidation, :mod:`heed.memory.units`), and the new ids an import gives
+retain and consolidation, :mod:`heed.memory.retain.units`), and the new ids an import gives
 (:class:`NewIds`: UUID 5 of the new bank and the old id, so no id is ever reused and the
 same archive imports twice).
 """
@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import IO, Any, Final, Literal, Protocol
 
-from heed.memory import bank_config
 from heed.memory.archive import (
     ArchiveLimits,
     ArchiveReader,
@@ -31,6 +30,7 @@ from heed.memory.archive import (
     InvalidArchive,
 )
 from heed.memory.archive_check import check_embedder
+from heed.memory.bank_config import settings as bank_config
 from heed.memory.bank_rows import (
     BankSelection,
     DocumentRow,
@@ -39,11 +39,11 @@ from heed.memory.bank_rows import (
     UnitRow,
     WebhookRow,
 )
-from heed.memory.directives import MAX_DIRECTIVES
+from heed.memory.directives.rules import MAX_DIRECTIVES
 from heed.memory.mental_models import KnowledgeFolder
 from heed.memory.models import Bank, Chunk, EntityRef, InvalidInput, PreparedDocument, PreparedUnit
+from heed.memory.retain.units import index_text, neighbour_texts, with_neighbours
 from heed.memory.store import MemoryStore, MentalModelStore
-from heed.memory.units import index_text, neighbour_texts, with_neighbours
 from heed.runtime import raise_if_cancelled
 
 __all__ = [
@@ -182,7 +182,7 @@ def _when(value: str | None) -> datetime | None:
 
 def _rebuilt(units: list[UnitRow]) -> None:
     """Give *units* (one document's, in order, or observations) the keyword text retain
-    and consolidation give (:mod:`heed.memory.units`) where the store could not read it
+    and consolidation give (:mod:`heed.memory.retain.units`) where the store could not read it
     back: a document's units their text, context and date, and its verbatim units (those
     resting on no other) the neighbours among them; an observation its text."""
     verbatim = [u for u in units if u.document_id is not None and not u.source_ids]
@@ -212,7 +212,8 @@ def with_index_texts(units: Iterator[list[UnitRow]], size: int) -> Iterator[list
 
 def bank_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The bank settings of an archive's ``config``, checked by the rule every setting
-    meets (:func:`heed.memory.bank_config.validate`: a name heed does not honour, or a value
+    meets (:func:`heed.memory.bank_config.settings.validate`: a name heed does not
+    honour, or a value
     of the wrong type, is refused by name)."""
     try:
         checked = bank_config.validate(config, where="bank.json: config")

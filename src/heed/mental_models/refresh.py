@@ -8,7 +8,7 @@ model's content; the content it replaces goes to the model's history
 ``POST .../refresh`` and the triggers (:mod:`heed.mental_models.triggers`).
 
 **How it runs.** Each refresh is a run in the bank's run group (``bank:<ref>``), listed with
-the bank's operations (:data:`heed.memory.operations.OPERATION_KINDS`):
+the bank's operations (:data:`heed.memory.retain.operations.OPERATION_KINDS`):
 
 - *one at a time per model, across instances*: a refresh asked while one of the same model
   is busy returns the busy run (``deduplicated``), decided in the admission transaction
@@ -56,7 +56,7 @@ from heed.memory.mental_models import (
     scope_of,
 )
 from heed.memory.models import Bank, Conflict, NotFound
-from heed.memory.operations import MENTAL_MODEL_REFRESH_KIND, bank_session, cancel_bank_runs
+from heed.memory.retain.operations import MENTAL_MODEL_REFRESH_KIND, bank_session, cancel_bank_runs
 from heed.memory.store import MentalModelStore
 from heed.reflect import ReflectRequest
 from heed.reflect.agent import ReflectOutcome

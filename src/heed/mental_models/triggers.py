@@ -6,7 +6,7 @@ bank changed observations in a scope its tags filter passes:
 wrote into its bank). The hooks (:meth:`RefreshTriggers.after_retain`, registered on
 :attr:`heed.memory.engine.MemoryEngine.after_retain`, and
 :meth:`RefreshTriggers.after_consolidation`, on
-:attr:`heed.memory.consolidation.Consolidation.after_consolidation`) are cheap: they note
+:attr:`heed.memory.learning.consolidation.Consolidation.after_consolidation`) are cheap: they note
 the bank and return; one timer per bank waits :attr:`debounce` seconds of quiet, then reads
 the bank's models once and submits a refresh of each model whose trigger fired, after its
 minimum interval (:meth:`heed.mental_models.refresh.MentalModelRefreshes.remaining`). A

@@ -35,7 +35,7 @@ Prompts are short and structured (numbered memories, one line each, capped), so
 the tiny local model stays useful; a stronger ``openai`` model does better.
 
 **Directives**: the bank's active directives that apply to the request's tags (every
-active one with ``apply_all_directives``; :mod:`heed.memory.directives`) are said in the
+active one with ``apply_all_directives``; :mod:`heed.memory.directives.rules`) are said in the
 system prompt of the loop and of the grounded answer, and listed in
 ``based_on.directives``.
 """
@@ -66,9 +66,9 @@ from heed.llm.grounding import (
     memory_line,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
-from heed.memory.bank_config import DISPOSITION_DEFAULT, recall_max_tokens
-from heed.memory.directive_service import applicable_directives
-from heed.memory.directives import Directive, DirectiveScope, rules_text
+from heed.memory.bank_config.settings import DISPOSITION_DEFAULT, recall_max_tokens
+from heed.memory.directives.rules import Directive, DirectiveScope, rules_text
+from heed.memory.directives.service import applicable_directives
 from heed.memory.mental_models import MentalModel, MentalModelLookup
 from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
 from heed.reflect.schema import structured_output
@@ -91,7 +91,7 @@ Budget = Literal["low", "mid", "high"]
 #: Model calls after the first recall, per budget (the last one must answer).
 ITERATIONS: Final[dict[str, int]] = {"low": 3, "mid": 5, "high": 8}
 #: Token budget of each recall the agent makes, per budget (a bank's ``recall_max_tokens``
-#: replaces it: :func:`heed.memory.bank_config.recall_max_tokens`).
+#: replaces it: :func:`heed.memory.bank_config.settings.recall_max_tokens`).
 RECALL_TOKENS: Final[dict[str, int]] = {"low": 1024, "mid": 2048, "high": 4096}
 #: Memories shown to the model per recall (each clipped to ``MEMORY_CHARS``), and
 #: characters of an expansion.

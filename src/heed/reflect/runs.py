@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from heed.memory.engine import BANK_DELETED
 from heed.memory.models import Bank, NotFound
-from heed.memory.operations import bank_session, cancel_bank_runs
+from heed.memory.retain.operations import bank_session, cancel_bank_runs
 from heed.reflect.agent import ReflectRequest
 from heed.reflect.result import ResultShape, reflect_result
 from heed.reflect.service import ReflectService

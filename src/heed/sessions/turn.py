@@ -23,7 +23,7 @@ cancellable at the recall's own checkpoints; its cost is in the turn's result
 step (``trace.remembered``).
 
 **Directives.** Every turn of a bank-bound session says the bank's active global
-directives (:mod:`heed.memory.directives`: the rules reflect says too, in the same words)
+directives (:mod:`heed.memory.directives.rules`: the rules reflect says too, in the same words)
 in its system prompt, or in the grounded answer's; their ids are in ``trace.directives``.
 A bank deleted meanwhile has none.
 
@@ -58,7 +58,7 @@ from heed.llm.base import (
     ToolSpec,
 )
 from heed.llm.grounding import GroundedAnswer, RecallPart, grounded_question
-from heed.memory.directives import Directive, rules_text
+from heed.memory.directives.rules import Directive, rules_text
 from heed.memory.entities import query_entity_names
 from heed.memory.models import NotFound, StoredUnit
 from heed.runs.ending import SHUTDOWN

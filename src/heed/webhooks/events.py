@@ -26,7 +26,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.memory.operations import status_of_phase
+from heed.memory.retain.operations import status_of_phase
 from heed.runs.model import Run
 
 __all__ = [
@@ -58,7 +58,7 @@ KIND_EVENTS: Final[dict[str, str]] = {
 EVENT_TYPES: Final = (*KIND_EVENTS.values(), RUN_COMPLETED)
 #: Events Hindsight names that heed does not send.
 NOT_IMPLEMENTED: Final = ("memory_defense.triggered",)
-#: How a bank's runs are grouped (:func:`heed.memory.operations.bank_session`).
+#: How a bank's runs are grouped (:func:`heed.memory.retain.operations.bank_session`).
 BANK_PREFIX: Final = "bank:"
 #: Most entries of a run's result an event carries.
 MAX_RESULT_FIELDS: Final = 16

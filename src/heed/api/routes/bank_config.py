@@ -2,8 +2,8 @@
 
 hindsight-client's ``get_bank_config``, ``update_bank_config`` and ``reset_bank_config``:
 each answers ``{bank_id, config, overrides}`` (every setting's value, and the bank's own).
-Which settings exist and what refuses a key: :mod:`heed.memory.bank_config`; the calls:
-:mod:`heed.memory.config_service`.
+Which settings exist and what refuses a key: :mod:`heed.memory.bank_config.settings`; the calls:
+:mod:`heed.memory.bank_config.service`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from heed.api.input_rules import IdPath
 from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
 from heed.api.wire import config as wire
-from heed.memory.config_service import BankConfigView
+from heed.memory.bank_config.service import BankConfigView
 
 __all__ = ["router"]
 

@@ -2,8 +2,8 @@
 
 hindsight-client's ``create_directive``, ``list_directives``, ``get_directive``,
 ``update_directive`` and ``delete_directive``. What a directive is, which apply to a reflect
-or a chat turn and how they are said: :mod:`heed.memory.directives`; the rules of each
-call: :mod:`heed.memory.directive_service`.
+or a chat turn and how they are said: :mod:`heed.memory.directives.rules`; the rules of each
+call: :mod:`heed.memory.directives.service`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from heed.api.input_rules import MAX_LIST_ITEMS, MAX_TAG_CHARS, IdPath, Limit, O
 from heed.api.routing import HeedRoute
 from heed.api.wire import directives as wire
 from heed.api.wire.memory import DeleteResponse
-from heed.memory.directives import DirectivePatch, DirectiveScope
+from heed.memory.directives.rules import DirectivePatch, DirectiveScope
 
 __all__ = ["router"]
 

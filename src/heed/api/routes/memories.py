@@ -2,7 +2,7 @@
 
 Sync retain and recall run under the request's token: a client that leaves
 stops them (499). Async retain returns an operation id at once; the
-operation runs under its own token (see :mod:`heed.memory.operations`).
+operation runs under its own token (see :mod:`heed.memory.retain.operations`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from heed.api.wire.memory_convert import (
     retain_items,
     unit_item,
 )
-from heed.memory.idempotency import MAX_KEY_CHARS
 from heed.memory.models import FACT_TYPES
+from heed.memory.retain.idempotency import MAX_KEY_CHARS
 from heed.memory.store import UnitFilter
 from heed.memory.tags import TAGS_MATCH, check_tags_match
 

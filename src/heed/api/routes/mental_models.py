@@ -26,7 +26,7 @@ from heed.api.wire import memory as memory_wire
 from heed.api.wire import mental_models as wire
 from heed.memory.mental_models import MentalModel
 from heed.memory.models import Bank
-from heed.memory.operations import status_of
+from heed.memory.retain.operations import status_of
 
 __all__ = ["model_out", "router", "trigger_out"]
 

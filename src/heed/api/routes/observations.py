@@ -9,7 +9,8 @@
   memory;
 - ``GET .../memories/{memory_id}/history``: an observation's earlier versions.
 
-What consolidation is and how it is bounded and cancelled: :mod:`heed.memory.consolidation`.
+What consolidation is and how it is bounded and cancelled:
+:mod:`heed.memory.learning.consolidation`.
 """
 
 from __future__ import annotations

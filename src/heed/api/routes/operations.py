@@ -1,6 +1,7 @@
 """Async operations: list, get, cancel (``/v1/default/banks/{bank_id}/operations``).
 
-Operations are a bank's runs of the kinds :data:`heed.memory.operations.OPERATION_KINDS` names
+Operations are a bank's runs of the kinds
+:data:`heed.memory.retain.operations.OPERATION_KINDS` names
 (retains, consolidations, mental-model refreshes, transfers); their phases map onto Hindsight's
 statuses (queued: pending; running and cancelling: processing; cancelled; completed; failed and
 interrupted: failed). ``phase`` carries heed's own. ``progress`` is the last progress the run
@@ -19,7 +20,7 @@ from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.memory.operations import (
+from heed.memory.retain.operations import (
     CONSOLIDATION_KIND,
     RETAIN_KIND,
     RetainOperations,

@@ -2,7 +2,7 @@
 (hindsight-client's ``get_bank_config``, ``update_bank_config``, ``reset_bank_config``), and
 the settings part of ``PUT / PATCH .../banks/{bank_id}`` (``create_bank``).
 
-The settings are :data:`heed.memory.bank_config.SETTINGS`, read here: each is a typed,
+The settings are :data:`heed.memory.bank_config.settings.SETTINGS`, read here: each is a typed,
 optional field of :class:`ConfigUpdates` and of the bank body
 (:class:`heed.api.wire.memory.BankWrite`), so the OpenAPI document lists them with their
 types, and a wrong type is a 422 naming it. A field that is not one of them is refused by
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from heed.api.input_rules import RequestBody
-from heed.memory.bank_config import SETTINGS
+from heed.memory.bank_config.settings import SETTINGS
 
 __all__ = [
     "BankConfigResponse",
@@ -51,7 +51,7 @@ def setting_fields() -> dict[str, Any]:
 def sent_settings(body: BaseModel) -> dict[str, Any]:
     """The settings *body* carries, as JSON values: the setting fields it sent (``null``
     included) and every field it has beyond its model, for
-    :func:`heed.memory.bank_config.validate` to check (and refuse by name)."""
+    :func:`heed.memory.bank_config.settings.validate` to check (and refuse by name)."""
     sent = body.model_dump(mode="json", include=set(SETTINGS) & body.model_fields_set)
     return {**sent, **(body.model_extra or {})}
 

@@ -6,7 +6,7 @@ The request models name every field the client sends; any other field is refused
 naming it), never ignored. In an update a ``null`` field (the client sends every field it
 was not given as ``null``) keeps the stored value; ``tags: []`` clears the tags. The rules
 beyond JSON types (a blank name, the per-bank count) are the domain's
-(:mod:`heed.memory.directive_service`).
+(:mod:`heed.memory.directives.service`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from heed.api.input_rules import JSON_INTEGER, Name, RequestBody, TagList
-from heed.memory.directive_service import PRIORITY_RANGE
-from heed.memory.directives import MAX_CONTENT_CHARS, Directive
+from heed.memory.directives.rules import MAX_CONTENT_CHARS, Directive
+from heed.memory.directives.service import PRIORITY_RANGE
 
 __all__ = [
     "DirectiveCreate",

@@ -3,7 +3,7 @@
 Requests accept (and ignore) fields heed does not implement, unless ignoring
 them would silently change results (``tag_groups``, attachments): those get a
 400 naming the field; a bank body refuses every field that is not a setting heed honours
-(:mod:`heed.memory.bank_config`). Responses carry every field the client's models require.
+(:mod:`heed.memory.bank_config.settings`). Responses carry every field the client's models require.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from heed.api.input_rules import (
     TokenBudget,
 )
 from heed.api.wire.config import SettingsBody, setting_fields
-from heed.memory import bank_config
+from heed.memory.bank_config import settings as bank_config
 
 __all__ = [
     "BankListItem",
@@ -83,13 +83,13 @@ class Disposition(RequestBody):
 
 
 ObservationScopes = bank_config.ObservationScopes
-"""How consolidation scopes observations (:mod:`heed.memory.scopes`): a mode, or tag lists
+"""How consolidation scopes observations (:mod:`heed.memory.learning.scopes`): a mode, or tag lists
 (fnmatch globs allowed)."""
 
 
 class BankProfileWrite(SettingsBody):
     """The profile fields of a bank body; the settings are added from
-    :data:`heed.memory.bank_config.SETTINGS` (:class:`BankWrite`)."""
+    :data:`heed.memory.bank_config.settings.SETTINGS` (:class:`BankWrite`)."""
 
     model_config = ConfigDict(populate_by_name=True)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from heed.api.wire import memory as wire
 from heed.api.wire.config import sent_settings
-from heed.memory import InvalidInput, bank_config
+from heed.memory import InvalidInput
+from heed.memory.bank_config import settings as bank_config
 from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
     FACT_TYPES,
@@ -46,7 +47,7 @@ def profile_of(bank: Bank) -> wire.BankProfileResponse:
 
 def bank_fields(body: wire.BankWrite) -> dict[str, Any]:
     """Engine fields of a PUT/PATCH body (only what was sent). Its settings are checked by
-    :func:`heed.memory.bank_config.validate`: a field that is not a setting heed honours is
+    :func:`heed.memory.bank_config.settings.validate`: a field that is not a setting heed honours is
     a 400 naming it, and nothing is written."""
     changes = bank_config.validate(sent_settings(body), where="body")
     disposition: dict[str, int] = {}

@@ -16,7 +16,7 @@
    item size, one document id, ``replace``). Synchronously (the default) through
    :meth:`MemoryEngine.retain` under the request's token, so a client that leaves stops the
    embedding too and no document is half-written; with ``async`` each file is submitted as
-   a ``retain`` operation (:class:`heed.memory.operations.RetainOperations`), whose ids are
+   a ``retain`` operation (:class:`heed.memory.retain.operations.RetainOperations`), whose ids are
    returned. Parsing is always done in the request, so a bad file is a 400 in either mode.
 
 Each document's metadata holds the given metadata plus ``file_name`` and ``file_format``.
@@ -43,7 +43,7 @@ from heed.memory.files.rules import (
     split_text,
 )
 from heed.memory.models import Bank, RetainItem
-from heed.memory.operations import RetainOperations
+from heed.memory.retain.operations import RetainOperations
 
 __all__ = ["MAX_DOCUMENT_ID_CHARS", "FileMeta", "FileRetain", "FileRetainResult"]
 

@@ -1,6 +1,6 @@
 """How big a recall is: its candidates per retrieval arm and its candidates reranked, from
 its ``budget``, its ``max_tokens`` and its bank's ``recall_budget_*`` settings
-(:mod:`heed.memory.bank_config`).
+(:mod:`heed.memory.bank_config.settings`).
 
 :func:`recall_size` is the one place that sizes a recall: the pipeline takes each arm's
 ``k`` and its rerank count from it, the recall lane the slot's cost
@@ -82,7 +82,7 @@ class RecallSize:
 
 def _number(config: Mapping[str, Any], name: str, default: float) -> float:
     """*config*'s finite number *name*, else *default* (a value that is not one, which
-    :mod:`heed.memory.bank_config` never stores, counts as unset: a recall never fails
+    :mod:`heed.memory.bank_config.settings` never stores, counts as unset: a recall never fails
     on its bank's settings)."""
     value = config.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

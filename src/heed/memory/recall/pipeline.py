@@ -50,10 +50,10 @@ from heed.memory.recall.fusion import reciprocal_rank_fusion
 from heed.memory.recall.query import QueryAnalysis, analyze_query
 from heed.memory.recall.ranking import RankingWeights, ranking_weights, speaks
 from heed.memory.recall.rerank import Candidate, Reranker
+from heed.memory.recall.vectors import VectorSearch
+from heed.memory.retain.units import speaker_of
 from heed.memory.store import MemoryStore
 from heed.memory.tags import tags_pass
-from heed.memory.units import speaker_of
-from heed.memory.vectors import VectorSearch
 from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
 
 __all__ = ["BUDGET_SIZES", "RecallDeps", "StageHook", "Tracer", "run_recall", "slot_terms"]
@@ -79,7 +79,7 @@ class RecallDeps:
         default_factory=lambda: {"semantic": 1.0, "keyword": 1.0, "graph": 0.5, "temporal": 0.5}
     )
     recency_weight: float = 0.0
-    #: 0: units are indexed with their neighbours (heed.memory.units), which served
+    #: 0: units are indexed with their neighbours (heed.memory.retain.units), which served
     #: LoCoMo better than this boost on top (recall@10 0.786 against 0.780 with 0.3).
     neighbor_weight: float = 0.0
     neighbor_expand: int = 20

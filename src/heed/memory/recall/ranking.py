@@ -12,7 +12,7 @@ The ranking of a recall's candidates (:mod:`heed.memory.recall.pipeline`, stages
   asks about. On LoCoMo the vector arm alone (its own top 20 in ``trace``) went from
   recall@10 0.511 to 0.610.
 - ``boost``: ``speaker`` is added to a unit whose speaker (a dialogue turn's ``Name:``
-  label: :func:`heed.memory.units.speaker_of`) is one of the query's entities: a question
+  label: :func:`heed.memory.retain.units.speaker_of`) is one of the query's entities: a question
   about a person is answered mostly by what that person said (on the LoCoMo dev split,
   950 of the 972 evidence turns of questions naming one speaker are that speaker's), and
   ``temporal`` to a unit whose event time (its ``occurred_*`` range) or mention time (its
@@ -20,7 +20,7 @@ The ranking of a recall's candidates (:mod:`heed.memory.recall.pipeline`, stages
   dates resolved against the query's ``query_timestamp``, else now).
 
 The weights are bank settings (``recall_semantic_weight``, ``recall_speaker_weight``,
-``recall_temporal_weight``: :mod:`heed.memory.bank_config`), so a bank can be tuned and the
+``recall_temporal_weight``: :mod:`heed.memory.bank_config.settings`), so a bank can be tuned and the
 LoCoMo benchmark chooses them per fold on held-out conversations. Their defaults
 (:data:`DEFAULT_WEIGHTS`) are the values ``benchmarks/locomo_recall.py`` chose on all five
 dev conversations; they encode no date, name or phrase of any data.
@@ -73,7 +73,7 @@ WEIGHT_SETTINGS: Final[Mapping[str, tuple[str, float, float]]] = {
 def ranking_weights(config: Mapping[str, Any]) -> RankingWeights:
     """The weights a bank whose settings are *config* ranks with: each its own setting when
     it is a finite number within bounds, else the default (a recall never fails on its
-    bank's settings; :mod:`heed.memory.bank_config` validates them when written)."""
+    bank's settings; :mod:`heed.memory.bank_config.settings` validates them when written)."""
     values: dict[str, float] = {}
     for name, (field, low, high) in WEIGHT_SETTINGS.items():
         value = config.get(name)

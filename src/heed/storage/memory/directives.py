@@ -15,7 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any, Final
 
 from heed.errors import refuse_nul
-from heed.memory.directives import Directive, DirectivePatch, in_order
+from heed.memory.directives.rules import Directive, DirectivePatch, in_order
 from heed.memory.store import BankGone
 from heed.storage.memory.rows import holds_nul, now_iso
 

@@ -20,8 +20,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from heed.memory.links import first_mentions
 from heed.memory.models import Bank, StoredUnit
+from heed.memory.retain.links import first_mentions
 from heed.memory.store import ObservationChanges, WriteResult
 from heed.storage.memory.rows import (
     bank_from_row,

@@ -17,8 +17,8 @@ from typing import Any, Final
 
 from heed.errors import NUL, refuse_nul
 from heed.memory.models import Bank, DocumentInfo, PreparedDocument, PreparedUnit, StoredUnit
+from heed.memory.retain.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
 from heed.memory.store import BankGone, BankTaken
-from heed.memory.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
 from heed.storage.memory.values import value_column
 
 __all__ = [

@@ -13,7 +13,7 @@ bytewise on both, whatever PostgreSQL's locale. What only the search structures 
 differs, by placeholder:
 
 - SQLite: ``seq`` is the rowid (``INTEGER PRIMARY KEY``), a vector is a float32 ``BLOB``
-  searched in process (:mod:`heed.memory.vectors`), and the keyword index is an FTS5 table
+  searched in process (:mod:`heed.memory.recall.vectors`), and the keyword index is an FTS5 table
   (``porter unicode61``) whose ``bank`` column holds one token per bank, so a query reads
   only its own bank's postings.
 - PostgreSQL (pgvector): ``seq`` comes from an identity sequence stepping by
@@ -193,7 +193,7 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
             4,
             # A bank's generation counts the writes that changed its units; a unit keeps the
             # generation that wrote it. A process's vector index compares the two to catch
-            # up with other processes' writes (heed.memory.vectors.BankIndexes); PostgreSQL
+            # up with other processes' writes (heed.memory.recall.vectors.BankIndexes); PostgreSQL
             # searches in the database, and keeps the columns alike for heed migrate.
             """
             ALTER TABLE memory_banks ADD COLUMN generation {bigint} NOT NULL DEFAULT 0;
@@ -240,7 +240,8 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
         Migration(
             "memory",
             7,
-            # Memory that learns (heed.memory.extraction, heed.memory.consolidation): a
+            # Memory that learns (heed.memory.learning.extraction,
+            # heed.memory.learning.consolidation): a
             # unit's provenance (the ids of the units it rests on, JSON), its place in
             # consolidation (pending, done, failed; NULL: not for consolidation), and an
             # observation's support and earlier versions (JSON). Pending units are found
@@ -259,7 +260,7 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
         Migration(
             "memory",
             8,
-            # Directives (heed.memory.directives): a bank's rules, said in reflect's and
+            # Directives (heed.memory.directives.rules): a bank's rules, said in reflect's and
             # bank-bound chat turns' prompts. Tags are JSON text; is_active 0 or 1 (an
             # integer on both databases). Deleting a bank deletes them (the cascade).
             """

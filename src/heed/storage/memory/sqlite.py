@@ -4,7 +4,7 @@ The keyword index is the FTS5 table ``memory_fts`` (``porter unicode61``): its r
 unit's seq, its ``bank`` column one token per bank (so a query reads only its own bank's
 postings), its ``body`` the unit's index text; ``bm25()`` scores it (the ``bank`` column
 weighs nothing). Vectors are float32 blobs, loaded into each process's index
-(:mod:`heed.memory.vectors`), which catches up with other processes' writes by the bank's
+(:mod:`heed.memory.recall.vectors`), which catches up with other processes' writes by the bank's
 generation. One writer at a time (the file's lock), so seqs are the rowids SQLite would
 give, and lists are plain ``IN`` lists.
 """
@@ -17,8 +17,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from heed.memory.retain.units import with_neighbours
 from heed.memory.store import VectorRows
-from heed.memory.units import with_neighbours
 from heed.runtime import raise_if_cancelled
 from heed.storage.memory.dialect import Column
 from heed.storage.memory.rows import UNIT_WRITE_COLUMNS, bank_token

@@ -5,7 +5,7 @@ bumped first (a bank another process deleted is :class:`~heed.memory.store.BankG
 nothing is written), then the ledger entry, the document row, its chunks, its units in
 bulk inserts of :data:`WRITE_BATCH` (:data:`PG_UNIT_BATCH` on PostgreSQL; the token
 checked between batches: a cancel rolls the whole document back), the entities,
-memberships and links planned by :mod:`heed.memory.links`, and the shared values
+memberships and links planned by :mod:`heed.memory.retain.links`, and the shared values
 (:mod:`heed.storage.memory.values`). The units' rows are built before the transaction
 begins. On PostgreSQL, where several processes write at once, the transaction holds the
 bank's lock (``"bank:" + ref``, as the deletes do): writers of one bank take turns,
@@ -28,9 +28,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from heed.memory.idempotency import KEY_TTL_SECONDS, IdempotencyConflict, LedgerEntry, RetainKey
-from heed.memory.links import ENTITY_LINKS_PER_ENTITY, first_mentions, plan_links
 from heed.memory.models import PreparedDocument, PreparedUnit
+from heed.memory.retain.idempotency import (
+    KEY_TTL_SECONDS,
+    IdempotencyConflict,
+    LedgerEntry,
+    RetainKey,
+)
+from heed.memory.retain.links import ENTITY_LINKS_PER_ENTITY, first_mentions, plan_links
 from heed.memory.store import WriteResult
 from heed.runtime import raise_if_cancelled
 from heed.storage.database import SqlDatabase
@@ -255,7 +260,7 @@ class DocumentWrites:
         self, conn: Any, bank_ref: str, document_id: str, units: list[PreparedUnit]
     ) -> list[PreparedUnit]:
         """Index an append's first units and the document's stored last units with each
-        other's text, as neighbours within one retain are (see :mod:`heed.memory.units`)."""
+        other's text, as neighbours within one retain are (see :mod:`heed.memory.retain.units`)."""
         last = conn.execute(LAST_UNITS_OF_DOCUMENT, (bank_ref, document_id)).fetchall()
         updates, joined = join_append(last, units)
         for seq, texts in updates:
@@ -296,7 +301,7 @@ class DocumentWrites:
     ) -> None:
         """Entities (created on first mention: the first name wins, and another process's
         creation is kept), memberships and links of the new units (see
-        :mod:`heed.memory.links`), in bulk."""
+        :mod:`heed.memory.retain.links`), in bulk."""
         entity_ids: dict[str, str] = {}
         recent: dict[str, list[int]] = {}
         if first:

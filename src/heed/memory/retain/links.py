@@ -9,7 +9,7 @@ store creates the entities the bank does not know yet (first mention names it: s
   shared entity, both ways;
 - ``temporal``: each new unit to the one before it in the write, both ways;
 - ``source`` and ``causal``: an extracted fact to the units of the write it cites and to
-  the facts that caused it (:mod:`heed.memory.extraction`), both ways.
+  the facts that caused it (:mod:`heed.memory.learning.extraction`), both ways.
 
 The rule is pure: the store reads what it needs from its database (each entity's id, and
 each known entity's latest :data:`ENTITY_LINKS_PER_ENTITY` units) and :func:`plan_links`

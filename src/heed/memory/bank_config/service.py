@@ -1,5 +1,5 @@
 """A tenant's bank configuration through the memory engine: read it resolved, change some
-settings, reset it (the rules: :mod:`heed.memory.bank_config`).
+settings, reset it (the rules: :mod:`heed.memory.bank_config.settings`).
 
 A change is validated whole before anything is written (a refused key or a bad value is a
 400 naming it, and no setting changes), then applied and saved under the engine's bank lock
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from heed.memory import bank_config
+from heed.memory.bank_config import settings as bank_config
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank
 

@@ -9,7 +9,7 @@ Grouping: items sharing a ``document_id`` form one document (the first item's
 ``update_mode`` decides replace or append; replace is the default, as in
 Hindsight); an item without one is its own document with a fresh id, or, under an
 idempotency key, an id derived from the key and the item's position (see
-:mod:`heed.memory.idempotency`).
+:mod:`heed.memory.retain.idempotency`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from heed.memory.dates import find_dates
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import assign_given, extract_entities
-from heed.memory.idempotency import document_id_for
 from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
-from heed.memory.units import index_text, neighbour_texts, split_units, with_neighbours
+from heed.memory.retain.idempotency import document_id_for
+from heed.memory.retain.units import index_text, neighbour_texts, split_units, with_neighbours
 from heed.runtime import raise_if_cancelled
 
 __all__ = [
@@ -108,10 +108,10 @@ def _units_of(
 
 
 def _index_neighbours(units: list[PreparedUnit]) -> None:
-    """Add each unit's neighbours in its document to its BM25 text (see heed.memory.units).
+    """Add each unit's neighbours in its document to its BM25 text (see heed.memory.retain.units).
 
     An append's first units and the document's stored last units are joined by the store,
-    which alone knows those (:func:`heed.memory.units.neighbour_gains`)."""
+    which alone knows those (:func:`heed.memory.retain.units.neighbour_gains`)."""
     texts = [u.text for u in units]
     for position, unit in enumerate(units):
         unit.index_text = with_neighbours(unit.index_text, neighbour_texts(texts, position))

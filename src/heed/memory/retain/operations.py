@@ -28,8 +28,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from heed.memory.engine import BANK_DELETED, MemoryEngine
-from heed.memory.idempotency import check_fingerprint, retain_key
 from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
+from heed.memory.retain.idempotency import check_fingerprint, retain_key
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 RETAIN_KIND: Final = "retain"
-#: Consolidation runs (:mod:`heed.memory.consolidation`), listed with the bank's retains.
+#: Consolidation runs (:mod:`heed.memory.learning.consolidation`), listed with the bank's retains.
 CONSOLIDATION_KIND: Final = "consolidation"
 #: Mental model refreshes (:mod:`heed.mental_models.refresh`), listed with them too.
 MENTAL_MODEL_REFRESH_KIND: Final = "mental_model_refresh"

@@ -4,7 +4,7 @@ arrives, in background runs that stop when asked and never starve a user's reque
 **What it does.** A bank that keeps observations (``enable_observations``) marks the units
 its retains write as ``pending`` (:meth:`heed.memory.engine.MemoryEngine.retain`). A
 consolidation run takes them in **rounds** of at most :attr:`ConsolidationLimits.batch`
-units, oldest first, grouped into **scopes** (tag sets: :mod:`heed.memory.scopes`; by
+units, oldest first, grouped into **scopes** (tag sets: :mod:`heed.memory.learning.scopes`; by
 default each fact's own tags; an observation carries its scope's tags and rests only on
 facts of its scope). For each scope it recalls the related observations (a real recall, of
 type ``observation``, in the scope, at most :attr:`ConsolidationLimits.related`), and asks
@@ -60,6 +60,7 @@ from heed.llm.observe import LlmObserver, observing
 from heed.llm.structured import complete_json
 from heed.memory.engine import BANK_DELETED, MemoryEngine
 from heed.memory.entities import extract_entities
+from heed.memory.learning.scopes import Scope, ScopeRule, mission_for, scope_rule, scopes_of
 from heed.memory.models import (
     Bank,
     NotFound,
@@ -68,11 +69,10 @@ from heed.memory.models import (
     RecallQuery,
     StoredUnit,
 )
-from heed.memory.operations import CONSOLIDATION_KIND, bank_session, cancel_bank_runs
-from heed.memory.retain import embed_documents
-from heed.memory.scopes import Scope, ScopeRule, mission_for, scope_rule, scopes_of
+from heed.memory.retain.operations import CONSOLIDATION_KIND, bank_session, cancel_bank_runs
+from heed.memory.retain.prepare import embed_documents
+from heed.memory.retain.units import index_text
 from heed.memory.store import ObservationChanges
-from heed.memory.units import index_text
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager
@@ -277,7 +277,7 @@ class Consolidation:
     async def submit(self, bank: Bank, scopes: ScopeRule | None = None) -> tuple[Run | None, bool]:
         """Start a consolidation of *bank* unless one is busy: ``(run, deduplicated)``, the
         busy run with ``True`` when there was one (whatever scope rule it was given).
-        *scopes* is the run's scope rule (:mod:`heed.memory.scopes`; ``None``: the bank's
+        *scopes* is the run's scope rule (:mod:`heed.memory.learning.scopes`; ``None``: the bank's
         default)."""
         run = await self.manager.submit(
             CONSOLIDATION_KIND,

@@ -21,7 +21,8 @@ What reads them: recall its retrieval switches (``enable_*``), ``recall_prefer_o
 ``recall_semantic_weight``, ``recall_speaker_weight`` and ``recall_temporal_weight``
 (:mod:`heed.memory.recall.ranking`); retain ``retain_mission`` and
 ``retain_extraction_mode``; consolidation ``enable_observations``, ``observations_mission``,
-``default_observation_scopes`` and ``consolidation_strategies`` (:mod:`heed.memory.scopes`);
+``default_observation_scopes`` and ``consolidation_strategies``
+(:mod:`heed.memory.learning.scopes`);
 reflect the mission, the disposition and ``recall_max_tokens`` (the token budget of each
 recall its agent makes: :func:`recall_max_tokens`); mental-model refreshes
 ``mental_model_min_refresh_interval_seconds`` (:mod:`heed.mental_models.refresh`); the MCP
@@ -110,7 +111,7 @@ ObservationScopes = (
     Literal["combined", "shared", "per_tag"]
     | Annotated[list[TagList], Field(max_length=LIST_ITEMS)]
 )
-"""How consolidation scopes observations (:mod:`heed.memory.scopes`): a mode, or tag lists
+"""How consolidation scopes observations (:mod:`heed.memory.learning.scopes`): a mode, or tag lists
 (fnmatch globs allowed)."""
 
 

@@ -12,7 +12,7 @@ verbatim ones, which stay retrievable:
 - its **provenance** (``source_ids``) is the ids of the units it cites, so a recalled fact
   is always traced back to what was said; a fact citing no valid unit cites the whole chunk;
 - its **entities** are the ones it names plus those found in its text, resolved against the
-  bank's by canonical name when written (:mod:`heed.memory.links`);
+  bank's by canonical name when written (:mod:`heed.memory.retain.links`);
 - a cause becomes a ``causal`` link between the two facts.
 
 A chunk whose reply stays malformed keeps only its verbatim units, and is counted
@@ -39,7 +39,7 @@ from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaF
 from heed.llm.structured import complete_json
 from heed.memory.entities import extract_entities
 from heed.memory.models import Bank, EntityRef, PreparedDocument, PreparedUnit
-from heed.memory.units import index_text
+from heed.memory.retain.units import index_text
 from heed.runtime import raise_if_cancelled
 
 __all__ = [

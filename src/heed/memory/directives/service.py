@@ -1,5 +1,5 @@
 """A tenant's directives, through the memory engine: create, list, read, update, delete,
-and the directives a reflect or a chat turn applies (:mod:`heed.memory.directives` holds
+and the directives a reflect or a chat turn applies (:mod:`heed.memory.directives.rules` holds
 the rules; the store the rows).
 
 Every call is tenant-scoped like the engine's (another tenant's bank, or a directive of
@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Final
 
 from heed.errors import NUL
-from heed.memory.directives import (
+from heed.memory.directives.rules import (
     MAX_CONTENT_CHARS,
     MAX_DIRECTIVES,
     Directive,
@@ -70,7 +70,7 @@ async def applicable_directives(
     engine: MemoryEngine, bank: Bank, scope: DirectiveScope
 ) -> list[Directive]:
     """The active directives of *bank* that apply in *scope*, in the order they are said
-    (:func:`heed.memory.directives.select`). Reflect and chat turns call this."""
+    (:func:`heed.memory.directives.rules.select`). Reflect and chat turns call this."""
     return select(await run_in_thread(engine.store.list_directives, bank.ref), scope)
 
 
