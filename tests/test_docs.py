@@ -101,7 +101,10 @@ def test_the_layer_tree_is_the_enforced_one() -> None:
 
 
 def test_the_checks_see_what_they_check() -> None:
-    tree = "## Layers\n\n```\nsrc/heed/\n  runtime/    tokens\n              more\n  cli/  x\n  settings.py\n```\n"
+    tree = (
+        "## Layers\n\n```\nsrc/heed/\n  runtime/    tokens\n              more\n"
+        "  cli/  x\n  settings.py\n```\n"
+    )
     assert _tree_parts(tree) == {"runtime", "cli", "settings"}
     assert _resolves("heed.runtime.slots") and not _resolves("heed.runtime.no_such_module")
     assert _resolves("heed.errors.HeedError") and not _resolves("heed.errors.NoSuchName")

@@ -19,12 +19,14 @@ is a new step.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 __all__ = [
     "DIALECTS",
@@ -203,3 +205,25 @@ def split_statements(sql: str) -> list[str]:
 def _is_code(line: str) -> bool:
     text = line.strip()
     return bool(text) and not text.startswith("--")
+
+
+_Value = TypeVar("_Value")
+
+
+@functools.cache
+def _init_fields(cls: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+
+def from_row(cls: type[_Value], row: Any, **values: Any) -> _Value:
+    """An instance of the dataclass *cls* from a database row (SQLite's or PostgreSQL's: both
+    have ``keys()``): each field with a column of the same name takes that column's value,
+    unless *values* gives the field (a conversion: JSON, a bool from an integer, a value the
+    row does not hold); a field in neither keeps its default, and raises ``TypeError`` if it
+    has none."""
+    build: Callable[..., _Value] = cls
+    columns = set(row.keys())
+    taken = {
+        name: row[name] for name in _init_fields(build) if name in columns and name not in values
+    }
+    return build(**taken, **values)

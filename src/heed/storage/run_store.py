@@ -44,7 +44,7 @@ from heed.runs.model import (
 )
 from heed.runs.state import is_queued
 from heed.runs.store import BlockingCheck, ClaimCheck, Transition
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
 
 __all__ = ["MIGRATIONS", "SqlRunStore"]
 
@@ -170,25 +170,11 @@ _SETTABLE: Final = frozenset(
 
 
 def _row_to_run(row: Any) -> Run:
-    return Run(
-        id=row["id"],
-        kind=row["kind"],
-        tenant=row["tenant"],
-        session_id=row["session_id"],
-        phase=row["phase"],
-        source=row["source"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        cancelled_at=row["cancelled_at"],
-        finished_at=row["finished_at"],
-        cancel_reason=row["cancel_reason"],
-        error=row["error"],
-        worker_id=row["worker_id"],
-        lease_expires_at=row["lease_expires_at"],
+    return from_row(
+        Run,
+        row,
         summary=json.loads(row["summary"] or "{}"),
         result=None if row["result"] is None else json.loads(row["result"]),
-        last_seq=row["last_seq"],
-        first_seq=row["first_seq"],
         journal_closed=bool(row["journal_closed"]),
         attempts=int(row["attempts"] or 0),
     )

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from heed.errors import NUL, refuse_nul
 from heed.sessions.store import Message, Session, Wakeup
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
 
 __all__ = ["MIGRATIONS", "SqlSessionStore"]
 
@@ -73,43 +73,15 @@ MIGRATIONS: Final = [
 
 
 def _session(row: Any) -> Session:
-    return Session(
-        id=row["id"],
-        tenant=row["tenant"],
-        title=row["title"],
-        bank_id=row["bank_id"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        remember_messages=bool(row["remember_messages"]),
-    )
+    return from_row(Session, row, remember_messages=bool(row["remember_messages"]))
 
 
 def _message(row: Any) -> Message:
-    return Message(
-        id=row["id"],
-        session_id=row["session_id"],
-        idx=row["idx"],
-        role=row["role"],
-        content=row["content"],
-        created_at=row["created_at"],
-        run_id=row["run_id"],
-        status=row["status"],
-        source=row["source"],
-        tool_calls=json.loads(row["tool_calls"]),
-        tool_call_id=row["tool_call_id"],
-        name=row["name"],
-    )
+    return from_row(Message, row, tool_calls=json.loads(row["tool_calls"]))
 
 
 def _wakeup(row: Any) -> Wakeup:
-    return Wakeup(
-        id=row["id"],
-        session_id=row["session_id"],
-        task_run_id=row["task_run_id"],
-        summary=json.loads(row["summary"]),
-        created_at=row["created_at"],
-        delivered_run_id=row["delivered_run_id"],
-    )
+    return from_row(Wakeup, row, summary=json.loads(row["summary"]))
 
 
 class SqlSessionStore:

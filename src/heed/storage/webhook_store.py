@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
 from heed.webhooks.models import PENDING, Delivery, Event, HttpConfig, Webhook
 
 __all__ = ["MIGRATIONS", "SqlWebhookStore"]
@@ -151,13 +151,9 @@ def _config_json(config: HttpConfig) -> str:
 
 def _webhook(row: Any) -> Webhook:
     config = json.loads(row["http_config"])
-    return Webhook(
-        id=row["id"],
-        tenant=row["tenant"],
-        bank_ref=row["bank_ref"],
-        bank_id=row["bank_id"],
-        url=row["url"],
-        secret=row["secret"],
+    return from_row(
+        Webhook,
+        row,
         event_types=json.loads(row["event_types"]),
         enabled=bool(row["enabled"]),
         http_config=HttpConfig(
@@ -166,25 +162,15 @@ def _webhook(row: Any) -> Webhook:
             headers=dict(config["headers"]),
             params=dict(config["params"]),
         ),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
     )
 
 
 def _delivery(row: Any) -> Delivery:
-    return Delivery(**{name: row[name] for name in _DELIVERY_COLUMNS.split(", ")})
+    return from_row(Delivery, row)
 
 
 def _event(row: Any) -> Event:
-    return Event(
-        id=row["id"],
-        tenant=row["tenant"],
-        bank_ref=row["bank_ref"],
-        event_type=row["event_type"],
-        body=row["body"],
-        created_at=row["created_at"],
-        fanned_out=bool(row["fanned_out"]),
-    )
+    return from_row(Event, row, fanned_out=bool(row["fanned_out"]))
 
 
 def _marks(values: Sequence[Any]) -> str:

@@ -19,6 +19,7 @@ from heed.errors import NUL, refuse_nul
 from heed.memory.models import Bank, DocumentInfo, PreparedDocument, PreparedUnit, StoredUnit
 from heed.memory.retain.units import NEIGHBOUR_WINDOW, neighbour_gains, with_neighbours
 from heed.memory.store import BankGone, BankTaken
+from heed.storage.database import from_row
 from heed.storage.memory.values import value_column
 
 __all__ = [
@@ -280,26 +281,14 @@ def bank_from_row(row: Any) -> Bank:
 def unit_from_row(row: Any) -> StoredUnit:
     """A ``memory_units`` row of :data:`UNIT_COLUMNS`, without its entities (the caller
     reads those from ``memory_unit_entities``)."""
-    return StoredUnit(
-        id=row["id"],
+    return from_row(
+        StoredUnit,
+        row,
         seq=int(row["seq"]),
-        text=row["text"],
-        fact_type=row["fact_type"],
-        context=row["context"],
-        document_id=row["document_id"],
-        chunk_id=row["chunk_id"],
-        occurred_start=row["occurred_start"],
-        occurred_end=row["occurred_end"],
-        mentioned_at=row["mentioned_at"],
         metadata=loads(row["metadata"]),
         tags=loads(row["tags"]),
         entities=[],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        token_count=row["token_count"],
         source_ids=json.loads(row["source_ids"]) if row["source_ids"] else [],
-        consolidation_state=row["consolidation_state"],
-        proof_count=row["proof_count"],
         history=json.loads(row["history"]) if row["history"] else [],
     )
 
