@@ -31,10 +31,13 @@ recall check runs its own event loop).
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
+
+import psycopg
 
 from heed.migrate.checks import (
     DEFAULT_VERIFY_QUERIES,
@@ -83,15 +86,22 @@ DEFAULT_BATCH_SIZE: Final = 500
 def _opened(
     source: str | Path, target: str, connect_timeout: float
 ) -> Iterator[tuple[Snapshot, PostgresDatabase]]:
-    src = Snapshot(sqlite_source_path(source))
+    """The two databases, open for the body; a driver's error in either, here or in the
+    body, becomes a :class:`MigrationError` naming the database (the front end shows it)."""
     try:
-        dst = open_target(target, connect_timeout)
+        src = Snapshot(sqlite_source_path(source))
         try:
-            yield src, dst
+            dst = open_target(target, connect_timeout)
+            try:
+                yield src, dst
+            finally:
+                dst.close()
         finally:
-            dst.close()
-    finally:
-        src.close()
+            src.close()
+    except psycopg.Error as exc:
+        raise MigrationError(f"PostgreSQL: {exc}") from exc
+    except sqlite3.Error as exc:
+        raise MigrationError(f"SQLite: {exc}") from exc
 
 
 def migrate(

@@ -113,6 +113,14 @@ class SqlDatabase(Protocol):
     dialect: str
     #: ``" FOR UPDATE"`` where row locks exist, else ``""`` (SQLite's writer lock covers it).
     for_update: str
+    #: ``" FOR UPDATE SKIP LOCKED"`` where row locks exist (rows another connection is
+    #: claiming are skipped, not waited for), else ``""``.
+    skip_locked: str
+
+    def json_text(self, column: str, key: str) -> str:
+        """SQL for the text value of *key* in the JSON object text in *column* (both fixed
+        identifiers the caller has checked)."""
+        ...
 
     def read(self) -> AbstractContextManager[Any]:
         """A connection for reads; inside :meth:`write` in the same thread, that one."""

@@ -238,6 +238,7 @@ class PostgresDatabase:
 
     dialect = "postgresql"
     for_update = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, url: str, *, pool_size: int = 16, connect_timeout: float = 10.0) -> None:
         self.url = url
@@ -327,6 +328,9 @@ class PostgresDatabase:
             finally:
                 handle.remove()
                 canceller.close()
+
+    def json_text(self, column: str, key: str) -> str:
+        return f"({column}::jsonb ->> '{key}')"
 
     def lock(self, conn: Connection, key: str) -> None:
         """A transaction-scoped advisory lock on *key*; other transactions taking it wait."""

@@ -39,6 +39,7 @@ class SqliteDatabase:
 
     dialect = "sqlite"
     for_update = ""
+    skip_locked = ""
 
     def __init__(self, path: Path | str, *, busy_timeout_ms: int = 10_000) -> None:
         self.path = str(path)
@@ -120,6 +121,9 @@ class SqliteDatabase:
                 raise
             finally:
                 conn.set_progress_handler(None, 0)
+
+    def json_text(self, column: str, key: str) -> str:
+        return f"json_extract({column}, '$.{key}')"
 
     def lock(self, conn: sqlite3.Connection, key: str) -> None:
         """Nothing to take: ``BEGIN IMMEDIATE`` already excludes every other writer."""

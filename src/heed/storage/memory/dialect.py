@@ -37,6 +37,9 @@ class MemoryDialect(Protocol):
     searches_vectors: bool
     #: Values at most in one :meth:`any_of` list (SQLite's parameter limit).
     list_max: int
+    #: A document's units inserted per bulk insert; the token is checked between batches,
+    #: so a cancel waits for at most one batch's insert.
+    unit_batch: int
 
     def check_schema(self) -> None:
         """After the migrations: refuse a database this store cannot serve."""

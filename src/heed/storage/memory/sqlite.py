@@ -49,6 +49,7 @@ class SqliteMemory:
     searches_vectors = False
     #: Old SQLite builds allow 999 parameters in a statement.
     list_max = 500
+    unit_batch = 256
 
     def __init__(self, database: SqliteDatabase) -> None:
         self.db = database
