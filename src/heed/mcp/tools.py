@@ -28,9 +28,9 @@ bound to it) is a tool error naming the tool and the bank, before any work.
 The rules are the domains', as over HTTP: a new session's bank must exist
 (:meth:`SessionService.create <heed.sessions.service.SessionService.create>`), a reflect
 needs a provider that can be built (:meth:`ReflectRuns.submit
-<heed.reflect.runs.ReflectRuns.submit>`, and :class:`~heed.mental_models.MentalModels` for a
+<heed.reflect.runs.ReflectRuns.submit>`, and :class:`~heed.mental_models.service.MentalModels` for a
 refresh), a mental model's and a directive's fields are checked by
-:class:`~heed.mental_models.MentalModels` and
+:class:`~heed.mental_models.service.MentalModels` and
 :class:`~heed.memory.directives.service.DirectiveService`; no tool checks them itself.
 """
 
@@ -67,7 +67,6 @@ from heed.memory.directives.rules import (
 )
 from heed.memory.directives.service import PRIORITY_RANGE
 from heed.memory.engine import RetainSummary
-from heed.memory.mental_models import MentalModel
 from heed.memory.models import (
     FACT_TYPES,
     Bank,
@@ -78,6 +77,7 @@ from heed.memory.models import (
     RetainItem,
     TagsMatch,
 )
+from heed.mental_models.values import MentalModel
 from heed.reflect import ReflectRequest
 from heed.reflect.result import ResultShape
 from heed.runs.model import Run
