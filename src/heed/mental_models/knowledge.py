@@ -8,7 +8,7 @@ Deleting a folder deletes its whole subtree, the pages' refreshes cancelled firs
 Reads: the **tree** (pages filtered by tags, recall's rule; when a filter is given, only
 the folders on the way to a page it keeps), a **page** rendered as Markdown with YAML front
 matter, a **search** over the pages (meaning and words, fused by rank:
-:func:`heed.mental_models.values.rank_models`), and an **export**: ``index.md``, one file
+:func:`heed.mental_models.lookup.rank_models`), and an **export**: ``index.md``, one file
 per page under its folders' path, and one history log per page, every path made of
 lowercase letters, digits and hyphens only (no path from a client reaches it).
 """
