@@ -89,8 +89,9 @@ TRANSFER_IN_MEMORY = {
 
 #: Inside the front ends, the only modules that import the composition root (``services``):
 #: the app and the MCP server are built over it, the routes reach it through the typed
-#: dependencies of ``api/deps.py``, the MCP tools through the ``Services`` they are given.
-COMPOSITION_ROOT_IMPORTERS = {"api/app.py", "api/deps.py", "mcp/server.py", "mcp/tools.py"}
+#: dependencies of ``api/deps.py``, the MCP tools through the ``Services`` their ``ToolGroup``
+#: (``mcp/tools/base.py``) is given.
+COMPOSITION_ROOT_IMPORTERS = {"api/app.py", "api/deps.py", "mcp/server.py", "mcp/tools/base.py"}
 
 
 def _part(path: Path) -> str:
