@@ -15,6 +15,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "heed"
 FRONT_ENDS = sorted([*(SRC / "api").rglob("*.py"), *(SRC / "mcp").rglob("*.py")])
+MCP_TOOLS = sorted((SRC / "mcp" / "tools").glob("*.py"))
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,16 @@ RULES = (
     Rule(
         "a session's bank must exist",
         "sessions/service.py (SessionService.create)",
-        (("api/routes/sessions.py", None), ("mcp/tools.py", "start_turn")),
+        (("api/routes/sessions.py", None), ("mcp/tools/sessions.py", "start_turn")),
         frozenset({"get_bank", "find_bank", "memory"}),
     ),
     Rule(
         "remember_messages needs a bank",
         "sessions/service.py (SessionService.create, .update)",
-        (("api/routes/sessions.py", None), ("mcp/tools.py", None)),
+        (
+            ("api/routes/sessions.py", None),
+            *((str(p.relative_to(SRC)), None) for p in MCP_TOOLS),
+        ),
         frozenset({"remember_messages"}),
     ),
     Rule(

@@ -19,7 +19,11 @@ ALLOWED: dict[str, set[str]] = {
     "logs": set(),
     "runs": {"runtime", "errors"},
     "llm": {"runtime", "errors", "settings"},
-    "storage": {"runtime", "errors", "memory", "runs", "sessions", "redact", "webhooks"},
+    # Storage mirrors the capabilities: it implements their store protocols.
+    "storage": {
+        *("runtime", "errors", "memory", "runs", "sessions", "redact", "webhooks"),
+        "mental_models",
+    },
     "memory": {"runtime", "errors", "settings", "runs", "llm"},
     # Neither of the two agents imports the other: what both need (the grounded answer,
     # the recall tool's spec) is in ``llm.grounding``.
@@ -27,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "sessions": {"runtime", "errors", "settings", "llm", "memory", "runs"},
     # Webhooks: told when a bank's runs end (runs), about banks (memory).
     "webhooks": {"runtime", "errors", "settings", "memory", "runs"},
-    # Mental models and the knowledge base: a refresh is a reflect, so above it.
+    # Mental models and the knowledge base: a refresh is a reflect, so above it. Reflect
+    # consults them through its port (``reflect/ports.py``), which they implement.
     "mental_models": {"runtime", "errors", "settings", "llm", "memory", "reflect", "runs"},
     "services": {
         *("runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"),
@@ -71,11 +76,22 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "mcp", "settings", "version", "migrate", "logs", "redact"},
 }
 
+#: Until bank transfer leaves ``memory/`` for its own package above mental models (issue 39,
+#: stage 4), these modules of it may also import ``mental_models`` (a bank archive carries
+#: the bank's models). The exception goes with that move.
+TRANSFER_IN_MEMORY = {
+    "memory/archive_check.py",
+    "memory/archive_records.py",
+    "memory/bank_rows.py",
+    "memory/transfer.py",
+    "memory/transfer_work.py",
+}
 
 #: Inside the front ends, the only modules that import the composition root (``services``):
 #: the app and the MCP server are built over it, the routes reach it through the typed
-#: dependencies of ``api/deps.py``, the MCP tools through the ``Services`` they are given.
-COMPOSITION_ROOT_IMPORTERS = {"api/app.py", "api/deps.py", "mcp/server.py", "mcp/tools.py"}
+#: dependencies of ``api/deps.py``, the MCP tools through the ``Services`` their ``ToolGroup``
+#: (``mcp/tools/base.py``) is given.
+COMPOSITION_ROOT_IMPORTERS = {"api/app.py", "api/deps.py", "mcp/server.py", "mcp/tools/base.py"}
 
 
 def _part(path: Path) -> str:
@@ -104,7 +120,10 @@ def test_every_import_follows_the_layer_rule() -> None:
         if part in ("__init__", "py"):
             continue
         assert part in ALLOWED, f"{part}: a new top-level part; add it to the rule"
-        for target in _imports(path) - {part} - ALLOWED[part]:
+        allowed = ALLOWED[part]
+        if str(path.relative_to(SRC)) in TRANSFER_IN_MEMORY:
+            allowed = allowed | {"mental_models"}
+        for target in _imports(path) - {part} - allowed:
             broken.append(f"{path.relative_to(SRC)} imports heed.{target}")
     assert broken == [], "; ".join(broken)
 

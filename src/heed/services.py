@@ -29,17 +29,17 @@ from heed.memory.learning.consolidation import (
     Consolidation,
     ConsolidationLimits,
 )
-from heed.memory.mental_models import MentalModelLookup
 from heed.memory.retain.operations import RETAIN_KIND, RetainOperations
 from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
-from heed.mental_models import (
+from heed.mental_models.knowledge import KnowledgeBase
+from heed.mental_models.lookup import MentalModelLookup
+from heed.mental_models.refresh import (
     MENTAL_MODEL_REFRESH_KIND,
-    KnowledgeBase,
     MentalModelRefreshes,
-    MentalModels,
     RefreshLimits,
-    RefreshTriggers,
 )
+from heed.mental_models.service import MentalModels
+from heed.mental_models.triggers import RefreshTriggers
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.broker import Broker, InProcessBroker
@@ -219,7 +219,12 @@ class Services:
             self.memory, min_refresh_interval=settings.mental_model_min_refresh_interval_seconds
         )
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
-        self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
+        # Every reflect consults the bank's mental models first (reflect's port, implemented
+        # above it); refreshes and the knowledge base search and embed through the same lookup.
+        lookup = MentalModelLookup(memory_store, embedder)
+        self.reflect = ReflectService(
+            settings, self.memory, self.lanes["reflect"], mental_models=lookup
+        )
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
         self.file_retain = FileRetain(
@@ -278,8 +283,6 @@ class Services:
         )
         # Mental models and the knowledge base: refreshed by reflects (background slots),
         # consulted first by every reflect, refreshed again after retains and consolidations.
-        lookup = MentalModelLookup(memory_store, embedder)
-        self.reflect.mental_models = lookup
         refreshes = MentalModelRefreshes(
             manager,
             self.memory,

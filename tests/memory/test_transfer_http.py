@@ -28,8 +28,8 @@ from hindsight_client import Hindsight
 from heed.api.app import create_app
 from heed.llm import ScriptedProvider
 from heed.memory.archive import SECTIONS
-from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.memory.transfer import STAGING_TENANT
+from heed.mental_models.values import KnowledgeFolder, MentalModel
 from heed.runtime.context import DEFAULT_TENANT
 from heed.settings import Settings
 from tests.memory import archive_support as arc

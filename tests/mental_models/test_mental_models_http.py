@@ -24,7 +24,7 @@ from hindsight_client import Hindsight
 
 from heed.api.app import create_app
 from heed.llm import ScriptedProvider
-from heed.memory.mental_models import HISTORY_LIMIT
+from heed.mental_models.values import HISTORY_LIMIT
 from heed.settings import Settings
 from tests.pg_support import fresh_schema
 from tests.support import LiveServer, live_server, wait_for
@@ -349,7 +349,7 @@ def test_a_wrong_exclude_mental_model_ids_is_refused_naming_it(
     """In a reflect request and in a trigger (created or patched): a value that is not a
     list of at most 64 ids is refused before any work, naming the field (a 422, as every
     value the request model types; the domain refuses what reaches it otherwise with a
-    400: ``tests/memory/test_mental_model_triggers.py``), and nothing is created."""
+    400: ``tests/mental_models/test_triggers_values.py``), and nothing is created."""
     script(server, {"when": "pets", "text": ANSWER})
     bank = new_bank(server)
     base = f"{server.url}/v1/default/banks/{bank}"

@@ -14,9 +14,10 @@ import psycopg
 import pytest
 
 from heed.memory.bank_rows import MentalModelRow
-from heed.memory.mental_models import HistoryEntry, KnowledgeFolder, MentalModel
 from heed.memory.models import Conflict, InvalidInput, NotFound
-from heed.memory.store import BankGone, MentalModelStore
+from heed.memory.store import BankGone
+from heed.mental_models.store import MentalModelStore
+from heed.mental_models.values import HistoryEntry, KnowledgeFolder, MentalModel
 from heed.storage import SqlDatabase
 from heed.storage.memory import SqlMemoryStore
 from tests.storage.test_memory_store import DIM, _bank

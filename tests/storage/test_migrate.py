@@ -35,9 +35,9 @@ from heed.cli import main
 from heed.memory import build_memory_engine
 from heed.memory.archive_store import PART_BYTES, StoredArchive
 from heed.memory.directives.rules import Directive
-from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
+from heed.mental_models.values import KnowledgeFolder, MentalModel
 from heed.migrate import MigrationError, MigrationSummary, engine_factory_for
 from heed.migrate.source import SOURCE_SCHEMA, Snapshot
 from heed.migrate.tables import (

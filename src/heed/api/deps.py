@@ -39,7 +39,8 @@ from heed.memory.files import FileRetain
 from heed.memory.learning.consolidation import Consolidation
 from heed.memory.retain.operations import RetainOperations
 from heed.memory.transfer import BankTransfers
-from heed.mental_models import KnowledgeBase, MentalModels
+from heed.mental_models.knowledge import KnowledgeBase
+from heed.mental_models.service import MentalModels
 from heed.reflect.runs import ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.manager import RunManager

@@ -9,7 +9,7 @@ cancel by id.
 
 - :mod:`heed.mcp.calls`: one tool call's identity, token, errors, progress and run
   following;
-- :mod:`heed.mcp.tools`: the tools and resources;
+- :mod:`heed.mcp.tools`: the tools and resources, one module per resource;
 - :mod:`heed.mcp.sessions`: HTTP sessions owned by their key, capped per tenant, never
   logged;
 - :mod:`heed.mcp.server`: the server, its HTTP endpoint and its stdio runner.

@@ -12,7 +12,7 @@ took hundreds of megabytes that were not returned after the 400. Here an id is k
 8-byte digest (BLAKE2b keyed with a random key per check, so an archive cannot be crafted
 to collide) in a packed array (:class:`IdDigests`), duplicates are found by sorting, and
 references are looked up in the sorted digests in batches. The mental models and folders
-(at most :data:`~heed.memory.mental_models.MAX_MENTAL_MODELS` each) are kept as their tree
+(at most :data:`~heed.mental_models.values.MAX_MENTAL_MODELS` each) are kept as their tree
 fields only, never whole. So a check holds, whatever the archive declares or holds:
 
 - 8 bytes per id-bearing record (at most :attr:`ArchiveLimits.max_records` records in all),
@@ -40,7 +40,7 @@ from heed.memory.archive_records import BankRecord, InvalidArchive
 from heed.memory.bank_rows import DocumentRow, EntityRow, MentalModelRow, UnitRow, WebhookRow
 from heed.memory.directives.rules import MAX_DIRECTIVES
 from heed.memory.entities import canonical
-from heed.memory.mental_models import MAX_MENTAL_MODELS, MAX_NODE_DEPTH, KnowledgeFolder
+from heed.mental_models.values import MAX_MENTAL_MODELS, MAX_NODE_DEPTH, KnowledgeFolder
 from heed.runtime import ChildFd, raise_if_cancelled
 
 __all__ = [

@@ -36,14 +36,14 @@ from heed.memory.bank_rows import (
     WebhookRow,
 )
 from heed.memory.directives.rules import MAX_CONTENT_CHARS, Directive
-from heed.memory.mental_models import (
+from heed.memory.models import CONSOLIDATION_STATES, FACT_TYPES, Bank, InvalidInput
+from heed.mental_models.values import (
     HISTORY_LIMIT,
     HistoryEntry,
     KnowledgeFolder,
     MentalModel,
     merge_trigger,
 )
-from heed.memory.models import CONSOLIDATION_STATES, FACT_TYPES, Bank, InvalidInput
 
 __all__ = [
     "BankRecord",

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from heed.memory.mental_models import HistoryEntry, MentalModel
+if TYPE_CHECKING:  # annotations only: the values import the memory package, which imports this
+    from heed.mental_models.values import HistoryEntry, MentalModel
 
 __all__ = [
     "BankReader",

@@ -106,7 +106,7 @@ from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
 from heed.memory.models import Bank, Conflict, InvalidInput, NotFound, PreparedDocument
 from heed.memory.retain.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
-from heed.memory.store import BankGone, BankTaken, MentalModelStore
+from heed.memory.store import BankGone, BankTaken
 from heed.memory.transfer_work import (
     CONFLICTS,
     Carried,
@@ -118,6 +118,7 @@ from heed.memory.transfer_work import (
     merge_archive,
     write_archive,
 )
+from heed.mental_models.store import MentalModelStore
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound

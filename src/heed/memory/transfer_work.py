@@ -40,10 +40,11 @@ from heed.memory.bank_rows import (
     WebhookRow,
 )
 from heed.memory.directives.rules import MAX_DIRECTIVES
-from heed.memory.mental_models import KnowledgeFolder
 from heed.memory.models import Bank, Chunk, EntityRef, InvalidInput, PreparedDocument, PreparedUnit
 from heed.memory.retain.units import index_text, neighbour_texts, with_neighbours
-from heed.memory.store import MemoryStore, MentalModelStore
+from heed.memory.store import MemoryStore
+from heed.mental_models.store import MentalModelStore
+from heed.mental_models.values import KnowledgeFolder
 from heed.runtime import raise_if_cancelled
 
 __all__ = [

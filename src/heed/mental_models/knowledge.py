@@ -8,7 +8,7 @@ Deleting a folder deletes its whole subtree, the pages' refreshes cancelled firs
 Reads: the **tree** (pages filtered by tags, recall's rule; when a filter is given, only
 the folders on the way to a page it keeps), a **page** rendered as Markdown with YAML front
 matter, a **search** over the pages (meaning and words, fused by rank:
-:func:`heed.memory.mental_models.rank_models`), and an **export**: ``index.md``, one file
+:func:`heed.mental_models.lookup.rank_models`), and an **export**: ``index.md``, one file
 per page under its folders' path, and one history log per page, every path made of
 lowercase letters, digits and hyphens only (no path from a client reaches it).
 """
@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
-from heed.memory.mental_models import (
+from heed.memory.models import Bank, InvalidInput, NotFound
+from heed.mental_models.service import MentalModels, bank_gone_is_not_found
+from heed.mental_models.store import MentalModelStore
+from heed.mental_models.values import (
     MAX_MENTAL_MODELS,
     KnowledgeFolder,
     MentalModel,
     tags_pass,
 )
-from heed.memory.models import Bank, InvalidInput, NotFound
-from heed.memory.store import MentalModelStore
-from heed.mental_models.service import MentalModels, bank_gone_is_not_found
 from heed.runs.model import Run
 from heed.runtime import run_in_thread
 

@@ -4,7 +4,7 @@ A refresh asks the model's ``source_query`` of its bank with the one reflect hee
 (:class:`heed.reflect.ReflectService`'s agent, scoped to the model's tags and trigger, the
 model itself excluded from the mental models it consults) and writes the answer as the
 model's content; the content it replaces goes to the model's history
-(:data:`~heed.memory.mental_models.HISTORY_LIMIT` kept). Creating a model starts one; so do
+(:data:`~heed.mental_models.values.HISTORY_LIMIT` kept). Creating a model starts one; so do
 ``POST .../refresh`` and the triggers (:mod:`heed.mental_models.triggers`).
 
 **How it runs.** Each refresh is a run in the bank's run group (``bank:<ref>``), listed with
@@ -49,15 +49,15 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from heed.memory.engine import BANK_DELETED, MemoryEngine
-from heed.memory.mental_models import (
-    HISTORY_LIMIT,
-    MentalModel,
-    MentalModelLookup,
-    scope_of,
-)
 from heed.memory.models import Bank, Conflict, NotFound
 from heed.memory.retain.operations import MENTAL_MODEL_REFRESH_KIND, bank_session, cancel_bank_runs
-from heed.memory.store import MentalModelStore
+from heed.mental_models.lookup import MentalModelLookup
+from heed.mental_models.store import MentalModelStore
+from heed.mental_models.values import (
+    HISTORY_LIMIT,
+    MentalModel,
+    scope_of,
+)
 from heed.reflect import ReflectRequest
 from heed.reflect.agent import ReflectOutcome
 from heed.reflect.result import ResultShape, reflect_result

@@ -4,8 +4,8 @@ Every rule lives here, so the front ends only translate: a model's name and ques
 not blank, its question is one a recall takes
 (:meth:`heed.memory.engine.MemoryEngine.validate_query`), a custom id is lowercase letters,
 digits and hyphens, its trigger holds only settings heed
-implements (:func:`heed.memory.mental_models.merge_trigger`, 400 naming the setting), a
-bank holds at most :data:`~heed.memory.mental_models.MAX_MENTAL_MODELS`. Creating a model
+implements (:func:`heed.mental_models.values.merge_trigger`, 400 naming the setting), a
+bank holds at most :data:`~heed.mental_models.values.MAX_MENTAL_MODELS`. Creating a model
 starts its first refresh (:mod:`heed.mental_models.refresh`); deleting one cancels its
 refreshes and waits until they stopped before its rows go. Another tenant's bank, or a
 model of another bank, is a 404 like a missing one.
@@ -20,7 +20,11 @@ from contextlib import asynccontextmanager
 from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
-from heed.memory.mental_models import (
+from heed.memory.models import Bank, InvalidInput, NotFound, RecallQuery
+from heed.memory.store import BankGone
+from heed.mental_models.refresh import MentalModelRefreshes
+from heed.mental_models.store import MentalModelStore
+from heed.mental_models.values import (
     DEFAULT_MAX_TOKENS,
     HISTORY_LIMIT,
     MAX_MENTAL_MODELS,
@@ -29,9 +33,6 @@ from heed.memory.mental_models import (
     merge_trigger,
     tags_pass,
 )
-from heed.memory.models import Bank, InvalidInput, NotFound, RecallQuery
-from heed.memory.store import BankGone, MentalModelStore
-from heed.mental_models.refresh import MentalModelRefreshes
 from heed.runs.model import Run
 from heed.runtime import run_in_thread
 

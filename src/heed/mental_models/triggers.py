@@ -2,7 +2,7 @@
 
 A model's trigger says when: ``refresh_after_consolidation`` (a consolidation run of its
 bank changed observations in a scope its tags filter passes:
-:func:`heed.memory.mental_models.tags_pass`) and heed's ``refresh_after_retain`` (a retain
+:func:`heed.mental_models.values.tags_pass`) and heed's ``refresh_after_retain`` (a retain
 wrote into its bank). The hooks (:meth:`RefreshTriggers.after_retain`, registered on
 :attr:`heed.memory.engine.MemoryEngine.after_retain`, and
 :meth:`RefreshTriggers.after_consolidation`, on
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from heed.memory.engine import MemoryEngine
-from heed.memory.mental_models import MentalModel, scope_of, tags_pass
 from heed.memory.models import Bank, NotFound
-from heed.memory.store import MentalModelStore
 from heed.mental_models.refresh import MentalModelRefreshes
+from heed.mental_models.store import MentalModelStore
+from heed.mental_models.values import MentalModel, scope_of, tags_pass
 from heed.runtime import OperationCancelled, reraise_cancellation, run_in_thread
 
 __all__ = ["RefreshTriggers"]

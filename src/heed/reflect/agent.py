@@ -2,9 +2,10 @@
 
 One reflect is:
 
-0. the bank's **mental models** the question finds (:mod:`heed.memory.mental_models`),
-   unless the request excludes them, shown to the model as a ``search_mental_models``
-   tool step and cited in ``based_on.mental_models`` (no step when none is found);
+0. the bank's **mental models** the question finds (through the port
+   :class:`heed.reflect.ports.MentalModelSource`), unless the request excludes them, shown
+   to the model as a ``search_mental_models`` tool step and cited in
+   ``based_on.mental_models`` (no step when none is found);
 1. **recall** with the question itself, always, before the model is asked anything
    (shown to the model as its own first tool call, so it sees what it has);
 2. up to ``ITERATIONS[budget]`` model calls with the tools ``recall`` (search
@@ -69,8 +70,8 @@ from heed.memory import InvalidInput, MemoryEngine, NotFound
 from heed.memory.bank_config.settings import DISPOSITION_DEFAULT, recall_max_tokens
 from heed.memory.directives.rules import Directive, DirectiveScope, rules_text
 from heed.memory.directives.service import applicable_directives
-from heed.memory.mental_models import MentalModel, MentalModelLookup
 from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
+from heed.reflect.ports import ConsultedModel, MentalModelSource
 from heed.reflect.schema import structured_output
 from heed.runs.events import EventType
 from heed.runtime import Lane, raise_if_cancelled, run_in_thread
@@ -182,7 +183,7 @@ class ReflectOutcome:
     #: The directives the prompts said (``based_on.directives``).
     directives: list[Directive] = field(default_factory=list)
     #: The mental models consulted before the recall (``based_on.mental_models``).
-    mental_models: list[MentalModel] = field(default_factory=list)
+    mental_models: list[ConsultedModel] = field(default_factory=list)
 
 
 #: Streaming callback: ``(event, data)`` for ``tool_call``, ``tool_result``,
@@ -220,7 +221,7 @@ class ReflectAgent:
         engine: MemoryEngine,
         provider: ChatProvider,
         lane: Lane,
-        mental_models: MentalModelLookup | None = None,
+        mental_models: MentalModelSource | None = None,
     ) -> None:
         self.engine = engine
         self.provider = provider
@@ -273,7 +274,7 @@ class _Loop:
         self.provider = agent.provider
         self.lookup = agent.mental_models
         self.background = background
-        self.mental_models: list[MentalModel] = []
+        self.mental_models: list[ConsultedModel] = []
         self.bank = bank
         self.request = request
         self.listener = listener
@@ -381,7 +382,7 @@ class _Loop:
         )
         if not found:
             return
-        self.mental_models = found
+        self.mental_models = list(found)
         call = ToolCall(
             id="call_0_mental_models",
             name="search_mental_models",

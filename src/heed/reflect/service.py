@@ -5,9 +5,9 @@ from __future__ import annotations
 from heed.llm.base import ChatProvider
 from heed.llm.slot import ProviderSlot
 from heed.memory import MemoryEngine
-from heed.memory.mental_models import MentalModelLookup
 from heed.memory.models import Bank
 from heed.reflect.agent import ReflectAgent, ReflectListener, ReflectOutcome, ReflectRequest
+from heed.reflect.ports import MentalModelSource
 from heed.runtime import Lane
 from heed.settings import Settings
 
@@ -26,12 +26,18 @@ class ReflectService:
     neither front end checks it itself. Tests may set ``provider`` directly.
     """
 
-    def __init__(self, settings: Settings, engine: MemoryEngine, lane: Lane) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: MemoryEngine,
+        lane: Lane,
+        mental_models: MentalModelSource | None = None,
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.lane = lane
-        #: How reflects consult the bank's mental models first (set by the composition root).
-        self.mental_models: MentalModelLookup | None = None
+        #: How reflects consult the bank's mental models first (``None``: they do not).
+        self.mental_models = mental_models
         self._slot = ProviderSlot(self._build)
 
     def _build(self) -> ChatProvider:

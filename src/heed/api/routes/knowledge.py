@@ -27,10 +27,9 @@ from heed.api.routes.mental_models import trigger_out
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as memory_wire
 from heed.api.wire import mental_models as wire
-from heed.memory.mental_models import MentalModel
 from heed.memory.models import InvalidInput
-from heed.mental_models import Node
-from heed.mental_models.knowledge import page_markdown, page_type, snippet
+from heed.mental_models.knowledge import Node, page_markdown, page_type, snippet
+from heed.mental_models.values import MentalModel
 
 __all__ = ["router"]
 

@@ -3,7 +3,7 @@
 Routes: :mod:`heed.api.routes.mental_models` and :mod:`heed.api.routes.knowledge`. A
 trigger is a patch: only the settings a request names are applied (``exclude_unset``), a
 setting named with ``null`` goes back to its default, and a setting heed does not implement
-is refused by name (:func:`heed.memory.mental_models.merge_trigger`). ``refresh_after_retain``
+is refused by name (:func:`heed.mental_models.values.merge_trigger`). ``refresh_after_retain``
 is heed's extension: refresh after a retain into the bank.
 """
 

@@ -6,7 +6,7 @@ count), ``memory_entities``, ``memory_unit_entities``, ``memory_links``,
 ``memory_retain_ledger``, ``memory_values`` (tags, metadata and contexts shared per bank:
 :mod:`heed.storage.memory.values`), ``memory_directives`` (a bank's rules) and the mental
 models (``memory_mental_models``, ``memory_mental_model_history``,
-``memory_knowledge_folders``: :mod:`heed.storage.memory.mental_models`). The same
+``memory_knowledge_folders``: :mod:`heed.storage.mental_models`). The same
 columns hold the same text on both databases (JSON as text, timestamps as ISO-8601 text in
 UTC). Text that is compared or sorted (ids, timestamps, canonical names) is ``{bytewise}``:
 bytewise on both, whatever PostgreSQL's locale. What only the search structures need
@@ -281,7 +281,7 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
         Migration(
             "memory",
             9,
-            # Mental models and the knowledge base (heed.memory.mental_models): a named
+            # Mental models and the knowledge base (heed.mental_models.values): a named
             # source query whose answer heed writes and keeps fresh, its bounded history of
             # earlier contents, and the knowledge base's folders (a page is a mental model
             # with a parent folder). The embedding (float32 bytes) ranks models for reflect

@@ -24,7 +24,6 @@ from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.directives import DirectiveWrites
 from heed.storage.memory.learning import LearningWrites
-from heed.storage.memory.mental_models import MentalModelWrites
 from heed.storage.memory.rows import (
     DOCUMENT_VALUES,
     UNIT_COLUMNS,
@@ -43,6 +42,7 @@ from heed.storage.memory.rows import (
 from heed.storage.memory.schema import DEFAULT_DIM, memory_migrations
 from heed.storage.memory.sqlite import SqliteMemory
 from heed.storage.memory.transfer import TransferRows
+from heed.storage.mental_models import MentalModelWrites
 
 __all__ = ["SqlMemoryStore", "memory_dialect"]
 

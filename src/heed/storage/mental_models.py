@@ -25,14 +25,14 @@ from typing import Any, Final
 import numpy as np
 
 from heed.memory.bank_rows import MentalModelRow
-from heed.memory.mental_models import (
+from heed.memory.models import Conflict, InvalidInput, NotFound
+from heed.memory.store import BankGone
+from heed.mental_models.values import (
     MAX_NODE_DEPTH,
     HistoryEntry,
     KnowledgeFolder,
     MentalModel,
 )
-from heed.memory.models import Conflict, InvalidInput, NotFound
-from heed.memory.store import BankGone
 from heed.storage.database import SqlDatabase
 from heed.storage.memory.rows import holds_nul, loads, now_iso
 from heed.storage.memory.writes import BANK_LOCK
@@ -126,7 +126,7 @@ def _refuse_nul(*texts: str | None) -> None:
 
 class MentalModelWrites:
     """Mental models, their history and knowledge-base folders: the
-    :class:`heed.memory.store.MentalModelStore` part of
+    :class:`heed.mental_models.store.MentalModelStore` part of
     :class:`~heed.storage.memory.store.SqlMemoryStore` (see the module docstring)."""
 
     db: SqlDatabase

@@ -1,4 +1,4 @@
-"""A mental model's trigger (:func:`heed.memory.mental_models.merge_trigger`): every value
+"""A mental model's trigger (:func:`heed.mental_models.values.merge_trigger`): every value
 is checked in the domain, whatever its front end typed, since a trigger also arrives whole
 in a bank archive. A value of the wrong type is a 400 naming the setting, never stored (a
 string stored as ``exclude_mental_model_ids`` would exclude its characters) nor a 500."""
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from heed.api.input_rules import MAX_LIST_ITEMS, MAX_TAG_CHARS
-from heed.memory.mental_models import (
+from heed.memory.models import InvalidInput
+from heed.mental_models.values import (
     MAX_EXCLUDED_ID_CHARS,
     MAX_EXCLUDED_MODELS,
     default_trigger,
     merge_trigger,
 )
-from heed.memory.models import InvalidInput
 
 
 def test_excluded_models_are_a_bounded_list_of_ids() -> None:
