@@ -200,50 +200,64 @@ def _count_checks(src: Snapshot, dst: PostgresDatabase) -> list[CountCheck]:
                 )
         checks.append(CountCheck("all", table, n_source, n_target))
     if src.has("runs"):
-        n_source = n_target = 0
-        select = (
-            "SELECT e.rowid AS _k, e.run_id, e.seq FROM run_events e JOIN runs r"
-            f" ON r.id = e.run_id WHERE r.phase IN ({TERMINAL_SQL})"
+        checks.append(
+            _pair_count(
+                src,
+                dst,
+                "run_events",
+                (
+                    "SELECT e.rowid AS _k, e.run_id AS k1, e.seq AS k2 FROM run_events e"
+                    f" JOIN runs r ON r.id = e.run_id WHERE r.phase IN ({TERMINAL_SQL})"
+                ),
+                "e.rowid",
+                ("run_id", "seq", "bigint"),
+            )
         )
-        for rows in src.pages(select, (), KEY_BATCH, "e.rowid"):
-            n_source += len(rows)
-            with dst.read() as conn:
-                n_target += int(
-                    _one(
-                        conn.execute(
-                            "SELECT COUNT(*) FROM run_events e"
-                            " JOIN unnest(?::text[], ?::bigint[]) AS k(run_id, seq)"
-                            " ON e.run_id = k.run_id AND e.seq = k.seq",
-                            ([storable(r["run_id"]) for r in rows], [int(r["seq"]) for r in rows]),
-                        )
-                    )
-                )
-        checks.append(CountCheck("all", "run_events", n_source, n_target))
     if src.has("transfer_archives"):
-        n_source = n_target = 0
-        select = (
-            "SELECT t.rowid AS _k, t.archive_id, t.part FROM transfer_archive_parts t"
-            " JOIN transfer_archives a ON a.id = t.archive_id"
-            f" WHERE {live_archive('a', now)}"
+        checks.append(
+            _pair_count(
+                src,
+                dst,
+                "transfer_archive_parts",
+                (
+                    "SELECT t.rowid AS _k, t.archive_id AS k1, t.part AS k2"
+                    " FROM transfer_archive_parts t JOIN transfer_archives a"
+                    f" ON a.id = t.archive_id WHERE {live_archive('a', now)}"
+                ),
+                "t.rowid",
+                ("archive_id", "part", "integer"),
+            )
         )
-        for rows in src.pages(select, (), KEY_BATCH, "t.rowid"):
-            n_source += len(rows)
-            with dst.read() as conn:
-                n_target += int(
-                    _one(
-                        conn.execute(
-                            "SELECT COUNT(*) FROM transfer_archive_parts p"
-                            " JOIN unnest(?::text[], ?::integer[]) AS k(archive_id, part)"
-                            " ON p.archive_id = k.archive_id AND p.part = k.part",
-                            (
-                                [storable(r["archive_id"]) for r in rows],
-                                [int(r["part"]) for r in rows],
-                            ),
-                        )
+    return checks
+
+
+def _pair_count(
+    src: Snapshot,
+    dst: PostgresDatabase,
+    table: str,
+    select: str,
+    order: str,
+    key: tuple[str, str, str],
+) -> CountCheck:
+    """The rows of *table* the source's *select* names (its key columns as ``k1``, ``k2``)
+    against those of the target with the same key: *key* is the target's two key columns
+    and the SQL type of the second (the first is text)."""
+    first, second, second_type = key
+    n_source = n_target = 0
+    for rows in src.pages(select, (), KEY_BATCH, order):
+        n_source += len(rows)
+        with dst.read() as conn:
+            n_target += int(
+                _one(
+                    conn.execute(
+                        f"SELECT COUNT(*) FROM {table} t"
+                        f" JOIN unnest(?::text[], ?::{second_type}[]) AS k({first}, {second})"
+                        f" ON t.{first} = k.{first} AND t.{second} = k.{second}",
+                        ([storable(r["k1"]) for r in rows], [int(r["k2"]) for r in rows]),
                     )
                 )
-        checks.append(CountCheck("all", "transfer_archive_parts", n_source, n_target))
-    return checks
+            )
+    return CountCheck("all", table, n_source, n_target)
 
 
 def _samples(src: Snapshot, queries: int) -> list[tuple[str, str, str, list[tuple[str, str]]]]:
