@@ -204,6 +204,10 @@ class Services:
             poll_interval=settings.stream_poll_seconds,
             # Redis carries other processes' events; without it the journal watches for them.
             watch_interval=settings.stream_watch_seconds if settings.redis_url is None else 0.0,
+            # ... and a cancel written by another process reaches this one's workers.
+            cancel_watch_interval=(
+                settings.run_cancel_watch_seconds if settings.redis_url is None else 0.0
+            ),
             journal_retention=settings.run_journal_retention_seconds,
             max_queued_per_session=settings.max_queued_turns_per_session,
             queue_sweep_interval=settings.run_queue_sweep_seconds,

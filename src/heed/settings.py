@@ -227,6 +227,13 @@ class Settings(BaseSettings):
         description="An idle stream re-reads the journal this often, a fallback for a lost "
         "broker hint.",
     )
+    run_cancel_watch_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        description="Without Redis: while this process runs work, how often one query asks "
+        "whether another process sharing the database cancelled any of it (0: only at the "
+        "next lease renewal).",
+    )
     stream_watch_seconds: float = Field(
         default=1.0,
         ge=0,

@@ -349,3 +349,32 @@ async def test_a_cancel_written_by_another_process_stops_the_local_worker(
     finally:
         await here.close(grace=2)
         await there.close(grace=2)
+
+
+async def test_the_cancel_watch_stops_a_worker_cancelled_by_another_process(
+    sql_database: SqlDatabase,
+) -> None:
+    """Without a broker between processes (no Redis), the cancel watch, not the lease
+    renewal (no reaper runs here), brings another process's cancel to the worker; with
+    the watch off the worker keeps running."""
+    watched = build_manager(sql_database, lease_seconds=60, cancel_watch_interval=0.05)
+    unwatched = build_manager(sql_database, lease_seconds=60)
+    there = build_manager(sql_database, lease_seconds=60)
+    try:
+        runs = {}
+        for name, manager in (("watched", watched), ("unwatched", unwatched)):
+            run = await manager.submit("task", tenant="t", payload={"n": 10_000, "delay": 0.05})
+            assert run is not None
+            await wait_phase(manager, run.id, "running")
+            runs[name] = run.id
+        for run_id in runs.values():
+            await there.cancel(run_id, "stopped elsewhere")
+        await wait_phase(watched, runs["watched"], "cancelled")
+        assert runs["watched"] not in watched.workers
+        await asyncio.sleep(0.5)  # ten watch intervals
+        assert runs["unwatched"] in unwatched.workers
+        assert watched._cancel_watch is None  # no worker left: the watch has ended
+    finally:
+        await watched.close(grace=2)
+        await unwatched.close(grace=2)
+        await there.close(grace=2)

@@ -26,6 +26,12 @@ fan-out. Promises:
   guarded transitions (``completed``/``failed`` only from ``running``;
   ``cancelled`` from ``cancelling``), so a cancel that raced a completion wins
   and terminal phases never change.
+- **the cancel watch** (``cancel_watch_interval`` > 0; for a broker that carries no
+  hints between processes: SQLite with no Redis): while this process has workers, one
+  query every ``cancel_watch_interval`` seconds asks which of their runs another process
+  put in ``cancelling`` and cancels their tokens, so a cancel written by ``heed serve``
+  stops a worker of ``heed mcp`` on the same data dir within that interval, not at the
+  next lease renewal. With no worker it does not run.
 - **leases**: the reaper (:mod:`heed.runs.reaper`) renews the lease of every run
   whose worker task exists in this process, whatever the task is doing. When a
   worker dies (its lease expires, its process is gone), the reaper or restart
@@ -170,6 +176,7 @@ class RunManager:
         reaper_interval: float = 2.0,
         poll_interval: float = 20.0,
         watch_interval: float = 0.0,
+        cancel_watch_interval: float = 0.0,
         journal_retention: float = 0.0,
         max_queued_per_session: int = 32,
         queue_sweep_interval: float = 30.0,
@@ -181,6 +188,9 @@ class RunManager:
         self.unwind_window = unwind_window
         self.lease_seconds = lease_seconds
         self.reaper_interval = reaper_interval
+        #: Seconds between the cancel watch's queries (0: no watch; see the module docstring).
+        self.cancel_watch_interval = cancel_watch_interval
+        self._cancel_watch: asyncio.Task[None] | None = None
         #: Seconds after which a finished run's journal keeps only its terminal event (0: keep).
         self.journal_retention = journal_retention
         #: Queued runs of exclusive kinds one session may hold (``enqueue`` past it: 429).
@@ -416,6 +426,7 @@ class RunManager:
         worker = _Worker(started.id, CancellationToken())
         self.workers[started.id] = worker
         worker.task = asyncio.create_task(self._work(started, spec, worker), name=started.id)
+        self._watch_cancels()
         await self.notify(started, "started")
         return True
 
@@ -614,6 +625,36 @@ class RunManager:
                     self.cancel_local(message["run_id"], str(message.get("reason") or ""))
         finally:
             sub.close()
+
+    def _watch_cancels(self) -> None:
+        if self.cancel_watch_interval > 0 and not self._closing and self._cancel_watch is None:
+            self._cancel_watch = asyncio.create_task(
+                self._cancel_watch_loop(), name="heed-cancel-watch"
+            )
+            self._background.add(self._cancel_watch)
+            self._cancel_watch.add_done_callback(self._background.discard)
+
+    async def _cancel_watch_loop(self) -> None:
+        """Every ``cancel_watch_interval`` while this process has workers: cancel the
+        tokens of those whose run another process put in ``cancelling``. Ends when no
+        worker is left (the next start begins it again); a failed read is logged and the
+        watch goes on (the lease renewal is the backstop)."""
+        try:
+            while self.workers and not self._closing:
+                await asyncio.sleep(self.cancel_watch_interval)
+                run_ids = [rid for rid, w in self.workers.items() if not w.token.cancelled]
+                if not run_ids:
+                    continue
+                try:
+                    asked = await self.read_io.call(self.store.cancel_requests, run_ids)
+                except Exception as exc:
+                    reraise_cancellation(exc)
+                    log.exception("the cancel watch could not read the runs; it goes on")
+                    continue
+                for run_id, reason in asked.items():
+                    self.cancel_local(run_id, reason)
+        finally:
+            self._cancel_watch = None
 
     def cancel_local(self, run_id: str, reason: str) -> None:
         """Cancel the token of this process's worker of *run_id*, if it has one; writes

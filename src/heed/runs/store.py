@@ -171,6 +171,11 @@ class RunStore(Protocol):
         returns those rows (callers notice phases changed by other processes)."""
         ...
 
+    def cancel_requests(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """Of *run_ids*, those in phase ``cancelling``, each with its cancel reason (one
+        indexed query: the cancel watch asks it every few tens of milliseconds)."""
+        ...
+
     # -- journal -------------------------------------------------------------------
 
     def append_events(

@@ -511,6 +511,17 @@ class SqlRunStore:
             ).fetchall()
         return [_row_to_run(row) for row in rows]
 
+    def cancel_requests(self, run_ids: Sequence[str]) -> dict[str, str]:
+        if not run_ids:
+            return {}
+        marks = ", ".join("?" * len(run_ids))
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT id, cancel_reason FROM runs WHERE phase = ? AND id IN ({marks})",
+                (Phase.CANCELLING, *run_ids),
+            ).fetchall()
+        return {row["id"]: row["cancel_reason"] or "cancelled" for row in rows}
+
     # -- journal -------------------------------------------------------------------
 
     def append_events(
