@@ -22,6 +22,7 @@ from heed.memory import MemoryEngine, build_embedder, build_learning, build_memo
 from heed.memory.archive import ArchiveLimits
 from heed.memory.archive_store import ExportQuota
 from heed.memory.bank_config.service import BankConfigService
+from heed.memory.bank_runs import RETAIN_KIND
 from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FILE_PARSER_MODULES, FileLimits, FileRetain
 from heed.memory.learning.consolidation import (
@@ -30,7 +31,7 @@ from heed.memory.learning.consolidation import (
     ConsolidationLimits,
 )
 from heed.memory.mental_models import MentalModelLookup
-from heed.memory.retain.operations import RETAIN_KIND, RetainOperations
+from heed.memory.retain.operations import RetainOperations
 from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
 from heed.mental_models import (
     MENTAL_MODEL_REFRESH_KIND,

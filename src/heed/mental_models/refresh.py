@@ -8,7 +8,7 @@ model's content; the content it replaces goes to the model's history
 ``POST .../refresh`` and the triggers (:mod:`heed.mental_models.triggers`).
 
 **How it runs.** Each refresh is a run in the bank's run group (``bank:<ref>``), listed with
-the bank's operations (:data:`heed.memory.retain.operations.OPERATION_KINDS`):
+the bank's operations (:data:`heed.memory.bank_runs.OPERATION_KINDS`):
 
 - *one at a time per model, across instances*: a refresh asked while one of the same model
   is busy returns the busy run (``deduplicated``), decided in the admission transaction
@@ -48,15 +48,21 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.memory.engine import BANK_DELETED, MemoryEngine
+from heed.memory.bank_runs import (
+    MENTAL_MODEL_REFRESH_KIND,
+    bank_payload,
+    bank_run,
+    bank_session,
+    cancel_on_delete,
+)
+from heed.memory.engine import MemoryEngine
 from heed.memory.mental_models import (
     HISTORY_LIMIT,
     MentalModel,
     MentalModelLookup,
     scope_of,
 )
-from heed.memory.models import Bank, Conflict, NotFound
-from heed.memory.retain.operations import MENTAL_MODEL_REFRESH_KIND, bank_session, cancel_bank_runs
+from heed.memory.models import Bank, Conflict
 from heed.memory.store import MentalModelStore
 from heed.reflect import ReflectRequest
 from heed.reflect.agent import ReflectOutcome
@@ -137,7 +143,7 @@ class MentalModelRefreshes:
         self.store = store
         self.lookup = lookup
         self.limits = limits or RefreshLimits()
-        engine.before_delete.append(self._cancel_bank_runs)
+        cancel_on_delete(engine, manager, MENTAL_MODEL_REFRESH_KIND)
 
     def kind_spec(self) -> KindSpec:
         """How refreshes execute: register it as :data:`MENTAL_MODEL_REFRESH_KIND`."""
@@ -186,8 +192,7 @@ class MentalModelRefreshes:
             tenant=bank.tenant,
             session_id=session,
             payload={
-                "bank_id": bank.bank_id,
-                "bank_ref": bank.ref,
+                **bank_payload(bank),
                 "mental_model_id": model.id,
                 "trigger": trigger,
             },
@@ -218,9 +223,6 @@ class MentalModelRefreshes:
             for run in runs:
                 await self.manager.cancel(run.id, MODEL_DELETED, tenant=bank.tenant, wait=True)
 
-    async def _cancel_bank_runs(self, bank: Bank) -> None:
-        await cancel_bank_runs(self.manager, bank, MENTAL_MODEL_REFRESH_KIND)
-
     # -- running -------------------------------------------------------------------------
 
     def _request(self, model: MentalModel) -> ReflectRequest:
@@ -239,15 +241,9 @@ class MentalModelRefreshes:
 
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
         payload = rc.payload
-        try:
-            bank = await self.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
-        if bank.ref != payload["bank_ref"]:
-            raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
-        rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
-        model_id = payload["mental_model_id"]
-        try:
+        async with bank_run(self.engine, rc) as bank:
+            rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
+            model_id = payload["mental_model_id"]
             async with self.engine.track(bank):
                 model = await run_in_thread(self.store.get_mental_model, bank.ref, model_id)
                 if model is None:
@@ -281,8 +277,6 @@ class MentalModelRefreshes:
                 if written is None:
                     raise OperationCancelled(MODEL_DELETED)
                 await self._progress(rc, "done", 2, model_id)
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
         outcome_name = "content_unchanged" if model.content == text else "content_written"
         return self._result(model, payload, outcome_name, text)
 
