@@ -216,9 +216,7 @@ class Services:
         self.retain_provider = retain_provider = ProviderSlot(lambda: _provider(settings, "retain"))
         learning = build_learning(settings, retain_provider.get)
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
-        self.bank_config = BankConfigService(  # a bank's settings
-            self.memory, min_refresh_interval=settings.mental_model_min_refresh_interval_seconds
-        )
+        self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
         self.reflect = ReflectService(settings, self.memory, self.lanes["reflect"])
         self.reflect_runs = ReflectRuns(manager, self.reflect)
@@ -287,10 +285,7 @@ class Services:
             self.reflect,
             memory_store,
             lookup,
-            RefreshLimits(
-                min_interval=settings.mental_model_min_refresh_interval_seconds,
-                max_seconds=settings.mental_model_refresh_max_seconds,
-            ),
+            RefreshLimits(max_seconds=settings.mental_model_refresh_max_seconds),
         )
         self.mental_models = MentalModels(self.memory, memory_store, refreshes)
         self.knowledge_base = KnowledgeBase(self.memory, memory_store, self.mental_models)

@@ -285,11 +285,17 @@ class HeedTools:
     def _call(self, ctx: Context[Any]) -> AbstractAsyncContextManager[RequestContext]:
         return tool_call(identity_of(ctx, self.stdio_context))
 
+    def _check(self, bank: Bank, tool: str) -> None:
+        """Refuse *tool* on *bank* unless its ``mcp_enabled_tools`` let it act
+        (:func:`heed.memory.bank_config.settings.check_mcp_tool`)."""
+        enabled = self.services.memory.settings(bank).mcp_enabled_tools
+        check_mcp_tool(bank.bank_id, enabled, tool)
+
     async def _bank(self, bank_id: str, tool: str) -> Bank:
         """The caller's bank *bank_id*, if its ``mcp_enabled_tools`` let *tool* act on it
         (:func:`heed.memory.bank_config.settings.check_mcp_tool`)."""
         bank = await self.services.memory.get_bank(bank_id)
-        check_mcp_tool(bank, tool)
+        self._check(bank, tool)
         return bank
 
     async def _allowed(self, bank_id: str, tool: str) -> None:
@@ -297,7 +303,7 @@ class HeedTools:
         it out; a bank that does not exist is the domain's to refuse (in its words)."""
         bank = await self.services.memory.find_bank(bank_id)
         if bank is not None:
-            check_mcp_tool(bank, tool)
+            self._check(bank, tool)
 
     # -- banks -------------------------------------------------------------------------
 
@@ -368,7 +374,7 @@ class HeedTools:
             )
 
             async def recall_in(bank: Bank) -> RecallOutcome:
-                check_mcp_tool(bank, "recall")
+                self._check(bank, "recall")
                 return await engine.recall(bank, wanted)
 
             outcome = await engine.on_bank(bank_id, recall_in, found=lambda o: bool(o.hits))
@@ -389,7 +395,7 @@ class HeedTools:
             retained = [_retain_item(i, item) for i, item in enumerate(items)]
 
             async def retain_in(bank: Bank) -> RetainSummary:
-                check_mcp_tool(bank, "retain")
+                self._check(bank, "retain")
                 return await engine.retain(
                     bank,
                     retained,

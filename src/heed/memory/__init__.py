@@ -102,4 +102,5 @@ def build_memory_engine(
         max_item_chars=settings.max_item_chars,
         vector_cache_bytes=settings.vector_cache_mb * 1024 * 1024,
         learning=learning,
+        min_refresh_interval=settings.mental_model_min_refresh_interval_seconds,
     )

@@ -26,9 +26,10 @@ from typing import Any, Final, TypeVar
 
 from heed.errors import NUL
 from heed.llm.base import ChatProvider
-from heed.memory.bank_config import settings as bank_config
+from heed.memory.bank_config.settings import ServerDefaults
+from heed.memory.bank_config.view import BankSettings, settings_of
 from heed.memory.embeddings import Embedder, TokenCounter
-from heed.memory.learning.extraction import Extraction, extract_document_facts, extraction_mode
+from heed.memory.learning.extraction import Extraction, extract_document_facts
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -125,22 +126,12 @@ class RetainSummary:
 class Learning:
     """How the engine learns (:mod:`heed.memory.learning.extraction`,
     :mod:`heed.memory.learning.consolidation`):
-    the server's defaults, which a bank's config overrides, and the provider extraction
-    uses (built on first use; its error is the retain's)."""
+    the server's defaults, which a bank's settings override (:meth:`MemoryEngine.settings`),
+    and the provider extraction uses (built on first use; its error is the retain's)."""
 
     extraction_default: str = "off"
     observations_default: bool = False
     extractor: Callable[[], ChatProvider] | None = None
-
-    def extraction_mode(self, bank: Bank) -> str:
-        """``off``, ``concise`` or ``verbose`` for *bank*."""
-        mode = extraction_mode(bank, self.extraction_default)
-        return "off" if self.extractor is None else mode
-
-    def observations(self, bank: Bank) -> bool:
-        """Whether *bank*'s retains are consolidated into observations."""
-        value = bank.config.get("enable_observations")
-        return self.observations_default if value is None else bool(value)
 
 
 @dataclass(eq=False)
@@ -167,9 +158,12 @@ class MemoryEngine:
         vector_cache_bytes: int = 2 << 30,
         recall_hooks: StageHook | None = None,
         learning: Learning | None = None,
+        min_refresh_interval: float = 0.0,
     ) -> None:
         self.store = store
         self.learning = learning or Learning()
+        #: ``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``: a setting's server default.
+        self.min_refresh_interval = min_refresh_interval
         #: Called with the bank after a retain wrote into it (consolidation's scheduler);
         #: must return at once.
         self.after_retain: list[Callable[[Bank], None]] = []
@@ -247,6 +241,19 @@ class MemoryEngine:
         return len(self._work.get(bank.ref, ()))
 
     # -- banks -------------------------------------------------------------------------
+
+    def settings(self, bank: Bank) -> BankSettings:
+        """The settings that apply to *bank*: the one reader of a bank's settings (what
+        ``GET .../config`` shows; :mod:`heed.memory.bank_config.view`)."""
+        learning = self.learning
+        return settings_of(
+            bank,
+            ServerDefaults(
+                retain_extraction_mode=learning.extraction_default if learning.extractor else "off",
+                enable_observations=learning.observations_default,
+                mental_model_min_refresh_interval_seconds=self.min_refresh_interval,
+            ),
+        )
 
     async def get_bank(self, bank_id: str, *, tenant: str | None = None) -> Bank:
         """The bank of the current tenant; raises :class:`NotFound`. Treat it as read-only.
@@ -491,23 +498,26 @@ class MemoryEngine:
         """Extract the facts of *documents* into them when the bank extracts, and mark what
         consolidation should take when it keeps observations: the facts, and the units no
         fact cites (a chunk whose reply stayed malformed, or with extraction off, all)."""
-        mode = self.learning.extraction_mode(bank)
+        settings = self.settings(bank)
+        mode = settings.retain_extraction_mode
         extraction: Extraction | None = None
         if mode != "off" and self.learning.extractor is not None:
             provider = self.learning.extractor()
             extraction = Extraction()
-            mission = bank.config.get("retain_mission") or None
+            mission = settings.retain_mission or None
             for document in documents:
                 facts = await extract_document_facts(document, provider, mode, mission, extraction)
                 document.units.extend(facts)
-        self.mark_for_consolidation(bank, documents)
+        self.mark_for_consolidation(bank, documents, settings)
         return extraction
 
-    def mark_for_consolidation(self, bank: Bank, documents: list[PreparedDocument]) -> None:
+    def mark_for_consolidation(
+        self, bank: Bank, documents: list[PreparedDocument], settings: BankSettings | None = None
+    ) -> None:
         """When *bank* keeps observations, mark what consolidation should take: the facts,
         and the units no fact cites (a chunk whose reply stayed malformed, or with
         extraction off, all)."""
-        if not self.learning.observations(bank):
+        if not (settings or self.settings(bank)).enable_observations:
             return
         for document in documents:
             cited = {i for u in document.units for i in u.source_ids}
@@ -555,11 +565,14 @@ class MemoryEngine:
         one (:mod:`heed.runtime.slots`)."""
         self.validate_query(query)
         async with self.track(bank), self._bank_gone_is_not_found(bank):
-            outcome = await run_recall(self.recall_deps, bank, query, background=background)
-            return await self._provenance(bank, query, outcome)
+            settings = self.settings(bank)
+            outcome = await run_recall(
+                self.recall_deps, bank, query, settings, background=background
+            )
+            return await self._provenance(bank, query, outcome, settings)
 
     async def _provenance(
-        self, bank: Bank, query: RecallQuery, outcome: RecallOutcome
+        self, bank: Bank, query: RecallQuery, outcome: RecallOutcome, settings: BankSettings
     ) -> RecallOutcome:
         """Apply ``prefer_observations`` (the query's, else the bank's
         ``recall_prefer_observations``: a raw fact a returned observation rests on is
@@ -575,7 +588,8 @@ class MemoryEngine:
         )
         if not cited:
             return outcome
-        if bank_config.prefer_observations(bank, query.prefer_observations):
+        prefer = query.prefer_observations
+        if settings.recall_prefer_observations if prefer is None else prefer:
             drop = set(cited)
             outcome.hits = [h for h in outcome.hits if h.unit.id not in drop]
         if query.include_source_facts:

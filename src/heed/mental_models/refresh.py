@@ -92,16 +92,14 @@ __all__ = [
 MAX_ATTEMPTS: Final = 3
 #: The cancel reason of a refresh whose model was deleted.
 MODEL_DELETED: Final = "mental model deleted"
-#: Bank config key of a bank's minimum refresh interval.
-BANK_INTERVAL_KEY: Final = "mental_model_min_refresh_interval_seconds"
 _STAGES: Final = 2  # reflecting, writing
 
 
 @dataclass(frozen=True, slots=True)
 class RefreshLimits:
-    """How refreshes are bounded (settings ``HEED_MENTAL_MODEL_*``)."""
+    """How refreshes are bounded (``HEED_MENTAL_MODEL_REFRESH_MAX_SECONDS``; the server's
+    least interval is a bank setting's default: :meth:`MemoryEngine.settings`)."""
 
-    min_interval: float = 0.0
     max_seconds: float = 600.0
 
 
@@ -156,10 +154,7 @@ class MentalModelRefreshes:
         own = model.trigger.get("min_refresh_interval_seconds")
         if own is not None:
             return float(own)
-        configured = bank.config.get(BANK_INTERVAL_KEY)
-        if isinstance(configured, int | float) and not isinstance(configured, bool):
-            return max(0.0, float(configured))
-        return self.limits.min_interval
+        return self.engine.settings(bank).mental_model_min_refresh_interval_seconds
 
     def remaining(self, bank: Bank, model: MentalModel) -> float:
         """Seconds until *model* may be refreshed again (0: now)."""

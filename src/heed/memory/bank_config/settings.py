@@ -24,16 +24,18 @@ What reads them: recall its retrieval switches (``enable_*``), ``recall_prefer_o
 ``default_observation_scopes`` and ``consolidation_strategies``
 (:mod:`heed.memory.learning.scopes`);
 reflect the mission, the disposition and ``recall_max_tokens`` (the token budget of each
-recall its agent makes: :func:`recall_max_tokens`); mental-model refreshes
+recall its agent makes); mental-model refreshes
 ``mental_model_min_refresh_interval_seconds`` (:mod:`heed.mental_models.refresh`); the MCP
 tools ``mcp_enabled_tools`` (:func:`check_mcp_tool`). Three defaults are the server's
 (``HEED_RETAIN_EXTRACTION``, ``HEED_OBSERVATIONS``,
-``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``): :class:`ServerDefaults`.
+``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``): :class:`ServerDefaults`. Which value
+applies to a bank (its own, else the default) is :mod:`heed.memory.bank_config.view`'s one
+rule; everything above reads it there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
@@ -63,13 +65,11 @@ __all__ = [
     "ServerDefaults",
     "Setting",
     "ToolNotEnabled",
+    "accepts",
     "apply",
     "check_mcp_tool",
     "overrides",
-    "prefer_observations",
-    "recall_max_tokens",
     "reset",
-    "resolve",
     "validate",
 ]
 
@@ -419,39 +419,22 @@ def overrides(bank: Bank) -> dict[str, Any]:
     return out
 
 
-def resolve(bank: Bank, defaults: ServerDefaults) -> dict[str, Any]:
-    """Every setting's value for *bank*: its own, else the default."""
-    out: dict[str, Any] = {}
-    for name, setting in SETTINGS.items():
-        default = setting.default
-        if default is None and hasattr(defaults, name):
-            default = getattr(defaults, name)
-        out[name] = default
-    out.update(overrides(bank))
-    return out
+def accepts(name: str, value: Any) -> bool:
+    """Whether *value* is one the setting *name* accepts (as :func:`validate` checks it)."""
+    try:
+        _ADAPTERS[name].validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
-def prefer_observations(bank: Bank, asked: bool | None) -> bool:
-    """A recall's ``prefer_observations``: what it asked, else the bank's
-    ``recall_prefer_observations``."""
-    if asked is not None:
-        return asked
-    return bool(bank.config.get("recall_prefer_observations", False))
-
-
-def recall_max_tokens(bank: Bank, default: int) -> int:
-    """The token budget of each recall *bank*'s reflect makes: the bank's
-    ``recall_max_tokens``, else *default* (the reflect budget's)."""
-    value = bank.config.get("recall_max_tokens")
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def check_mcp_tool(bank: Bank, tool: str) -> None:
-    """Raise :class:`ToolNotEnabled` when *bank* lists its MCP tools and *tool* is not one."""
-    enabled = bank.config.get("mcp_enabled_tools")
+def check_mcp_tool(bank_id: str, enabled: Sequence[str] | None, tool: str) -> None:
+    """Raise :class:`ToolNotEnabled` when the bank *bank_id* lists its MCP tools (*enabled*,
+    its ``mcp_enabled_tools``: :class:`heed.memory.bank_config.view.BankSettings`) and
+    *tool* is not one."""
     if enabled is not None and tool not in enabled:
         listed = ", ".join(enabled) if enabled else "none"
         raise ToolNotEnabled(
-            f"the MCP tool {tool!r} is not enabled for bank {bank.bank_id!r} "
+            f"the MCP tool {tool!r} is not enabled for bank {bank_id!r} "
             f"(its mcp_enabled_tools: {listed})"
         )

@@ -58,6 +58,7 @@ from typing import Any, Final
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
 from heed.llm.observe import LlmObserver, observing
 from heed.llm.structured import complete_json
+from heed.memory.bank_config.view import BankSettings
 from heed.memory.bank_runs import (
     CONSOLIDATION_KIND,
     BankTimers,
@@ -242,7 +243,7 @@ class Consolidation:
     def schedule(self, bank: Bank) -> None:
         """Start a consolidation of *bank* after :attr:`ConsolidationLimits.debounce`
         seconds (a retain's hook: returns at once; one timer per bank)."""
-        if self.engine.learning.observations(bank):
+        if self.engine.settings(bank).enable_observations:
             self._scheduled.start(bank.ref, lambda: self._start_later(bank))
 
     async def resume(self) -> int:
@@ -253,7 +254,9 @@ class Consolidation:
         banks = await run_in_thread(self.engine.store.banks_with_pending, RESUME_LIMIT)
         scheduled = 0
         for bank in banks:
-            if self.engine.learning.observations(bank) and not self._scheduled.running(bank.ref):
+            if self.engine.settings(bank).enable_observations and not self._scheduled.running(
+                bank.ref
+            ):
                 self.schedule(bank)
                 scheduled += 1
         return scheduled
@@ -332,7 +335,8 @@ class Consolidation:
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
         async with bank_run(self.engine, rc) as bank:
             rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
-            rule = scope_rule(rc.payload.get("observation_scopes"), bank.config)
+            settings = self.engine.settings(bank)
+            rule = scope_rule(rc.payload.get("observation_scopes"), settings)
             counters = _Counters()
             async with self.engine.track(bank):
                 with observing(_counting(counters)):
@@ -343,7 +347,7 @@ class Consolidation:
                         )
                         if not batch:
                             break
-                        await self._round(bank, batch, rule, counters)
+                        await self._round(bank, settings, batch, rule, counters)
                         counters.rounds += 1
                         await rc.emit(
                             EventType.PROGRESS,
@@ -356,7 +360,12 @@ class Consolidation:
         return counters.result()
 
     async def _round(
-        self, bank: Bank, batch: list[StoredUnit], rule: ScopeRule, counters: _Counters
+        self,
+        bank: Bank,
+        settings: BankSettings,
+        batch: list[StoredUnit],
+        rule: ScopeRule,
+        counters: _Counters,
     ) -> None:
         groups: dict[Scope, list[StoredUnit]] = {}
         unscoped: list[int] = []
@@ -371,7 +380,7 @@ class Consolidation:
             counters.facts += len(unscoped)
         for scope, facts in groups.items():
             related = await self._related(bank, facts, list(scope))
-            messages = _prompt(facts, related, mission_for(scope, bank.config))
+            messages = _prompt(facts, related, mission_for(scope, settings))
             try:
                 async with self.llm_lane.slot(background=True):
                     reply = await complete_json(self.provider(), messages, _FORMAT)

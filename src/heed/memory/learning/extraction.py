@@ -38,7 +38,7 @@ from typing import Any, Final
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
 from heed.llm.structured import complete_json
 from heed.memory.entities import extract_entities
-from heed.memory.models import Bank, EntityRef, PreparedDocument, PreparedUnit
+from heed.memory.models import EntityRef, PreparedDocument, PreparedUnit
 from heed.memory.retain.units import index_text
 from heed.runtime import raise_if_cancelled
 
@@ -49,7 +49,6 @@ __all__ = [
     "Extraction",
     "chunk_units",
     "extract_document_facts",
-    "extraction_mode",
     "facts_prompt",
 ]
 
@@ -117,13 +116,6 @@ _INSTRUCTIONS: Final = (
 )
 _VERBOSE: Final = " State every fact, including small details and feelings."
 _CONCISE: Final = " State only facts worth remembering; skip greetings and small talk."
-
-
-def extraction_mode(bank: Bank, default: str) -> str:
-    """``off``, ``concise`` or ``verbose`` for *bank*: its own ``retain_extraction_mode``,
-    else *default* (the server's, already resolved from ``auto``)."""
-    mode = bank.config.get("retain_extraction_mode")
-    return str(mode) if mode in EXTRACTION_MODES else default
 
 
 @dataclass(slots=True)
