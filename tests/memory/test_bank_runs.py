@@ -11,7 +11,8 @@ import pytest
 
 from heed.memory import MemoryEngine
 from heed.memory.bank_runs import RETAIN_KIND, BankTimers
-from heed.memory.models import RetainItem
+from heed.memory.directives.service import DirectiveService
+from heed.memory.models import NotFound, RetainItem
 from heed.memory.retain.operations import RetainOperations
 from heed.memory.store import UnitFilter
 from heed.runs.manager import RunManager
@@ -81,3 +82,23 @@ async def test_bank_timers_run_one_task_per_key_and_die_with_their_bank(
 
     await timers.aclose()
     assert not timers.running("r1") and not timers.running("r2")
+
+
+@pytest.mark.parametrize("write", ["directive", "memory"])
+async def test_a_write_into_a_bank_another_process_deleted_is_a_404_that_forgets_it(
+    engine: MemoryEngine, write: str
+) -> None:
+    """The one bank-gone rule (:meth:`MemoryEngine.bank_gone_is_not_found`): whichever write
+    finds the bank gone answers 404 and this process forgets the bank at once (a cached
+    row would otherwise answer for it for up to a second)."""
+    with use_context(RequestContext()):
+        bank = await engine.put_bank("gone", {})
+        await engine.get_bank("gone")  # cached
+        await asyncio.to_thread(engine.store.delete_bank, bank.ref)  # another process's delete
+        with pytest.raises(NotFound, match="'gone' not found"):
+            if write == "directive":
+                await DirectiveService(engine).create("gone", name="rule", content="Be brief.")
+            else:
+                await engine.retain(bank, [RetainItem(content="Eve: a late fact")])
+        with pytest.raises(NotFound):
+            await engine.get_bank("gone")  # not from the cache

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from heed.memory.embeddings import Embedder, OnnxMiniLM, OpenAIEmbedder, TokenCounter
-from heed.memory.engine import BANK_DELETED, Learning, MemoryEngine, RetainSummary
+from heed.memory.engine import BANK_DELETED, MemoryEngine, RetainSummary
+from heed.memory.learning.extraction import Learning
 from heed.memory.models import InvalidInput, NotFound
 from heed.memory.recall.rerank import build_reranker
 

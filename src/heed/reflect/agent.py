@@ -66,12 +66,11 @@ from heed.llm.grounding import (
     memory_line,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
-from heed.memory.bank_config.settings import DISPOSITION_DEFAULT
 from heed.memory.bank_config.view import BankSettings
 from heed.memory.directives.rules import Directive, DirectiveScope, rules_text
 from heed.memory.directives.service import applicable_directives
 from heed.memory.mental_models import MentalModel, MentalModelLookup
-from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
+from heed.memory.models import DISPOSITION_DEFAULT, Bank, RecallQuery, StoredUnit, TagsMatch
 from heed.reflect.schema import structured_output
 from heed.runs.events import EventType
 from heed.runtime import Lane, raise_if_cancelled, run_in_thread

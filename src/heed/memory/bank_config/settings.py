@@ -42,7 +42,13 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from heed.errors import HeedError
-from heed.memory.models import Bank, InvalidInput
+from heed.memory.models import (
+    DISPOSITION_DEFAULT,
+    DISPOSITION_TRAITS,
+    Bank,
+    InvalidInput,
+    default_disposition,
+)
 from heed.memory.recall.budget import (
     ADAPTIVE_MAX,
     ADAPTIVE_MIN,
@@ -55,7 +61,6 @@ from heed.memory.recall.budget import (
 from heed.memory.recall.ranking import DEFAULT_WEIGHTS, WEIGHT_SETTINGS
 
 __all__ = [
-    "DISPOSITION_DEFAULT",
     "MCP_TOOLS",
     "NOT_IMPLEMENTED",
     "SETTINGS",
@@ -78,8 +83,6 @@ TEXT_CHARS: Final = 200_000
 #: Longest tag, and most entries of any list a setting holds.
 TAG_CHARS: Final = 256
 LIST_ITEMS: Final = 64
-#: A disposition trait nobody set.
-DISPOSITION_DEFAULT: Final = 3
 #: The tools of heed's MCP server (:mod:`heed.mcp.tools`) a bank's ``mcp_enabled_tools``
 #: may name. A tool added there is added here (a test keeps the two equal).
 MCP_TOOLS: Final = (
@@ -158,9 +161,10 @@ class Setting:
 
 SETTINGS: Final[Mapping[str, Setting]] = {
     "reflect_mission": Setting(Text, "", "mission", "who reflect answers as, and why"),
-    "disposition_skepticism": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
-    "disposition_literalism": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
-    "disposition_empathy": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
+    **{
+        f"disposition_{trait}": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5")
+        for trait in DISPOSITION_TRAITS
+    },
     "retain_mission": Setting(Text | None, None, help="what retain's extraction looks for"),
     "retain_extraction_mode": Setting(
         Literal["off", "concise", "verbose"], None, help="facts extracted at retain"
@@ -400,7 +404,7 @@ def reset(bank: Bank) -> None:
     """Remove every setting of *bank*'s own: the server's defaults apply again."""
     bank.config = {}
     bank.mission = ""
-    bank.disposition = dict.fromkeys(("skepticism", "literalism", "empathy"), DISPOSITION_DEFAULT)
+    bank.disposition = default_disposition()
 
 
 def overrides(bank: Bank) -> dict[str, Any]:
