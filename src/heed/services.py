@@ -22,6 +22,7 @@ from heed.memory import MemoryEngine, build_embedder, build_learning, build_memo
 from heed.memory.archive import ArchiveLimits
 from heed.memory.archive_store import ExportQuota
 from heed.memory.bank_config.service import BankConfigService
+from heed.memory.bank_runs import RETAIN_KIND
 from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FILE_PARSER_MODULES, FileLimits, FileRetain
 from heed.memory.learning.consolidation import (
@@ -29,7 +30,7 @@ from heed.memory.learning.consolidation import (
     Consolidation,
     ConsolidationLimits,
 )
-from heed.memory.retain.operations import RETAIN_KIND, RetainOperations
+from heed.memory.retain.operations import RetainOperations
 from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.lookup import MentalModelLookup
@@ -219,9 +220,7 @@ class Services:
         self.retain_provider = retain_provider = ProviderSlot(lambda: _provider(settings, "retain"))
         learning = build_learning(settings, retain_provider.get)
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
-        self.bank_config = BankConfigService(  # a bank's settings
-            self.memory, min_refresh_interval=settings.mental_model_min_refresh_interval_seconds
-        )
+        self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
         # Every reflect consults the bank's mental models first (reflect's port, implemented
         # above it); refreshes and the knowledge base search and embed through the same lookup.
@@ -293,10 +292,7 @@ class Services:
             self.reflect,
             memory_store,
             lookup,
-            RefreshLimits(
-                min_interval=settings.mental_model_min_refresh_interval_seconds,
-                max_seconds=settings.mental_model_refresh_max_seconds,
-            ),
+            RefreshLimits(max_seconds=settings.mental_model_refresh_max_seconds),
         )
         self.mental_models = MentalModels(self.memory, memory_store, refreshes)
         self.knowledge_base = KnowledgeBase(self.memory, memory_store, self.mental_models)

@@ -543,3 +543,31 @@ async def test_mcp_enabled_tools_lets_only_the_listed_tools_act_on_the_bank(
         back = await http.patch(config, json={"updates": {"mcp_enabled_tools": None}})
         assert back.json()["overrides"] == {}
         assert not (await mcp.call_tool("recall", {"bank_id": bank, "query": "cats"})).is_error
+
+
+def test_get_config_shows_the_settings_the_engine_applies(
+    server: LiveServer, client: Hindsight, http: httpx.Client, bank: str
+) -> None:
+    engine = server.app.state.services.memory
+
+    def applied() -> dict[str, Any]:
+        """What the engine applies to the bank now (its one reader of a bank's settings)."""
+        row = engine.store.get_bank("default", bank)
+        assert row is not None
+        settings: dict[str, Any] = engine.settings(row).as_dict()
+        return settings
+
+    assert config_of(http, bank)["config"] == applied() == DEFAULTS
+    changed = client.update_bank_config(
+        bank,
+        enable_observations=False,
+        recall_budget_fixed_mid=7,
+        reflect_mission="Answer as a nurse.",
+        disposition_empathy=5,
+        mental_model_min_refresh_interval_seconds=60,
+    )
+    shown = config_of(http, bank)["config"]
+    assert shown == changed["config"] == applied()
+    assert shown != DEFAULTS
+    assert (shown["enable_observations"], shown["recall_budget_fixed_mid"]) == (False, 7)
+    assert shown["mental_model_min_refresh_interval_seconds"] == 60

@@ -10,6 +10,7 @@ import pytest
 
 from heed.memory import InvalidInput
 from heed.memory.bank_config.settings import SETTINGS, validate
+from heed.memory.bank_config.view import settings_of_config
 from heed.memory.models import Budget
 from heed.memory.recall.budget import BUDGET_SIZES, MAX_PER_ARM, RecallSize, recall_size
 from heed.memory.recall.pipeline import slot_terms
@@ -17,21 +18,24 @@ from heed.memory.recall.pipeline import slot_terms
 BUDGETS: tuple[Budget, ...] = ("low", "mid", "high")
 
 
+def size(config: dict[str, Any], budget: Budget, max_tokens: int) -> RecallSize:
+    """The size of a recall on a bank whose ``config`` map is *config*."""
+    return recall_size(settings_of_config(config), budget, max_tokens)
+
+
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_with_no_setting_a_recall_has_heeds_own_sizes(budget: Budget) -> None:
     per_arm, reranked = BUDGET_SIZES[budget]
     for max_tokens in (1, 4096, 1_000_000):  # the fixed function ignores max_tokens
-        assert recall_size({}, budget, max_tokens) == RecallSize("fixed", per_arm, reranked)
+        assert size({}, budget, max_tokens) == RecallSize("fixed", per_arm, reranked)
 
 
 def test_the_settings_defaults_are_the_sizes_a_bank_without_them_gets() -> None:
     defaults = {name: s.default for name, s in SETTINGS.items() if name.startswith("recall_")}
     for budget in BUDGETS:
-        assert recall_size(defaults, budget, 4096) == recall_size({}, budget, 4096)
+        assert size(defaults, budget, 4096) == size({}, budget, 4096)
     adaptive = {**defaults, "recall_budget_function": "adaptive"}
-    assert recall_size(adaptive, "mid", 4096) == recall_size(
-        {"recall_budget_function": "adaptive"}, "mid", 4096
-    )
+    assert size(adaptive, "mid", 4096) == size({"recall_budget_function": "adaptive"}, "mid", 4096)
 
 
 def test_fixed_takes_the_budgets_number_and_reranks_in_the_default_proportion() -> None:
@@ -40,24 +44,22 @@ def test_fixed_takes_the_budgets_number_and_reranks_in_the_default_proportion() 
         "recall_budget_fixed_mid": 500,
         "recall_budget_fixed_high": 2000,
     }
-    assert recall_size(config, "low", 4096) == RecallSize("fixed", 8, 6)  # 30 of 40
-    assert recall_size(config, "mid", 4096) == RecallSize("fixed", 500, 300)  # 60 of 100
-    assert recall_size(config, "high", 4096) == RecallSize("fixed", 2000, 1000)  # 150 of 300
-    assert recall_size({"recall_budget_fixed_mid": 1}, "mid", 4096).reranked == 1  # rounded up
+    assert size(config, "low", 4096) == RecallSize("fixed", 8, 6)  # 30 of 40
+    assert size(config, "mid", 4096) == RecallSize("fixed", 500, 300)  # 60 of 100
+    assert size(config, "high", 4096) == RecallSize("fixed", 2000, 1000)  # 150 of 300
+    assert size({"recall_budget_fixed_mid": 1}, "mid", 4096).reranked == 1  # rounded up
     # An explicit "fixed" is the default function.
-    assert recall_size({**config, "recall_budget_function": "fixed"}, "low", 9) == (
-        recall_size(config, "low", 9)
-    )
+    assert size({**config, "recall_budget_function": "fixed"}, "low", 9) == (size(config, "low", 9))
 
 
 def test_adaptive_is_a_share_of_max_tokens_clamped_to_min_and_max() -> None:
     adaptive = {"recall_budget_function": "adaptive"}
     # Hindsight's defaults: 0.025 / 0.075 / 0.25 of max_tokens, within [20, 2000].
-    assert recall_size(adaptive, "low", 4096) == RecallSize("adaptive", 102, 77)
-    assert recall_size(adaptive, "mid", 4096) == RecallSize("adaptive", 307, 185)
-    assert recall_size(adaptive, "high", 4096) == RecallSize("adaptive", 1024, 512)
-    assert recall_size(adaptive, "low", 100).per_arm == 20  # round(2.5) is below the floor
-    assert recall_size(adaptive, "high", 1_000_000).per_arm == 2000  # above the ceiling
+    assert size(adaptive, "low", 4096) == RecallSize("adaptive", 102, 77)
+    assert size(adaptive, "mid", 4096) == RecallSize("adaptive", 307, 185)
+    assert size(adaptive, "high", 4096) == RecallSize("adaptive", 1024, 512)
+    assert size(adaptive, "low", 100).per_arm == 20  # round(2.5) is below the floor
+    assert size(adaptive, "high", 1_000_000).per_arm == 2000  # above the ceiling
 
     config = {
         **adaptive,
@@ -65,14 +67,14 @@ def test_adaptive_is_a_share_of_max_tokens_clamped_to_min_and_max() -> None:
         "recall_budget_min": 10,
         "recall_budget_max": 300,
     }
-    assert recall_size(config, "mid", 200) == RecallSize("adaptive", 100, 60)
-    assert recall_size(config, "mid", 10).per_arm == 10  # floor
-    assert recall_size(config, "mid", 4096).per_arm == 300  # ceiling
+    assert size(config, "mid", 200) == RecallSize("adaptive", 100, 60)
+    assert size(config, "mid", 10).per_arm == 10  # floor
+    assert size(config, "mid", 4096).per_arm == 300  # ceiling
     # A floor above the ceiling wins, as in Hindsight's clamp.
-    assert recall_size({**config, "recall_budget_min": 400}, "mid", 10).per_arm == 400
+    assert size({**config, "recall_budget_min": 400}, "mid", 10).per_arm == 400
     # The fixed numbers do not apply to the adaptive function, and the reverse.
-    assert recall_size({**config, "recall_budget_fixed_mid": 5}, "mid", 200).per_arm == 100
-    assert recall_size({"recall_budget_adaptive_mid": 0.5}, "mid", 200).per_arm == 100  # fixed
+    assert size({**config, "recall_budget_fixed_mid": 5}, "mid", 200).per_arm == 100
+    assert size({"recall_budget_adaptive_mid": 0.5}, "mid", 200).per_arm == 100  # fixed
 
 
 def test_no_stored_value_makes_a_recall_unbounded_or_fail() -> None:
@@ -82,30 +84,33 @@ def test_no_stored_value_makes_a_recall_unbounded_or_fail() -> None:
         "recall_budget_min": 10**9,
         "recall_budget_max": 10**9,
     }
-    assert recall_size(huge, "high", 10**9) == RecallSize("adaptive", MAX_PER_ARM, 1000)
-    assert recall_size({"recall_budget_fixed_low": 10**9}, "low", 1).per_arm == MAX_PER_ARM
-    # A value heed never stores (written around the settings' checks) counts as unset.
+    assert size(huge, "high", 10**9) == RecallSize("adaptive", MAX_PER_ARM, 1000)
+    assert size({"recall_budget_fixed_high": MAX_PER_ARM}, "high", 1).per_arm == MAX_PER_ARM
+    # A value heed never stores (written around the settings' checks: of another type, or
+    # out of bounds) counts as unset.
     odd: dict[str, Any] = {
         "recall_budget_function": "fastest",
         "recall_budget_fixed_mid": "many",
         "recall_budget_fixed_low": True,
         "recall_budget_fixed_high": float("nan"),
+        "recall_budget_min": 10**9,
     }
     for budget in BUDGETS:
-        assert recall_size(odd, budget, 4096) == recall_size({}, budget, 4096)
-    assert recall_size({"recall_budget_fixed_mid": -5}, "mid", 4096).per_arm == 1
+        assert size(odd, budget, 4096) == size({}, budget, 4096)
+    assert size({"recall_budget_fixed_mid": -5}, "mid", 4096) == size({}, "mid", 4096)
+    assert size({"recall_budget_fixed_low": 10**9}, "low", 1) == size({}, "low", 1)
 
 
 def test_the_recall_lane_cost_follows_the_effective_size() -> None:
-    low, mid, high = (recall_size({}, budget, 4096) for budget in BUDGETS)
+    low, mid, high = (size({}, budget, 4096) for budget in BUDGETS)
     assert [slot_terms(s) for s in (low, mid, high)] == [(1.0, False), (2.0, False), (5.0, True)]
     # A bank that makes its low recalls as big as a default high one makes them dear ...
-    big_low = recall_size({"recall_budget_fixed_low": 200}, "low", 4096)
+    big_low = size({"recall_budget_fixed_low": 200}, "low", 4096)
     assert slot_terms(big_low) == (5.0, True)
     # ... and one that makes its high recalls small, cheap.
-    small_high = recall_size({"recall_budget_fixed_high": 60}, "high", 4096)
+    small_high = size({"recall_budget_fixed_high": 60}, "high", 4096)
     assert slot_terms(small_high) == (1.0, False)
-    cost, dear = slot_terms(recall_size({"recall_budget_fixed_high": MAX_PER_ARM}, "high", 1))
+    cost, dear = slot_terms(size({"recall_budget_fixed_high": MAX_PER_ARM}, "high", 1))
     assert (cost, dear) == (1000 / 30, True)
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from heed.memory import MemoryEngine, build_memory_engine
 from heed.memory.bank_config.settings import validate
+from heed.memory.bank_config.view import settings_of_config
 from heed.memory.models import Bank, InvalidInput, RecallQuery, RetainItem
 from heed.memory.recall.query import analyze_query, semantic_text
 from heed.memory.recall.ranking import DEFAULT_WEIGHTS, RankingWeights, ranking_weights, speaks
@@ -69,16 +71,21 @@ def test_a_turn_has_a_speaker_and_other_text_none() -> None:
     assert not speaks(None, ["caroline"])
 
 
+def weights(config: dict[str, Any]) -> RankingWeights:
+    """The weights of a bank whose ``config`` map is *config*."""
+    return ranking_weights(settings_of_config(config))
+
+
 def test_weights_come_from_the_banks_settings_within_bounds() -> None:
-    assert ranking_weights({}) == DEFAULT_WEIGHTS
-    assert ranking_weights(
+    assert weights({}) == DEFAULT_WEIGHTS
+    assert weights(
         {"recall_semantic_weight": 0.25, "recall_speaker_weight": 2, "recall_temporal_weight": 0}
     ) == RankingWeights(semantic=0.25, speaker=2.0, temporal=0.0)
     # out of bounds, not a number, or a bool: the default (a recall never fails on them)
-    assert ranking_weights({"recall_semantic_weight": 1.5}) == DEFAULT_WEIGHTS
-    assert ranking_weights({"recall_speaker_weight": "x"}) == DEFAULT_WEIGHTS
-    assert ranking_weights({"recall_temporal_weight": True}) == DEFAULT_WEIGHTS
-    assert ranking_weights({"recall_speaker_weight": float("nan")}) == DEFAULT_WEIGHTS
+    assert weights({"recall_semantic_weight": 1.5}) == DEFAULT_WEIGHTS
+    assert weights({"recall_speaker_weight": "x"}) == DEFAULT_WEIGHTS
+    assert weights({"recall_temporal_weight": True}) == DEFAULT_WEIGHTS
+    assert weights({"recall_speaker_weight": float("nan")}) == DEFAULT_WEIGHTS
 
 
 def test_the_settings_are_validated_when_written() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from heed.memory.bank_config.view import settings_of_config
 from heed.memory.learning.scopes import mission_for, scope_rule, scopes_of
 
 TAGS = ["user:a", "topic:x", "draft"]
@@ -31,9 +32,9 @@ def test_tag_lists_plain_tags_must_be_present_and_globs_pick() -> None:
 
 def test_the_rule_is_the_requests_then_the_banks_then_combined() -> None:
     bank = {"default_observation_scopes": "per_tag"}
-    assert scope_rule([["a"]], bank) == [["a"]]
-    assert scope_rule(None, bank) == "per_tag"
-    assert scope_rule(None, {}) == "combined"
+    assert scope_rule([["a"]], settings_of_config(bank)) == [["a"]]
+    assert scope_rule(None, settings_of_config(bank)) == "per_tag"
+    assert scope_rule(None, settings_of_config({})) == "combined"
 
 
 def test_missions_by_scope() -> None:
@@ -51,8 +52,11 @@ def test_missions_by_scope() -> None:
             },
         ],
     }
-    assert mission_for(("topic:x", "user:a"), config) == "Track each user's view of a topic."
-    assert mission_for(("user:a",), config) == "Track people."
-    assert mission_for(("topic:x",), config) == "Track everything."
-    assert mission_for((), config) == "Track everything."
-    assert mission_for(("user:a",), {}) is None
+    assert (
+        mission_for(("topic:x", "user:a"), settings_of_config(config))
+        == "Track each user's view of a topic."
+    )
+    assert mission_for(("user:a",), settings_of_config(config)) == "Track people."
+    assert mission_for(("topic:x",), settings_of_config(config)) == "Track everything."
+    assert mission_for((), settings_of_config(config)) == "Track everything."
+    assert mission_for(("user:a",), settings_of_config({})) is None

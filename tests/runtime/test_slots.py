@@ -356,12 +356,15 @@ async def test_costly_work_not_marked_dear_takes_the_kept_slot() -> None:
 
 
 def test_only_high_budget_recalls_are_dear() -> None:
+    from heed.memory.bank_config.view import settings_of_config
     from heed.memory.models import Budget
     from heed.memory.recall.budget import recall_size
     from heed.memory.recall.pipeline import slot_terms
 
     budgets: tuple[Budget, ...] = ("low", "mid", "high")
-    sizes = (recall_size({}, budget, 4096) for budget in budgets)  # a bank that sets nothing
+    sizes = (
+        recall_size(settings_of_config({}), budget, 4096) for budget in budgets
+    )  # a bank that sets nothing
     (low, low_dear), (mid, mid_dear), (high, high_dear) = map(slot_terms, sizes)
     assert (low_dear, mid_dear, high_dear) == (False, False, True)
     assert low == 1.0 < mid < high

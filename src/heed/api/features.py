@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from starlette.routing import BaseRoute, Match
 
-from heed.memory.retain.operations import RETAIN_KIND
+from heed.memory.bank_runs import RETAIN_KIND
 
 __all__ = ["FEATURES", "ROUTE_FEATURES", "features", "serves"]
 

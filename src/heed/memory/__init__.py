@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from heed.memory.embeddings import Embedder, OnnxMiniLM, OpenAIEmbedder, TokenCounter
-from heed.memory.engine import BANK_DELETED, Learning, MemoryEngine, RetainSummary
+from heed.memory.engine import BANK_DELETED, MemoryEngine, RetainSummary
+from heed.memory.learning.extraction import Learning
 from heed.memory.models import InvalidInput, NotFound
 from heed.memory.recall.rerank import build_reranker
 
@@ -102,4 +103,5 @@ def build_memory_engine(
         max_item_chars=settings.max_item_chars,
         vector_cache_bytes=settings.vector_cache_mb * 1024 * 1024,
         learning=learning,
+        min_refresh_interval=settings.mental_model_min_refresh_interval_seconds,
     )

@@ -24,11 +24,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from heed.errors import NUL
-from heed.llm.base import ChatProvider
-from heed.memory.bank_config import settings as bank_config
+from heed.memory.bank_config.view import BankSettings, settings_of
 from heed.memory.embeddings import Embedder, TokenCounter
-from heed.memory.learning.extraction import Extraction, extract_document_facts, extraction_mode
+from heed.memory.learning.extraction import Extraction, Learning, extract_document_facts
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -42,12 +40,19 @@ from heed.memory.models import (
     RecallQuery,
     RetainItem,
     StoredUnit,
+    refuse_nul,
 )
 from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
+from heed.memory.recall.query import check_query
 from heed.memory.recall.rerank import Reranker
 from heed.memory.recall.vectors import BankIndexes, CurrentIndex, StoreVectors, VectorSearch
 from heed.memory.retain.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
-from heed.memory.retain.prepare import embed_documents, plan_documents, split_documents
+from heed.memory.retain.prepare import (
+    check_items,
+    embed_documents,
+    plan_documents,
+    split_documents,
+)
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
 from heed.runtime import (
     CancellationToken,
@@ -87,28 +92,6 @@ def is_bank_id(value: str) -> bool:
     return BANK_ID_RE.fullmatch(value) is not None
 
 
-def _refuse_nul(value: str | None, what: str) -> None:
-    """The memory domain's NUL rule (see :class:`heed.errors.InvalidText`): an
-    :class:`InvalidInput` naming the field."""
-    if value is not None and NUL in value:
-        raise InvalidInput(f"{what} holds a NUL character (U+0000), which heed does not store")
-
-
-def _refuse_nul_in_item(item: RetainItem, where: str) -> None:
-    _refuse_nul(item.content, f"{where}.content")
-    _refuse_nul(item.context, f"{where}.context")
-    _refuse_nul(item.document_id, f"{where}.document_id")
-    _refuse_nul(item.fact_type, f"{where}.fact_type")
-    for i, tag in enumerate(item.tags):
-        _refuse_nul(tag, f"{where}.tags[{i}]")
-    for key, value in item.metadata.items():
-        _refuse_nul(key, f"a key of {where}.metadata")
-        _refuse_nul(value, f"{where}.metadata[{key!r}]")
-    for i, entity in enumerate(item.entities):
-        _refuse_nul(entity.name, f"{where}.entities[{i}].text")
-        _refuse_nul(entity.type, f"{where}.entities[{i}].type")
-
-
 @dataclass(frozen=True, slots=True)
 class RetainSummary:
     """What a retain wrote: items, documents and units (extracted facts included), and what
@@ -119,28 +102,6 @@ class RetainSummary:
     units: int
     document_ids: list[str]
     extraction: Extraction | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Learning:
-    """How the engine learns (:mod:`heed.memory.learning.extraction`,
-    :mod:`heed.memory.learning.consolidation`):
-    the server's defaults, which a bank's config overrides, and the provider extraction
-    uses (built on first use; its error is the retain's)."""
-
-    extraction_default: str = "off"
-    observations_default: bool = False
-    extractor: Callable[[], ChatProvider] | None = None
-
-    def extraction_mode(self, bank: Bank) -> str:
-        """``off``, ``concise`` or ``verbose`` for *bank*."""
-        mode = extraction_mode(bank, self.extraction_default)
-        return "off" if self.extractor is None else mode
-
-    def observations(self, bank: Bank) -> bool:
-        """Whether *bank*'s retains are consolidated into observations."""
-        value = bank.config.get("enable_observations")
-        return self.observations_default if value is None else bool(value)
 
 
 @dataclass(eq=False)
@@ -167,9 +128,12 @@ class MemoryEngine:
         vector_cache_bytes: int = 2 << 30,
         recall_hooks: StageHook | None = None,
         learning: Learning | None = None,
+        min_refresh_interval: float = 0.0,
     ) -> None:
         self.store = store
         self.learning = learning or Learning()
+        #: ``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``: a setting's server default.
+        self.min_refresh_interval = min_refresh_interval
         #: Called with the bank after a retain wrote into it (consolidation's scheduler);
         #: must return at once.
         self.after_retain: list[Callable[[Bank], None]] = []
@@ -231,22 +195,31 @@ class MemoryEngine:
             self._work.get(bank.ref, set()).discard(work)
 
     @asynccontextmanager
-    async def _bank_gone_is_not_found(self, bank: Bank) -> AsyncIterator[None]:
-        """Turn a store's :class:`BankGone` (another process deleted the bank after this
-        one looked it up) into :class:`NotFound` naming the bank, and forget what this
-        process keeps of the bank (its cached row and vector index)."""
+    async def bank_gone_is_not_found(self, bank: Bank) -> AsyncIterator[None]:
+        """The one rule for a store's :class:`BankGone` (another process deleted the bank
+        after this one looked it up), for every write on a bank: this process forgets what
+        it keeps of the bank (its cached row and vector index), and the caller gets
+        :class:`NotFound` naming the bank (a 404)."""
         try:
             yield
         except BankGone as exc:
-            self._bank_cache.pop((bank.tenant, bank.bank_id), None)
-            self.indexes.drop(bank.ref)
+            self._forget(bank)
             raise NotFound(f"bank {bank.bank_id!r} not found (it was deleted)") from exc
+
+    def _forget(self, bank: Bank) -> None:
+        self._bank_cache.pop((bank.tenant, bank.bank_id), None)
+        self.indexes.drop(bank.ref)
 
     def in_flight(self, bank: Bank) -> int:
         """How many pieces of work are running on *bank*."""
         return len(self._work.get(bank.ref, ()))
 
     # -- banks -------------------------------------------------------------------------
+
+    def settings(self, bank: Bank) -> BankSettings:
+        """The settings that apply to *bank*: the one reader of a bank's settings (what
+        ``GET .../config`` shows; :mod:`heed.memory.bank_config.view`)."""
+        return settings_of(bank, self.learning.defaults(self.min_refresh_interval))
 
     async def get_bank(self, bank_id: str, *, tenant: str | None = None) -> Bank:
         """The bank of the current tenant; raises :class:`NotFound`. Treat it as read-only.
@@ -310,8 +283,7 @@ class MemoryEngine:
         keeps of it (its cached row and vector index)."""
         if await run_in_thread(self.store.bank_generation, bank.ref) is not None:
             return False
-        self._bank_cache.pop((bank.tenant, bank.bank_id), None)
-        self.indexes.drop(bank.ref)
+        self._forget(bank)
         return True
 
     async def find_bank(self, bank_id: str) -> Bank | None:
@@ -338,21 +310,21 @@ class MemoryEngine:
                 bank = Bank(tenant=tenant, bank_id=bank_id, ref=str(uuid.uuid4()), name=bank_id)
             for key in ("name", "mission", "background"):
                 if fields.get(key) is not None:
-                    _refuse_nul(fields[key], key)
+                    refuse_nul(fields[key], key)
                     setattr(bank, key, fields[key])
             if fields.get("disposition"):
                 bank.disposition.update(fields["disposition"])
             config = fields.get("config") or {}
             bank.config.update({k: v for k, v in config.items() if v is not None})
-            try:
-                return await self._save_bank(bank)
-            except BankGone as exc:  # deleted by another process since the read above
-                self.indexes.drop(bank.ref)
-                if create:
-                    raise Conflict(
-                        f"bank {bank_id!r} was deleted while this request ran; retry to create it"
-                    ) from exc
-                raise NotFound(f"bank {bank_id!r} not found") from exc
+            try:  # BankGone: deleted by another process since the read above
+                async with self.bank_gone_is_not_found(bank):
+                    return await self._save_bank(bank)
+            except NotFound as exc:
+                if not create:
+                    raise
+                raise Conflict(
+                    f"bank {bank_id!r} was deleted while this request ran; retry to create it"
+                ) from exc
 
     async def change_bank(self, bank_id: str, change: Callable[[Bank], None]) -> Bank:
         """Apply *change* to the current tenant's bank *bank_id* and save it, under the lock
@@ -367,11 +339,8 @@ class MemoryEngine:
             if bank.ref in self._closing:
                 raise Conflict(f"bank {bank_id!r} is being deleted; retry when that finished")
             change(bank)
-            try:
+            async with self.bank_gone_is_not_found(bank):  # deleted by another process since
                 return await self._save_bank(bank)
-            except BankGone as exc:  # deleted by another process since the read above
-                self.indexes.drop(bank.ref)
-                raise NotFound(f"bank {bank_id!r} not found") from exc
 
     async def _save_bank(self, bank: Bank) -> Bank:
         """Save *bank*'s row and forget the cached one, after the save: a read racing it
@@ -417,21 +386,8 @@ class MemoryEngine:
     # -- retain ------------------------------------------------------------------------
 
     def validate_items(self, items: list[RetainItem], document_tags: Sequence[str] = ()) -> None:
-        """Refuse empty or oversized items, and text holding NUL (which no store keeps:
-        :class:`heed.errors.InvalidText`), with a message naming the item and field."""
-        if not items:
-            raise InvalidInput("items is empty: send at least one item")
-        for i, tag in enumerate(document_tags):
-            _refuse_nul(tag, f"document_tags[{i}]")
-        for i, item in enumerate(items):
-            if not item.content.strip():
-                raise InvalidInput(f"items[{i}].content is empty")
-            if len(item.content) > self.max_item_chars:
-                raise InvalidInput(
-                    f"items[{i}].content has {len(item.content)} characters; "
-                    f"the limit is {self.max_item_chars}"
-                )
-            _refuse_nul_in_item(item, f"items[{i}]")
+        """Refuse what retain does not take (:func:`heed.memory.retain.prepare.check_items`)."""
+        check_items(items, document_tags, self.max_item_chars)
 
     async def retain(
         self,
@@ -456,7 +412,7 @@ class MemoryEngine:
         self.validate_items(items, document_tags or ())
         tags = document_tags or []
         plans = plan_documents(items, tags, idempotency_key)
-        async with self.track(bank), self.retain_lane.slot(), self._bank_gone_is_not_found(bank):
+        async with self.track(bank), self.retain_lane.slot(), self.bank_gone_is_not_found(bank):
             key: RetainKey | None = None
             recorded: dict[int, LedgerEntry] = {}
             if idempotency_key:
@@ -491,23 +447,26 @@ class MemoryEngine:
         """Extract the facts of *documents* into them when the bank extracts, and mark what
         consolidation should take when it keeps observations: the facts, and the units no
         fact cites (a chunk whose reply stayed malformed, or with extraction off, all)."""
-        mode = self.learning.extraction_mode(bank)
+        settings = self.settings(bank)
+        mode = settings.retain_extraction_mode
         extraction: Extraction | None = None
         if mode != "off" and self.learning.extractor is not None:
             provider = self.learning.extractor()
             extraction = Extraction()
-            mission = bank.config.get("retain_mission") or None
+            mission = settings.retain_mission or None
             for document in documents:
                 facts = await extract_document_facts(document, provider, mode, mission, extraction)
                 document.units.extend(facts)
-        self.mark_for_consolidation(bank, documents)
+        self.mark_for_consolidation(bank, documents, settings)
         return extraction
 
-    def mark_for_consolidation(self, bank: Bank, documents: list[PreparedDocument]) -> None:
+    def mark_for_consolidation(
+        self, bank: Bank, documents: list[PreparedDocument], settings: BankSettings | None = None
+    ) -> None:
         """When *bank* keeps observations, mark what consolidation should take: the facts,
         and the units no fact cites (a chunk whose reply stayed malformed, or with
         extraction off, all)."""
-        if not self.learning.observations(bank):
+        if not (settings or self.settings(bank)).enable_observations:
             return
         for document in documents:
             cited = {i for u in document.units for i in u.source_ids}
@@ -532,20 +491,8 @@ class MemoryEngine:
     # -- recall ------------------------------------------------------------------------
 
     def validate_query(self, query: RecallQuery) -> None:
-        """Refuse empty, wordless and over-long queries, and NUL in the query or its tags."""
-        _refuse_nul(query.query, "query")
-        for i, tag in enumerate(query.tags or ()):
-            _refuse_nul(tag, f"tags[{i}]")
-        text = query.query.strip()
-        if not text:
-            raise InvalidInput("query is empty")
-        if not any(ch.isalnum() for ch in text):
-            raise InvalidInput("query has no words (only punctuation or symbols)")
-        if len(text.encode()) <= self.max_query_tokens:
-            return  # a token covers at least one byte (WordPiece: a character): cannot be over
-        n = self.tokens.count(text)
-        if n > self.max_query_tokens:
-            raise InvalidInput(f"query has {n} tokens; the limit is {self.max_query_tokens}")
+        """Refuse what recall does not take (:func:`heed.memory.recall.query.check_query`)."""
+        check_query(query, self.max_query_tokens, self.tokens)
 
     async def recall(
         self, bank: Bank, query: RecallQuery, *, background: bool = False
@@ -554,12 +501,15 @@ class MemoryEngine:
         work (consolidation's) takes a recall slot only when no user's recall waits for
         one (:mod:`heed.runtime.slots`)."""
         self.validate_query(query)
-        async with self.track(bank), self._bank_gone_is_not_found(bank):
-            outcome = await run_recall(self.recall_deps, bank, query, background=background)
-            return await self._provenance(bank, query, outcome)
+        async with self.track(bank), self.bank_gone_is_not_found(bank):
+            settings = self.settings(bank)
+            outcome = await run_recall(
+                self.recall_deps, bank, query, settings, background=background
+            )
+            return await self._provenance(bank, query, outcome, settings)
 
     async def _provenance(
-        self, bank: Bank, query: RecallQuery, outcome: RecallOutcome
+        self, bank: Bank, query: RecallQuery, outcome: RecallOutcome, settings: BankSettings
     ) -> RecallOutcome:
         """Apply ``prefer_observations`` (the query's, else the bank's
         ``recall_prefer_observations``: a raw fact a returned observation rests on is
@@ -575,7 +525,8 @@ class MemoryEngine:
         )
         if not cited:
             return outcome
-        if bank_config.prefer_observations(bank, query.prefer_observations):
+        prefer = query.prefer_observations
+        if settings.recall_prefer_observations if prefer is None else prefer:
             drop = set(cited)
             outcome.hits = [h for h in outcome.hits if h.unit.id not in drop]
         if query.include_source_facts:
@@ -596,19 +547,19 @@ class MemoryEngine:
         self, bank: Bank, flt: UnitFilter, limit: int, offset: int
     ) -> tuple[list[StoredUnit], int]:
         for name in ("fact_type", "document_id", "search", "entity_id", "start", "end"):
-            _refuse_nul(getattr(flt, name), name)
+            refuse_nul(getattr(flt, name), name)
         return await run_in_thread(self.store.list_units, bank.ref, flt, limit, offset)
 
     async def get_unit(self, bank: Bank, unit_id: str) -> StoredUnit:
-        _refuse_nul(unit_id, "the memory id")
+        refuse_nul(unit_id, "the memory id")
         unit = await run_in_thread(self.store.get_unit, bank.ref, unit_id)
         if unit is None:
             raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
         return unit
 
     async def delete_unit(self, bank: Bank, unit_id: str) -> None:
-        _refuse_nul(unit_id, "the memory id")
-        async with self.track(bank), self._bank_gone_is_not_found(bank):
+        refuse_nul(unit_id, "the memory id")
+        async with self.track(bank), self.bank_gone_is_not_found(bank):
             result = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
             if result is None:
                 raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
@@ -617,19 +568,19 @@ class MemoryEngine:
     async def list_documents(
         self, bank: Bank, search: str | None, limit: int, offset: int
     ) -> tuple[list[DocumentInfo], int]:
-        _refuse_nul(search, "search")
+        refuse_nul(search, "search")
         return await run_in_thread(self.store.list_documents, bank.ref, search, limit, offset)
 
     async def get_document(self, bank: Bank, document_id: str) -> DocumentInfo:
-        _refuse_nul(document_id, "document_id")
+        refuse_nul(document_id, "document_id")
         info = await run_in_thread(self.store.get_document, bank.ref, document_id)
         if info is None:
             raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
         return info
 
     async def delete_document(self, bank: Bank, document_id: str) -> int:
-        _refuse_nul(document_id, "document_id")
-        async with self.track(bank), self._bank_gone_is_not_found(bank):
+        refuse_nul(document_id, "document_id")
+        async with self.track(bank), self.bank_gone_is_not_found(bank):
             result = await run_in_thread(self.store.delete_document, bank.ref, document_id)
             if result is None:
                 raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")

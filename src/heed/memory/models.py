@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from heed.errors import HeedError
+from heed.errors import NUL, HeedError
 
 __all__ = [
     "BUDGETS",
     "CONSOLIDATION_STATES",
+    "DISPOSITION_DEFAULT",
+    "DISPOSITION_TRAITS",
     "FACT_TYPES",
     "Bank",
     "BankStats",
@@ -33,6 +35,8 @@ __all__ = [
     "RetainItem",
     "StoredUnit",
     "TagsMatch",
+    "default_disposition",
+    "refuse_nul",
 ]
 
 #: The fact types heed stores. Retained text is "world" unless the item says otherwise;
@@ -47,11 +51,28 @@ Budget = Literal["low", "mid", "high"]
 BUDGETS: Final = ("low", "mid", "high")
 TagsMatch = Literal["any", "all", "any_strict", "all_strict", "exact"]
 
+#: A bank's disposition traits (1-5 each, a bank setting ``disposition_<trait>``), and the
+#: value of a trait nobody set: the one place of both.
+DISPOSITION_TRAITS: Final = ("skepticism", "literalism", "empathy")
+DISPOSITION_DEFAULT: Final = 3
+
+
+def default_disposition() -> dict[str, int]:
+    """The disposition of a bank that sets none: every trait at :data:`DISPOSITION_DEFAULT`."""
+    return dict.fromkeys(DISPOSITION_TRAITS, DISPOSITION_DEFAULT)
+
 
 class InvalidInput(HeedError, ValueError):
     """The caller's input is wrong; the message names the problem (HTTP 400)."""
 
     status_code = 400
+
+
+def refuse_nul(value: str | None, what: str) -> None:
+    """The memory domain's NUL rule (see :class:`heed.errors.InvalidText`): an
+    :class:`InvalidInput` naming the field *what*."""
+    if value is not None and NUL in value:
+        raise InvalidInput(f"{what} holds a NUL character (U+0000), which heed does not store")
 
 
 class NotFound(HeedError, LookupError):
@@ -81,9 +102,7 @@ class Bank:
     name: str = ""
     mission: str = ""
     background: str | None = None
-    disposition: dict[str, int] = field(
-        default_factory=lambda: {"skepticism": 3, "literalism": 3, "empathy": 3}
-    )
+    disposition: dict[str, int] = field(default_factory=default_disposition)
     config: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     updated_at: str = ""

@@ -213,7 +213,7 @@ class KnowledgeBase:
         folder = KnowledgeFolder(
             bank_ref=bank.ref, id=str(uuid.uuid4()), name=name.strip(), parent_id=parent_id
         )
-        async with self.engine.track(bank), bank_gone_is_not_found(bank):
+        async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
             return await run_in_thread(
                 self.store.create_knowledge_folder, folder, MAX_MENTAL_MODELS
             )
@@ -250,7 +250,7 @@ class KnowledgeBase:
             if model_fields:
                 page = await self.models.update(bank, node_id, model_fields)
             if "parent_id" in patch:
-                async with self.engine.track(bank), bank_gone_is_not_found(bank):
+                async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
                     moved = await run_in_thread(
                         self.store.update_mental_model,
                         bank.ref,
@@ -276,7 +276,7 @@ class KnowledgeBase:
             if not str(changes["name"]).strip():
                 raise InvalidInput("name is empty")
             changes["name"] = str(changes["name"]).strip()
-        async with self.engine.track(bank), bank_gone_is_not_found(bank):
+        async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
             folder = await run_in_thread(
                 self.store.update_knowledge_folder, bank.ref, node_id, changes
             )
@@ -296,7 +296,7 @@ class KnowledgeBase:
             subtree |= {f.id for f in folders if f.parent_id in subtree}
         doomed = [p.id for p in pages if p.id in subtree or p.parent_id in subtree]
         await self.models.refreshes.cancel_model_runs(bank, doomed)
-        async with self.engine.track(bank), bank_gone_is_not_found(bank):
+        async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
             deleted = await run_in_thread(self.store.delete_knowledge_node, bank.ref, node_id)
         if deleted is None:
             raise NotFound(f"knowledge-base node {node_id!r} not found")

@@ -8,7 +8,7 @@ model's content; the content it replaces goes to the model's history
 ``POST .../refresh`` and the triggers (:mod:`heed.mental_models.triggers`).
 
 **How it runs.** Each refresh is a run in the bank's run group (``bank:<ref>``), listed with
-the bank's operations (:data:`heed.memory.retain.operations.OPERATION_KINDS`):
+the bank's operations (:data:`heed.memory.bank_runs.OPERATION_KINDS`):
 
 - *one at a time per model, across instances*: a refresh asked while one of the same model
   is busy returns the busy run (``deduplicated``), decided in the admission transaction
@@ -48,9 +48,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.memory.engine import BANK_DELETED, MemoryEngine
-from heed.memory.models import Bank, Conflict, NotFound
-from heed.memory.retain.operations import MENTAL_MODEL_REFRESH_KIND, bank_session, cancel_bank_runs
+from heed.memory.bank_runs import (
+    MENTAL_MODEL_REFRESH_KIND,
+    bank_payload,
+    bank_run,
+    bank_session,
+    cancel_on_delete,
+)
+from heed.memory.engine import MemoryEngine
+from heed.memory.models import Bank, Conflict
 from heed.mental_models.lookup import MentalModelLookup
 from heed.mental_models.store import MentalModelStore
 from heed.mental_models.values import (
@@ -86,16 +92,14 @@ __all__ = [
 MAX_ATTEMPTS: Final = 3
 #: The cancel reason of a refresh whose model was deleted.
 MODEL_DELETED: Final = "mental model deleted"
-#: Bank config key of a bank's minimum refresh interval.
-BANK_INTERVAL_KEY: Final = "mental_model_min_refresh_interval_seconds"
 _STAGES: Final = 2  # reflecting, writing
 
 
 @dataclass(frozen=True, slots=True)
 class RefreshLimits:
-    """How refreshes are bounded (settings ``HEED_MENTAL_MODEL_*``)."""
+    """How refreshes are bounded (``HEED_MENTAL_MODEL_REFRESH_MAX_SECONDS``; the server's
+    least interval is a bank setting's default: :meth:`MemoryEngine.settings`)."""
 
-    min_interval: float = 0.0
     max_seconds: float = 600.0
 
 
@@ -137,7 +141,7 @@ class MentalModelRefreshes:
         self.store = store
         self.lookup = lookup
         self.limits = limits or RefreshLimits()
-        engine.before_delete.append(self._cancel_bank_runs)
+        cancel_on_delete(engine, manager, MENTAL_MODEL_REFRESH_KIND)
 
     def kind_spec(self) -> KindSpec:
         """How refreshes execute: register it as :data:`MENTAL_MODEL_REFRESH_KIND`."""
@@ -150,10 +154,7 @@ class MentalModelRefreshes:
         own = model.trigger.get("min_refresh_interval_seconds")
         if own is not None:
             return float(own)
-        configured = bank.config.get(BANK_INTERVAL_KEY)
-        if isinstance(configured, int | float) and not isinstance(configured, bool):
-            return max(0.0, float(configured))
-        return self.limits.min_interval
+        return self.engine.settings(bank).mental_model_min_refresh_interval_seconds
 
     def remaining(self, bank: Bank, model: MentalModel) -> float:
         """Seconds until *model* may be refreshed again (0: now)."""
@@ -186,8 +187,7 @@ class MentalModelRefreshes:
             tenant=bank.tenant,
             session_id=session,
             payload={
-                "bank_id": bank.bank_id,
-                "bank_ref": bank.ref,
+                **bank_payload(bank),
                 "mental_model_id": model.id,
                 "trigger": trigger,
             },
@@ -218,9 +218,6 @@ class MentalModelRefreshes:
             for run in runs:
                 await self.manager.cancel(run.id, MODEL_DELETED, tenant=bank.tenant, wait=True)
 
-    async def _cancel_bank_runs(self, bank: Bank) -> None:
-        await cancel_bank_runs(self.manager, bank, MENTAL_MODEL_REFRESH_KIND)
-
     # -- running -------------------------------------------------------------------------
 
     def _request(self, model: MentalModel) -> ReflectRequest:
@@ -239,15 +236,9 @@ class MentalModelRefreshes:
 
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
         payload = rc.payload
-        try:
-            bank = await self.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
-        if bank.ref != payload["bank_ref"]:
-            raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
-        rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
-        model_id = payload["mental_model_id"]
-        try:
+        async with bank_run(self.engine, rc) as bank:
+            rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
+            model_id = payload["mental_model_id"]
             async with self.engine.track(bank):
                 model = await run_in_thread(self.store.get_mental_model, bank.ref, model_id)
                 if model is None:
@@ -281,8 +272,6 @@ class MentalModelRefreshes:
                 if written is None:
                     raise OperationCancelled(MODEL_DELETED)
                 await self._progress(rc, "done", 2, model_id)
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
         outcome_name = "content_unchanged" if model.content == text else "content_written"
         return self._result(model, payload, outcome_name, text)
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
@@ -42,15 +40,6 @@ __all__ = ["MODEL_ID_RE", "MentalModels"]
 MODEL_ID_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 #: What ``update`` may change.
 _FIELDS: Final = ("name", "source_query", "tags", "max_tokens", "trigger")
-
-
-@asynccontextmanager
-async def bank_gone_is_not_found(bank: Bank) -> AsyncIterator[None]:
-    """A write that found its bank deleted (by another process) is the bank's 404."""
-    try:
-        yield
-    except BankGone as exc:
-        raise NotFound(f"bank {bank.bank_id!r} not found (it was deleted)") from exc
 
 
 class MentalModels:
@@ -146,7 +135,7 @@ class MentalModels:
             is_page=is_page,
         )
         model.embedding = await self.refreshes.lookup.embed(model)
-        async with self.engine.track(bank), bank_gone_is_not_found(bank):
+        async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
             created = await run_in_thread(self.store.create_mental_model, model, MAX_MENTAL_MODELS)
         run, _ = await self.refreshes.submit(bank, created, "created", enforce_interval=False)
         return created, run
@@ -173,7 +162,7 @@ class MentalModels:
                 content=current.content,
             )
             changes["embedding"] = await self.refreshes.lookup.embed(named)
-        async with self.engine.track(bank), bank_gone_is_not_found(bank):
+        async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
             updated = await run_in_thread(
                 self.store.update_mental_model, bank.ref, model_id, changes
             )
@@ -185,7 +174,7 @@ class MentalModels:
         """Empty the model's content (it goes to the history); the next refresh writes it
         anew."""
         await self.get(bank, model_id)
-        async with self.engine.track(bank), bank_gone_is_not_found(bank):
+        async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
             cleared = await run_in_thread(
                 lambda: self.store.write_mental_model_content(
                     bank.ref,
@@ -206,7 +195,7 @@ class MentalModels:
         """Cancel the model's refreshes, wait until they stopped, then delete it."""
         await self.get(bank, model_id)
         await self.refreshes.cancel_model_runs(bank, [model_id])
-        async with self.engine.track(bank), bank_gone_is_not_found(bank):
+        async with self.engine.track(bank), self.engine.bank_gone_is_not_found(bank):
             deleted = await run_in_thread(self.store.delete_mental_model, bank.ref, model_id)
         if not deleted:
             raise NotFound(f"mental model {model_id!r} not found")

@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
+from heed.memory.bank_runs import BankTimers
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, NotFound
 from heed.mental_models.refresh import MentalModelRefreshes
@@ -61,8 +62,8 @@ class RefreshTriggers:
         self.store = store
         self.debounce = debounce
         self._pending: dict[str, _Pending] = {}
-        self._timers: dict[str, asyncio.Task[None]] = {}
-        self._waits: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._timers = BankTimers(engine)  # one per bank
+        self._waits = BankTimers(engine)  # one per model, keyed by its id
         engine.after_retain.append(self.after_retain)
         engine.before_delete.append(self._forget)
 
@@ -76,10 +77,7 @@ class RefreshTriggers:
 
     def _note(self, bank: Bank) -> _Pending:
         pending = self._pending.setdefault(bank.ref, _Pending())
-        if bank.ref not in self._timers:
-            task = asyncio.get_running_loop().create_task(self._fire_later(bank))
-            self._timers[bank.ref] = task
-            task.add_done_callback(lambda _: self._timers.pop(bank.ref, None))
+        self._timers.start(bank.ref, lambda: self._fire_later(bank))
         return pending
 
     @staticmethod
@@ -100,19 +98,15 @@ class RefreshTriggers:
                 pending = self._pending.pop(bank.ref, _Pending())
                 models = await run_in_thread(self.store.mental_models, bank.ref, False)
                 for model in models:
-                    key = (bank.ref, model.id)
-                    if self.fired(model, pending) and key not in self._waits:
-                        task = asyncio.get_running_loop().create_task(self._refresh(bank, model))
-                        self._waits[key] = task
-                        task.add_done_callback(functools.partial(self._forget_wait, key))
+                    if self.fired(model, pending):
+                        self._waits.start(
+                            bank.ref, functools.partial(self._refresh, bank, model), model.id
+                        )
             except Exception as exc:
                 reraise_cancellation(exc)
                 log.warning(
                     "mental model triggers of bank %s failed: %s", bank.bank_id, exc, exc_info=exc
                 )
-
-    def _forget_wait(self, key: tuple[str, str], _: object) -> None:
-        self._waits.pop(key, None)
 
     async def _refresh(self, bank: Bank, model: MentalModel) -> None:
         """Submit a triggered refresh of *model* once its interval allows; while one is busy,
@@ -141,17 +135,10 @@ class RefreshTriggers:
                 )
 
     async def _forget(self, bank: Bank) -> None:
-        """Stop the bank's timers (a bank delete's hook)."""
+        """Forget what fired for the bank (a bank delete's hook; its timers stop by theirs)."""
         self._pending.pop(bank.ref, None)
-        tasks = [self._timers.pop(bank.ref, None)]
-        tasks += [self._waits.pop(k) for k in list(self._waits) if k[0] == bank.ref]
-        for task in tasks:
-            if task is not None:
-                task.cancel()
 
     async def aclose(self) -> None:
         """Stop every timer (runs are the manager's)."""
-        tasks = [*self._timers.values(), *self._waits.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._timers.aclose()
+        await self._waits.aclose()

@@ -67,10 +67,10 @@ from heed.llm.grounding import (
     memory_line,
 )
 from heed.memory import InvalidInput, MemoryEngine, NotFound
-from heed.memory.bank_config.settings import DISPOSITION_DEFAULT, recall_max_tokens
+from heed.memory.bank_config.view import BankSettings
 from heed.memory.directives.rules import Directive, DirectiveScope, rules_text
 from heed.memory.directives.service import applicable_directives
-from heed.memory.models import Bank, RecallQuery, StoredUnit, TagsMatch
+from heed.memory.models import DISPOSITION_DEFAULT, Bank, RecallQuery, StoredUnit, TagsMatch
 from heed.reflect.ports import ConsultedModel, MentalModelSource
 from heed.reflect.schema import structured_output
 from heed.runs.events import EventType
@@ -92,7 +92,7 @@ Budget = Literal["low", "mid", "high"]
 #: Model calls after the first recall, per budget (the last one must answer).
 ITERATIONS: Final[dict[str, int]] = {"low": 3, "mid": 5, "high": 8}
 #: Token budget of each recall the agent makes, per budget (a bank's ``recall_max_tokens``
-#: replaces it: :func:`heed.memory.bank_config.settings.recall_max_tokens`).
+#: replaces it: :class:`heed.memory.bank_config.view.BankSettings`).
 RECALL_TOKENS: Final[dict[str, int]] = {"low": 1024, "mid": 2048, "high": 4096}
 #: Memories shown to the model per recall (each clipped to ``MEMORY_CHARS``), and
 #: characters of an expansion.
@@ -192,20 +192,21 @@ class ReflectOutcome:
 ReflectListener = Callable[[EventType, dict[str, Any]], Awaitable[None]]
 
 
-def _system_prompt(bank: Bank, rules: str = "") -> str:
+def _system_prompt(bank: Bank, settings: BankSettings, rules: str = "") -> str:
     """The loop's system prompt: the task, the bank's mission, background and disposition
-    (when not the default), then its directives (*rules*: :func:`rules_text`)."""
+    (when not the default; both from its *settings*), then its directives (*rules*:
+    :func:`rules_text`)."""
     lines = [
         "You answer questions using the memories of a memory bank.",
         "Use the tools: recall to search, expand to read more, done to give the answer "
         "with the ids of the memories you used. Base the answer only on the memories. "
         "Be brief.",
     ]
-    if bank.mission:
-        lines.append(f"Bank mission: {bank.mission}")
+    if settings.reflect_mission:
+        lines.append(f"Bank mission: {settings.reflect_mission}")
     if bank.background:
         lines.append(f"Background: {bank.background}")
-    traits = bank.disposition
+    traits = settings.disposition()
     if any(v != DISPOSITION_DEFAULT for v in traits.values()):
         lines.append("Disposition (1-5): " + ", ".join(f"{k} {v}" for k, v in traits.items()))
     if rules:
@@ -276,6 +277,7 @@ class _Loop:
         self.background = background
         self.mental_models: list[ConsultedModel] = []
         self.bank = bank
+        self.settings = self.engine.settings(bank)
         self.request = request
         self.listener = listener
         self.seen: dict[str, StoredUnit] = {}
@@ -300,7 +302,7 @@ class _Loop:
         self.directives = await applicable_directives(self.engine, self.bank, rules_scope)
         self.rules = rules_text(self.directives)
         messages = [
-            ChatMessage.system(_system_prompt(self.bank, self.rules)),
+            ChatMessage.system(_system_prompt(self.bank, self.settings, self.rules)),
             ChatMessage.user(question),
         ]
 
@@ -512,7 +514,7 @@ class _Loop:
             RecallQuery(
                 query=query,
                 budget=budget,
-                max_tokens=recall_max_tokens(self.bank, RECALL_TOKENS[budget]),
+                max_tokens=self.settings.recall_max_tokens or RECALL_TOKENS[budget],
                 tags=self.request.tags,
                 tags_match=self.request.tags_match,
                 types=self.request.fact_types,

@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Final
 
-from heed.memory.engine import BANK_DELETED
-from heed.memory.models import Bank, NotFound
-from heed.memory.retain.operations import bank_session, cancel_bank_runs
+from heed.memory.bank_runs import bank_payload, bank_session, cancel_on_delete, run_bank
+from heed.memory.models import Bank
 from heed.reflect.agent import ReflectRequest
 from heed.reflect.result import ResultShape, reflect_result
 from heed.reflect.service import ReflectService
@@ -32,7 +31,6 @@ from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager
 from heed.runs.model import Run
-from heed.runtime import OperationCancelled
 
 __all__ = ["REFLECT_KIND", "ReflectRuns"]
 
@@ -45,7 +43,7 @@ class ReflectRuns:
     def __init__(self, manager: RunManager, service: ReflectService) -> None:
         self.manager = manager
         self.service = service
-        service.engine.before_delete.append(self._cancel_bank_runs)
+        cancel_on_delete(service.engine, manager, REFLECT_KIND)
 
     def kind_spec(self) -> KindSpec:
         """How ``reflect`` runs execute: register it as :data:`REFLECT_KIND`."""
@@ -64,8 +62,7 @@ class ReflectRuns:
             tenant=bank.tenant,
             session_id=bank_session(bank),
             payload={
-                "bank_id": bank.bank_id,
-                "bank_ref": bank.ref,
+                **bank_payload(bank),
                 "request": asdict(request),
                 "shape": asdict(shape),
             },
@@ -76,12 +73,7 @@ class ReflectRuns:
 
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
         payload = rc.payload
-        try:
-            bank = await self.service.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
-        if bank.ref != payload["bank_ref"]:
-            raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
+        bank = await run_bank(self.service.engine, rc)
 
         async def to_journal(event: EventType, data: dict[str, Any]) -> None:
             await rc.emit(event, data)
@@ -91,6 +83,3 @@ class ReflectRuns:
             bank, ReflectRequest(**payload["request"]), to_journal
         )
         return reflect_result(outcome, ResultShape(**payload["shape"]))
-
-    async def _cancel_bank_runs(self, bank: Bank) -> None:
-        await cancel_bank_runs(self.manager, bank, REFLECT_KIND)

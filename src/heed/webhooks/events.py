@@ -26,7 +26,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.memory.retain.operations import status_of_phase
+from heed.memory.bank_runs import BANK_PREFIX, status_of_phase
 from heed.runs.model import Run
 
 __all__ = [
@@ -58,8 +58,6 @@ KIND_EVENTS: Final[dict[str, str]] = {
 EVENT_TYPES: Final = (*KIND_EVENTS.values(), RUN_COMPLETED)
 #: Events Hindsight names that heed does not send.
 NOT_IMPLEMENTED: Final = ("memory_defense.triggered",)
-#: How a bank's runs are grouped (:func:`heed.memory.retain.operations.bank_session`).
-BANK_PREFIX: Final = "bank:"
 #: Most entries of a run's result an event carries.
 MAX_RESULT_FIELDS: Final = 16
 #: Longest text value of a result an event carries (a longer one is left out), and longest key.

@@ -24,8 +24,8 @@ from heed.api.openapi import CONFLICT, UPSTREAM
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as memory_wire
 from heed.api.wire import mental_models as wire
+from heed.memory.bank_runs import status_of
 from heed.memory.models import Bank
-from heed.memory.retain.operations import status_of
 from heed.mental_models.values import MentalModel
 
 __all__ = ["model_out", "router", "trigger_out"]

@@ -1,7 +1,7 @@
 """Async operations: list, get, cancel (``/v1/default/banks/{bank_id}/operations``).
 
 Operations are a bank's runs of the kinds
-:data:`heed.memory.retain.operations.OPERATION_KINDS` names
+:data:`heed.memory.bank_runs.OPERATION_KINDS` names
 (retains, consolidations, mental-model refreshes, transfers); their phases map onto Hindsight's
 statuses (queued: pending; running and cancelling: processing; cancelled; completed; failed and
 interrupted: failed). ``phase`` carries heed's own. ``progress`` is the last progress the run
@@ -20,12 +20,8 @@ from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.memory.retain.operations import (
-    CONSOLIDATION_KIND,
-    RETAIN_KIND,
-    RetainOperations,
-    status_of,
-)
+from heed.memory.bank_runs import CONSOLIDATION_KIND, RETAIN_KIND, status_of
+from heed.memory.retain.operations import RetainOperations
 from heed.runs.model import Run
 from heed.runs.state import is_terminal
 

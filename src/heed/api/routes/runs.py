@@ -32,7 +32,7 @@ from heed.api.input_rules import MAX_ID_CHARS, MAX_REASON_CHARS, IdPath, Limit
 from heed.api.openapi import TOO_MANY, event_stream
 from heed.api.routing import HeedRoute
 from heed.api.sse import journal_frames, parse_cursor, sse_response
-from heed.memory.retain.operations import OPERATION_KINDS
+from heed.memory.bank_runs import OPERATION_KINDS
 from heed.reflect.runs import REFLECT_KIND
 from heed.runtime import current_context
 from heed.sessions.service import TASK, TURN

@@ -30,6 +30,7 @@ from heed.api.input_rules import (
 )
 from heed.api.wire.config import SettingsBody, setting_fields
 from heed.memory.bank_config import settings as bank_config
+from heed.memory.models import DISPOSITION_DEFAULT
 
 __all__ = [
     "BankListItem",
@@ -77,9 +78,9 @@ Trait = Annotated[int, Field(ge=1, le=5), JSON_INTEGER]
 class Disposition(RequestBody):
     """A bank's disposition traits, in a request (strict) and in responses."""
 
-    skepticism: Trait = 3
-    literalism: Trait = 3
-    empathy: Trait = 3
+    skepticism: Trait = DISPOSITION_DEFAULT
+    literalism: Trait = DISPOSITION_DEFAULT
+    empathy: Trait = DISPOSITION_DEFAULT
 
 
 ObservationScopes = bank_config.ObservationScopes

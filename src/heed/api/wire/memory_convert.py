@@ -16,6 +16,7 @@ from heed.memory import InvalidInput
 from heed.memory.bank_config import settings as bank_config
 from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
+    DISPOSITION_TRAITS,
     FACT_TYPES,
     Bank,
     EntityRef,
@@ -53,7 +54,7 @@ def bank_fields(body: wire.BankWrite) -> dict[str, Any]:
     disposition: dict[str, int] = {}
     if body.disposition is not None:
         disposition.update(body.disposition.model_dump())
-    for trait in ("skepticism", "literalism", "empathy"):
+    for trait in DISPOSITION_TRAITS:
         value = changes.pop(f"disposition_{trait}", None)
         if value is not None:
             disposition[trait] = value

@@ -98,11 +98,16 @@ class ToolGroup:
     def _call(self, ctx: Context[Any]) -> AbstractAsyncContextManager[RequestContext]:
         return tool_call(identity_of(ctx, self.stdio_context))
 
-    async def _bank(self, bank_id: str, tool: str) -> Bank:
-        """The caller's bank *bank_id*, if its ``mcp_enabled_tools`` let *tool* act on it
+    def _check(self, bank: Bank, tool: str) -> None:
+        """Refuse *tool* on *bank* unless its ``mcp_enabled_tools`` let it act
         (:func:`heed.memory.bank_config.settings.check_mcp_tool`)."""
+        enabled = self.services.memory.settings(bank).mcp_enabled_tools
+        check_mcp_tool(bank.bank_id, enabled, tool)
+
+    async def _bank(self, bank_id: str, tool: str) -> Bank:
+        """The caller's bank *bank_id*, if its ``mcp_enabled_tools`` let *tool* act on it."""
         bank = await self.services.memory.get_bank(bank_id)
-        check_mcp_tool(bank, tool)
+        self._check(bank, tool)
         return bank
 
     async def _allowed(self, bank_id: str, tool: str) -> None:
@@ -110,7 +115,7 @@ class ToolGroup:
         it out; a bank that does not exist is the domain's to refuse (in its words)."""
         bank = await self.services.memory.find_bank(bank_id)
         if bank is not None:
-            check_mcp_tool(bank, tool)
+            self._check(bank, tool)
 
     # -- runs --------------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ from heed.mcp.tools.base import (
     run_itself,
     run_text,
 )
-from heed.memory.bank_config.settings import check_mcp_tool
 from heed.memory.dates import parse_timestamp
 from heed.memory.engine import RetainSummary
 from heed.memory.models import (
@@ -118,7 +117,7 @@ class MemoryTools(ToolGroup):
             )
 
             async def recall_in(bank: Bank) -> RecallOutcome:
-                check_mcp_tool(bank, "recall")
+                self._check(bank, "recall")
                 return await engine.recall(bank, wanted)
 
             outcome = await engine.on_bank(bank_id, recall_in, found=lambda o: bool(o.hits))
@@ -139,7 +138,7 @@ class MemoryTools(ToolGroup):
             retained = [_retain_item(i, item) for i, item in enumerate(items)]
 
             async def retain_in(bank: Bank) -> RetainSummary:
-                check_mcp_tool(bank, "retain")
+                self._check(bank, "retain")
                 return await engine.retain(
                     bank,
                     retained,

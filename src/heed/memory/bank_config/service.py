@@ -22,8 +22,8 @@ __all__ = ["BankConfigService", "BankConfigView"]
 
 @dataclass(frozen=True, slots=True)
 class BankConfigView:
-    """A bank's configuration: every setting's value (``config``) and the bank's own
-    (``overrides``)."""
+    """A bank's configuration: every setting's value as it applies (``config``) and the
+    bank's own (``overrides``)."""
 
     bank_id: str
     config: dict[str, Any]
@@ -34,24 +34,15 @@ class BankConfigService:
     """Read, change and reset the current tenant's bank settings (see the module
     docstring)."""
 
-    def __init__(self, engine: MemoryEngine, *, min_refresh_interval: float = 0.0) -> None:
+    def __init__(self, engine: MemoryEngine) -> None:
         self.engine = engine
-        #: ``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``.
-        self.min_refresh_interval = min_refresh_interval
-
-    def defaults(self) -> bank_config.ServerDefaults:
-        """The defaults this server's settings choose."""
-        learning = self.engine.learning
-        return bank_config.ServerDefaults(
-            retain_extraction_mode=learning.extraction_default if learning.extractor else "off",
-            enable_observations=learning.observations_default,
-            mental_model_min_refresh_interval_seconds=self.min_refresh_interval,
-        )
 
     def view(self, bank: Bank) -> BankConfigView:
+        """What ``GET .../config`` shows: the settings that apply
+        (:meth:`heed.memory.engine.MemoryEngine.settings`) and the bank's own."""
         return BankConfigView(
             bank_id=bank.bank_id,
-            config=bank_config.resolve(bank, self.defaults()),
+            config=self.engine.settings(bank).as_dict(),
             overrides=bank_config.overrides(bank),
         )
 

@@ -24,23 +24,31 @@ What reads them: recall its retrieval switches (``enable_*``), ``recall_prefer_o
 ``default_observation_scopes`` and ``consolidation_strategies``
 (:mod:`heed.memory.learning.scopes`);
 reflect the mission, the disposition and ``recall_max_tokens`` (the token budget of each
-recall its agent makes: :func:`recall_max_tokens`); mental-model refreshes
+recall its agent makes); mental-model refreshes
 ``mental_model_min_refresh_interval_seconds`` (:mod:`heed.mental_models.refresh`); the MCP
 tools ``mcp_enabled_tools`` (:func:`check_mcp_tool`). Three defaults are the server's
 (``HEED_RETAIN_EXTRACTION``, ``HEED_OBSERVATIONS``,
-``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``): :class:`ServerDefaults`.
+``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``): :class:`ServerDefaults`. Which value
+applies to a bank (its own, else the default) is :mod:`heed.memory.bank_config.view`'s one
+rule; everything above reads it there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from heed.errors import HeedError
-from heed.memory.models import Bank, InvalidInput
+from heed.memory.models import (
+    DISPOSITION_DEFAULT,
+    DISPOSITION_TRAITS,
+    Bank,
+    InvalidInput,
+    default_disposition,
+)
 from heed.memory.recall.budget import (
     ADAPTIVE_MAX,
     ADAPTIVE_MIN,
@@ -53,7 +61,6 @@ from heed.memory.recall.budget import (
 from heed.memory.recall.ranking import DEFAULT_WEIGHTS, WEIGHT_SETTINGS
 
 __all__ = [
-    "DISPOSITION_DEFAULT",
     "MCP_TOOLS",
     "NOT_IMPLEMENTED",
     "SETTINGS",
@@ -63,13 +70,11 @@ __all__ = [
     "ServerDefaults",
     "Setting",
     "ToolNotEnabled",
+    "accepts",
     "apply",
     "check_mcp_tool",
     "overrides",
-    "prefer_observations",
-    "recall_max_tokens",
     "reset",
-    "resolve",
     "validate",
 ]
 
@@ -78,8 +83,6 @@ TEXT_CHARS: Final = 200_000
 #: Longest tag, and most entries of any list a setting holds.
 TAG_CHARS: Final = 256
 LIST_ITEMS: Final = 64
-#: A disposition trait nobody set.
-DISPOSITION_DEFAULT: Final = 3
 #: The tools of heed's MCP server (:mod:`heed.mcp.tools`) a bank's ``mcp_enabled_tools``
 #: may name. A tool added there is added here (a test keeps the two equal).
 MCP_TOOLS: Final = (
@@ -158,9 +161,10 @@ class Setting:
 
 SETTINGS: Final[Mapping[str, Setting]] = {
     "reflect_mission": Setting(Text, "", "mission", "who reflect answers as, and why"),
-    "disposition_skepticism": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
-    "disposition_literalism": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
-    "disposition_empathy": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5"),
+    **{
+        f"disposition_{trait}": Setting(Trait, DISPOSITION_DEFAULT, "disposition", "1-5")
+        for trait in DISPOSITION_TRAITS
+    },
     "retain_mission": Setting(Text | None, None, help="what retain's extraction looks for"),
     "retain_extraction_mode": Setting(
         Literal["off", "concise", "verbose"], None, help="facts extracted at retain"
@@ -400,7 +404,7 @@ def reset(bank: Bank) -> None:
     """Remove every setting of *bank*'s own: the server's defaults apply again."""
     bank.config = {}
     bank.mission = ""
-    bank.disposition = dict.fromkeys(("skepticism", "literalism", "empathy"), DISPOSITION_DEFAULT)
+    bank.disposition = default_disposition()
 
 
 def overrides(bank: Bank) -> dict[str, Any]:
@@ -419,39 +423,22 @@ def overrides(bank: Bank) -> dict[str, Any]:
     return out
 
 
-def resolve(bank: Bank, defaults: ServerDefaults) -> dict[str, Any]:
-    """Every setting's value for *bank*: its own, else the default."""
-    out: dict[str, Any] = {}
-    for name, setting in SETTINGS.items():
-        default = setting.default
-        if default is None and hasattr(defaults, name):
-            default = getattr(defaults, name)
-        out[name] = default
-    out.update(overrides(bank))
-    return out
+def accepts(name: str, value: Any) -> bool:
+    """Whether *value* is one the setting *name* accepts (as :func:`validate` checks it)."""
+    try:
+        _ADAPTERS[name].validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
-def prefer_observations(bank: Bank, asked: bool | None) -> bool:
-    """A recall's ``prefer_observations``: what it asked, else the bank's
-    ``recall_prefer_observations``."""
-    if asked is not None:
-        return asked
-    return bool(bank.config.get("recall_prefer_observations", False))
-
-
-def recall_max_tokens(bank: Bank, default: int) -> int:
-    """The token budget of each recall *bank*'s reflect makes: the bank's
-    ``recall_max_tokens``, else *default* (the reflect budget's)."""
-    value = bank.config.get("recall_max_tokens")
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def check_mcp_tool(bank: Bank, tool: str) -> None:
-    """Raise :class:`ToolNotEnabled` when *bank* lists its MCP tools and *tool* is not one."""
-    enabled = bank.config.get("mcp_enabled_tools")
+def check_mcp_tool(bank_id: str, enabled: Sequence[str] | None, tool: str) -> None:
+    """Raise :class:`ToolNotEnabled` when the bank *bank_id* lists its MCP tools (*enabled*,
+    its ``mcp_enabled_tools``: :class:`heed.memory.bank_config.view.BankSettings`) and
+    *tool* is not one."""
     if enabled is not None and tool not in enabled:
         listed = ", ".join(enabled) if enabled else "none"
         raise ToolNotEnabled(
-            f"the MCP tool {tool!r} is not enabled for bank {bank.bank_id!r} "
+            f"the MCP tool {tool!r} is not enabled for bank {bank_id!r} "
             f"(its mcp_enabled_tools: {listed})"
         )

@@ -28,7 +28,6 @@ from heed.memory.directives.rules import (
 )
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, InvalidInput, NotFound
-from heed.memory.store import BankGone
 from heed.runtime import run_in_thread
 
 __all__ = ["MAX_NAME_CHARS", "PRIORITY_RANGE", "DirectiveService", "applicable_directives"]
@@ -103,12 +102,10 @@ class DirectiveService:
             is_active=is_active,
             tags=tag_list,
         )
-        try:
+        async with self.engine.bank_gone_is_not_found(bank):
             made = await run_in_thread(
                 self.engine.store.create_directive, directive, MAX_DIRECTIVES
             )
-        except BankGone as exc:
-            raise NotFound(f"bank {bank_id!r} not found (it was deleted)") from exc
         if made is None:
             raise InvalidInput(
                 f"bank {bank_id!r} holds {MAX_DIRECTIVES} directives, the most a bank may "
@@ -146,12 +143,10 @@ class DirectiveService:
             patch = replace(patch, tags=list(dict.fromkeys(patch.tags)))
         _check(patch)
         bank = await self.engine.get_bank(bank_id)
-        try:
+        async with self.engine.bank_gone_is_not_found(bank):
             found = await run_in_thread(
                 self.engine.store.update_directive, bank.ref, directive_id, patch
             )
-        except BankGone as exc:
-            raise NotFound(f"bank {bank_id!r} not found (it was deleted)") from exc
         if found is None:
             raise NotFound(f"directive {directive_id!r} not found in bank {bank_id!r}")
         return found

@@ -58,7 +58,16 @@ from typing import Any, Final
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
 from heed.llm.observe import LlmObserver, observing
 from heed.llm.structured import complete_json
-from heed.memory.engine import BANK_DELETED, MemoryEngine
+from heed.memory.bank_config.view import BankSettings
+from heed.memory.bank_runs import (
+    CONSOLIDATION_KIND,
+    BankTimers,
+    bank_payload,
+    bank_run,
+    bank_session,
+    cancel_on_delete,
+)
+from heed.memory.engine import MemoryEngine
 from heed.memory.entities import extract_entities
 from heed.memory.learning.scopes import Scope, ScopeRule, mission_for, scope_rule, scopes_of
 from heed.memory.models import (
@@ -69,7 +78,6 @@ from heed.memory.models import (
     RecallQuery,
     StoredUnit,
 )
-from heed.memory.retain.operations import CONSOLIDATION_KIND, bank_session, cancel_bank_runs
 from heed.memory.retain.prepare import embed_documents
 from heed.memory.retain.units import index_text
 from heed.memory.store import ObservationChanges
@@ -218,11 +226,12 @@ class Consolidation:
         self.provider = provider
         self.llm_lane = llm_lane
         self.limits = limits or ConsolidationLimits()
-        self._scheduled: dict[str, asyncio.Task[None]] = {}
+        #: Scheduled starts, one per bank (a bank delete cancels its own).
+        self._scheduled = BankTimers(engine)
         #: Called with the bank and the scopes (tag lists) whose observations a completed
         #: run changed (mental models' triggers); must return at once.
         self.after_consolidation: list[Callable[[Bank, list[list[str]]], None]] = []
-        engine.before_delete.append(self._cancel_bank_runs)
+        cancel_on_delete(engine, manager, CONSOLIDATION_KIND)
         engine.after_retain.append(self.schedule)
 
     def kind_spec(self) -> KindSpec:
@@ -234,11 +243,8 @@ class Consolidation:
     def schedule(self, bank: Bank) -> None:
         """Start a consolidation of *bank* after :attr:`ConsolidationLimits.debounce`
         seconds (a retain's hook: returns at once; one timer per bank)."""
-        if not self.engine.learning.observations(bank) or bank.ref in self._scheduled:
-            return
-        task = asyncio.get_running_loop().create_task(self._start_later(bank))
-        self._scheduled[bank.ref] = task
-        task.add_done_callback(lambda _: self._scheduled.pop(bank.ref, None))
+        if self.engine.settings(bank).enable_observations:
+            self._scheduled.start(bank.ref, lambda: self._start_later(bank))
 
     async def resume(self) -> int:
         """Schedule a consolidation of every bank that has units pending and keeps
@@ -248,7 +254,9 @@ class Consolidation:
         banks = await run_in_thread(self.engine.store.banks_with_pending, RESUME_LIMIT)
         scheduled = 0
         for bank in banks:
-            if self.engine.learning.observations(bank) and bank.ref not in self._scheduled:
+            if self.engine.settings(bank).enable_observations and not self._scheduled.running(
+                bank.ref
+            ):
                 self.schedule(bank)
                 scheduled += 1
         return scheduled
@@ -283,7 +291,7 @@ class Consolidation:
             CONSOLIDATION_KIND,
             tenant=bank.tenant,
             session_id=bank_session(bank),
-            payload={"bank_id": bank.bank_id, "bank_ref": bank.ref, "observation_scopes": scopes},
+            payload={**bank_payload(bank), "observation_scopes": scopes},
             summary={"bank_id": bank.bank_id},
             strategy="idle",
         )
@@ -320,31 +328,16 @@ class Consolidation:
 
     async def aclose(self) -> None:
         """Stop the timers of scheduled starts (runs are the manager's)."""
-        tasks = list(self._scheduled.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _cancel_bank_runs(self, bank: Bank) -> None:
-        task = self._scheduled.pop(bank.ref, None)
-        if task is not None:
-            task.cancel()
-        await cancel_bank_runs(self.manager, bank, CONSOLIDATION_KIND)
+        await self._scheduled.aclose()
 
     # -- running -------------------------------------------------------------------------
 
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
-        payload = rc.payload
-        try:
-            bank = await self.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
-        if bank.ref != payload["bank_ref"]:
-            raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
-        rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
-        rule = scope_rule(payload.get("observation_scopes"), bank.config)
-        counters = _Counters()
-        try:
+        async with bank_run(self.engine, rc) as bank:
+            rc.token.set_deadline(time.monotonic() + self.limits.max_seconds)
+            settings = self.engine.settings(bank)
+            rule = scope_rule(rc.payload.get("observation_scopes"), settings)
+            counters = _Counters()
             async with self.engine.track(bank):
                 with observing(_counting(counters)):
                     while True:
@@ -354,14 +347,12 @@ class Consolidation:
                         )
                         if not batch:
                             break
-                        await self._round(bank, batch, rule, counters)
+                        await self._round(bank, settings, batch, rule, counters)
                         counters.rounds += 1
                         await rc.emit(
                             EventType.PROGRESS,
                             {"processed": counters.facts + counters.failed, **counters.result()},
                         )
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
         if counters.touched:
             scopes = [list(scope) for scope in sorted(counters.touched)]
             for hook in self.after_consolidation:
@@ -369,7 +360,12 @@ class Consolidation:
         return counters.result()
 
     async def _round(
-        self, bank: Bank, batch: list[StoredUnit], rule: ScopeRule, counters: _Counters
+        self,
+        bank: Bank,
+        settings: BankSettings,
+        batch: list[StoredUnit],
+        rule: ScopeRule,
+        counters: _Counters,
     ) -> None:
         groups: dict[Scope, list[StoredUnit]] = {}
         unscoped: list[int] = []
@@ -384,7 +380,7 @@ class Consolidation:
             counters.facts += len(unscoped)
         for scope, facts in groups.items():
             related = await self._related(bank, facts, list(scope))
-            messages = _prompt(facts, related, mission_for(scope, bank.config))
+            messages = _prompt(facts, related, mission_for(scope, settings))
             try:
                 async with self.llm_lane.slot(background=True):
                     reply = await complete_json(self.provider(), messages, _FORMAT)

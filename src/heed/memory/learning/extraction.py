@@ -30,15 +30,16 @@ facts that help recall: see the README and ``benchmarks/extraction_quality.py``)
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
 from heed.llm.structured import complete_json
+from heed.memory.bank_config.settings import ServerDefaults
 from heed.memory.entities import extract_entities
-from heed.memory.models import Bank, EntityRef, PreparedDocument, PreparedUnit
+from heed.memory.models import EntityRef, PreparedDocument, PreparedUnit
 from heed.memory.retain.units import index_text
 from heed.runtime import raise_if_cancelled
 
@@ -47,9 +48,9 @@ __all__ = [
     "EXTRACTION_MODES",
     "FACTS_SCHEMA",
     "Extraction",
+    "Learning",
     "chunk_units",
     "extract_document_facts",
-    "extraction_mode",
     "facts_prompt",
 ]
 
@@ -119,11 +120,26 @@ _VERBOSE: Final = " State every fact, including small details and feelings."
 _CONCISE: Final = " State only facts worth remembering; skip greetings and small talk."
 
 
-def extraction_mode(bank: Bank, default: str) -> str:
-    """``off``, ``concise`` or ``verbose`` for *bank*: its own ``retain_extraction_mode``,
-    else *default* (the server's, already resolved from ``auto``)."""
-    mode = bank.config.get("retain_extraction_mode")
-    return str(mode) if mode in EXTRACTION_MODES else default
+@dataclass(frozen=True, slots=True)
+class Learning:
+    """How the engine learns (:mod:`heed.memory.learning.extraction`,
+    :mod:`heed.memory.learning.consolidation`): the server's defaults, which a bank's
+    settings override (:meth:`heed.memory.engine.MemoryEngine.settings`), and the provider
+    extraction uses (built on first use; its error is the retain's)."""
+
+    extraction_default: str = "off"
+    observations_default: bool = False
+    extractor: Callable[[], ChatProvider] | None = None
+
+    def defaults(self, min_refresh_interval: float) -> ServerDefaults:
+        """The server's defaults of the bank settings that have one (extraction is ``off``
+        without a provider), with *min_refresh_interval*
+        (``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``)."""
+        return ServerDefaults(
+            retain_extraction_mode=self.extraction_default if self.extractor else "off",
+            enable_observations=self.observations_default,
+            mental_model_min_refresh_interval_seconds=min_refresh_interval,
+        )
 
 
 @dataclass(slots=True)

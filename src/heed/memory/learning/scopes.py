@@ -31,7 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from heed.memory.bank_config.view import BankSettings
 
 __all__ = ["SCOPE_MODES", "Scope", "ScopeRule", "mission_for", "scope_rule", "scopes_of"]
 
@@ -47,13 +50,12 @@ def _is_glob(tag: str) -> bool:
     return not _GLOB.isdisjoint(tag)
 
 
-def scope_rule(given: ScopeRule | None, bank_config: Mapping[str, Any]) -> ScopeRule:
+def scope_rule(given: ScopeRule | None, settings: BankSettings) -> ScopeRule:
     """The rule a consolidation uses: *given* (the request's), else the bank's
-    ``default_observation_scopes``, else ``combined``."""
+    ``default_observation_scopes`` (its own, else ``combined``)."""
     if given:
         return given
-    default = bank_config.get("default_observation_scopes")
-    return default if default else "combined"
+    return settings.default_observation_scopes or "combined"
 
 
 def _inner_scope(tags: Sequence[str], inner: Sequence[str]) -> Scope | None:
@@ -93,14 +95,13 @@ def _claims(scope: Scope, rule: Mapping[str, Any]) -> bool:
     return any(hits) if rule.get("tags_match") == "any" else all(hits)
 
 
-def mission_for(scope: Scope, bank_config: Mapping[str, Any]) -> str | None:
+def mission_for(scope: Scope, settings: BankSettings) -> str | None:
     """The observations mission of *scope*: the first of the bank's
     ``consolidation_strategies`` that claims it, else the bank's ``observations_mission``."""
-    for strategy in bank_config.get("consolidation_strategies") or []:
+    for strategy in settings.consolidation_strategies:
         if any(_claims(scope, rule) for rule in strategy.get("scopes") or []):
             mission = strategy.get("observations_mission")
             if mission:
                 return str(mission)
             break
-    default = bank_config.get("observations_mission")
-    return str(default) if default else None
+    return settings.observations_mission or None

@@ -32,12 +32,14 @@ Where Hindsight says nothing, heed's rules:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from heed.memory.models import Budget
+
+if TYPE_CHECKING:
+    from heed.memory.bank_config.view import BankSettings
 
 __all__ = [
     "ADAPTIVE_RATIOS",
@@ -80,32 +82,17 @@ class RecallSize:
     reranked: int
 
 
-def _number(config: Mapping[str, Any], name: str, default: float) -> float:
-    """*config*'s finite number *name*, else *default* (a value that is not one, which
-    :mod:`heed.memory.bank_config.settings` never stores, counts as unset: a recall never fails
-    on its bank's settings)."""
-    value = config.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return default
-    return value
-
-
-def recall_size(config: Mapping[str, Any], budget: Budget, max_tokens: int) -> RecallSize:
+def recall_size(settings: BankSettings, budget: Budget, max_tokens: int) -> RecallSize:
     """The size of a recall of *budget* returning at most *max_tokens* tokens, on a bank
-    whose settings are *config* (its ``config`` map: an unset setting has its default).
-    Pure; the rules are the module docstring's."""
+    whose settings are *settings*. Pure; the rules are the module docstring's."""
     default_per_arm, default_reranked = BUDGET_SIZES[budget]
-    function: BudgetFunction = (
-        "adaptive" if config.get("recall_budget_function") == "adaptive" else "fixed"
-    )
+    function = settings.recall_budget_function
     if function == "adaptive":
-        ratio = _number(config, f"recall_budget_adaptive_{budget}", ADAPTIVE_RATIOS[budget])
-        floor = int(_number(config, "recall_budget_min", ADAPTIVE_MIN))
-        ceiling = int(_number(config, "recall_budget_max", ADAPTIVE_MAX))
+        ratio: float = getattr(settings, f"recall_budget_adaptive_{budget}")
         wanted = round(min(max(max_tokens, 0), MAX_TOKENS) * ratio)
-        per_arm = max(floor, min(ceiling, wanted))
+        per_arm = max(settings.recall_budget_min, min(settings.recall_budget_max, wanted))
     else:
-        per_arm = int(_number(config, f"recall_budget_fixed_{budget}", default_per_arm))
+        per_arm = getattr(settings, f"recall_budget_fixed_{budget}")
     per_arm = max(1, min(MAX_PER_ARM, per_arm))
     reranked = -(-per_arm * default_reranked // default_per_arm)  # rounded up: at least 1
     return RecallSize(function=function, per_arm=per_arm, reranked=reranked)

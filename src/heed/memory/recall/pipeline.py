@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from heed.memory.bank_config.view import BankSettings
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import canonical
 from heed.memory.models import Bank, RecallHit, RecallOutcome, RecallQuery, StoredUnit
@@ -501,6 +502,7 @@ def _rank_and_fill(
     anchor: datetime,
     rerank_n: int,
     weights: RankingWeights,
+    rerank: bool,
 ) -> tuple[list[RecallHit], dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]] | None]:
     """Fusion, candidates (the best *rerank_n*), rerank, boosts, token budget and enrichment
     (one worker thread; a checkpoint before each stage, and each stage's time in *tracer*)."""
@@ -519,7 +521,7 @@ def _rank_and_fill(
         rerank_n,
         count=lambda r: len(r[0]),
     )
-    if bank.config.get("enable_reranking", True):
+    if rerank:
         scores = tracer.run("rerank", _rerank, deps, q.query, qvec, candidates, weights, count=len)
     else:
         top = max((c.fused for c in candidates), default=1.0) or 1.0
@@ -569,14 +571,20 @@ def slot_terms(size: RecallSize) -> tuple[float, bool]:
 
 
 async def run_recall(
-    deps: RecallDeps, bank: Bank, q: RecallQuery, *, background: bool = False
+    deps: RecallDeps,
+    bank: Bank,
+    q: RecallQuery,
+    settings: BankSettings,
+    *,
+    background: bool = False,
 ) -> RecallOutcome:
-    """Run every stage for *q* on *bank*, sized by its budget and the bank's settings
-    (:func:`heed.memory.recall.budget.recall_size`); raises ``OperationCancelled`` at any
+    """Run every stage for *q* on *bank*, whose *settings* switch its arms and rerank, size
+    it with its budget (:func:`heed.memory.recall.budget.recall_size`) and weigh its ranking;
+    raises ``OperationCancelled`` at any
     checkpoint. *background* work waits behind every user's recall for its slot."""
     tracer = Tracer()
     queued_at = time.perf_counter()
-    size = recall_size(bank.config, q.budget, q.max_tokens)
+    size = recall_size(settings, q.budget, q.max_tokens)
     per_arm = size.per_arm
     cost, dear = slot_terms(size)
     slot = deps.lane.slot(background=True) if background else deps.lane.slot(cost=cost, dear=dear)
@@ -584,7 +592,7 @@ async def run_recall(
         tracer.record("admission", queued_at)
         anchor = q.query_timestamp or datetime.now(UTC)
         analysis = analyze_query(q.query, anchor, q.temporal_window)
-        weights = ranking_weights(bank.config)
+        weights = ranking_weights(settings)
         index = await tracer.stage("index", deps.index_for(bank))
 
         # Two offloaded branches run side by side: the query embedding followed by the
@@ -592,16 +600,12 @@ async def run_recall(
         # the embedding. Both are awaited until their threads stopped.
         raise_if_cancelled()
         start = time.perf_counter()
-        config = bank.config
         lexical = [
             name
             for name, wanted in (
-                ("keyword", config.get("enable_text_search", True) and analysis.terms),
-                ("graph", config.get("enable_graph_retrieval", True) and analysis.entity_names),
-                (
-                    "temporal",
-                    config.get("enable_temporal_retrieval", True) and analysis.window is not None,
-                ),
+                ("keyword", settings.enable_text_search and analysis.terms),
+                ("graph", settings.enable_graph_retrieval and analysis.entity_names),
+                ("temporal", settings.enable_temporal_retrieval and analysis.window is not None),
             )
             if wanted
         ]
@@ -628,6 +632,7 @@ async def run_recall(
             anchor,
             size.reranked,
             weights,
+            settings.enable_reranking,
         )
     tracer.extra["query"] = {
         "terms": analysis.terms,

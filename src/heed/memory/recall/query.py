@@ -8,9 +8,18 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from heed.memory.dates import find_dates
+from heed.memory.embeddings import TokenCounter
 from heed.memory.entities import query_entity_names
+from heed.memory.models import InvalidInput, RecallQuery, refuse_nul
 
-__all__ = ["STOP_WORDS", "QueryAnalysis", "analyze_query", "keyword_terms", "semantic_text"]
+__all__ = [
+    "STOP_WORDS",
+    "QueryAnalysis",
+    "analyze_query",
+    "check_query",
+    "keyword_terms",
+    "semantic_text",
+]
 
 _STOP_TEXT = """
     a about above after again against all am an and any are aren't as at be because been before
@@ -83,3 +92,21 @@ def analyze_query(
             window = (min(d.start for d in dates), max(d.end for d in dates))
     names = query_entity_names(query)
     return QueryAnalysis(keyword_terms(query), names, window, semantic_text(query, names))
+
+
+def check_query(query: RecallQuery, max_query_tokens: int, tokens: TokenCounter) -> None:
+    """Refuse empty, wordless and over-long (over *max_query_tokens*) queries, and NUL in the
+    query or its tags, with an :class:`InvalidInput` naming the problem."""
+    refuse_nul(query.query, "query")
+    for i, tag in enumerate(query.tags or ()):
+        refuse_nul(tag, f"tags[{i}]")
+    text = query.query.strip()
+    if not text:
+        raise InvalidInput("query is empty")
+    if not any(ch.isalnum() for ch in text):
+        raise InvalidInput("query has no words (only punctuation or symbols)")
+    if len(text.encode()) <= max_query_tokens:
+        return  # a token covers at least one byte (WordPiece: a character): cannot be over
+    n = tokens.count(text)
+    if n > max_query_tokens:
+        raise InvalidInput(f"query has {n} tokens; the limit is {max_query_tokens}")

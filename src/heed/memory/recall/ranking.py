@@ -28,12 +28,14 @@ dev conversations; they encode no date, name or phrase of any data.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 from heed.memory.entities import canonical
+
+if TYPE_CHECKING:
+    from heed.memory.bank_config.view import BankSettings
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -70,18 +72,12 @@ WEIGHT_SETTINGS: Final[Mapping[str, tuple[str, float, float]]] = {
 }
 
 
-def ranking_weights(config: Mapping[str, Any]) -> RankingWeights:
-    """The weights a bank whose settings are *config* ranks with: each its own setting when
-    it is a finite number within bounds, else the default (a recall never fails on its
-    bank's settings; :mod:`heed.memory.bank_config.settings` validates them when written)."""
-    values: dict[str, float] = {}
-    for name, (field, low, high) in WEIGHT_SETTINGS.items():
-        value = config.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if math.isfinite(value) and low <= value <= high:
-            values[field] = float(value)
-    return RankingWeights(**values) if values else DEFAULT_WEIGHTS
+def ranking_weights(settings: BankSettings) -> RankingWeights:
+    """The weights a bank whose settings are *settings* ranks with (a weight it does not
+    set, or set to a value out of its bounds, is the default: the view's rule)."""
+    return RankingWeights(
+        **{field: float(getattr(settings, name)) for name, (field, _, _) in WEIGHT_SETTINGS.items()}
+    )
 
 
 def speaks(speaker: str | None, entity_names: Collection[str]) -> bool:

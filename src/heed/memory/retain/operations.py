@@ -1,6 +1,6 @@
 """Async retain operations, built as runs of kind ``"retain"`` on :mod:`heed.runs`; a
 bank's operations also list its consolidation runs and its mental models' refreshes
-(:data:`OPERATION_KINDS`).
+(:data:`heed.memory.bank_runs.OPERATION_KINDS`).
 
 ``POST .../memories`` with ``async: true`` submits a run whose payload holds
 the validated items (read by its worker alone; listings see its summary: the item
@@ -12,7 +12,7 @@ run's journal.
 Runs are grouped per bank with ``session_id = "bank:<ref>"`` (non-exclusive:
 operations of one bank run side by side, bounded by the retain lane). Phases
 map onto Hindsight's operation statuses in the API layer (see
-:func:`status_of`). Cancelling a running operation moves it to
+:func:`heed.memory.bank_runs.status_of`). Cancelling a running operation moves it to
 ``cancelling`` and then ``cancelled`` once its worker stopped; a document is
 written whole or not at all, so a cancelled operation leaves no partial
 document. Deleting a bank cancels its queued and running operations first.
@@ -27,64 +27,37 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from heed.memory.engine import BANK_DELETED, MemoryEngine
+from heed.memory.bank_runs import (
+    OPERATION_KINDS,
+    RETAIN_KIND,
+    TRANSFER_KINDS,
+    bank_payload,
+    bank_run,
+    bank_session,
+    cancel_bank_runs,
+    cancel_on_delete,
+    status_of_phase,
+)
+from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
 from heed.memory.retain.idempotency import check_fingerprint, retain_key
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
-from heed.runs.model import Phase, Run, parse_phase
-from heed.runtime import OperationCancelled, run_in_thread
+from heed.runs.model import Run
+from heed.runtime import run_in_thread
 
 __all__ = [
-    "CONSOLIDATION_KIND",
-    "MENTAL_MODEL_REFRESH_KIND",
-    "OPERATION_KINDS",
-    "RETAIN_KIND",
     "TRANSFER_KINDS",
     "Progress",
     "RetainOperations",
     "bank_session",
     "cancel_bank_runs",
-    "status_of",
-    "status_of_phase",
 ]
 
-RETAIN_KIND: Final = "retain"
-#: Consolidation runs (:mod:`heed.memory.learning.consolidation`), listed with the bank's retains.
-CONSOLIDATION_KIND: Final = "consolidation"
-#: Mental model refreshes (:mod:`heed.mental_models.refresh`), listed with them too.
-MENTAL_MODEL_REFRESH_KIND: Final = "mental_model_refresh"
-#: Bank transfers (:mod:`heed.memory.transfer`): exports, imports and clones.
-TRANSFER_KINDS: Final = ("bank_export", "bank_import", "bank_clone")
-#: The kinds of run a bank's operations are.
-OPERATION_KINDS: Final = (
-    RETAIN_KIND,
-    CONSOLIDATION_KIND,
-    MENTAL_MODEL_REFRESH_KIND,
-    *TRANSFER_KINDS,
-)
-
-_STATUS = {
-    Phase.QUEUED: "pending",
-    Phase.RUNNING: "processing",
-    Phase.CANCELLING: "processing",
-    Phase.CANCELLED: "cancelled",
-    Phase.COMPLETED: "completed",
-    Phase.FAILED: "failed",
-    Phase.INTERRUPTED: "failed",
-}
-
-
-def status_of(run: Run) -> str:
-    """Hindsight's status for a run phase (``cancelling`` is still ``processing``)."""
-    return status_of_phase(run.phase)
-
-
-def status_of_phase(phase: str) -> str:
-    """Hindsight's status for a stored phase string (unknown or blank: ``failed``)."""
-    parsed = parse_phase(phase)
-    return _STATUS.get(parsed, "failed") if parsed is not None else "failed"
+# ``TRANSFER_KINDS``, ``bank_session`` and ``cancel_bank_runs`` live in
+# :mod:`heed.memory.bank_runs`; named here only for :mod:`heed.memory.transfer`, until it
+# imports them from there.
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,18 +128,13 @@ def _item_of(data: dict[str, Any]) -> RetainItem:
     )
 
 
-def bank_session(bank: Bank) -> str:
-    """The run-group key of a bank's operations."""
-    return f"bank:{bank.ref}"
-
-
 class RetainOperations:
     """Submit, list, read and cancel a bank's async retains (see the module docstring)."""
 
     def __init__(self, manager: RunManager, engine: MemoryEngine) -> None:
         self.manager = manager
         self.engine = engine
-        engine.before_delete.append(self._cancel_bank_operations)
+        cancel_on_delete(engine, manager, RETAIN_KIND)
 
     def kind_spec(self) -> KindSpec:
         """How ``retain`` runs execute: register it as :data:`RETAIN_KIND`."""
@@ -214,8 +182,7 @@ class RetainOperations:
             tenant=bank.tenant,
             session_id=bank_session(bank),
             payload={
-                "bank_id": bank.bank_id,
-                "bank_ref": bank.ref,
+                **bank_payload(bank),
                 "items": [_item_payload(i) for i in items],
                 "document_tags": document_tags,
                 **summary,
@@ -241,9 +208,6 @@ class RetainOperations:
 
     async def _execute(self, rc: RunContext) -> dict[str, Any]:
         payload = rc.payload
-        bank = await self.engine.get_bank(payload["bank_id"], tenant=rc.run.tenant)
-        if bank.ref != payload["bank_ref"]:
-            raise OperationCancelled(BANK_DELETED)  # deleted and re-created meanwhile
         items = [_item_of(d) for d in payload["items"]]
         loop = asyncio.get_running_loop()
         pending: list[asyncio.Future[Any]] = []
@@ -256,15 +220,14 @@ class RetainOperations:
             )
 
         try:
-            summary = await self.engine.retain(
-                bank,
-                items,
-                payload.get("document_tags") or [],
-                progress=progress,
-                idempotency_key=payload.get("idempotency_key"),
-            )
-        except NotFound as exc:
-            raise OperationCancelled(BANK_DELETED) from exc
+            async with bank_run(self.engine, rc) as bank:
+                summary = await self.engine.retain(
+                    bank,
+                    items,
+                    payload.get("document_tags") or [],
+                    progress=progress,
+                    idempotency_key=payload.get("idempotency_key"),
+                )
         finally:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
@@ -352,20 +315,3 @@ class RetainOperations:
         """Cancel an operation (idempotent; terminal ones are returned unchanged)."""
         await self.get(bank, operation_id)
         return await self.manager.cancel(operation_id, "cancelled by client", tenant=bank.tenant)
-
-    async def _cancel_bank_operations(self, bank: Bank) -> None:
-        await cancel_bank_runs(self.manager, bank, RETAIN_KIND)
-
-
-async def cancel_bank_runs(manager: RunManager, bank: Bank, kind: str) -> None:
-    """Cancel the bank's unfinished runs of *kind* (reason ``bank deleted``) and wait until
-    their workers stopped: a ``before_delete`` hook of the engine."""
-    runs = await manager.io.call(
-        manager.store.list_runs,
-        tenant=bank.tenant,
-        session_id=bank_session(bank),
-        kind=kind,
-        non_terminal=True,
-    )
-    for run in runs:
-        await manager.cancel(run.id, BANK_DELETED, tenant=bank.tenant, wait=True)

@@ -15,19 +15,28 @@ idempotency key, an id derived from the key and the item's position (see
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from heed.memory.dates import find_dates
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.entities import assign_given, extract_entities
-from heed.memory.models import Chunk, PreparedDocument, PreparedUnit, RetainItem
+from heed.memory.models import (
+    Chunk,
+    InvalidInput,
+    PreparedDocument,
+    PreparedUnit,
+    RetainItem,
+    refuse_nul,
+)
 from heed.memory.retain.idempotency import document_id_for
 from heed.memory.retain.units import index_text, neighbour_texts, split_units, with_neighbours
 from heed.runtime import raise_if_cancelled
 
 __all__ = [
     "DocumentPlan",
+    "check_items",
     "embed_documents",
     "plan_documents",
     "prepare_documents",
@@ -167,3 +176,39 @@ def prepare_documents(
 ) -> list[PreparedDocument]:
     """Split, extract, count and embed every document of *plans*. Blocking; checks the token."""
     return embed_documents(split_documents(plans), embedder, tokens)
+
+
+def _refuse_nul_in_item(item: RetainItem, where: str) -> None:
+    refuse_nul(item.content, f"{where}.content")
+    refuse_nul(item.context, f"{where}.context")
+    refuse_nul(item.document_id, f"{where}.document_id")
+    refuse_nul(item.fact_type, f"{where}.fact_type")
+    for i, tag in enumerate(item.tags):
+        refuse_nul(tag, f"{where}.tags[{i}]")
+    for key, value in item.metadata.items():
+        refuse_nul(key, f"a key of {where}.metadata")
+        refuse_nul(value, f"{where}.metadata[{key!r}]")
+    for i, entity in enumerate(item.entities):
+        refuse_nul(entity.name, f"{where}.entities[{i}].text")
+        refuse_nul(entity.type, f"{where}.entities[{i}].type")
+
+
+def check_items(
+    items: Sequence[RetainItem], document_tags: Sequence[str], max_item_chars: int
+) -> None:
+    """Refuse empty or oversized (over *max_item_chars*) items, and text holding NUL (which
+    no store keeps: :class:`heed.errors.InvalidText`), with an :class:`InvalidInput`
+    naming the item and field."""
+    if not items:
+        raise InvalidInput("items is empty: send at least one item")
+    for i, tag in enumerate(document_tags):
+        refuse_nul(tag, f"document_tags[{i}]")
+    for i, item in enumerate(items):
+        if not item.content.strip():
+            raise InvalidInput(f"items[{i}].content is empty")
+        if len(item.content) > max_item_chars:
+            raise InvalidInput(
+                f"items[{i}].content has {len(item.content)} characters; "
+                f"the limit is {max_item_chars}"
+            )
+        _refuse_nul_in_item(item, f"items[{i}]")
