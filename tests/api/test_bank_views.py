@@ -30,7 +30,7 @@ from hindsight_client_api import ApiClient, Configuration
 from hindsight_client_api.api.documents_api import DocumentsApi
 from hindsight_client_api.api.entities_api import EntitiesApi
 from hindsight_client_api.api.memory_api import MemoryApi
-from hindsight_client_api.exceptions import NotFoundException
+from hindsight_client_api.exceptions import ApiException, NotFoundException
 
 from heed.api.app import create_app
 from heed.settings import Settings
@@ -350,6 +350,9 @@ def test_through_the_hindsight_client(server: LiveServer, client: httpx.Client) 
 
             chunks = await documents.list_document_chunks(BANK, DOC)
             assert [c.chunk_text for c in chunks.items] == [ITEMS[0][0]]
+            with pytest.raises(ApiException) as refused:
+                await documents.get_document_history(BANK, DOC)
+            assert refused.value.status == 501 and "history" in str(refused.value.body)
             chunk = await documents.get_chunk(chunks.items[0].chunk_id)
             assert (chunk.bank_id, chunk.document_id, chunk.chunk_text) == (
                 BANK,
@@ -361,3 +364,15 @@ def test_through_the_hindsight_client(server: LiveServer, client: httpx.Client) 
     if client.get(f"/v1/default/banks/{SCOPES_BANK}/observations/scopes").status_code == 404:
         test_observation_scopes_are_the_observations_tag_sets(client)
     asyncio.run(drive())
+
+
+def test_document_history_is_a_501_naming_the_route_and_why(client: httpx.Client) -> None:
+    answer = _get(client, f"/documents/{quote(DOC, safe='')}/history", 501)
+    assert answer["detail"].startswith(
+        "GET /v1/default/banks/{bank_id}/documents/{document_id}/history is not implemented"
+    )
+    assert "per-document change log" in answer["detail"]
+    # the bank's and the document's 404s come first
+    assert "'nope'" in _get(client, "/documents/nope/history", 404)["detail"]
+    missing = client.get("/v1/default/banks/no-such-bank/documents/x/history")
+    assert missing.status_code == 404

@@ -446,15 +446,16 @@ def view_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
     for document_id in objs.document_ids[:1]:
         params = {**bank, "document_id": document_id}
         for slashes in (False, True):
-            out.append(
-                Attempt(
-                    "GET",
-                    DOC_T + "/{document_id}/chunks",
-                    params,
-                    (*own, "document_id"),
-                    slashes=slashes,
+            for view in ("/chunks", "/history"):
+                out.append(
+                    Attempt(
+                        "GET",
+                        DOC_T + "/{document_id}" + view,
+                        params,
+                        (*own, "document_id"),
+                        slashes=slashes,
+                    )
                 )
-            )
     return out
 
 
