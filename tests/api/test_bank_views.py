@@ -376,3 +376,33 @@ def test_document_history_is_a_501_naming_the_route_and_why(client: httpx.Client
     assert "'nope'" in _get(client, "/documents/nope/history", 404)["detail"]
     missing = client.get("/v1/default/banks/no-such-bank/documents/x/history")
     assert missing.status_code == 404
+
+
+def test_long_tag_lists_stored_once_per_bank_are_counted_and_filtered(
+    client: httpx.Client,
+) -> None:
+    """A tag list longer than a reference is stored once in ``memory_values`` (the rows hold
+    its digest): tags, scopes and the entity filter read it all the same."""
+    bank = "/v1/default/banks/views-long-tags"
+    _ok(client.put(bank, json={}))
+    long_tags = ["project:" + "x" * 80, "team:core"]
+    items = [
+        {"content": "Carol ships the release.", "tags": long_tags, "entities": [{"text": "Carol"}]},
+        {"content": "Carol reviews the plan.", "tags": long_tags, "entities": [{"text": "Carol"}]},
+        {"content": "Dan writes tests.", "tags": ["team:qa"], "entities": [{"text": "Dan"}]},
+        {"content": "Carol sees a pattern.", "tags": long_tags, "fact_type": "observation"},
+    ]
+    _ok(client.post(f"{bank}/memories", json={"items": items}))
+    tags = _ok(client.get(f"{bank}/tags"))["items"]
+    assert tags == [
+        {"tag": long_tags[0], "count": 3},
+        {"tag": "team:core", "count": 3},
+        {"tag": "team:qa", "count": 1},
+    ]
+    scopes = _ok(client.get(f"{bank}/observations/scopes"))["scopes"]
+    assert scopes == [{"tags": sorted(long_tags), "count": 1}]
+    core = _ok(
+        client.get(f"{bank}/entities", params={"tags": "team:core", "tags_match": "any_strict"})
+    )
+    counts = {e["canonical_name"]: e["mention_count"] for e in core["items"]}
+    assert counts["Carol"] >= 2 and "Dan" not in counts
