@@ -106,6 +106,8 @@ class AObjects:
     folder_id: str = "folder-none"
     directive_id: str = "directive-none"
     archive_key: str = "0123456789abcdef0123456789abcdef"
+    entity_ids: list[str] = field(default_factory=lambda: ["entity-none"])
+    chunk_ids: list[str] = field(default_factory=lambda: ["chunk-none"])
 
     @property
     def run_ids(self) -> list[str]:
@@ -184,6 +186,10 @@ def a_objects(a_client: httpx.Client) -> AObjects:
     export = _ok(a.post(f"{bank}/transfer/export"), 202)["operation_id"]
     wait_for(lambda: _phase(a, export) == "completed", 20)
     archive_key = _ok(a.get(f"{bank}/operations/{export}"))["result_metadata"]["storage_key"]
+    entities = _ok(a.get(f"{bank}/entities"))["items"]
+    assert "Alice" in {e["canonical_name"] for e in entities}
+    chunks = _ok(a.get(f"{bank}/documents/{quote(DOCS[0], safe='')}/chunks"))["items"]
+    assert [c["chunk_text"] for c in chunks] == [FACTS[0]]
     return AObjects(
         memory_ids=sorted(u["id"] for u in units),
         document_ids=[*DOCS, ASYNC_DOC],
@@ -196,6 +202,8 @@ def a_objects(a_client: httpx.Client) -> AObjects:
         folder_id=folder["id"],
         directive_id=rule["id"],
         archive_key=archive_key,
+        entity_ids=sorted(e["id"] for e in entities),
+        chunk_ids=[c["chunk_id"] for c in chunks],
     )
 
 
@@ -228,6 +236,10 @@ def _a_view(a: httpx.Client, objs: AObjects) -> dict[str, Any]:
         "directives": _ok(a.get(f"{bank}/directives", params={"active_only": "false"})),
         "directive": _ok(a.get(f"{bank}/directives/{objs.directive_id}")),
         "config": _ok(a.get(f"{bank}/config")),
+        "entities": _ok(a.get(f"{bank}/entities")),
+        "entity": {e: _ok(a.get(f"{bank}/entities/{e}")) for e in objs.entity_ids},
+        "tags": _ok(a.get(f"{bank}/tags")),
+        "chunk": {c: _ok(a.get(f"/v1/default/chunks/{c}")) for c in objs.chunk_ids},
     }
 
 
@@ -401,6 +413,49 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
     out += mental_model_attempts(objs, bank_is_as=bank_is_as)
     out += directive_and_config_attempts(objs, bank_is_as=bank_is_as)
     out += transfer_attempts(objs, bank_is_as=bank_is_as)
+    out += view_attempts(objs, bank_is_as=bank_is_as)
+    return out
+
+
+def view_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
+    """B's attempts on the views of A's bank: entities, graphs, tags, scopes, chunks."""
+    bank = {"bank_id": BANK}
+    own = ("bank_id",) if bank_is_as else ()
+    out: list[Attempt] = []
+    if bank_is_as:
+        out += [
+            Attempt("GET", BANK_T + "/entities", bank, own),
+            Attempt("GET", BANK_T + "/entities/graph", bank, own),
+            Attempt("GET", BANK_T + "/graph", bank, own),
+            Attempt("GET", BANK_T + "/tags", bank, own),
+            Attempt("GET", BANK_T + "/observations/scopes", bank, own),
+        ]
+        for chunk_id in objs.chunk_ids:  # no bank in the path: attempted once
+            out.append(
+                Attempt(
+                    "GET", "/v1/default/chunks/{chunk_id}", {"chunk_id": chunk_id}, ("chunk_id",)
+                )
+            )
+    for entity_id in objs.entity_ids:
+        params = {**bank, "entity_id": entity_id}
+        mine = (*own, "entity_id")
+        out += [
+            Attempt("GET", BANK_T + "/entities/{entity_id}", params, mine),
+            Attempt("POST", BANK_T + "/entities/{entity_id}/regenerate", params, mine),
+        ]
+    for document_id in objs.document_ids[:1]:
+        params = {**bank, "document_id": document_id}
+        for slashes in (False, True):
+            for view in ("/chunks", "/history"):
+                out.append(
+                    Attempt(
+                        "GET",
+                        DOC_T + "/{document_id}" + view,
+                        params,
+                        (*own, "document_id"),
+                        slashes=slashes,
+                    )
+                )
     return out
 
 

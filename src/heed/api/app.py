@@ -21,14 +21,17 @@ from heed.api.revocations import Revocations
 from heed.api.routes import (
     auth,
     banks,
+    chunks,
     diagnostics,
     documents,
+    entities,
     files,
     memories,
     observations,
     operations,
     reflect,
     system,
+    views,
     webhooks,
 )
 from heed.api.routes import bank_config as bank_config_routes
@@ -123,7 +126,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.state.metrics.registry.register(spool_collector(app.state.spool))
     install_error_handlers(app)
-    for memory_router in (banks, observations, memories, documents, operations, reflect, files):
+    for memory_router in (banks, views, observations, memories, entities, chunks, documents):
+        app.include_router(memory_router.router)  # chunks before documents: see routes.chunks
+    for memory_router in (operations, reflect, files):
         app.include_router(memory_router.router)
     app.include_router(bank_config_routes.router)  # a bank's settings
     app.include_router(directives_routes.router)  # a bank's rules

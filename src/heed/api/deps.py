@@ -39,6 +39,7 @@ from heed.memory.files import FileRetain
 from heed.memory.learning.consolidation import Consolidation
 from heed.memory.retain.operations import RetainOperations
 from heed.memory.transfer import BankTransfers
+from heed.memory.views import BankViews
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.service import MentalModels
 from heed.reflect.runs import ReflectRuns
@@ -74,6 +75,7 @@ __all__ = [
     "SettingsDep",
     "StreamSlotsDep",
     "TransfersDep",
+    "ViewsDep",
     "WebhooksDep",
     "drain_of",
     "metrics_of",
@@ -148,6 +150,8 @@ RetainOperationsDep = Annotated[
 FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_retain))]
 #: A bank's settings (GET / PATCH / DELETE .../config).
 BankConfigDep = Annotated[BankConfigService, Depends(_of_services(lambda s: s.bank_config))]
+#: Read-only views of a bank: entities, graphs, tags, observation scopes, chunks.
+ViewsDep = Annotated[BankViews, Depends(_of_services(lambda s: BankViews(s.memory)))]
 #: A bank's directives.
 DirectivesDep = Annotated[DirectiveService, Depends(_of_services(lambda s: s.directives))]
 #: Webhooks: a bank's subscriptions and their delivery log.

@@ -53,10 +53,12 @@ from heed.memory.models import (
     TagsMatch,
 )
 from heed.memory.retain.idempotency import LedgerEntry, RetainKey
+from heed.memory.view_rows import ChunkRow, EntityCount, EntityEdge, TagListCount, UnitLink
 
 __all__ = [
     "BankGone",
     "BankTaken",
+    "BrowseStore",
     "DirectiveStore",
     "LearningStore",
     "MemoryStore",
@@ -132,6 +134,7 @@ class UnitFilter:
     document_id: str | None = None
     search: str | None = None
     entity_id: str | None = None
+    chunk_id: str | None = None
     time_field: str | None = None
     start: str | None = None
     end: str | None = None
@@ -286,7 +289,65 @@ class TransferStore(Protocol):
         ...
 
 
-class MemoryStore(LearningStore, DirectiveStore, TransferStore, Protocol):
+class BrowseStore(Protocol):
+    """The memory store's reads for the views of a bank (:mod:`heed.memory.views`): its
+    entities and their co-occurrence, the links among units, its tag lists and its
+    chunks. Tag filters (*tags*, *tags_match*) keep the units :func:`heed.memory.tags.tags_pass`
+    keeps, as :meth:`MemoryStore.list_units` does."""
+
+    def entity_counts(
+        self,
+        bank_ref: str,
+        tags: Sequence[str] | None,
+        tags_match: TagsMatch,
+        limit: int,
+        offset: int,
+        *,
+        entity_id: str | None = None,
+        min_count: int = 1,
+    ) -> tuple[list[EntityCount], int]:
+        """A page of the bank's entities named by at least *min_count* of the units passing
+        the tag filter (only *entity_id* when given), with those units' count and dates,
+        the most named first, then by canonical name; and how many entities qualify."""
+        ...
+
+    def entity_edges(
+        self,
+        bank_ref: str,
+        entity_ids: Sequence[str],
+        tags: Sequence[str] | None,
+        tags_match: TagsMatch,
+    ) -> list[EntityEdge]:
+        """Each pair of *entity_ids* named together by units passing the tag filter, with
+        how many, the heaviest pair first (then by ids)."""
+        ...
+
+    def unit_links(self, bank_ref: str, unit_ids: Sequence[str]) -> list[UnitLink]:
+        """The stored links between two of the bank's units among *unit_ids*, each pair
+        and type once (``source`` < ``target``)."""
+        ...
+
+    def tag_lists(
+        self, bank_ref: str, source: str, fact_type: str | None = None
+    ) -> list[TagListCount]:
+        """Each distinct tag list the bank's units (of *fact_type* when given; *source*
+        ``memories``) or mental models (*source* ``mental_models``) carry, with how many
+        carry it; in no particular order."""
+        ...
+
+    def document_chunks(
+        self, bank_ref: str, document_id: str, limit: int, offset: int
+    ) -> tuple[list[ChunkRow], int] | None:
+        """A page of the document's chunks by index, and how many it has; ``None`` when the
+        bank has no document *document_id*."""
+        ...
+
+    def find_chunk(self, tenant: str, chunk_id: str) -> ChunkRow | None:
+        """The chunk *chunk_id* of any bank of *tenant* (chunk ids are unique)."""
+        ...
+
+
+class MemoryStore(LearningStore, DirectiveStore, TransferStore, BrowseStore, Protocol):
     """Banks, documents, units, entities, links and the keyword index of all tenants (see
     the module docstring for the rules every method keeps)."""
 

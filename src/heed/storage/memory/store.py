@@ -21,6 +21,7 @@ from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.memory.tags import filters_by_tags, tags_pass
 from heed.storage.database import SqlDatabase, apply_migrations
+from heed.storage.memory.browse import BrowseReads
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.directives import DirectiveWrites
 from heed.storage.memory.learning import LearningWrites
@@ -72,7 +73,7 @@ def _like(search: str) -> str:
     return "%" + search.lower().replace("\\", "\\\\") + "%"
 
 
-class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelWrites):
+class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelWrites, BrowseReads):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
     either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
     its writes come from :class:`~.writes.DocumentWrites`, consolidation's from
@@ -351,6 +352,7 @@ class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelW
             flt.document_id,
             flt.search,
             flt.entity_id,
+            flt.chunk_id,
             flt.start,
             flt.end,
             flt.consolidation_state,
@@ -374,6 +376,9 @@ class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelW
         if flt.entity_id:
             where.append("seq IN (SELECT unit_seq FROM memory_unit_entities WHERE entity_id = ?)")
             params.append(flt.entity_id)
+        if flt.chunk_id:
+            where.append("chunk_id = ?")
+            params.append(flt.chunk_id)
         order = "seq DESC"
         if flt.time_field:
             if flt.time_field not in _TIME_COLUMNS:
