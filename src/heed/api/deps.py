@@ -39,7 +39,7 @@ from heed.memory.files import FileRetain
 from heed.memory.learning.consolidation import Consolidation
 from heed.memory.retain.operations import RetainOperations
 from heed.memory.transfer import BankTransfers
-from heed.memory.views import BankViews
+from heed.memory.views.service import BankViews
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.service import MentalModels
 from heed.reflect.runs import ReflectRuns

@@ -53,7 +53,7 @@ from heed.memory.models import (
     TagsMatch,
 )
 from heed.memory.retain.idempotency import LedgerEntry, RetainKey
-from heed.memory.view_rows import ChunkRow, EntityCount, EntityEdge, TagListCount, UnitLink
+from heed.memory.views.rows import ChunkRow, EntityCount, EntityEdge, TagListCount, UnitLink
 
 __all__ = [
     "BankGone",
@@ -290,7 +290,7 @@ class TransferStore(Protocol):
 
 
 class BrowseStore(Protocol):
-    """The memory store's reads for the views of a bank (:mod:`heed.memory.views`): its
+    """The memory store's reads for the views of a bank (:mod:`heed.memory.views.service`): its
     entities and their co-occurrence, the links among units, its tag lists and its
     chunks. Tag filters (*tags*, *tags_match*) keep the units :func:`heed.memory.tags.tags_pass`
     keeps, as :meth:`MemoryStore.list_units` does."""

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, InvalidInput, NotFound
-from heed.mental_models.service import MentalModels, bank_gone_is_not_found
+from heed.mental_models.service import MentalModels
 from heed.mental_models.store import MentalModelStore
 from heed.mental_models.values import (
     MAX_MENTAL_MODELS,

@@ -19,7 +19,6 @@ from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, InvalidInput, NotFound, RecallQuery
-from heed.memory.store import BankGone
 from heed.mental_models.refresh import MentalModelRefreshes
 from heed.mental_models.store import MentalModelStore
 from heed.mental_models.values import (

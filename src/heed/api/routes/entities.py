@@ -14,7 +14,7 @@
 ``tags`` / ``tags_match`` count only the memories recall would keep
 (:func:`heed.memory.tags.tags_pass`); an entity no such memory names is left out (a 404 for
 one entity). ``tag_groups`` is refused (400), as recall refuses it. What is counted:
-:mod:`heed.memory.views`.
+:mod:`heed.memory.views.service`.
 """
 
 from __future__ import annotations

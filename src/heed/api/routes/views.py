@@ -11,7 +11,7 @@
 - ``GET .../observations/scopes``: the distinct tag sets the bank's observations carry
   (sorted; ``[]`` the untagged scope), each with how many carry it, the most populous first.
 
-What is read: :mod:`heed.memory.views`.
+What is read: :mod:`heed.memory.views.service`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from heed.api.routing import HeedRoute
 from heed.api.wire import views as wire
 from heed.memory.store import UnitFilter
 from heed.memory.tags import check_tags_match
-from heed.memory.views import TAG_SOURCES
+from heed.memory.views.service import TAG_SOURCES
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}", tags=["memories"], route_class=HeedRoute)
 

@@ -2,7 +2,7 @@
 scopes, chunks), shaped like ``hindsight-client``'s models (``EntityListResponse``,
 ``EntityDetailResponse``, ``EntityGraphResponse``, ``GraphDataResponse``,
 ``ListTagsResponse``, ``ObservationScopesResponse``, ``ListChunksResponse``,
-``ChunkResponse``), and the conversions from :mod:`heed.memory.views`' results. The graphs
+``ChunkResponse``), and the conversions from :mod:`heed.memory.views.service`' results. The graphs
 use the Cytoscape ``{"data": {...}}`` envelope with camelCase keys, as the client reads
 them."""
 
@@ -13,8 +13,8 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from heed.memory.models import StoredUnit
-from heed.memory.view_rows import ChunkRow, EntityCount
-from heed.memory.views import EntityDetail, EntityGraph, MemoryGraph
+from heed.memory.views.rows import ChunkRow, EntityCount
+from heed.memory.views.service import EntityDetail, EntityGraph, MemoryGraph
 
 __all__ = [
     "ChunkResponse",

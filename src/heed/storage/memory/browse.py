@@ -17,7 +17,7 @@ from typing import Any, Final
 from heed.memory.models import TagsMatch
 from heed.memory.store import UnitFilter
 from heed.memory.tags import filters_by_tags
-from heed.memory.view_rows import ChunkRow, EntityCount, EntityEdge, TagListCount, UnitLink
+from heed.memory.views.rows import ChunkRow, EntityCount, EntityEdge, TagListCount, UnitLink
 from heed.storage.database import SqlDatabase
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.rows import holds_nul, loads, row_limit, without_nul

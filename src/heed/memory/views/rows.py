@@ -1,7 +1,7 @@
 """What the read-only views of a bank read from the memory store (entities, their
 co-occurrence, memory links, tags, chunks, observation scopes): plain rows, shared by
 :class:`heed.memory.store.BrowseStore` (which returns them), its SQL implementation
-(:mod:`heed.storage.memory.browse`) and :mod:`heed.memory.views` (which pages and shapes
+(:mod:`heed.storage.memory.browse`) and :mod:`heed.memory.views.service` (which pages and shapes
 them)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Final
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, InvalidInput, NotFound, StoredUnit, TagsMatch
 from heed.memory.store import UnitFilter
-from heed.memory.view_rows import ChunkRow, EntityCount, EntityEdge, UnitLink
+from heed.memory.views.rows import ChunkRow, EntityCount, EntityEdge, UnitLink
 from heed.runtime import current_context, run_in_thread
 
 __all__ = [
