@@ -56,7 +56,7 @@ from heed.llm.base import (
 )
 from heed.llm.observe import notify_failure, notify_retry
 
-__all__ = ["StructuredReply", "complete_json", "parse_json_object"]
+__all__ = ["StructuredReply", "complete_json", "index_list", "parse_json_object"]
 
 #: How much of a reply, or of one validation message, an error quotes.
 EXCERPT_CHARS: Final = 120
@@ -92,6 +92,12 @@ class _Unusable(Exception):
         super().__init__(message)
         self.problem = problem
         self.message = message
+
+
+def index_list(most: int) -> dict[str, Any]:
+    """The JSON schema of a list of at most *most* indexes (non-negative integers): how a
+    reply names the numbered items of its prompt (units, facts, observations)."""
+    return {"type": "array", "maxItems": most, "items": {"type": "integer", "minimum": 0}}
 
 
 def _clip(text: str, limit: int) -> str:

@@ -57,7 +57,7 @@ from typing import Any, Final
 
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
 from heed.llm.observe import LlmObserver, observing
-from heed.llm.structured import complete_json
+from heed.llm.structured import complete_json, index_list
 from heed.memory.bank_config.view import BankSettings
 from heed.memory.bank_runs import (
     CONSOLIDATION_KIND,
@@ -129,17 +129,9 @@ OBSERVATIONS_SCHEMA: Final[dict[str, Any]] = {
                 "required": ["action", "text", "facts"],
                 "properties": {
                     "action": {"enum": ["create", "update", "merge"]},
-                    "observations": {
-                        "type": "array",
-                        "maxItems": 16,
-                        "items": {"type": "integer", "minimum": 0},
-                    },
+                    "observations": index_list(16),
                     "text": {"type": "string", "minLength": 1, "maxLength": 2000},
-                    "facts": {
-                        "type": "array",
-                        "maxItems": 64,
-                        "items": {"type": "integer", "minimum": 0},
-                    },
+                    "facts": index_list(64),
                 },
             },
         }

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
-from heed.llm.structured import complete_json
+from heed.llm.structured import complete_json, index_list
 from heed.memory.bank_config.settings import ServerDefaults
 from heed.memory.entities import extract_entities
 from heed.memory.models import EntityRef, PreparedDocument, PreparedUnit
@@ -89,16 +89,8 @@ FACTS_SCHEMA: Final[dict[str, Any]] = {
                         "maxItems": 32,
                         "items": {"type": "string", "minLength": 1, "maxLength": 200},
                     },
-                    "sources": {
-                        "type": "array",
-                        "maxItems": 64,
-                        "items": {"type": "integer", "minimum": 0},
-                    },
-                    "causes": {
-                        "type": "array",
-                        "maxItems": 16,
-                        "items": {"type": "integer", "minimum": 0},
-                    },
+                    "sources": index_list(64),
+                    "causes": index_list(16),
                 },
             },
         }
