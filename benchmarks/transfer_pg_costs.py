@@ -6,7 +6,7 @@ as an import writes them (:meth:`TransferRows.write_document_rows`, batches of 3
 import's), each variant on a fresh document, the variants alternated ``--rounds`` times
 (medians reported):
 
-- ``as_shipped``: :data:`~heed.storage.memory.transfer.PG_WRITERS` connections at once;
+- ``as_shipped``: :data:`~heed.storage.transfer.rows.PG_WRITERS` connections at once;
 - ``one_connection``: the same on one connection;
 - ``one_connection_no_hnsw``: on one connection, the HNSW index (``memory_units_embedding``)
   dropped;
@@ -38,14 +38,14 @@ import psycopg
 from _cluster import postgres
 from _server import write_result
 from _synthetic import DIM, NOW, turn
-from heed.memory.bank_rows import DocumentRow, UnitRow
 from heed.memory.models import Bank
 from heed.storage.memory import SqlMemoryStore
-from heed.storage.memory import transfer as transfer_rows
 from heed.storage.memory.postgres import vector_literal
 from heed.storage.postgres import PostgresDatabase
+from heed.storage.transfer import rows as transfer_rows
+from heed.transfer.rows import DocumentRow, UnitRow
 
-BATCH = 32  # the import's batch (heed.memory.transfer_work.IMPORT_BATCH)
+BATCH = 32  # the import's batch (heed.transfer.work.IMPORT_BATCH)
 
 
 def _units(rng: np.random.Generator, document_id: str, n: int) -> list[UnitRow]:

@@ -19,7 +19,16 @@ ALLOWED: dict[str, set[str]] = {
     "logs": set(),
     "runs": {"runtime", "errors"},
     "llm": {"runtime", "errors", "settings"},
-    "storage": {"runtime", "errors", "memory", "runs", "sessions", "redact", "webhooks"},
+    "storage": {
+        "runtime",
+        "errors",
+        "memory",
+        "runs",
+        "sessions",
+        "redact",
+        "webhooks",
+        "transfer",
+    },
     "memory": {"runtime", "errors", "settings", "runs", "llm"},
     # Neither of the two agents imports the other: what both need (the grounded answer,
     # the recall tool's spec) is in ``llm.grounding``.
@@ -29,10 +38,17 @@ ALLOWED: dict[str, set[str]] = {
     "webhooks": {"runtime", "errors", "settings", "memory", "runs"},
     # Mental models and the knowledge base: a refresh is a reflect, so above it.
     "mental_models": {"runtime", "errors", "settings", "llm", "memory", "reflect", "runs"},
+    # Bank transfer: export, import and clone of a whole bank, above what a bank holds
+    # (memory, webhooks, mental models), so it carries each through its own package.
+    "transfer": {
+        *("runtime", "errors", "settings", "memory", "runs", "webhooks", "mental_models"),
+        "llm",
+    },
     "services": {
         *("runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"),
         "webhooks",
         "mental_models",
+        "transfer",
     },
     # ``heed migrate``: works on two databases (storage) and checks them through memory
     # engines, not through a server.
@@ -66,6 +82,7 @@ ALLOWED: dict[str, set[str]] = {
         "mcp",
         "webhooks",
         "mental_models",
+        "transfer",
     },
     # ``migrate``: the migrate command works on databases, not through a server.
     "cli": {"api", "mcp", "settings", "version", "migrate", "logs", "redact"},

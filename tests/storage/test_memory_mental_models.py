@@ -13,8 +13,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from heed.memory.bank_rows import MentalModelRow
-from heed.memory.mental_models import HistoryEntry, KnowledgeFolder, MentalModel
+from heed.memory.mental_models import HistoryEntry, KnowledgeFolder, MentalModel, MentalModelRow
 from heed.memory.models import Conflict, InvalidInput, NotFound
 from heed.memory.store import BankGone, MentalModelStore
 from heed.storage import SqlDatabase

@@ -38,7 +38,6 @@ from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FileRetain
 from heed.memory.learning.consolidation import Consolidation
 from heed.memory.retain.operations import RetainOperations
-from heed.memory.transfer import BankTransfers
 from heed.mental_models import KnowledgeBase, MentalModels
 from heed.reflect.runs import ReflectRuns
 from heed.reflect.service import ReflectService
@@ -46,6 +45,7 @@ from heed.runs.manager import RunManager
 from heed.services import Services
 from heed.sessions.service import SessionService
 from heed.settings import Settings
+from heed.transfer.service import BankTransfers
 from heed.webhooks import Webhooks
 
 T = TypeVar("T")

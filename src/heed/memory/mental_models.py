@@ -45,6 +45,7 @@ __all__ = [
     "KnowledgeFolder",
     "MentalModel",
     "MentalModelLookup",
+    "MentalModelRow",
     "default_trigger",
     "embedding_text",
     "merge_trigger",
@@ -127,6 +128,16 @@ class HistoryEntry:
     previous_content: str
     changed_at: str
     reason: str
+
+
+@dataclass(slots=True)
+class MentalModelRow:
+    """A mental model (or knowledge-base page) with its earlier contents, newest first:
+    what a bank transfer carries of the bank's knowledge (the model's ``bank_ref`` is the
+    bank's it is written into)."""
+
+    model: MentalModel
+    history: list[HistoryEntry] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -55,7 +55,7 @@ RETAIN_KIND: Final = "retain"
 CONSOLIDATION_KIND: Final = "consolidation"
 #: Mental model refreshes (:mod:`heed.mental_models.refresh`), listed with them too.
 MENTAL_MODEL_REFRESH_KIND: Final = "mental_model_refresh"
-#: Bank transfers (:mod:`heed.memory.transfer`): exports, imports and clones.
+#: Bank transfers (:mod:`heed.transfer.service`): exports, imports and clones.
 TRANSFER_KINDS: Final = ("bank_export", "bank_import", "bank_clone")
 #: The kinds of run a bank's operations are.
 OPERATION_KINDS: Final = (

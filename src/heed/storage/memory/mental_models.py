@@ -24,12 +24,12 @@ from typing import Any, Final
 
 import numpy as np
 
-from heed.memory.bank_rows import MentalModelRow
 from heed.memory.mental_models import (
     MAX_NODE_DEPTH,
     HistoryEntry,
     KnowledgeFolder,
     MentalModel,
+    MentalModelRow,
 )
 from heed.memory.models import Conflict, InvalidInput, NotFound
 from heed.memory.store import BankGone

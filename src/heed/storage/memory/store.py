@@ -42,7 +42,7 @@ from heed.storage.memory.rows import (
 )
 from heed.storage.memory.schema import DEFAULT_DIM, memory_migrations
 from heed.storage.memory.sqlite import SqliteMemory
-from heed.storage.memory.transfer import TransferRows
+from heed.storage.transfer.rows import TransferRows
 
 __all__ = ["SqlMemoryStore", "memory_dialect"]
 

@@ -5,14 +5,14 @@ as a new bank, clone a bank. Each is a run, cancellable while it processes, with
 operations: listed, read and cancelled with its retains and consolidations):
 
 - ``bank_export`` (:data:`EXPORT_KIND`): reads the bank from one snapshot
-  (:meth:`heed.memory.store.TransferStore.read_bank`) into an archive
-  (:mod:`heed.memory.archive`) in a temporary file, then stores it
-  (:mod:`heed.memory.archive_store`) until it expires; the run's result carries
+  (:meth:`heed.transfer.store.TransferStore.read_bank`) into an archive
+  (:mod:`heed.transfer.archive`) in a temporary file, then stores it
+  (:mod:`heed.transfer.store`) until it expires; the run's result carries
   ``download_url`` (``/v1/default/files/download/<key>``), ``storage_key``, ``byte_size``
   and ``filename``, as hindsight-client expects. See **Stored exports** for the quota and
   the reuse of an unchanged bank's last export.
 - ``bank_import`` (:data:`IMPORT_KIND`): the uploaded archive was checked whole before the
-  run was submitted (:func:`heed.memory.archive_check.check_archive`: a bad archive is a 400 and
+  run was submitted (:func:`heed.transfer.check.check_archive`: a bad archive is a 400 and
   nothing is stored or written) and stored; the run writes it into a **staging bank**, then
   publishes it under its id.
 - ``bank_clone`` (:data:`CLONE_KIND`): an export into a temporary file (entries stored,
@@ -32,7 +32,7 @@ tenant :data:`STAGING_TENANT` (a comma: no tenant of ``HEED_API_KEYS`` has one),
 the run id, with no configuration (so nothing, consolidation included, touches it). Its
 writes are transactions of one document, or of a batch of observations, entities, entity
 rows or links. When everything is written, one statement gives it its real tenant, id,
-profile and configuration (:meth:`~heed.memory.store.TransferStore.publish_bank`): the bank
+profile and configuration (:meth:`~heed.transfer.store.TransferStore.publish_bank`): the bank
 appears whole or not at all. A failure or a cancel leaves the staging bank, which is deleted
 right after the run ended (in the background: the cancel does not wait for a large delete),
 and at start-up and before each import any staging bank whose run is over is deleted too (a
@@ -55,13 +55,13 @@ import or clone as the work of the bank it is writing (the staging bank, which k
 ref when published: deleting the new bank while the run ends cancels it too).
 
 **Stored exports.** A tenant's stored export archives are bounded by
-:class:`~heed.memory.archive_store.ExportQuota` (``HEED_EXPORT_TENANT_MAX_COUNT`` archives,
+:class:`~heed.transfer.store.ExportQuota` (``HEED_EXPORT_TENANT_MAX_COUNT`` archives,
 ``HEED_EXPORT_TENANT_MAX_BYTES`` bytes; expired ones do not count and are deleted before each
 export is stored). An export of a bank whose records are those of an export of the same bank
 with the same parameters the tenant still has stored is not stored again: the run returns
 that archive (``reused: true``), kept for another ``archive_ttl``. "The same records" is
 decided by what is truthful rather than by a marker some write could forget to move: the
-export digests every record it writes (:class:`~heed.memory.archive.ArchiveWriter`'s
+export digests every record it writes (:class:`~heed.transfer.archive.ArchiveWriter`'s
 *content*, the manifest's time left out) with its parameters, and the archive is reused when
 the digests are equal. A reused export costs the bank's read, never its storage. Past the
 quota, the submit is refused with :class:`ExportQuotaExceeded` (429, ``Retry-After`` until the
@@ -92,32 +92,10 @@ from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
 from heed.errors import HeedError
-from heed.memory.archive import ArchiveLimits
-from heed.memory.archive_check import ArchiveCheck, check_archive_file
-from heed.memory.archive_store import (
-    PART_BYTES,
-    ArchiveStore,
-    ExportQuota,
-    ExportQuotaFull,
-    ExportUsage,
-    StoredArchive,
-)
-from heed.memory.bank_rows import BankSelection
 from heed.memory.engine import BANK_DELETED, MemoryEngine, is_bank_id
 from heed.memory.models import Bank, Conflict, InvalidInput, NotFound, PreparedDocument
 from heed.memory.retain.operations import TRANSFER_KINDS, bank_session, cancel_bank_runs
 from heed.memory.store import BankGone, BankTaken, MentalModelStore
-from heed.memory.transfer_work import (
-    CONFLICTS,
-    Carried,
-    Flags,
-    NewIds,
-    WebhookCarrier,
-    bank_settings,
-    import_archive,
-    merge_archive,
-    write_archive,
-)
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
@@ -137,6 +115,29 @@ from heed.runtime import (
     use_context,
 )
 from heed.settings import Settings
+from heed.transfer.archive import ArchiveLimits
+from heed.transfer.check import ArchiveCheck, check_archive_file
+from heed.transfer.rows import BankSelection
+from heed.transfer.store import (
+    PART_BYTES,
+    ArchiveStore,
+    ExportQuota,
+    ExportQuotaFull,
+    ExportUsage,
+    StoredArchive,
+    TransferStore,
+)
+from heed.transfer.work import (
+    CONFLICTS,
+    Carried,
+    Flags,
+    NewIds,
+    bank_settings,
+    import_archive,
+    merge_archive,
+    write_archive,
+)
+from heed.webhooks.service import Webhooks
 
 __all__ = [
     "CLONE_KIND",
@@ -160,7 +161,7 @@ DOWNLOAD_PREFIX: Final = "/v1/default/files/download/"
 #: Memories deleted per transaction when a staging bank is discarded.
 DISCARD_BATCH: Final = 256
 
-log = logging.getLogger("heed.memory.transfer")
+log = logging.getLogger("heed.transfer.service")
 
 
 def embedding_model(settings: Settings) -> str:
@@ -306,20 +307,24 @@ class BankTransfers:
         manager: RunManager,
         engine: MemoryEngine,
         archives: ArchiveStore,
+        rows: TransferStore,
         model: str,
         limits: TransferLimits | None = None,
         *,
         knowledge: MentalModelStore | None = None,
+        webhooks: Webhooks | None = None,
     ) -> None:
         self.manager = manager
         self.engine = engine
         self.archives = archives
+        #: Where a bank's rows are read and written (the memory store's tables).
+        self.rows = rows
         self.model = model
         self.limits = limits or TransferLimits()
         #: Where mental models and the knowledge base are read and written.
         self.knowledge = knowledge
-        #: The bank's webhooks (set once the webhook service exists).
-        self.webhooks: WebhookCarrier | None = None
+        #: The bank's webhooks (they travel with its config).
+        self.webhooks = webhooks
         self._discarding: set[asyncio.Task[None]] = set()
         engine.before_delete.append(self._cancel_bank_runs)
 
@@ -496,7 +501,7 @@ class BankTransfers:
         queue its import, recorded as an operation of *bank*: into the new bank
         *target_bank_id* (default: the archive's source bank id; *mode* ``restore``, the
         default), or its documents into *bank* itself (*mode* ``merge``, by
-        *document_conflict*: :data:`~heed.memory.transfer_work.CONFLICTS`). The options
+        *document_conflict*: :data:`~heed.transfer.work.CONFLICTS`). The options
         are checked first (:meth:`check_import`)."""
         await self.check_import(
             bank,
@@ -706,6 +711,7 @@ class BankTransfers:
         with tempfile.TemporaryFile() as tmp:
             counts = write_archive(
                 self.engine.store,
+                self.rows,
                 tmp,
                 bank,
                 selection,
@@ -813,6 +819,7 @@ class BankTransfers:
                         await run_in_thread(
                             write_archive,
                             self.engine.store,
+                            self.rows,
                             tmp,
                             source,
                             BankSelection(),
@@ -850,6 +857,7 @@ class BankTransfers:
                 counts = await run_in_thread(
                     import_archive,
                     store,
+                    self.rows,
                     archive,
                     staging,
                     target,
@@ -862,7 +870,7 @@ class BankTransfers:
                     carried=self.carried,
                 )
                 try:
-                    published = await run_in_thread(store.publish_bank, target)
+                    published = await run_in_thread(self.rows.publish_bank, target)
                 except BankTaken as exc:
                     raise Conflict(
                         f"bank {target.bank_id!r} was created while this transfer ran; "
@@ -918,7 +926,7 @@ class BankTransfers:
         """Delete a staging bank and the webhooks staged for it. Blocking."""
         if self.webhooks is not None:
             self.webhooks.discard_carried(staging_ref)
-        self.engine.store.delete_bank_in_batches(staging_ref, DISCARD_BATCH)
+        self.rows.delete_bank_in_batches(staging_ref, DISCARD_BATCH)
 
     async def _cancel_bank_runs(self, bank: Bank) -> None:
         for kind in TRANSFER_KINDS:

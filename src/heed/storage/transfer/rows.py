@@ -13,7 +13,7 @@ pages of at most the asked batch (documents by id, units by document and seq, th
 by unit seq), each page one statement through :meth:`SqlDatabase.cancellable`: a cancel
 stops a running statement and the next page never starts. Memory holds one page. A unit's
 keyword text is the FTS5 body on SQLite; PostgreSQL keeps only its ``tsvector``, so there
-it is ``None`` and the reader rebuilds it (:mod:`heed.memory.archive`).
+it is ``None`` and the reader rebuilds it (:mod:`heed.transfer.archive`).
 
 **Writing** is in short transactions under the bank's lock, each checking the bank's row
 first (:class:`~heed.memory.store.BankGone`): a batch of observations, entities, entity
@@ -22,7 +22,7 @@ and a document in several: its row and chunks with its seqs reserved (all of the
 once, so its units are consecutive), then its units a batch at a time, each batch written
 before the next is asked for, the token checked between them. So a document is whole only
 when the call returns: the writes are for a staging bank, discarded whole on failure
-(:mod:`heed.memory.transfer`). Memories are written differently on each database:
+(:mod:`heed.transfer.service`). Memories are written differently on each database:
 
 - SQLite: :data:`UNITS_PER_TRANSACTION` a transaction, one after the other. A cancel, which
   writes the run's phase and needs SQLite's one writer, waits for one such transaction.
@@ -62,16 +62,6 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from heed.errors import refuse_nul
-from heed.memory.bank_rows import (
-    BankReader,
-    BankSelection,
-    ChunkRow,
-    DocumentRow,
-    EntityRow,
-    LinkRow,
-    MembershipRow,
-    UnitRow,
-)
 from heed.memory.entities import canonical
 from heed.memory.models import Bank
 from heed.memory.store import BankGone, BankTaken
@@ -94,6 +84,16 @@ from heed.storage.memory.writes import (
     MEMBERSHIP_COLUMNS,
     WRITE_BATCH,
     DocumentWrites,
+)
+from heed.transfer.rows import (
+    BankReader,
+    BankSelection,
+    ChunkRow,
+    DocumentRow,
+    EntityRow,
+    LinkRow,
+    MembershipRow,
+    UnitRow,
 )
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ def _concurrently(jobs: Sequence[Callable[[], None]], writers: int) -> None:
 
 
 class _Reader:
-    """A :class:`~heed.memory.bank_rows.BankReader` over an open snapshot *conn*."""
+    """A :class:`~heed.transfer.rows.BankReader` over an open snapshot *conn*."""
 
     def __init__(
         self,

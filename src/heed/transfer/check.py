@@ -1,7 +1,7 @@
 """The whole check of an uploaded bank archive, in memory that does not follow its size.
 
-:class:`~heed.memory.archive.ArchiveReader` checks the container and
-:mod:`heed.memory.archive_records` one record at a time; :func:`check_archive` reads every
+:class:`~heed.transfer.archive.ArchiveReader` checks the container and
+:mod:`heed.transfer.records` one record at a time; :func:`check_archive` reads every
 record once more and checks what spans records: unique ids (memories, documents, chunks,
 entities, entity names, directives, webhooks, knowledge-base nodes), a document's units
 following it in order and in number, chunks, entities and memories referenced where they
@@ -20,7 +20,7 @@ fields only, never whole. So a check holds, whatever the archive declares or hol
   :attr:`ArchiveLimits.max_record_values` JSON values, checked before it is decoded),
 - the current document's chunk ids, a batch of references, the tree of the knowledge base.
 
-Every refusal is an :class:`~heed.memory.archive_records.InvalidArchive` (400) naming the
+Every refusal is an :class:`~heed.transfer.records.InvalidArchive` (400) naming the
 problem; a duplicate id is named by reading its section again (only on that refusal).
 """
 
@@ -35,13 +35,14 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from heed.memory.archive import MANIFEST, MAX_WEBHOOKS, ArchiveLimits, ArchiveReader, Manifest
-from heed.memory.archive_records import BankRecord, InvalidArchive
-from heed.memory.bank_rows import DocumentRow, EntityRow, MentalModelRow, UnitRow, WebhookRow
 from heed.memory.directives.rules import MAX_DIRECTIVES
 from heed.memory.entities import canonical
 from heed.memory.mental_models import MAX_MENTAL_MODELS, MAX_NODE_DEPTH, KnowledgeFolder
 from heed.runtime import ChildFd, raise_if_cancelled
+from heed.transfer.archive import MANIFEST, MAX_WEBHOOKS, ArchiveLimits, ArchiveReader, Manifest
+from heed.transfer.records import BankRecord, InvalidArchive
+from heed.transfer.rows import DocumentRow, EntityRow, MentalModelRow, UnitRow
+from heed.webhooks.models import Webhook
 
 __all__ = [
     "ArchiveCheck",
@@ -147,9 +148,9 @@ def check_embedder(manifest: Manifest, model: str, dim: int) -> None:
 
 def check_archive_file(
     fd: ChildFd, limits: ArchiveLimits, model: str, dim: int, with_webhooks: bool
-) -> tuple[ArchiveCheck, list[WebhookRow]]:
+) -> tuple[ArchiveCheck, list[Webhook]]:
     """The whole check of the archive open as *fd* (handed to a child process: see
-    :meth:`heed.memory.transfer.BankTransfers.check_upload`), that this server's embedder
+    :meth:`heed.transfer.service.BankTransfers.check_upload`), that this server's embedder
     made its vectors, and its webhooks (when *with_webhooks*) for the caller to check by
     the webhook service's rules. Blocking; raises :class:`InvalidArchive`."""
     with os.fdopen(fd.fd, "rb") as archive:

@@ -30,12 +30,12 @@ to disk), a name twice, directories, encrypted or otherwise compressed entries, 
 :attr:`ArchiveLimits.max_unpacked_bytes` in all, and an entry the manifest does not list
 (or one it lists that is missing). Reads are capped at the declared sizes (zipfile stops
 there and checks the CRC), a line at :attr:`ArchiveLimits.max_record_bytes`.
-:func:`heed.memory.archive_check.check_archive` then reads every record once
-(:mod:`heed.memory.archive_records`: types, UTF-8, JSON) and checks what spans records, in
+:func:`heed.transfer.check.check_archive` then reads every record once
+(:mod:`heed.transfer.records`: types, UTF-8, JSON) and checks what spans records, in
 memory that does not follow the archive's size. A record's JSON is decoded only when it
 holds at most :attr:`ArchiveLimits.max_record_values` values (counted from its bytes first:
 a line of ``[{},{},...]`` would otherwise cost twenty times its size). Every refusal is an
-:class:`~heed.memory.archive_records.InvalidArchive` (400) naming the entry and line.
+:class:`~heed.transfer.records.InvalidArchive` (400) naming the entry and line.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
-from heed.memory.archive_records import (
+from heed.memory.models import Bank
+from heed.runtime import raise_if_cancelled, reraise_cancellation
+from heed.transfer.records import (
     BankRecord,
     InvalidArchive,
     bank_record,
@@ -59,8 +61,6 @@ from heed.memory.archive_records import (
     encode_bank,
     parse_line,
 )
-from heed.memory.models import Bank
-from heed.runtime import raise_if_cancelled, reraise_cancellation
 
 __all__ = [
     "FORMAT",
@@ -193,7 +193,7 @@ class ArchiveWriter:
     the process: no time spent deflating). *content*, when given, is fed every record's
     bytes with its section's name, in order, and nothing of the manifest (which says when
     and by what the archive was written): two archives it was fed the same bytes for hold
-    the same records (an export's reuse, :mod:`heed.memory.transfer`).
+    the same records (an export's reuse, :mod:`heed.transfer.service`).
     """
 
     def __init__(
@@ -551,7 +551,7 @@ class ArchiveReader:
                 raise _damaged(entry, exc) from exc
 
     def rows(self, section: str) -> Iterator[Any]:
-        """The rows of *section* (:mod:`heed.memory.bank_rows`), each checked on its own."""
+        """The rows of *section* (:mod:`heed.transfer.rows`), each checked on its own."""
         dim = self.manifest.dim
         for line, where in self.lines(section):
             check_values(line, self.limits.max_record_values, where)

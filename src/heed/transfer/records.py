@@ -1,15 +1,15 @@
 """The records of a bank archive: one JSON object per line, checked field by field.
 
-:mod:`heed.memory.archive` is the container (a zip of sections); this module is what one
+:mod:`heed.transfer.archive` is the container (a zip of sections); this module is what one
 line holds, for each section of format versions 1 and 2 (docs/bank-archive.md), and the two
-directions: :func:`encode` turns a row of :mod:`heed.memory.bank_rows` into a JSON line,
+directions: :func:`encode` turns a row of :mod:`heed.transfer.rows` into a JSON line,
 :func:`decode` turns a line back into a row or raises :class:`InvalidArchive` naming the
 problem. Decoding is strict: the bytes must be UTF-8, the JSON standard (no ``NaN``, no key
 twice in an object), every text valid Unicode without NUL (no lone surrogate), every field
 of the section's record present with its type (an ``int`` is not a ``str``; a field the
 record does not have is refused by name), times ISO-8601 with a zone (kept as UTC text),
 vectors base64 of little-endian float32 with finite values. Cross-record rules (unique
-ids, references, counts) are :func:`heed.memory.archive_check.check_archive`'s.
+ids, references, counts) are :func:`heed.transfer.check.check_archive`'s.
 """
 
 from __future__ import annotations
@@ -25,16 +25,6 @@ from typing import Annotated, Any, Final, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from heed.memory.bank_rows import (
-    ChunkRow,
-    DocumentRow,
-    EntityRow,
-    LinkRow,
-    MembershipRow,
-    MentalModelRow,
-    UnitRow,
-    WebhookRow,
-)
 from heed.memory.directives.rules import MAX_CONTENT_CHARS, Directive
 from heed.memory.mental_models import (
     HISTORY_LIMIT,
@@ -44,6 +34,16 @@ from heed.memory.mental_models import (
     merge_trigger,
 )
 from heed.memory.models import CONSOLIDATION_STATES, FACT_TYPES, Bank, InvalidInput
+from heed.transfer.rows import (
+    ChunkRow,
+    DocumentRow,
+    EntityRow,
+    LinkRow,
+    MembershipRow,
+    MentalModelRow,
+    UnitRow,
+)
+from heed.webhooks.models import HttpConfig, Webhook
 
 __all__ = [
     "BankRecord",
@@ -466,7 +466,8 @@ def _epoch_iso(value: float) -> str:
     return datetime.fromtimestamp(value, UTC).isoformat()
 
 
-def _webhook_dict(webhook: WebhookRow) -> dict[str, Any]:
+def _webhook_dict(webhook: Webhook) -> dict[str, Any]:
+    config = webhook.http_config
     return {
         "id": webhook.id,
         "url": webhook.url,
@@ -474,10 +475,10 @@ def _webhook_dict(webhook: WebhookRow) -> dict[str, Any]:
         "event_types": webhook.event_types,
         "enabled": webhook.enabled,
         "http_config": {
-            "method": webhook.method,
-            "timeout_seconds": webhook.timeout_seconds,
-            "headers": webhook.headers,
-            "params": webhook.params,
+            "method": config.method,
+            "timeout_seconds": config.timeout_seconds,
+            "headers": config.headers,
+            "params": config.params,
         },
         "created_at": _epoch_iso(webhook.created_at),
         "updated_at": _epoch_iso(webhook.updated_at),
@@ -485,7 +486,7 @@ def _webhook_dict(webhook: WebhookRow) -> dict[str, Any]:
 
 
 def encode(row: Any) -> bytes:
-    """One row of :mod:`heed.memory.bank_rows` (or a directive) as a JSON line (newline
+    """One row of :mod:`heed.transfer.rows` (or a directive) as a JSON line (newline
     included)."""
     if isinstance(row, UnitRow):
         value: dict[str, Any] = _unit_dict(row)
@@ -529,7 +530,7 @@ def encode(row: Any) -> bytes:
         }
     elif isinstance(row, MentalModelRow):
         value = _model_dict(row)
-    elif isinstance(row, WebhookRow):
+    elif isinstance(row, Webhook):
         value = _webhook_dict(row)
     elif isinstance(row, LinkRow):
         value = {
@@ -697,18 +698,23 @@ def _epoch(value: str, field: str, where: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def _webhook_row(record: WebhookRecord, where: str) -> WebhookRow:
+def _webhook_row(record: WebhookRecord, where: str) -> Webhook:
     config = record.http_config
-    return WebhookRow(
+    return Webhook(
         id=record.id,
+        tenant="",
+        bank_ref="",
+        bank_id="",
         url=record.url,
         secret=record.secret,
         event_types=list(record.event_types),
         enabled=record.enabled,
-        method=config.method,
-        timeout_seconds=config.timeout_seconds,
-        headers=dict(config.headers),
-        params=dict(config.params),
+        http_config=HttpConfig(
+            method=config.method,
+            timeout_seconds=config.timeout_seconds,
+            headers=dict(config.headers),
+            params=dict(config.params),
+        ),
         created_at=_epoch(record.created_at, "created_at", where),
         updated_at=_epoch(record.updated_at, "updated_at", where),
     )

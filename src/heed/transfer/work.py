@@ -1,8 +1,8 @@
-"""The blocking halves of a bank transfer (:mod:`heed.memory.transfer` runs them in the
+"""The blocking halves of a bank transfer (:mod:`heed.transfer.service` runs them in the
 offload): a bank into an archive (:func:`write_archive`), an archive into a staging bank
 (:func:`import_archive`). Both go through the store's bank rows
-(:class:`heed.memory.store.TransferStore`) and the archive's container
-(:mod:`heed.memory.archive`) a page at a time, checking the token between pages, and report
+(:class:`heed.transfer.store.TransferStore`) and the archive's container
+(:mod:`heed.transfer.archive`) a page at a time, checking the token between pages, and report
 progress to a :class:`Progress`.
 
 Two rules live here: the keyword text a memory gets when the store could not read it back
@@ -23,28 +23,30 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import IO, Any, Final, Literal, Protocol
 
-from heed.memory.archive import (
-    ArchiveLimits,
-    ArchiveReader,
-    ArchiveWriter,
-    InvalidArchive,
-)
-from heed.memory.archive_check import check_embedder
 from heed.memory.bank_config import settings as bank_config
-from heed.memory.bank_rows import (
-    BankSelection,
-    DocumentRow,
-    MembershipRow,
-    MentalModelRow,
-    UnitRow,
-    WebhookRow,
-)
 from heed.memory.directives.rules import MAX_DIRECTIVES
 from heed.memory.mental_models import KnowledgeFolder
 from heed.memory.models import Bank, Chunk, EntityRef, InvalidInput, PreparedDocument, PreparedUnit
 from heed.memory.retain.units import index_text, neighbour_texts, with_neighbours
 from heed.memory.store import MemoryStore, MentalModelStore
 from heed.runtime import raise_if_cancelled
+from heed.transfer.archive import (
+    ArchiveLimits,
+    ArchiveReader,
+    ArchiveWriter,
+    InvalidArchive,
+)
+from heed.transfer.check import check_embedder
+from heed.transfer.rows import (
+    BankSelection,
+    DocumentRow,
+    MembershipRow,
+    MentalModelRow,
+    UnitRow,
+)
+from heed.transfer.store import TransferStore
+from heed.webhooks.models import Webhook
+from heed.webhooks.service import Webhooks
 
 __all__ = [
     "CONFLICTS",
@@ -53,7 +55,6 @@ __all__ = [
     "Flags",
     "NewIds",
     "Progress",
-    "WebhookCarrier",
     "bank_settings",
     "check_embedder",
     "import_archive",
@@ -101,29 +102,6 @@ class Flags:
         )
 
 
-class WebhookCarrier(Protocol):
-    """What a transfer needs of webhooks (:class:`heed.webhooks.service.Webhooks`); every
-    method blocks."""
-
-    def bank_webhooks(self, bank: Bank) -> list[WebhookRow]:
-        """Every webhook of *bank*, secrets included."""
-        ...
-
-    def check_carried(self, webhooks: list[WebhookRow]) -> None:
-        """Refuse (:class:`InvalidInput` naming the webhook and field) what a webhook
-        created through the API could not be: its target, events, secret, HTTP config."""
-        ...
-
-    def stage_carried(self, webhooks: list[WebhookRow], bank: Bank) -> int:
-        """Store *webhooks* as *bank*'s (``tenant``, ``bank_id``, ``ref``), each under a
-        new id, after :meth:`check_carried`; how many."""
-        ...
-
-    def discard_carried(self, bank_ref: str) -> None:
-        """Delete the webhooks staged for the bank *bank_ref* (an import that failed)."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class Carried:
     """Where a transfer reads and writes what is not the memory store's: the mental
@@ -131,7 +109,7 @@ class Carried:
     ``None`` is neither exported nor imported."""
 
     knowledge: MentalModelStore | None = None
-    webhooks: WebhookCarrier | None = None
+    webhooks: Webhooks | None = None
 
 
 class Progress(Protocol):
@@ -224,6 +202,7 @@ def bank_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 def write_archive(
     store: MemoryStore,
+    rows: TransferStore,
     target: IO[bytes],
     bank: Bank,
     selection: BankSelection,
@@ -265,7 +244,7 @@ def write_archive(
         if knowledge and carried.knowledge is not None:
             _write_knowledge(writer, carried.knowledge, bank.ref)
         if flags.include_data:
-            with store.read_bank(bank.ref, selection) as reader:
+            with rows.read_bank(bank.ref, selection) as reader:
                 progress.start("export", reader.count_units())
                 for documents in reader.documents(max(1, batch // 8)):
                     writer.write("documents", documents)
@@ -275,12 +254,12 @@ def write_archive(
                 for units in with_index_texts(reader.observations(batch), batch):
                     writer.write("observations", units)
                     progress.add(len(units))
-                for section, rows in (
+                for section, found in (
                     ("entities", reader.entities(batch)),
                     ("unit_entities", reader.memberships(batch)),
                     ("links", reader.links(batch)),
                 ):
-                    for page in rows:
+                    for page in found:
                         writer.write(section, page)
         manifest = writer.finish()
     except BaseException:
@@ -303,7 +282,7 @@ def _import_knowledge(
     reader: ArchiveReader, store: MentalModelStore | None, bank_ref: str
 ) -> dict[str, int]:
     """The archive's folders and mental models into the bank *bank_ref*, as they are
-    (:func:`heed.memory.archive_check.check_archive` checked their tree)."""
+    (:func:`heed.transfer.check.check_archive` checked their tree)."""
     if store is None:
         if reader.manifest.records("mental_models") or reader.manifest.records("knowledge_folders"):
             raise InvalidInput("this server cannot import mental models")
@@ -321,9 +300,9 @@ def _import_knowledge(
 
 
 def _import_webhooks(
-    reader: ArchiveReader, carrier: WebhookCarrier | None, target: Bank
+    reader: ArchiveReader, carrier: Webhooks | None, target: Bank
 ) -> dict[str, int]:
-    webhooks: list[WebhookRow] = list(reader.rows("webhooks"))
+    webhooks: list[Webhook] = list(reader.rows("webhooks"))
     if not webhooks:
         return {}
     if carrier is None:
@@ -340,6 +319,7 @@ def _counted(units: Iterator[list[UnitRow]], progress: Progress) -> Iterator[lis
 
 def import_archive(
     store: MemoryStore,
+    rows: TransferStore,
     archive: IO[bytes],
     staging: Bank,
     target: Bank,
@@ -355,7 +335,7 @@ def import_archive(
     """Write *archive* into the bank *staging*, and give *target* (the bank to publish)
     the archive's profile and settings; the rows written per section. Webhooks are staged
     as *target*'s under the staging bank's ref (it keeps it when published); a failed
-    import discards them with :meth:`WebhookCarrier.discard_carried`. Blocking; checks
+    import discards them with :meth:`Webhooks.discard_carried`. Blocking; checks
     the token between batches."""
     ids = NewIds(staging.ref)
     counts: dict[str, int] = {}
@@ -391,33 +371,31 @@ def import_archive(
             document.chunks = [replace(c, id=ids(c.id)) for c in document.chunks]
             mine = (ids.unit(u) for u in itertools.islice(units, document.unit_count))
             batches = _counted(pages(mine, IMPORT_BATCH), progress)
-            counts["units"] += store.write_document_rows(staging.ref, document, batches)
+            counts["units"] += rows.write_document_rows(staging.ref, document, batches)
             counts["documents"] += 1
             progress.add(1)
         if next(units, None) is not None:
             raise InvalidArchive("the units section holds memories of no document")
         counts["observations"] = 0
         for page in pages(reader.rows("observations"), IMPORT_BATCH):
-            counts["observations"] += store.write_unit_rows(
-                staging.ref, [ids.unit(u) for u in page]
-            )
+            counts["observations"] += rows.write_unit_rows(staging.ref, [ids.unit(u) for u in page])
             progress.add(len(page))
         counts["entities"] = 0
         for page in pages(reader.rows("entities"), batch):
-            counts["entities"] += store.write_entity_rows(
+            counts["entities"] += rows.write_entity_rows(
                 staging.ref, [replace(e, id=ids(e.id)) for e in page]
             )
             progress.add(len(page))
         counts["unit_entities"] = 0
         for page in pages(reader.rows("unit_entities"), batch):
-            counts["unit_entities"] += store.write_membership_rows(
+            counts["unit_entities"] += rows.write_membership_rows(
                 staging.ref, [MembershipRow(ids(m.unit_id), ids(m.entity_id)) for m in page]
             )
             progress.add(len(page))
         counts["links"] = 0
         for page in pages(reader.rows("links"), batch):
             moved = [replace(k, from_id=ids(k.from_id), to_id=ids(k.to_id)) for k in page]
-            counts["links"] += store.write_link_rows(staging.ref, moved)
+            counts["links"] += rows.write_link_rows(staging.ref, moved)
             progress.add(len(page))
     raise_if_cancelled()
     return counts
@@ -502,7 +480,7 @@ def merge_archive(
     model: str,
     dim: int,
 ) -> dict[str, int]:
-    """Fold the archive's documents into a bank (see :mod:`heed.memory.transfer`): each
+    """Fold the archive's documents into a bank (see :mod:`heed.transfer.service`): each
     document is written whole by *write* (a retain's write: one transaction, entities
     resolved against the bank's by name, links made as a retain makes them), or skipped,
     or renamed, by *conflict* when *held* says the bank holds its id. Observations, the
