@@ -14,7 +14,8 @@ import pytest
 from heed.api.app import create_app
 from heed.settings import Settings
 from heed.transfer.archive import ArchiveReader
-from heed.transfer.check import IdDigests, check_archive
+from heed.transfer.check import check_archive
+from heed.transfer.ids import IdDigests
 from heed.transfer.records import InvalidArchive
 from tests.memory import archive_support as arc
 from tests.memory.test_transfer_http import _entities, _import

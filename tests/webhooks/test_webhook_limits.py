@@ -37,7 +37,7 @@ from heed.api.app import create_app
 from heed.memory.models import InvalidInput
 from heed.runs.model import Phase, Run
 from heed.settings import Settings
-from heed.transfer.archive import MAX_WEBHOOKS
+from heed.transfer.sections.webhooks import MAX_WEBHOOKS
 from heed.webhooks import targets
 from heed.webhooks.events import MAX_BODY_BYTES
 from heed.webhooks.models import HttpConfig, Webhook

@@ -286,7 +286,7 @@ class MentalModelStore(Protocol):
     ) -> int:
         """A transfer's write: insert *folders* and *models* (with their history) into the
         bank as they are, timestamps included, in one transaction; how many nodes. The
-        caller checked the tree (:func:`heed.transfer.check.check_knowledge`); an id taken
+        caller checked the tree (:func:`heed.transfer.sections.base.check_knowledge`); an id taken
         already fails the write (nothing written)."""
         ...
 

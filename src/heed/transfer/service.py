@@ -117,7 +117,10 @@ from heed.runtime import (
 from heed.settings import Settings
 from heed.transfer.archive import ArchiveLimits
 from heed.transfer.check import ArchiveCheck, check_archive_file
+from heed.transfer.ids import NewIds
 from heed.transfer.rows import BankSelection
+from heed.transfer.sections.bank import bank_settings
+from heed.transfer.sections.base import Flags, TransferStores
 from heed.transfer.store import (
     PART_BYTES,
     ArchiveStore,
@@ -129,10 +132,6 @@ from heed.transfer.store import (
 )
 from heed.transfer.work import (
     CONFLICTS,
-    Carried,
-    Flags,
-    NewIds,
-    bank_settings,
     import_archive,
     merge_archive,
     write_archive,
@@ -319,6 +318,8 @@ class BankTransfers:
         self.archives = archives
         #: Where a bank's rows are read and written (the memory store's tables).
         self.rows = rows
+        #: Everything a transfer reads and writes of a bank.
+        self.stores = TransferStores(engine.store, rows, knowledge, webhooks)
         self.model = model
         self.limits = limits or TransferLimits()
         #: Where mental models and the knowledge base are read and written.
@@ -327,11 +328,6 @@ class BankTransfers:
         self.webhooks = webhooks
         self._discarding: set[asyncio.Task[None]] = set()
         engine.before_delete.append(self._cancel_bank_runs)
-
-    @property
-    def carried(self) -> Carried:
-        """What transfers carry beside the memory store's rows."""
-        return Carried(knowledge=self.knowledge, webhooks=self.webhooks)
 
     def kind_specs(self) -> dict[str, KindSpec]:
         """How transfer runs execute: register each under its kind."""
@@ -710,8 +706,7 @@ class BankTransfers:
         records = hashlib.sha256()
         with tempfile.TemporaryFile() as tmp:
             counts = write_archive(
-                self.engine.store,
-                self.rows,
+                self.stores,
                 tmp,
                 bank,
                 selection,
@@ -721,7 +716,6 @@ class BankTransfers:
                 model=self.model,
                 dim=self.engine.embedder.dim,
                 batch=self.limits.batch,
-                carried=self.carried,
                 content=records.update,
             )
             params = _export_key(
@@ -818,8 +812,7 @@ class BankTransfers:
                     ):
                         await run_in_thread(
                             write_archive,
-                            self.engine.store,
-                            self.rows,
+                            self.stores,
                             tmp,
                             source,
                             BankSelection(),
@@ -829,7 +822,6 @@ class BankTransfers:
                             model=self.model,
                             dim=self.engine.embedder.dim,
                             batch=self.limits.batch,
-                            carried=self.carried,
                             compress=False,  # it never leaves the process: no deflating
                         )
                 except NotFound as exc:
@@ -856,8 +848,7 @@ class BankTransfers:
             async with self.engine.track(staging), self.engine.retain_lane.slot(background=True):
                 counts = await run_in_thread(
                     import_archive,
-                    store,
-                    self.rows,
+                    self.stores,
                     archive,
                     staging,
                     target,
@@ -867,7 +858,6 @@ class BankTransfers:
                     model=self.model,
                     dim=self.engine.embedder.dim,
                     batch=self.limits.batch,
-                    carried=self.carried,
                 )
                 try:
                     published = await run_in_thread(self.rows.publish_bank, target)
