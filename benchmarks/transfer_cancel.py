@@ -65,7 +65,7 @@ from _runs import until as _until
 from _server import Server, serve, write_result
 from _synthetic import DIM, MODEL, NOW, SPEAKERS, turn
 from heed.memory.models import Bank
-from heed.storage.transfer.rows import PG_WRITERS
+from heed.storage.transfer.pg_parallel import PG_WRITERS
 from heed.transfer.archive import ArchiveWriter
 from heed.transfer.rows import (
     ChunkRow,

@@ -63,7 +63,8 @@ from heed.storage.session_store import SqlSessionStore
 from heed.storage.transfer.archives import SqlArchiveStore
 from heed.storage.webhook_store import SqlWebhookStore
 from heed.transfer.archive import ArchiveLimits
-from heed.transfer.service import BankTransfers, TransferLimits, embedding_model
+from heed.transfer.limits import TransferLimits, embedding_model
+from heed.transfer.service import BankTransfers
 from heed.transfer.store import ExportQuota
 from heed.webhooks import DeliveryWorker, Webhooks
 from heed.webhooks.worker import LogLimits, SendLimits
@@ -110,7 +111,7 @@ def _database(settings: Settings) -> SqlDatabase:
     """PostgreSQL when ``HEED_DATABASE_URL`` names it, else the embedded file."""
     if settings.database_url is None:
         return SqliteDatabase(settings.database_path())
-    from heed.storage.postgres import PostgresDatabase  # psycopg loads only when used
+    from heed.storage.postgres import PostgresDatabase  # the driver loads only when used
 
     return PostgresDatabase(settings.database_url, pool_size=settings.database_pool_size)
 

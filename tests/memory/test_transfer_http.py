@@ -31,7 +31,7 @@ from heed.memory.mental_models import KnowledgeFolder, MentalModel
 from heed.runtime.context import DEFAULT_TENANT
 from heed.settings import Settings
 from heed.transfer.archive import SECTIONS
-from heed.transfer.service import STAGING_TENANT
+from heed.transfer.runs import STAGING_TENANT
 from tests.memory import archive_support as arc
 from tests.pg_support import fresh_schema
 from tests.support import LiveServer, live_server, wait_for

@@ -103,7 +103,9 @@ class SqlDatabase(Protocol):
     ``RETURNING`` and ``ON CONFLICT``. Where the two must differ, the store asks the
     database: :attr:`dialect` spells the migrations (and picks the memory store's
     per-database part), :attr:`for_update` is appended to a ``SELECT`` whose rows the
-    transaction is about to change, and :meth:`lock` serialises check-then-write sequences
+    transaction is about to change (:attr:`skip_locked` to one that takes only rows no
+    other transaction holds), :meth:`json_text` reads a JSON text column's field, and
+    :meth:`lock` serialises check-then-write sequences
     (admission, a bank's writes) across connections and processes.
     """
 
@@ -111,6 +113,14 @@ class SqlDatabase(Protocol):
     dialect: str
     #: ``" FOR UPDATE"`` where row locks exist, else ``""`` (SQLite's writer lock covers it).
     for_update: str
+    #: ``" FOR UPDATE SKIP LOCKED"`` where row locks exist (rows another transaction is
+    #: claiming are skipped, not waited for), else ``""``.
+    skip_locked: str
+
+    def json_text(self, column: str, key: str) -> str:
+        """SQL for the text value of the field *key* (a fixed identifier) of the JSON
+        object in the text *column*."""
+        ...
 
     def read(self) -> AbstractContextManager[Any]:
         """A connection for reads; inside :meth:`write` in the same thread, that one."""

@@ -311,9 +311,7 @@ class SqlRunStore:
         """SQL for the string value of the summary's *key* (a fixed identifier)."""
         if not _SUMMARY_KEY.fullmatch(key):
             raise ValueError(f"not a summary key: {key!r}")
-        if self.db.dialect == "postgresql":
-            return f"(summary::jsonb ->> '{key}')"
-        return f"json_extract(summary, '$.{key}')"
+        return self.db.json_text("summary", key)
 
     def _list(
         self,

@@ -39,6 +39,12 @@ class SqliteDatabase:
 
     dialect = "sqlite"
     for_update = ""
+    skip_locked = ""
+
+    @staticmethod
+    def json_text(column: str, key: str) -> str:
+        """See :meth:`heed.storage.database.SqlDatabase.json_text`."""
+        return f"json_extract({column}, '$.{key}')"
 
     def __init__(self, path: Path | str, *, busy_timeout_ms: int = 10_000) -> None:
         self.path = str(path)

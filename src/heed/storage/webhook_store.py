@@ -502,7 +502,7 @@ class SqlWebhookStore:
             return set()
         # PostgreSQL: rows another instance is claiming are skipped, not waited for (and two
         # claims of overlapping sets cannot deadlock); SQLite's writer lock serialises them.
-        skip = " FOR UPDATE SKIP LOCKED" if self.db.dialect == "postgresql" else ""
+        skip = self.db.skip_locked
         with self.db.write() as conn:
             rows = conn.execute(
                 "UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ? WHERE id IN ("

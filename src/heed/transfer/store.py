@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import IO, Final, Literal, Protocol
 
 from heed.memory.models import Bank
+from heed.runtime import raise_if_cancelled
 from heed.transfer.rows import (
     BankReader,
     BankSelection,
@@ -50,6 +51,7 @@ __all__ = [
     "ExportUsage",
     "StoredArchive",
     "TransferStore",
+    "file_parts",
 ]
 
 #: The size of a stored part.
@@ -228,3 +230,10 @@ class TransferStore(Protocol):
         under a hidden name appears whole. :class:`~heed.memory.store.BankTaken` when
         another bank holds that id, :class:`~heed.memory.store.BankGone` when the ref is gone."""
         ...
+
+
+def file_parts(source: IO[bytes]) -> Iterator[bytes]:
+    """*source* read in parts of :data:`PART_BYTES` (the token checked between them)."""
+    while part := source.read(PART_BYTES):
+        raise_if_cancelled()
+        yield part

@@ -3,8 +3,8 @@
 A document is written in **one transaction**: the bank's row is checked and its generation
 bumped first (a bank another process deleted is :class:`~heed.memory.store.BankGone` and
 nothing is written), then the ledger entry, the document row, its chunks, its units in
-bulk inserts of :data:`WRITE_BATCH` (:data:`PG_UNIT_BATCH` on PostgreSQL; the token
-checked between batches: a cancel rolls the whole document back), the entities,
+bulk inserts of :data:`WRITE_BATCH` (a document's units: the dialect's ``unit_batch``;
+the token checked between batches: a cancel rolls the whole document back), the entities,
 memberships and links planned by :mod:`heed.memory.retain.links`, and the shared values
 (:mod:`heed.storage.memory.values`). The units' rows are built before the transaction
 begins. On PostgreSQL, where several processes write at once, the transaction holds the
@@ -56,10 +56,6 @@ __all__ = ["BANK_LOCK", "LINK_COLUMNS", "MEMBERSHIP_COLUMNS", "WRITE_BATCH", "Do
 
 #: Units inserted per bulk insert; the token is checked between batches.
 WRITE_BATCH: Final = 256
-#: The same of a document's units on PostgreSQL, where pgvector's HNSW insert costs about
-#: 2.7 ms a unit (``benchmarks/transfer_pg_costs.py``) and a running insert is not
-#: interrupted: a cancel waits for at most one batch (~20 ms), not 256 units (~700 ms).
-PG_UNIT_BATCH: Final = 8
 #: The lock a bank's writes and deletes hold (see the module docstring).
 BANK_LOCK: Final = "bank:"
 #: ``memory_unit_entities`` and ``memory_links`` as bulk inserts write them.
@@ -199,7 +195,7 @@ class DocumentWrites:
         rolls back everything): the seqs allocated, in order."""
         [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
         token = bank_token(bank_ref)
-        batch = PG_UNIT_BATCH if self.db.dialect == "postgresql" else WRITE_BATCH
+        batch = self.dialect.unit_batch
         for start in range(0, len(units), batch):
             raise_if_cancelled()
             end = start + batch

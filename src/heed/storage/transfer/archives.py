@@ -67,7 +67,7 @@ MIGRATIONS: Final = [
     Migration(
         "transfer_archives",
         2,
-        # An export's reuse key (heed.transfer.service: its parameters and records
+        # An export's reuse key (heed.transfer.runs: its parameters and records
         # digested), and a tenant's archives found by tenant (the export quota).
         """
         ALTER TABLE transfer_archives ADD COLUMN reuse_key TEXT;
