@@ -40,6 +40,7 @@ __all__ = [
     "encode_vector",
     "epoch",
     "epoch_iso",
+    "fields_of",
     "iso_utc",
     "parse_line",
     "utc_time",
@@ -171,6 +172,12 @@ R = TypeVar("R", bound=Record)
 
 #: A text with something besides spaces (a name, a directive's content).
 NOT_BLANK: Final = r"\S"
+
+
+def fields_of(row: Any, record: type[Record]) -> dict[str, Any]:
+    """*row*'s attributes named as *record*'s fields, in their order: the record of a row
+    whose attributes are the record's (a section's encoding, before what it turns)."""
+    return {name: getattr(row, name) for name in record.model_fields}
 
 
 def _problem(error: ValidationError) -> str:

@@ -48,7 +48,11 @@ __all__ = ["BankTransfers"]
 
 
 class BankTransfers:
-    """Submits, runs and serves bank transfers (see the module docstring)."""
+    """Submits and serves bank transfers (see the module docstring); its :attr:`runs`
+    (:class:`~heed.transfer.runs.TransferRuns`) runs them. A bank's rows are read and
+    written in *rows*, its mental models and knowledge base in *knowledge*, its webhooks
+    through *webhooks* (a part given ``None`` is not carried); built with all of them,
+    nothing is wired later."""
 
     def __init__(
         self,

@@ -10,7 +10,15 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from heed.memory.directives.rules import MAX_CONTENT_CHARS, MAX_DIRECTIVES, Directive
-from heed.transfer.records import NOT_BLANK, Id, InvalidArchive, Record, utc_time, validate
+from heed.transfer.records import (
+    NOT_BLANK,
+    Id,
+    InvalidArchive,
+    Record,
+    fields_of,
+    utc_time,
+    validate,
+)
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section
 
 __all__ = ["SECTION", "DirectiveRecord"]
@@ -30,16 +38,7 @@ class DirectiveRecord(Record):
 
 
 def encode(row: Directive) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        "content": row.content,
-        "priority": row.priority,
-        "is_active": row.is_active,
-        "tags": row.tags,
-        "created_at": row.created_at,
-        "updated_at": row.updated_at,
-    }
+    return fields_of(row, DirectiveRecord)
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> Directive:

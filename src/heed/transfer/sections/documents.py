@@ -10,7 +10,16 @@ from dataclasses import replace
 from typing import Any
 
 from heed.transfer.ids import IdDigests
-from heed.transfer.records import Count, Id, InvalidArchive, Record, Tags, utc_time, validate
+from heed.transfer.records import (
+    Count,
+    Id,
+    InvalidArchive,
+    Record,
+    Tags,
+    fields_of,
+    utc_time,
+    validate,
+)
 from heed.transfer.rows import ChunkRow, DocumentRow, UnitRow
 from heed.transfer.sections.base import (
     IMPORT_BATCH,
@@ -45,15 +54,8 @@ class DocumentRecord(Record):
 
 def encode(row: DocumentRow) -> dict[str, Any]:
     return {
-        "document_id": row.document_id,
-        "original_text": row.original_text,
-        "content_hash": row.content_hash,
-        "metadata": row.metadata,
-        "tags": row.tags,
-        "created_at": row.created_at,
-        "updated_at": row.updated_at,
-        "unit_count": row.unit_count,
-        "chunks": [{"id": c.id, "chunk_index": c.chunk_index, "text": c.text} for c in row.chunks],
+        **fields_of(row, DocumentRecord),
+        "chunks": [fields_of(chunk, ChunkRecord) for chunk in row.chunks],
     }
 
 

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from heed.memory.entities import canonical
 from heed.transfer.ids import IdDigests
-from heed.transfer.records import Id, InvalidArchive, Record, validate
+from heed.transfer.records import Id, InvalidArchive, Record, fields_of, validate
 from heed.transfer.rows import EntityRow
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section, pages
 
@@ -26,7 +26,7 @@ class EntityRecord(Record):
 
 
 def encode(row: EntityRow) -> dict[str, Any]:
-    return {"id": row.id, "name": row.name, "type": row.type}
+    return fields_of(row, EntityRecord)
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> EntityRow:

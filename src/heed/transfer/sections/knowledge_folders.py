@@ -12,7 +12,15 @@ from pydantic import Field
 
 from heed.memory.mental_models import MAX_MENTAL_MODELS, KnowledgeFolder
 from heed.memory.models import InvalidInput
-from heed.transfer.records import NOT_BLANK, Id, InvalidArchive, Record, utc_time, validate
+from heed.transfer.records import (
+    NOT_BLANK,
+    Id,
+    InvalidArchive,
+    Record,
+    fields_of,
+    utc_time,
+    validate,
+)
 from heed.transfer.sections.base import (
     Checker,
     ExportContext,
@@ -36,14 +44,7 @@ class FolderRecord(Record):
 
 
 def encode(row: KnowledgeFolder) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        "parent_id": row.parent_id,
-        "managed": row.managed,
-        "created_at": row.created_at,
-        "updated_at": row.updated_at,
-    }
+    return fields_of(row, FolderRecord)
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> KnowledgeFolder:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Final
 
 from pydantic import Field
 
-from heed.transfer.records import Id, InvalidArchive, Record, validate
+from heed.transfer.records import Id, InvalidArchive, Record, fields_of, validate
 from heed.transfer.rows import LinkRow
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section, pages
 
@@ -29,12 +29,7 @@ class LinkRecord(Record):
 
 
 def encode(row: LinkRow) -> dict[str, Any]:
-    return {
-        "from_id": row.from_id,
-        "to_id": row.to_id,
-        "link_type": row.link_type,
-        "weight": row.weight,
-    }
+    return fields_of(row, LinkRecord)
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> LinkRow:

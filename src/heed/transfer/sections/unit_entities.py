@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from heed.transfer.records import Id, Record, validate
+from heed.transfer.records import Id, Record, fields_of, validate
 from heed.transfer.rows import MembershipRow
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section, pages
 
@@ -18,7 +18,7 @@ class MembershipRecord(Record):
 
 
 def encode(row: MembershipRow) -> dict[str, Any]:
-    return {"unit_id": row.unit_id, "entity_id": row.entity_id}
+    return fields_of(row, MembershipRecord)
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> MembershipRow:
