@@ -9,7 +9,6 @@ module parses options, draws the progress bars on stderr and prints the summary.
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["migrate"]
 
-# heed.migrate's defaults, written out: it loads psycopg, numpy and the memory
+# heed.migrate's defaults, written out: it loads the PostgreSQL driver, numpy and the memory
 # engine, so it is imported only when the command runs (tests check the two agree).
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_VERIFY_QUERIES = 20
@@ -177,9 +176,7 @@ def migrate(
     both databases. It fails, with exit status 1, when a count differs or fewer than
     90% of the queries have the same top hit on both.
     """
-    import psycopg
-
-    from heed.migrate import MigrationError, engine_factory_for
+    from heed.migrate import DATABASE_ERRORS, MigrationError, database_name, engine_factory_for
     from heed.migrate import migrate as run_migration
     from heed.migrate import verify as run_verification
 
@@ -222,10 +219,8 @@ def migrate(
             verification = summary.verification
     except MigrationError as exc:
         raise click.ClickException(redact(str(exc), secrets)) from None
-    except psycopg.Error as exc:
-        raise click.ClickException(redact(f"PostgreSQL: {exc}", secrets)) from None
-    except sqlite3.Error as exc:
-        raise click.ClickException(redact(f"SQLite: {exc}", secrets)) from None
+    except DATABASE_ERRORS as exc:
+        raise click.ClickException(redact(f"{database_name(exc)}: {exc}", secrets)) from None
     except ValueError as exc:  # a URL that does not parse (a bad %-escape, a bad port)
         raise click.ClickException(redact(f"invalid database URL: {exc}", secrets)) from None
     finally:

@@ -31,10 +31,13 @@ recall check runs its own event loop).
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
+
+import psycopg
 
 from heed.migrate.checks import (
     DEFAULT_VERIFY_QUERIES,
@@ -60,6 +63,7 @@ from heed.storage.memory import DEFAULT_DIM
 from heed.storage.postgres import PostgresDatabase
 
 __all__ = [
+    "DATABASE_ERRORS",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_VERIFY_QUERIES",
     "MIN_TOP1_AGREEMENT",
@@ -70,11 +74,22 @@ __all__ = [
     "MigrationSummary",
     "Progress",
     "Verification",
+    "database_name",
     "engine_factory_for",
     "migrate",
     "sqlite_source_path",
     "verify",
 ]
+
+#: The errors either database's driver raises (a connection refused, a statement failed).
+DATABASE_ERRORS: Final = (psycopg.Error, sqlite3.Error)
+
+
+def database_name(exc: BaseException) -> str:
+    """Which database raised *exc*, one of :data:`DATABASE_ERRORS` (``PostgreSQL`` or
+    ``SQLite``): how the command names it."""
+    return "PostgreSQL" if isinstance(exc, psycopg.Error) else "SQLite"
+
 
 DEFAULT_BATCH_SIZE: Final = 500
 
