@@ -7,7 +7,7 @@ import uuid
 
 import numpy as np
 
-from heed.memory.bank_rows import UnitRow
+from heed.transfer.rows import UnitRow
 
 MODEL, DIM = "onnx:all-MiniLM-L6-v2-int8", 384
 NOW = "2024-05-01T10:00:00+00:00"

@@ -638,8 +638,8 @@ def _entities_archive(records: int) -> bytes:
     characters, the last one's name a duplicate (a 400 once every record was read)."""
     import io
 
-    from heed.memory.archive import ArchiveWriter
-    from heed.memory.bank_rows import EntityRow
+    from heed.transfer.archive import ArchiveWriter
+    from heed.transfer.rows import EntityRow
 
     out = io.BytesIO()
     writer = ArchiveWriter(

@@ -64,16 +64,16 @@ from _runs import latency_summary as _summary
 from _runs import until as _until
 from _server import Server, serve, write_result
 from _synthetic import DIM, MODEL, NOW, SPEAKERS, turn
-from heed.memory.archive import ArchiveWriter
-from heed.memory.bank_rows import (
+from heed.memory.models import Bank
+from heed.storage.transfer.pg_parallel import PG_WRITERS
+from heed.transfer.archive import ArchiveWriter
+from heed.transfer.rows import (
     ChunkRow,
     DocumentRow,
     EntityRow,
     LinkRow,
     MembershipRow,
 )
-from heed.memory.models import Bank
-from heed.storage.memory.transfer import PG_WRITERS
 
 PER_DOCUMENT = 400
 

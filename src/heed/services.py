@@ -19,8 +19,6 @@ from heed.llm.factory import Operation
 from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
-from heed.memory.archive import ArchiveLimits
-from heed.memory.archive_store import ExportQuota
 from heed.memory.bank_config.service import BankConfigService
 from heed.memory.bank_runs import RETAIN_KIND
 from heed.memory.directives.service import DirectiveService
@@ -31,7 +29,6 @@ from heed.memory.learning.consolidation import (
     ConsolidationLimits,
 )
 from heed.memory.retain.operations import RetainOperations
-from heed.memory.transfer import BankTransfers, TransferLimits, embedding_model
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.lookup import MentalModelLookup
 from heed.mental_models.refresh import (
@@ -60,12 +57,16 @@ from heed.sessions.tools import TurnTools
 from heed.sessions.turn import TurnRunner
 from heed.settings import Settings
 from heed.storage import SqlDatabase, SqliteDatabase
-from heed.storage.archive_store import SqlArchiveStore
 from heed.storage.memory import SqlMemoryStore
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
+from heed.storage.transfer.archives import SqlArchiveStore
 from heed.storage.webhook_store import SqlWebhookStore
+from heed.transfer.archive import ArchiveLimits
+from heed.transfer.limits import TransferLimits, embedding_model
+from heed.transfer.service import BankTransfers
+from heed.transfer.store import ExportQuota
 from heed.webhooks import DeliveryWorker, Webhooks
 from heed.webhooks.worker import LogLimits, SendLimits
 
@@ -111,7 +112,7 @@ def _database(settings: Settings) -> SqlDatabase:
     """PostgreSQL when ``HEED_DATABASE_URL`` names it, else the embedded file."""
     if settings.database_url is None:
         return SqliteDatabase(settings.database_path())
-    from heed.storage.postgres import PostgresDatabase  # psycopg loads only when used
+    from heed.storage.postgres import PostgresDatabase  # the driver loads only when used
 
     return PostgresDatabase(settings.database_url, pool_size=settings.database_pool_size)
 
@@ -175,9 +176,7 @@ class Services:
         # The modules children of heed.runtime.run_in_process run: reflect's response_schema
         # validation, archive checks, file parsing with its libraries (a child then starts
         # in a few ms).
-        preload_in_processes(
-            "heed.reflect.schema", "heed.memory.archive_check", *FILE_PARSER_MODULES
-        )
+        preload_in_processes("heed.reflect.schema", "heed.transfer.check", *FILE_PARSER_MODULES)
         self.lanes = build_lanes(settings)
 
         # Storage: one SQL database, one store per domain: the embedded SQLite file, or
@@ -245,11 +244,20 @@ class Services:
                 parse_seconds=settings.file_parse_seconds,
             ),
         )
+        # Webhooks: the outbox is written in the transaction that ends any run of a bank;
+        # the worker sends it (claims leased in the database: once across instances).
+        self.webhooks = Webhooks(
+            webhook_store,
+            self.memory,
+            allow_private=settings.webhook_allow_private,
+            max_per_bank=settings.webhook_max_per_bank,
+        )
         # Bank export, import and clone: runs of the bank's operations (archives in parts).
         self.transfers = BankTransfers(
             manager,
             self.memory,
             self.archive_store,
+            memory_store,  # a bank's rows
             embedding_model(settings),
             TransferLimits(
                 archive=ArchiveLimits(
@@ -268,6 +276,7 @@ class Services:
                 ),
             ),
             knowledge=memory_store,  # mental models and the knowledge base travel too
+            webhooks=self.webhooks,  # and the bank's webhooks, with its config
         )
         self.sessions = sessions = SessionService(session_store, manager, self.memory)
         tools = TurnTools(self.memory, sessions.start_task)
@@ -333,16 +342,7 @@ class Services:
         manager.register(CONSOLIDATION_KIND, self.consolidation.kind_spec())
         manager.register(MENTAL_MODEL_REFRESH_KIND, refreshes.kind_spec())
 
-        # Webhooks: the outbox is written in the transaction that ends any run of a bank;
-        # the worker sends it (claims leased in the database: once across instances).
-        self.webhooks = Webhooks(
-            webhook_store,
-            self.memory,
-            allow_private=settings.webhook_allow_private,
-            max_per_bank=settings.webhook_max_per_bank,
-        )
         manager.terminal_hooks.append(self.webhooks.on_terminal)
-        self.transfers.webhooks = self.webhooks  # a bank's webhooks travel with its config
         self.webhook_worker = DeliveryWorker(
             webhook_store,
             manager.worker_id,

@@ -401,7 +401,7 @@ class Settings(BaseSettings):
     )
     max_query_tokens: int = Field(default=500, ge=1, description="Longest recall query.")
     max_item_chars: int = Field(default=200_000, ge=1, description="Longest retain item.")
-    # Bank transfer (heed.memory.transfer): exports, imports and clones of banks.
+    # Bank transfer (heed.transfer.service): exports, imports and clones of banks.
     transfer_archive_ttl_seconds: float = Field(
         default=86_400.0,
         gt=0,

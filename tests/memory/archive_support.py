@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heed.memory.archive import ArchiveWriter
-from heed.memory.bank_rows import (
+from heed.memory.models import Bank
+from heed.transfer.archive import ArchiveWriter
+from heed.transfer.rows import (
     ChunkRow,
     DocumentRow,
     EntityRow,
@@ -21,7 +22,6 @@ from heed.memory.bank_rows import (
     MembershipRow,
     UnitRow,
 )
-from heed.memory.models import Bank
 
 MODEL = "onnx:all-MiniLM-L6-v2-int8"
 DIM = 384

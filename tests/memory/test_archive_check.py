@@ -12,10 +12,11 @@ import httpx
 import pytest
 
 from heed.api.app import create_app
-from heed.memory.archive import ArchiveReader
-from heed.memory.archive_check import IdDigests, check_archive
-from heed.memory.archive_records import InvalidArchive
 from heed.settings import Settings
+from heed.transfer.archive import ArchiveReader
+from heed.transfer.check import check_archive
+from heed.transfer.ids import IdDigests
+from heed.transfer.records import InvalidArchive
 from tests.memory import archive_support as arc
 from tests.memory.test_transfer_http import _entities, _import
 from tests.support import LiveServer, live_server

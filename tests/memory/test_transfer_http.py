@@ -27,11 +27,11 @@ from hindsight_client import Hindsight
 
 from heed.api.app import create_app
 from heed.llm import ScriptedProvider
-from heed.memory.archive import SECTIONS
-from heed.memory.transfer import STAGING_TENANT
 from heed.mental_models.values import KnowledgeFolder, MentalModel
 from heed.runtime.context import DEFAULT_TENANT
 from heed.settings import Settings
+from heed.transfer.archive import SECTIONS
+from heed.transfer.runs import STAGING_TENANT
 from tests.memory import archive_support as arc
 from tests.pg_support import fresh_schema
 from tests.support import LiveServer, live_server, wait_for

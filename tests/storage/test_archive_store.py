@@ -1,4 +1,4 @@
-"""The archive store's contract (:class:`heed.memory.archive_store.ArchiveStore`), on both
+"""The archive store's contract (:class:`heed.transfer.store.ArchiveStore`), on both
 databases: archives in parts, readable once complete, per tenant, until they expire."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from heed.memory.archive_store import PART_BYTES, ExportQuota, ExportQuotaFull, StoredArchive
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 from heed.storage import SqlDatabase
-from heed.storage.archive_store import QUOTA_LOCK, SqlArchiveStore
+from heed.storage.transfer.archives import QUOTA_LOCK, SqlArchiveStore
+from heed.transfer.store import PART_BYTES, ExportQuota, ExportQuotaFull, StoredArchive
 
 
 @pytest.fixture

@@ -13,11 +13,10 @@ import numpy as np
 import psycopg
 import pytest
 
-from heed.memory.bank_rows import MentalModelRow
 from heed.memory.models import Conflict, InvalidInput, NotFound
 from heed.memory.store import BankGone
 from heed.mental_models.store import MentalModelStore
-from heed.mental_models.values import HistoryEntry, KnowledgeFolder, MentalModel
+from heed.mental_models.values import HistoryEntry, KnowledgeFolder, MentalModel, MentalModelRow
 from heed.storage import SqlDatabase
 from heed.storage.memory import SqlMemoryStore
 from tests.storage.test_memory_store import DIM, _bank

@@ -29,6 +29,7 @@ from heed.memory.tags import TAGS_MATCH, tags_pass
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 from heed.storage import SqlDatabase, schema_version
 from heed.storage.memory import SqlMemoryStore, memory_migrations
+from heed.storage.memory.writes import WRITE_BATCH
 
 DIM = 8
 
@@ -274,7 +275,7 @@ def test_write_document_cancelled_between_batches_leaves_nothing(
     monkeypatch.setattr(store.dialect, "insert_units", insert_then_cancel)
     with use_context(RequestContext(token=token)), pytest.raises(OperationCancelled):
         store.write_document(bank.ref, _doc([_unit(f"u{i}", "Ann") for i in range(600)], "big"))
-    assert batches == [8 if store.db.dialect == "postgresql" else 256]
+    assert batches == [8 if store.db.dialect == "postgresql" else WRITE_BATCH]  # PG: a few ms
     assert store.get_document(bank.ref, "big") is None
     for table in ("memory_units", "memory_entities", "memory_chunks", "memory_documents"):
         assert _count(store, table) == 0, table

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from heed.errors import InvalidText
-from heed.memory.bank_rows import BankSelection, DocumentRow, EntityRow, LinkRow, MembershipRow
 from heed.memory.models import Bank
 from heed.memory.store import BankGone, BankTaken, ObservationChanges, UnitFilter
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
 from heed.storage import SqlDatabase
 from heed.storage.memory import SqlMemoryStore
+from heed.transfer.rows import BankSelection, DocumentRow, EntityRow, LinkRow, MembershipRow
 from tests.storage.test_memory_store import DIM, _bank, _count, _doc, _unit, _vector
 
 
@@ -248,7 +248,7 @@ def _document(units: int, document_id: str = "d") -> DocumentRow:
 
 
 def _row(text: str, document_id: str | None = "d", vector: np.ndarray | None = None):  # type: ignore[no-untyped-def]
-    from heed.memory.bank_rows import UnitRow
+    from heed.transfer.rows import UnitRow
 
     return UnitRow(
         id=str(uuid.uuid4()),

@@ -33,7 +33,6 @@ import heed.migrate as migration
 from heed.api.app import create_app
 from heed.cli import main
 from heed.memory import build_memory_engine
-from heed.memory.archive_store import PART_BYTES, StoredArchive
 from heed.memory.directives.rules import Directive
 from heed.memory.models import Bank, EntityRef, RetainItem
 from heed.memory.store import UnitFilter
@@ -58,12 +57,13 @@ from heed.runtime import Lane, Lanes, RequestContext, use_context
 from heed.sessions.store import Message, Session, Wakeup
 from heed.settings import Settings
 from heed.storage import SqliteDatabase
-from heed.storage.archive_store import SqlArchiveStore
 from heed.storage.memory import SqlMemoryStore
 from heed.storage.postgres import PostgresDatabase
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
+from heed.storage.transfer.archives import SqlArchiveStore
 from heed.storage.webhook_store import SqlWebhookStore
+from heed.transfer.store import PART_BYTES, StoredArchive
 from heed.webhooks.models import (
     DELIVERED,
     FAILED,

@@ -34,13 +34,13 @@ import pytest
 import trustme
 
 from heed.api.app import create_app
-from heed.memory.archive import MAX_WEBHOOKS
-from heed.memory.bank_rows import WebhookRow
 from heed.memory.models import InvalidInput
 from heed.runs.model import Phase, Run
 from heed.settings import Settings
+from heed.transfer.sections.webhooks import MAX_WEBHOOKS
 from heed.webhooks import targets
 from heed.webhooks.events import MAX_BODY_BYTES
+from heed.webhooks.models import HttpConfig, Webhook
 from tests.pg_support import fresh_schema
 from tests.support import LiveServer, live_server, wait_for
 from tests.webhooks.receiver import receiver
@@ -264,16 +264,16 @@ def test_an_import_carrying_more_webhooks_than_a_bank_may_have_is_refused(
 ) -> None:
     """The check a bank archive's import (or a clone) runs before it writes anything."""
     rows = [
-        WebhookRow(
+        Webhook(
             id=f"wh_{i}",
+            tenant="",
+            bank_ref="",
+            bank_id="",
             url=f"https://hooks.example.com/{i}",
             secret=SECRET,
             event_types=["run.completed"],
             enabled=True,
-            method="POST",
-            timeout_seconds=10,
-            headers={},
-            params={},
+            http_config=HttpConfig(method="POST", timeout_seconds=10),
             created_at=0.0,
             updated_at=0.0,
         )

@@ -38,7 +38,6 @@ from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FileRetain
 from heed.memory.learning.consolidation import Consolidation
 from heed.memory.retain.operations import RetainOperations
-from heed.memory.transfer import BankTransfers
 from heed.memory.views.service import BankViews
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.service import MentalModels
@@ -48,6 +47,7 @@ from heed.runs.manager import RunManager
 from heed.services import Services
 from heed.sessions.service import SessionService
 from heed.settings import Settings
+from heed.transfer.service import BankTransfers
 from heed.webhooks import Webhooks
 
 T = TypeVar("T")

@@ -182,7 +182,7 @@ EXPORT_QUOTA: Final[dict[int | str, dict[str, Any]]] = {
         "headers": _RETRY_AFTER,
     }
 }
-"""For the routes that export a bank (:mod:`heed.memory.transfer`)."""
+"""For the routes that export a bank (:mod:`heed.transfer.service`)."""
 
 
 def upload_body(field: str, description: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["migrate"]
 
-# heed.migrate's defaults, written out: it loads psycopg, numpy and the memory
+# heed.migrate's defaults, written out: it loads the PostgreSQL driver, numpy and the memory
 # engine, so it is imported only when the command runs (tests check the two agree).
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_VERIFY_QUERIES = 20

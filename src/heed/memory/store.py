@@ -24,22 +24,12 @@ Rules every method keeps, on every database (tested once for both:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from heed.memory.bank_rows import (
-    BankReader,
-    BankSelection,
-    DocumentRow,
-    EntityRow,
-    LinkRow,
-    MembershipRow,
-    UnitRow,
-)
 from heed.memory.directives.rules import Directive, DirectivePatch
 from heed.memory.models import (
     Bank,
@@ -63,7 +53,6 @@ __all__ = [
     "LearningStore",
     "MemoryStore",
     "ObservationChanges",
-    "TransferStore",
     "UnitFilter",
     "VectorChanges",
     "VectorRows",
@@ -223,72 +212,6 @@ class DirectiveStore(Protocol):
         ...
 
 
-class TransferStore(Protocol):
-    """A whole bank read and written as rows, in bounded batches, for bank transfers
-    (:mod:`heed.memory.transfer`; the rows: :mod:`heed.memory.bank_rows`); part of every
-    :class:`MemoryStore`. The writes are meant for a bank nobody else sees yet (a staging
-    bank, published whole by :meth:`publish_bank`, discarded on failure): each ``write_*``
-    call is one transaction under the bank's lock that checks the bank's row first
-    (:class:`BankGone`, nothing written) and writes everything it was given or nothing,
-    except :meth:`write_document_rows` and :meth:`write_unit_rows`, which commit a few
-    memories at a time (a cancel waits for one such transaction, never for a document; on
-    PostgreSQL, several connections at once, whose running statements a cancel stops)."""
-
-    def read_bank(
-        self, bank_ref: str, selection: BankSelection
-    ) -> AbstractContextManager[BankReader]:
-        """A reader of the bank's rows (*selection* of them) from one consistent
-        snapshot: writes committed after it opened are not seen. Use it in one thread."""
-        ...
-
-    def write_document_rows(
-        self, bank_ref: str, document: DocumentRow, units: Iterable[Sequence[UnitRow]]
-    ) -> int:
-        """Write a document that the bank does not hold (``ValueError`` when it does), its
-        chunks and its ``unit_count`` units, given in batches (in seq order; read as they
-        are written): the units get consecutive seqs. The document's row, chunks and
-        reserved seqs are one transaction, then each batch is one (the token checked
-        between them): a failure or a cancel part-way leaves part of the document, for the
-        caller to discard with its bank. ``ValueError`` when the units are not
-        ``unit_count`` or name another document, or a vector has another size than the
-        store holds. Returns the units written."""
-        ...
-
-    def write_unit_rows(self, bank_ref: str, units: Sequence[UnitRow]) -> int:
-        """Write units without a document (observations; ``ValueError`` for a document's
-        unit, before anything is written), a few per transaction. Returns how many."""
-        ...
-
-    def write_entity_rows(self, bank_ref: str, entities: Sequence[EntityRow]) -> int:
-        """Write entities (canonical names derived from their names; ids and canonical
-        names must be new). Returns how many."""
-        ...
-
-    def write_membership_rows(self, bank_ref: str, memberships: Sequence[MembershipRow]) -> int:
-        """Write entity rows between the bank's units and entities (by id; ``ValueError``
-        naming one the bank does not hold). Returns how many were new."""
-        ...
-
-    def write_link_rows(self, bank_ref: str, links: Sequence[LinkRow]) -> int:
-        """Write links between the bank's units (by id; ``ValueError`` naming one the bank
-        does not hold). Returns how many were new."""
-        ...
-
-    def delete_bank_in_batches(self, bank_ref: str, batch: int) -> int:
-        """Delete the bank and everything in it as :meth:`MemoryStore.delete_bank` does, but
-        its units in transactions of at most *batch* (the writer is free between them): for
-        a bank nobody sees (a staging bank), whose part-deleted state nobody reads. Returns
-        how many units it held."""
-        ...
-
-    def publish_bank(self, bank: Bank) -> Bank:
-        """Give the bank of ``bank.ref`` its ``tenant``, ``bank_id`` and profile (name,
-        mission, background, disposition, config) in one statement: how a bank written
-        under a hidden name appears whole. :class:`BankTaken` when another bank holds
-        that id, :class:`BankGone` when the ref is gone."""
-        ...
-
-
 class BrowseStore(Protocol):
     """The memory store's reads for the views of a bank (:mod:`heed.memory.views.service`): its
     entities and their co-occurrence, the links among units, its tag lists and its
@@ -347,7 +270,7 @@ class BrowseStore(Protocol):
         ...
 
 
-class MemoryStore(LearningStore, DirectiveStore, TransferStore, BrowseStore, Protocol):
+class MemoryStore(LearningStore, DirectiveStore, BrowseStore, Protocol):
     """Banks, documents, units, entities, links and the keyword index of all tenants (see
     the module docstring for the rules every method keeps)."""
 

@@ -12,8 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from heed.memory.bank_rows import MentalModelRow
-from heed.mental_models.values import HistoryEntry, KnowledgeFolder, MentalModel
+from heed.mental_models.values import HistoryEntry, KnowledgeFolder, MentalModel, MentalModelRow
 
 __all__ = ["MentalModelStore"]
 
@@ -95,7 +94,7 @@ class MentalModelStore(Protocol):
     ) -> int:
         """A transfer's write: insert *folders* and *models* (with their history) into the
         bank as they are, timestamps included, in one transaction; how many nodes. The
-        caller checked the tree (:func:`heed.memory.archive_check.check_knowledge`); an id taken
+        caller checked the tree (:func:`heed.transfer.check.check_knowledge`); an id taken
         already fails the write (nothing written)."""
         ...
 

@@ -38,6 +38,7 @@ __all__ = [
     "HistoryEntry",
     "KnowledgeFolder",
     "MentalModel",
+    "MentalModelRow",
     "default_trigger",
     "merge_trigger",
     "scope_of",
@@ -111,6 +112,16 @@ class HistoryEntry:
     previous_content: str
     changed_at: str
     reason: str
+
+
+@dataclass(slots=True)
+class MentalModelRow:
+    """A mental model (or knowledge-base page) with its earlier contents, newest first:
+    what a bank transfer carries of the bank's knowledge (the model's ``bank_ref`` is the
+    bank's it is written into)."""
+
+    model: MentalModel
+    history: list[HistoryEntry] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from heed.migrate.reports import MigrationError
-from heed.storage.archive_store import MIGRATIONS as ARCHIVE_MIGRATIONS
 from heed.storage.memory import memory_migrations
 from heed.storage.run_store import MIGRATIONS as RUN_MIGRATIONS
 from heed.storage.session_store import MIGRATIONS as SESSION_MIGRATIONS
+from heed.storage.transfer.archives import MIGRATIONS as ARCHIVE_MIGRATIONS
 from heed.storage.webhook_store import MIGRATIONS as WEBHOOK_MIGRATIONS
 
 __all__ = ["SOURCE_SCHEMA", "Snapshot", "sqlite_source_path"]

@@ -81,7 +81,8 @@ class TableCopy:
 
 def live_archive(alias: str, now: float | str = NOW) -> str:
     """The condition that the archive *alias* names is one a server still serves at *now*:
-    stored whole, not expired (:meth:`heed.storage.archive_store.SqlArchiveStore.get_archive`)."""
+    stored whole, not expired
+    (:meth:`heed.storage.transfer.archives.SqlArchiveStore.get_archive`)."""
     when = now if isinstance(now, str) else repr(float(now))
     return f"{alias}.complete = 1 AND {alias}.expires_at > {when}"
 

@@ -18,13 +18,13 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from heed.migrate.reports import MigrationError
-from heed.storage.archive_store import SqlArchiveStore
 from heed.storage.memory import SqlMemoryStore
 from heed.storage.memory.postgres import PostgresMemory, SchemaMismatch
 from heed.storage.postgres import PostgresDatabase, is_postgres_url
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
+from heed.storage.transfer.archives import SqlArchiveStore
 from heed.storage.webhook_store import SqlWebhookStore
 
 __all__ = ["Target", "open_target", "prepare_target", "url_without_password", "vector_size"]

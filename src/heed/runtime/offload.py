@@ -25,6 +25,12 @@ A third, :func:`run_blocking`, is for short blocking calls that must complete
 even when the caller is cancelled (a store transaction recording that a run was
 cancelled): it checks no token, and it too waits for the call to return before
 the awaiting coroutine re-raises its own cancellation.
+
+Blocking code that itself needs threads (a database's cancel requests, a write split
+among connections) takes them from :func:`helper_pool`: one pool per name in the process,
+made on first use, shared by every caller naming it and owned here (never one per module
+or per call); :func:`run_concurrently` runs a list of jobs on the calling thread and such
+helpers.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -53,8 +59,10 @@ __all__ = [
     "WorkerLimitExceeded",
     "WorkerProcessDied",
     "configure_thread_pool",
+    "helper_pool",
     "preload_in_processes",
     "run_blocking",
+    "run_concurrently",
     "run_in_process",
     "run_in_thread",
     "start_process_server",
@@ -82,6 +90,62 @@ def _thread_pool() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(_max_threads, thread_name_prefix="heed-offload")
         return _executor
+
+
+_helper_pools: dict[str, ThreadPoolExecutor] = {}
+
+
+def helper_pool(name: str, threads: int) -> Executor:
+    """The process's pool *name* (its threads' name prefix) of *threads* threads for
+    short blocking helpers, made on first use and shared by every caller naming it (the
+    first call's *threads* sizes it). Owned by this module: callers submit to it and never
+    shut it down."""
+    with _executor_lock:
+        pool = _helper_pools.get(name)
+        if pool is None:
+            pool = _helper_pools[name] = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        return pool
+
+
+def run_concurrently(
+    jobs: Sequence[Callable[[], None]], workers: int, *, pool: str, threads: int
+) -> None:
+    """Run *jobs* on up to *workers* threads, this one among them, the others from
+    :func:`helper_pool` (*pool*, *threads*), each helper in a copy of this thread's context
+    (its token: a cancel reaches every job). Returns once no job runs any more; raises the
+    first error, after which no job starts."""
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    pending = iter(jobs)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        while True:
+            with lock:
+                job = None if errors else next(pending, None)
+            if job is None:
+                return
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 -- raised by the calling thread below
+                with lock:
+                    errors.append(exc)
+                return
+
+    executor = helper_pool(pool, threads)
+    helpers = [
+        executor.submit(contextvars.copy_context().run, drain)
+        for _ in range(min(workers, len(jobs)) - 1)
+    ]
+    drain()
+    for helper in helpers:
+        if not helper.cancel():  # one not started yet has nothing left to do
+            helper.result()
+    if errors:
+        raise errors[0]
 
 
 async def _await_until_settled(

@@ -105,7 +105,9 @@ class SqlDatabase(Protocol):
     ``RETURNING`` and ``ON CONFLICT``. Where the two must differ, the store asks the
     database: :attr:`dialect` spells the migrations (and picks the memory store's
     per-database part), :attr:`for_update` is appended to a ``SELECT`` whose rows the
-    transaction is about to change, and :meth:`lock` serialises check-then-write sequences
+    transaction is about to change (:attr:`skip_locked` to one that takes only rows no
+    other transaction holds), :meth:`json_text` reads a JSON text column's field, and
+    :meth:`lock` serialises check-then-write sequences
     (admission, a bank's writes) across connections and processes.
     """
 

@@ -24,7 +24,6 @@ from typing import Any, Final
 
 import numpy as np
 
-from heed.memory.bank_rows import MentalModelRow
 from heed.memory.models import Conflict, InvalidInput, NotFound
 from heed.memory.store import BankGone
 from heed.mental_models.values import (
@@ -32,6 +31,7 @@ from heed.mental_models.values import (
     HistoryEntry,
     KnowledgeFolder,
     MentalModel,
+    MentalModelRow,
 )
 from heed.storage.database import SqlDatabase
 from heed.storage.memory.rows import holds_nul, loads, now_iso

@@ -31,7 +31,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Final
@@ -43,7 +42,7 @@ from psycopg_pool import ConnectionPool
 
 from heed.errors import NUL, InvalidText
 from heed.redact import redact, secrets_of
-from heed.runtime import CancellationToken, OperationCancelled, current_token
+from heed.runtime import CancellationToken, OperationCancelled, current_token, helper_pool
 
 __all__ = [
     "CANCEL_GIVE_UP_SECONDS",
@@ -145,16 +144,10 @@ class Connection:
 
 # -- cancelling a running statement ----------------------------------------------------
 
-_cancel_pool: ThreadPoolExecutor | None = None
-_cancel_pool_lock = threading.Lock()
-
-
-def _cancel_executor() -> ThreadPoolExecutor:
-    global _cancel_pool
-    with _cancel_pool_lock:
-        if _cancel_pool is None:
-            _cancel_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="heed-pg-cancel")
-        return _cancel_pool
+#: The threads that send cancel requests (a network round trip each), shared by every
+#: connection (:func:`heed.runtime.helper_pool`).
+_CANCEL_POOL: Final = "heed-pg-cancel"
+_CANCEL_THREADS: Final = 8
 
 
 class _Canceller:
@@ -172,7 +165,7 @@ class _Canceller:
     def request(self, reason: str) -> None:
         """The token's callback: hand the network round trip to the cancel threads."""
         if not self._done.is_set():
-            _cancel_executor().submit(self._cancel)
+            helper_pool(_CANCEL_POOL, _CANCEL_THREADS).submit(self._cancel)
 
     def _cancel(self) -> None:
         give_up = time.monotonic() + CANCEL_GIVE_UP_SECONDS

@@ -38,7 +38,6 @@ import uuid
 from dataclasses import replace
 from typing import Any, Final
 
-from heed.memory.bank_rows import WebhookRow
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, Conflict, InvalidInput, NotFound
 from heed.runs.model import Run
@@ -201,21 +200,21 @@ class Webhooks:
     async def _delete_bank(self, bank: Bank) -> None:
         await run_in_thread(self.store.delete_bank, bank.tenant, bank.ref)
 
-    # -- bank transfer (heed.memory.transfer_work.WebhookCarrier; blocking) ----------
+    # -- bank transfer (the archive's webhooks section, heed.transfer; blocking) --
 
-    def bank_webhooks(self, bank: Bank) -> list[WebhookRow]:
+    def bank_webhooks(self, bank: Bank) -> list[Webhook]:
         """Every webhook of *bank*, oldest first, secrets included (an export's)."""
         found: list[Webhook] = []
         while True:
             page, total = self.store.list_bank(bank.tenant, bank.ref, 100, len(found))
             found.extend(page)
             if not page or len(found) >= total:
-                return [_carried(w) for w in found]
+                return found
 
-    def check_carried(self, webhooks: list[WebhookRow]) -> None:
-        """Refuse a carried webhook the API would refuse (the same rules as
-        :meth:`create`), naming it, and more webhooks than a bank may have: an import's
-        check."""
+    def check_carried(self, webhooks: list[Webhook]) -> None:
+        """Refuse a carried webhook (one an archive holds: its ``tenant``, ``bank_ref``
+        and ``bank_id`` unset) the API would refuse (the same rules as :meth:`create`),
+        naming it, and more webhooks than a bank may have: an import's check."""
         if len(webhooks) > self.max_per_bank:
             raise InvalidInput(
                 f"{len(webhooks)} webhooks; a bank may have at most {self.max_per_bank} "
@@ -225,12 +224,12 @@ class Webhooks:
             try:
                 self._events(webhook.event_types)
                 self._secret(webhook.secret)
-                self._config(_http_config(webhook))
+                self._config(webhook.http_config)
                 check_target(webhook.url, self.allow_private)
             except InvalidInput as exc:
                 raise InvalidInput(f"webhook {webhook.id[:100]!r}: {exc.message}") from exc
 
-    def stage_carried(self, webhooks: list[WebhookRow], bank: Bank) -> int:
+    def stage_carried(self, webhooks: list[Webhook], bank: Bank) -> int:
         """Store carried *webhooks* as *bank*'s, each under a new id (ids are global);
         their secrets, events, config and timestamps as they were (after
         :meth:`check_carried`)."""
@@ -245,7 +244,7 @@ class Webhooks:
                     secret=webhook.secret,
                     event_types=self._events(webhook.event_types),
                     enabled=webhook.enabled,
-                    http_config=self._config(_http_config(webhook)),
+                    http_config=self._config(webhook.http_config),
                     created_at=webhook.created_at,
                     updated_at=webhook.updated_at,
                 )
@@ -335,32 +334,6 @@ class Webhooks:
             if any(c in value for c in "\r\n\0"):
                 raise InvalidInput(f"http_config.headers: the value of {name!r} holds a line break")
         return replace(config, method="POST")
-
-
-def _carried(webhook: Webhook) -> WebhookRow:
-    config = webhook.http_config
-    return WebhookRow(
-        id=webhook.id,
-        url=webhook.url,
-        secret=webhook.secret,
-        event_types=list(webhook.event_types),
-        enabled=webhook.enabled,
-        method=config.method,
-        timeout_seconds=config.timeout_seconds,
-        headers=dict(config.headers),
-        params=dict(config.params),
-        created_at=webhook.created_at,
-        updated_at=webhook.updated_at,
-    )
-
-
-def _http_config(webhook: WebhookRow) -> HttpConfig:
-    return HttpConfig(
-        method=webhook.method,
-        timeout_seconds=webhook.timeout_seconds,
-        headers=dict(webhook.headers),
-        params=dict(webhook.params),
-    )
 
 
 def _parse_cursor(cursor: str) -> tuple[float, str]:

@@ -47,7 +47,7 @@ class WebhookStore(Protocol):
 
     def delete_ref(self, bank_ref: str) -> int:
         """Delete every webhook whose bank is *bank_ref* (of any tenant: a staging bank's,
-        see :mod:`heed.memory.transfer`) and their deliveries; how many webhooks."""
+        see :mod:`heed.transfer.service`) and their deliveries; how many webhooks."""
 
     def subscribers(self, tenant: str, bank_ref: str) -> list[Webhook]:
         """The bank's enabled webhooks (joins the caller's transaction)."""

@@ -69,14 +69,13 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
 
 from heed.runs.io import BlockingIO
-from heed.runtime import reraise_cancellation, run_blocking, settle
+from heed.runtime import reraise_cancellation, settle
 from heed.webhooks.models import DELIVERED, FAILED, PENDING, Delivery, Webhook
 from heed.webhooks.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, sign
 from heed.webhooks.store import WebhookStore
@@ -176,9 +175,7 @@ class DeliveryWorker:
         self.clock = clock
         self.io = BlockingIO(4, name="heed-webhooks")
         # One thread per sender: a resolution never waits behind another tenant's.
-        self._resolver = ThreadPoolExecutor(
-            self.limits.concurrency, thread_name_prefix="heed-webhooks-dns"
-        )
+        self._resolver = BlockingIO(self.limits.concurrency, name="heed-webhooks-dns")
         self.sent = 0
         self._task: asyncio.Task[None] | None = None
         self._sends: dict[str, asyncio.Task[None]] = {}
@@ -211,7 +208,7 @@ class DeliveryWorker:
         for send in sends:
             await settle(send)
         self.io.close()
-        self._resolver.shutdown(wait=True)
+        self._resolver.close()
 
     async def _loop(self) -> None:
         while True:
@@ -393,9 +390,7 @@ class DeliveryWorker:
         for _hop in range(MAX_REDIRECTS + 1):
             try:
                 async with asyncio.timeout_at(deadline):
-                    addresses = await run_blocking(
-                        self._resolver, resolve, str(url), self.allow_private
-                    )
+                    addresses = await self._resolver.call(resolve, str(url), self.allow_private)
             except TargetRefused as exc:
                 raise _Failed(str(exc), final=True) from None
             except TimeoutError:

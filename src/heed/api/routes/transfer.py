@@ -1,4 +1,4 @@
-"""Bank transfer (HTTP only; the rules and the work are :mod:`heed.memory.transfer`'s):
+"""Bank transfer (HTTP only; the rules and the work are :mod:`heed.transfer.service`'s):
 
 - ``POST /v1/default/banks/{bank_id}/transfer/export``: export the bank (or documents of
   it) as an archive (docs/bank-archive.md);

@@ -30,11 +30,9 @@ from typing import Any, Final
 from heed.memory.bank_runs import (
     OPERATION_KINDS,
     RETAIN_KIND,
-    TRANSFER_KINDS,
     bank_payload,
     bank_run,
     bank_session,
-    cancel_bank_runs,
     cancel_on_delete,
     status_of_phase,
 )
@@ -47,17 +45,7 @@ from heed.runs.manager import RunManager, RunNotFound
 from heed.runs.model import Run
 from heed.runtime import run_in_thread
 
-__all__ = [
-    "TRANSFER_KINDS",
-    "Progress",
-    "RetainOperations",
-    "bank_session",
-    "cancel_bank_runs",
-]
-
-# ``TRANSFER_KINDS``, ``bank_session`` and ``cancel_bank_runs`` live in
-# :mod:`heed.memory.bank_runs`; named here only for :mod:`heed.memory.transfer`, until it
-# imports them from there.
+__all__ = ["Progress", "RetainOperations"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ database implements :class:`MemoryDialect`:
   (a long one as a JSON array).
 - PostgreSQL (:mod:`heed.storage.memory.postgres`): the ``tsvector`` keyword column and
   BM25 in SQL with its pruning, vectors searched by pgvector's HNSW index, seqs in blocks of
-  the identity sequence, lists as array parameters.
+  the identity sequence, lists as array parameters; a bank transfer's memories written on
+  several connections at once (:mod:`heed.storage.transfer.pg_parallel`).
 
 Statement cancellation is the database's own
 (:meth:`heed.storage.database.SqlDatabase.cancellable`).
@@ -17,13 +18,18 @@ Statement cancellation is the database's own
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from heed.memory.store import VectorRows
 
-__all__ = ["Column", "MemoryDialect"]
+if TYPE_CHECKING:
+    from heed.storage.database import SqlDatabase
+    from heed.storage.transfer.pg_parallel import ParallelUnitWrites
+
+__all__ = ["Column", "MemoryDialect", "memory_dialect"]
 
 #: A column written in bulk: its name and its PostgreSQL array element type.
 Column = tuple[str, str]
@@ -40,6 +46,9 @@ class MemoryDialect(Protocol):
     #: A document's units inserted per bulk insert; the token is checked between batches,
     #: so a cancel waits for at most one batch's insert.
     unit_batch: int
+    #: SQL of a unit's keyword text in a ``SELECT ... FROM memory_units``, named
+    #: ``index_text`` (``NULL`` where the index keeps no text: PostgreSQL's ``tsvector``).
+    unit_index_text: str
 
     def check_schema(self) -> None:
         """After the migrations: refuse a database this store cannot serve."""
@@ -118,3 +127,40 @@ class MemoryDialect(Protocol):
     def unit_vectors(self, bank_ref: str, seqs: Sequence[int]) -> dict[int, np.ndarray]:
         """See :meth:`heed.memory.store.VectorSearchingStore.unit_vectors`."""
         ...
+
+    # -- bank transfer (heed.storage.transfer) ---------------------------------------------
+
+    def read_snapshot(self) -> AbstractContextManager[Any]:
+        """A cancellable read connection inside one read-only snapshot: writes committed
+        after it opened are not seen."""
+        ...
+
+    def snapshot_vectors(self, conn: Any, sql: str, params: Sequence[Any]) -> dict[int, np.ndarray]:
+        """The ``(seq, embedding)`` rows *sql* selects, read on *conn* (a
+        :meth:`read_snapshot`'s), as float32 vectors by seq."""
+        ...
+
+    def parallel_unit_writes(self) -> ParallelUnitWrites | None:
+        """How a transfer writes a batch of memories on several connections at once
+        (PostgreSQL: :mod:`heed.storage.transfer.pg_parallel`), or ``None``: a few a
+        transaction, one after the other (SQLite, whose one writer a cancel waits for)."""
+        ...
+
+    def is_unique_violation(self, exc: Exception) -> bool:
+        """Whether *exc* is the database refusing a duplicate key."""
+        ...
+
+
+def memory_dialect(database: SqlDatabase, dim: int) -> MemoryDialect:
+    """The memory store's part for *database* (psycopg loads only for PostgreSQL)."""
+    if database.dialect == "sqlite":
+        from heed.storage.memory.sqlite import SqliteMemory
+        from heed.storage.sqlite import SqliteDatabase
+
+        assert isinstance(database, SqliteDatabase)
+        return SqliteMemory(database)
+    from heed.storage.memory.postgres import PostgresMemory
+    from heed.storage.postgres import PostgresDatabase
+
+    assert isinstance(database, PostgresDatabase)
+    return PostgresMemory(database, dim)

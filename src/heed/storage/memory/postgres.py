@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
+import psycopg
 
 from heed.memory.store import VectorRows
 from heed.storage.memory.dialect import Column
@@ -38,6 +40,9 @@ from heed.storage.memory.pg_keywords import KeywordSearch
 from heed.storage.memory.rows import UNIT_WRITE_COLUMNS
 from heed.storage.memory.schema import SEQ_BLOCK
 from heed.storage.postgres import PostgresDatabase, Statements
+
+if TYPE_CHECKING:
+    from heed.storage.transfer.pg_parallel import ParallelUnitWrites
 
 __all__ = [
     "INSERT_UNITS",
@@ -98,15 +103,16 @@ class PostgresMemory:
     searches_vectors = True
     #: An array parameter holds any number of values.
     list_max = 1 << 30
-    #: pgvector's HNSW insert costs about 2.7 ms a unit (``benchmarks/transfer_pg_costs.py``)
-    #: and a running insert is not interrupted: a cancel waits for one batch (~20 ms), not
-    #: 256 units (~700 ms).
+    #: A document's units per bulk insert: pgvector's HNSW insert costs about 2.7 ms a
+    #: unit (``benchmarks/transfer_pg_costs.py``) and a running insert is not
+    #: interrupted: a cancel waits for at most one batch (~20 ms), not 256 units (~700 ms).
     unit_batch = 8
 
     def __init__(self, database: PostgresDatabase, dim: int) -> None:
         self.db = database
         self.dim = dim
         self.keywords = KeywordSearch(database)
+        self._parallel: ParallelUnitWrites | None = None
 
     def check_schema(self) -> None:
         """Raise :class:`SchemaMismatch` when the stored vectors have another size than the
@@ -261,3 +267,30 @@ class PostgresMemory:
                 (bank_ref, [int(s) for s in seqs]),
             )
         return {int(r[0]): _vector_from_binary(r[1]) for r in rows}
+
+    # -- bank transfer ---------------------------------------------------------------------
+
+    #: The index keeps a ``tsvector``, no text: a transfer rebuilds it.
+    unit_index_text = "NULL AS index_text"
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[Any]:
+        """A ``REPEATABLE READ READ ONLY`` transaction whose statements a cancel stops."""
+        with self.db.cancellable(transaction=True) as statements:
+            statements.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY", ())
+            yield statements
+
+    def snapshot_vectors(self, conn: Any, sql: str, params: Sequence[Any]) -> dict[int, np.ndarray]:
+        """In pgvector's binary form: no text to parse."""
+        return {int(r[0]): _vector_from_binary(r[1]) for r in conn.binary(sql, params)}
+
+    def parallel_unit_writes(self) -> ParallelUnitWrites:
+        if self._parallel is None:
+            # Imported here: the module builds its statements from this one's.
+            from heed.storage.transfer.pg_parallel import ParallelUnitWrites
+
+            self._parallel = ParallelUnitWrites(self.db)
+        return self._parallel
+
+    def is_unique_violation(self, exc: Exception) -> bool:
+        return isinstance(exc, psycopg.errors.UniqueViolation)

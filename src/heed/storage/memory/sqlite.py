@@ -12,7 +12,9 @@ give, and lists are plain ``IN`` lists.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Final
 
 import numpy as np
@@ -22,6 +24,7 @@ from heed.memory.store import VectorRows
 from heed.runtime import raise_if_cancelled
 from heed.storage.memory.dialect import Column
 from heed.storage.memory.rows import UNIT_WRITE_COLUMNS, bank_token
+from heed.storage.memory.writes import WRITE_BATCH
 from heed.storage.sqlite import SqliteDatabase
 
 __all__ = ["INDEX_TEXT_OF_UNIT", "SqliteMemory"]
@@ -37,6 +40,8 @@ _INSERT_UNITS: Final = (
 
 #: The index text of unit ``u`` (its FTS5 body), in a ``SELECT ... FROM memory_units u``.
 INDEX_TEXT_OF_UNIT: Final = "(SELECT f.body FROM memory_fts f WHERE f.rowid = u.seq)"
+#: The same, in a ``SELECT ... FROM memory_units``.
+_INDEX_TEXT_OF_UNITS: Final = INDEX_TEXT_OF_UNIT.replace("u.seq", "memory_units.seq")
 
 
 def _fts_quote(term: str) -> str:
@@ -49,7 +54,8 @@ class SqliteMemory:
     searches_vectors = False
     #: Old SQLite builds allow 999 parameters in a statement.
     list_max = 500
-    unit_batch = 256
+    #: A document's units per bulk insert.
+    unit_batch = WRITE_BATCH
 
     def __init__(self, database: SqliteDatabase) -> None:
         self.db = database
@@ -191,3 +197,31 @@ class SqliteMemory:
                 ):
                     out[int(seq)] = np.frombuffer(blob, dtype=np.float32).copy()
         return out
+
+    # -- bank transfer ---------------------------------------------------------------------
+
+    unit_index_text = f"{_INDEX_TEXT_OF_UNITS} AS index_text"
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[Any]:
+        """A deferred read transaction (WAL: writers go on, the reader keeps seeing what
+        was committed before its first read)."""
+        with self.db.cancellable() as conn:
+            conn.execute("BEGIN")  # deferred: the first read fixes the snapshot
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")  # read only: nothing to keep
+
+    def snapshot_vectors(self, conn: Any, sql: str, params: Sequence[Any]) -> dict[int, np.ndarray]:
+        return {
+            int(r[0]): np.frombuffer(r[1], dtype=np.float32).copy()
+            for r in conn.execute(sql, params).fetchall()
+        }
+
+    def parallel_unit_writes(self) -> None:
+        return None  # SQLite has one writer
+
+    def is_unique_violation(self, exc: Exception) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError)

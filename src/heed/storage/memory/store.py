@@ -22,7 +22,7 @@ from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.memory.tags import filters_by_tags, tags_pass
 from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.browse import BrowseReads
-from heed.storage.memory.dialect import MemoryDialect
+from heed.storage.memory.dialect import memory_dialect
 from heed.storage.memory.directives import DirectiveWrites
 from heed.storage.memory.learning import LearningWrites
 from heed.storage.memory.rows import (
@@ -41,30 +41,15 @@ from heed.storage.memory.rows import (
     without_nul,
 )
 from heed.storage.memory.schema import DEFAULT_DIM, memory_migrations
-from heed.storage.memory.sqlite import SqliteMemory
-from heed.storage.memory.transfer import TransferRows
 from heed.storage.mental_models import MentalModelWrites
+from heed.storage.transfer.rows import TransferRows
 
-__all__ = ["SqlMemoryStore", "memory_dialect"]
+__all__ = ["SqlMemoryStore"]
 
 #: The columns ``list_units`` may order and filter by time.
 _TIME_COLUMNS: Final = frozenset(
     {"mentioned_at", "occurred_start", "occurred_end", "created_at", "updated_at"}
 )
-
-
-def memory_dialect(database: SqlDatabase, dim: int) -> MemoryDialect:
-    """The memory store's part for *database* (psycopg loads only for PostgreSQL)."""
-    if database.dialect == "sqlite":
-        from heed.storage.sqlite import SqliteDatabase
-
-        assert isinstance(database, SqliteDatabase)
-        return SqliteMemory(database)
-    from heed.storage.memory.postgres import PostgresMemory
-    from heed.storage.postgres import PostgresDatabase
-
-    assert isinstance(database, PostgresDatabase)
-    return PostgresMemory(database, dim)
 
 
 def _like(search: str) -> str:

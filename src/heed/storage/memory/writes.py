@@ -3,8 +3,8 @@
 A document is written in **one transaction**: the bank's row is checked and its generation
 bumped first (a bank another process deleted is :class:`~heed.memory.store.BankGone` and
 nothing is written), then the ledger entry, the document row, its chunks, its units in
-bulk inserts of the dialect's ``unit_batch`` (the token
-checked between batches: a cancel rolls the whole document back), the entities,
+bulk inserts of :data:`WRITE_BATCH` (a document's units: the dialect's ``unit_batch``;
+the token checked between batches: a cancel rolls the whole document back), the entities,
 memberships and links planned by :mod:`heed.memory.retain.links`, and the shared values
 (:mod:`heed.storage.memory.values`). The units' rows are built before the transaction
 begins. On PostgreSQL, where several processes write at once, the transaction holds the

@@ -1,5 +1,13 @@
-"""Where bank archives wait: an export's result until it is downloaded, an upload until its
-import has run. :class:`heed.storage.archive_store.SqlArchiveStore` implements
+"""The two stores a bank transfer uses: the bank's rows (:class:`TransferStore`) and the
+archives (:class:`ArchiveStore`).
+
+:class:`TransferStore`: a whole bank read and written as rows (:mod:`heed.transfer.rows`);
+:class:`heed.storage.memory.SqlMemoryStore` implements it beside the memory store
+(:mod:`heed.storage.transfer.rows`).
+
+:class:`ArchiveStore`: where bank archives wait: an export's result until it is downloaded,
+an upload until its
+import has run. :class:`heed.storage.transfer.archives.SqlArchiveStore` implements
 :class:`ArchiveStore` in the server's database (SQLite or PostgreSQL), so any process
 sharing that database serves any archive: a download may reach another instance than the
 export, an import may run on another instance than the upload.
@@ -17,9 +25,22 @@ through the offload).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import IO, Final, Literal, Protocol
+
+from heed.memory.models import Bank
+from heed.runtime import raise_if_cancelled
+from heed.transfer.rows import (
+    BankReader,
+    BankSelection,
+    DocumentRow,
+    EntityRow,
+    LinkRow,
+    MembershipRow,
+    UnitRow,
+)
 
 __all__ = [
     "PART_BYTES",
@@ -29,6 +50,8 @@ __all__ = [
     "ExportQuotaFull",
     "ExportUsage",
     "StoredArchive",
+    "TransferStore",
+    "file_parts",
 ]
 
 #: The size of a stored part.
@@ -139,3 +162,78 @@ class ArchiveStore(Protocol):
     def delete_expired(self, now: float) -> int:
         """Delete the archives expired at *now*; how many."""
         ...
+
+
+class TransferStore(Protocol):
+    """A whole bank read and written as rows, in bounded batches, for bank transfers
+    (:mod:`heed.transfer.service`; the rows: :mod:`heed.transfer.rows`). The SQL memory
+    store implements it; a transfer is given it typed so. The writes are meant for a bank
+    nobody else sees yet (a staging bank, published whole by :meth:`publish_bank`,
+    discarded on failure): each ``write_*`` call is one transaction under the bank's lock
+    that checks the bank's row first (:class:`~heed.memory.store.BankGone`, nothing
+    written) and writes everything it was given or nothing, except
+    :meth:`write_document_rows` and :meth:`write_unit_rows`, which commit a few memories
+    at a time (a cancel waits for one such transaction, never for a document; on
+    PostgreSQL, several connections at once, whose running statements a cancel stops)."""
+
+    def read_bank(
+        self, bank_ref: str, selection: BankSelection
+    ) -> AbstractContextManager[BankReader]:
+        """A reader of the bank's rows (*selection* of them) from one consistent
+        snapshot: writes committed after it opened are not seen. Use it in one thread."""
+        ...
+
+    def write_document_rows(
+        self, bank_ref: str, document: DocumentRow, units: Iterable[Sequence[UnitRow]]
+    ) -> int:
+        """Write a document that the bank does not hold (``ValueError`` when it does), its
+        chunks and its ``unit_count`` units, given in batches (in seq order; read as they
+        are written): the units get consecutive seqs. The document's row, chunks and
+        reserved seqs are one transaction, then each batch is one (the token checked
+        between them): a failure or a cancel part-way leaves part of the document, for the
+        caller to discard with its bank. ``ValueError`` when the units are not
+        ``unit_count`` or name another document, or a vector has another size than the
+        store holds. Returns the units written."""
+        ...
+
+    def write_unit_rows(self, bank_ref: str, units: Sequence[UnitRow]) -> int:
+        """Write units without a document (observations; ``ValueError`` for a document's
+        unit, before anything is written), a few per transaction. Returns how many."""
+        ...
+
+    def write_entity_rows(self, bank_ref: str, entities: Sequence[EntityRow]) -> int:
+        """Write entities (canonical names derived from their names; ids and canonical
+        names must be new). Returns how many."""
+        ...
+
+    def write_membership_rows(self, bank_ref: str, memberships: Sequence[MembershipRow]) -> int:
+        """Write entity rows between the bank's units and entities (by id; ``ValueError``
+        naming one the bank does not hold). Returns how many were new."""
+        ...
+
+    def write_link_rows(self, bank_ref: str, links: Sequence[LinkRow]) -> int:
+        """Write links between the bank's units (by id; ``ValueError`` naming one the bank
+        does not hold). Returns how many were new."""
+        ...
+
+    def delete_bank_in_batches(self, bank_ref: str, batch: int) -> int:
+        """Delete the bank and everything in it as
+        :meth:`~heed.memory.store.MemoryStore.delete_bank` does, but its units in
+        transactions of at most *batch* (the writer is free between them): for a bank
+        nobody sees (a staging bank), whose part-deleted state nobody reads. Returns how
+        many units it held."""
+        ...
+
+    def publish_bank(self, bank: Bank) -> Bank:
+        """Give the bank of ``bank.ref`` its ``tenant``, ``bank_id`` and profile (name,
+        mission, background, disposition, config) in one statement: how a bank written
+        under a hidden name appears whole. :class:`~heed.memory.store.BankTaken` when
+        another bank holds that id, :class:`~heed.memory.store.BankGone` when the ref is gone."""
+        ...
+
+
+def file_parts(source: IO[bytes]) -> Iterator[bytes]:
+    """*source* read in parts of :data:`PART_BYTES` (the token checked between them)."""
+    while part := source.read(PART_BYTES):
+        raise_if_cancelled()
+        yield part

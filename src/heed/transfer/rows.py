@@ -1,11 +1,11 @@
 """A whole bank as rows: what a bank transfer reads from one store and writes into another.
 
-An export, an import or a clone (:mod:`heed.memory.transfer`) moves every row a bank holds,
+An export, an import or a clone (:mod:`heed.transfer.service`) moves every row a bank holds,
 in bounded batches, through the store methods of
 :class:`heed.memory.store.TransferStore`: :class:`BankReader` streams a bank out of one
 consistent snapshot, section by section, and the ``write_*_rows`` methods write rows into
 a (staging) bank. The rows are plain data, independent of the archive's JSON
-(:mod:`heed.memory.archive`) and of the tables (:mod:`heed.storage.memory.transfer`).
+(:mod:`heed.transfer.archive`) and of the tables (:mod:`heed.storage.transfer.rows`).
 
 What a row carries is what the bank holds, nothing derived that the target could not
 rebuild the same way: unit ids, chunk ids and entity ids are the source's (the importer
@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # annotations only: the values import the memory package, which imports this
-    from heed.mental_models.values import HistoryEntry, MentalModel
+from heed.mental_models.values import MentalModelRow
 
 __all__ = [
     "BankReader",
@@ -33,37 +32,7 @@ __all__ = [
     "MembershipRow",
     "MentalModelRow",
     "UnitRow",
-    "WebhookRow",
 ]
-
-
-@dataclass(slots=True)
-class MentalModelRow:
-    """A mental model (or knowledge-base page) with its earlier contents, newest first:
-    what a transfer carries of the bank's knowledge (the model's ``bank_ref`` is the
-    bank's it is written into)."""
-
-    model: MentalModel
-    history: list[HistoryEntry] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class WebhookRow:
-    """A webhook of the bank as a transfer carries it (the webhook service,
-    :mod:`heed.webhooks`, turns it into its own and back): where, which events, the secret
-    that signs them, and how they are sent. Times are epoch seconds."""
-
-    id: str
-    url: str
-    secret: str
-    event_types: list[str]
-    enabled: bool
-    method: str
-    timeout_seconds: int
-    headers: dict[str, str]
-    params: dict[str, str]
-    created_at: float
-    updated_at: float
 
 
 @dataclass(frozen=True, slots=True)

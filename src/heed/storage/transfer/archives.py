@@ -1,6 +1,6 @@
 """Bank archives in the database (component ``transfer_archives``), on SQLite or PostgreSQL.
 
-:class:`SqlArchiveStore` implements :class:`heed.memory.archive_store.ArchiveStore`: a row
+:class:`SqlArchiveStore` implements :class:`heed.transfer.store.ArchiveStore`: a row
 per archive in ``transfer_archives`` and its bytes in ``transfer_archive_parts`` (a
 ``BLOB`` on SQLite, ``BYTEA`` on PostgreSQL), one part per row and per transaction, so a
 large archive never holds SQLite's writer for long and a cancel waits for one part. A row is
@@ -19,15 +19,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Final
 
-from heed.memory.archive_store import (
+from heed.runtime import raise_if_cancelled
+from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.transfer.store import (
     PART_BYTES,
     ExportQuota,
     ExportQuotaFull,
     ExportUsage,
     StoredArchive,
 )
-from heed.runtime import raise_if_cancelled
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
 
 __all__ = ["MIGRATIONS", "SqlArchiveStore"]
 
@@ -67,7 +67,7 @@ MIGRATIONS: Final = [
     Migration(
         "transfer_archives",
         2,
-        # An export's reuse key (heed.memory.transfer: its parameters and records
+        # An export's reuse key (heed.transfer.runs: its parameters and records
         # digested), and a tenant's archives found by tenant (the export quota).
         """
         ALTER TABLE transfer_archives ADD COLUMN reuse_key TEXT;

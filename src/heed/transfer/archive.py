@@ -11,8 +11,9 @@ with their entries and record counts, in :data:`SECTIONS` order.
 
 **Versions and sections.** A reader takes every version up to its own and refuses a newer
 one by number; it refuses a section it does not know by name (never skipped: that would
-lose data silently), and a section newer than the archive's version
-(:data:`SECTION_SINCE`). Version 2 added ``webhooks``, ``knowledge_folders`` and
+lose data silently), and a section newer than the archive's version (its ``since``). The
+sections are :mod:`heed.transfer.sections`' registry: each one module, which encodes and
+decodes its records. Version 2 added ``webhooks``, ``knowledge_folders`` and
 ``mental_models``; archives of version 1 still import, without them. A section an archive
 lacks is empty.
 
@@ -30,12 +31,13 @@ to disk), a name twice, directories, encrypted or otherwise compressed entries, 
 :attr:`ArchiveLimits.max_unpacked_bytes` in all, and an entry the manifest does not list
 (or one it lists that is missing). Reads are capped at the declared sizes (zipfile stops
 there and checks the CRC), a line at :attr:`ArchiveLimits.max_record_bytes`.
-:func:`heed.memory.archive_check.check_archive` then reads every record once
-(:mod:`heed.memory.archive_records`: types, UTF-8, JSON) and checks what spans records, in
-memory that does not follow the archive's size. A record's JSON is decoded only when it
-holds at most :attr:`ArchiveLimits.max_record_values` values (counted from its bytes first:
-a line of ``[{},{},...]`` would otherwise cost twenty times its size). Every refusal is an
-:class:`~heed.memory.archive_records.InvalidArchive` (400) naming the entry and line.
+:func:`heed.transfer.check.check_archive` then reads every record once
+(:mod:`heed.transfer.records`: types, UTF-8, JSON; each section's record) and checks what
+spans records, in memory that does not follow the archive's size. A record's JSON is
+decoded only when it holds at most :attr:`ArchiveLimits.max_record_values` values (counted from its
+bytes first: a line of ``[{},{},...]`` would otherwise cost twenty times its size). Every refusal
+is an
+:class:`~heed.transfer.records.InvalidArchive` (400) naming the entry and line.
 """
 
 from __future__ import annotations
@@ -47,25 +49,19 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any, Final, Literal
+from typing import IO, TYPE_CHECKING, Any, Final, Literal
 
-from heed.memory.archive_records import (
-    BankRecord,
-    InvalidArchive,
-    bank_record,
-    check_values,
-    decode,
-    encode,
-    encode_bank,
-    parse_line,
-)
 from heed.memory.models import Bank
 from heed.runtime import raise_if_cancelled, reraise_cancellation
+from heed.transfer.records import MANIFEST, InvalidArchive, check_values, parse_line
+from heed.transfer.sections import BY_NAME, REGISTRY
+
+if TYPE_CHECKING:
+    from heed.transfer.sections.bank import BankRecord
 
 __all__ = [
     "FORMAT",
     "MANIFEST",
-    "MAX_WEBHOOKS",
     "RECORDS_PER_ENTRY",
     "SECTIONS",
     "SECTION_SINCE",
@@ -80,27 +76,14 @@ __all__ = [
 FORMAT: Final = "heed-bank-archive"
 #: The format version this heed writes, and the newest it reads.
 VERSION: Final = 2
-MANIFEST: Final = "manifest.json"
-#: The sections, in the order they are written and read.
-SECTIONS: Final = (
-    "bank",
-    "directives",
-    "webhooks",
-    "knowledge_folders",
-    "mental_models",
-    "documents",
-    "units",
-    "observations",
-    "entities",
-    "unit_entities",
-    "links",
-)
-#: The format version that added a section (the others are version 1's).
-SECTION_SINCE: Final = {"webhooks": 2, "knowledge_folders": 2, "mental_models": 2}
-#: The bank's settings: a documents archive holds none of these.
-_BANK_ONLY: Final = ("bank", "directives", "webhooks")
-#: Most webhooks an archive carries.
-MAX_WEBHOOKS: Final = 100
+#: The sections' names, in the order they are written and read (the registry's).
+SECTIONS: Final = tuple(section.name for section in REGISTRY)
+#: The format version that added each section.
+SECTION_SINCE: Final = {section.name: section.since for section in REGISTRY}
+#: The bank's profile and settings: a documents archive holds none of these.
+_BANK_ONLY: Final = tuple(s.name for s in REGISTRY if s.group in ("bank", "config"))
+#: The entries of the sections of one record each (``bank.json``).
+_SINGLE: Final = frozenset(f"{s.name}.json" for s in REGISTRY if s.single)
 #: Records per shard of a section.
 RECORDS_PER_ENTRY: Final = 5000
 #: Records written or read between two token checks (a few milliseconds of work).
@@ -174,6 +157,11 @@ class Manifest:
         ).encode("utf-8")
 
 
+def _json(value: dict[str, Any]) -> bytes:
+    """A record as the archive holds it (UTF-8 JSON, no newline)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
 def _written_by() -> str:
     try:
         return f"heed {importlib.metadata.version('heed')}"
@@ -193,7 +181,7 @@ class ArchiveWriter:
     the process: no time spent deflating). *content*, when given, is fed every record's
     bytes with its section's name, in order, and nothing of the manifest (which says when
     and by what the archive was written): two archives it was fed the same bytes for hold
-    the same records (an export's reuse, :mod:`heed.memory.transfer`).
+    the same records (an export's reuse, :mod:`heed.transfer.service`).
     """
 
     def __init__(
@@ -227,12 +215,16 @@ class ArchiveWriter:
 
     def bank(self, bank: Bank) -> None:
         """Write the ``bank`` section (the profile and configuration)."""
-        self._start("bank")
-        record = encode_bank(bank)
+        self.write("bank", [bank])
+
+    def _single(self, section: str, row: Any) -> None:
+        """Write the one record of a *single* section, in ``<section>.json``."""
+        entry = f"{section}.json"
+        record = _json(BY_NAME[section].encode(row))
         if self._content is not None:
             self._content(record)
-        self.zip.writestr("bank.json", record)
-        self._sections["bank"] = Section("bank", ("bank.json",), 1)
+        self.zip.writestr(entry, record)
+        self._sections[section] = Section(section, (entry,), 1)
         self._current = None
 
     def _start(self, section: str) -> None:
@@ -249,15 +241,22 @@ class ArchiveWriter:
                 self._content(b"\x00" + section.encode() + b"\x00")  # where a section begins
 
     def write(self, section: str, rows: list[Any]) -> None:
-        """Append *rows* to *section* (the current one, or the next in order)."""
+        """Append *rows* to *section* (the current one, or the next in order; a single
+        section takes one row)."""
         self._start(section)
+        spec = BY_NAME[section]
+        if spec.single:
+            (row,) = rows
+            self._single(section, row)
+            return
+        encode = spec.encode
         for row in rows:
             if self._entry is None or self._in_entry >= RECORDS_PER_ENTRY:
                 self._next_entry(section)
             assert self._entry is not None
             if self._records % CHECK_EVERY == 0:
                 raise_if_cancelled()
-            record = encode(row)
+            record = _json(encode(row)) + b"\n"
             if self._content is not None:
                 self._content(record)
             self._entry.write(record)
@@ -353,7 +352,7 @@ def _manifest(value: dict[str, Any]) -> Manifest:
                 f"section {name!r} is not one this heed imports (format version {VERSION} "
                 f"has {', '.join(SECTIONS)})"
             )
-        if SECTION_SINCE.get(name, 1) > version:
+        if SECTION_SINCE[name] > version:
             raise InvalidArchive(
                 f"section {name!r} is not in format version {version} "
                 f"(it came with version {SECTION_SINCE[name]})"
@@ -371,7 +370,8 @@ def _manifest(value: dict[str, Any]) -> Manifest:
         ):
             raise InvalidArchive(f"{MANIFEST}: section {name!r} has bad entries or records")
         for entry in entries:
-            expected = entry == "bank.json" if name == "bank" else _shard_of(entry) == name
+            single = BY_NAME[name].single
+            expected = entry == f"{name}.json" if single else _shard_of(entry) == name
             if not expected:
                 raise InvalidArchive(
                     f"{MANIFEST}: entry {entry[:100]!r} does not belong to section {name!r}"
@@ -410,7 +410,7 @@ def _shard_of(name: str) -> str | None:
 
 def _readable(name: str) -> bool:
     """Whether *name* is an entry heed writes (the path-trick guard)."""
-    return name in (MANIFEST, "bank.json") or _shard_of(name) in SECTIONS
+    return name == MANIFEST or name in _SINGLE or _shard_of(name) in SECTIONS
 
 
 class ArchiveReader:
@@ -520,7 +520,10 @@ class ArchiveReader:
             return None
         data = self._read_whole("bank.json", self.limits.max_record_bytes)
         check_values(data, self.limits.max_record_values, "bank.json")
-        return bank_record(parse_line(data, "bank.json"), "bank.json")
+        record: BankRecord = BY_NAME["bank"].decode(
+            parse_line(data, "bank.json"), self.manifest.dim, "bank.json"
+        )
+        return record
 
     def lines(self, section: str) -> Iterator[tuple[bytes, str]]:
         """The raw lines of *section* (each with ``entry:line`` for messages), one at a
@@ -551,8 +554,9 @@ class ArchiveReader:
                 raise _damaged(entry, exc) from exc
 
     def rows(self, section: str) -> Iterator[Any]:
-        """The rows of *section* (:mod:`heed.memory.bank_rows`), each checked on its own."""
+        """The rows of *section* (its module's decoding), each checked on its own."""
         dim = self.manifest.dim
+        decode = BY_NAME[section].decode
         for line, where in self.lines(section):
             check_values(line, self.limits.max_record_values, where)
-            yield decode(section, parse_line(line, where), dim, where)
+            yield decode(parse_line(line, where), dim, where)

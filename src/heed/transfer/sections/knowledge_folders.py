@@ -1,0 +1,91 @@
+"""Section ``knowledge_folders`` (since version 2): the knowledge base's folders, with the
+bank's settings (or a documents export's ``include_knowledge_base``). Their ids are the
+bank's own and are kept; the tree is checked with the mental models
+(:mod:`heed.transfer.sections.mental_models`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from heed.memory.models import InvalidInput
+from heed.mental_models.values import MAX_MENTAL_MODELS, KnowledgeFolder
+from heed.transfer.records import (
+    NOT_BLANK,
+    Id,
+    InvalidArchive,
+    Record,
+    fields_of,
+    utc_time,
+    validate,
+)
+from heed.transfer.sections.base import (
+    Checker,
+    ExportContext,
+    ImportContext,
+    KnowledgeNode,
+    Section,
+)
+
+__all__ = ["SECTION", "FolderRecord"]
+
+
+class FolderRecord(Record):
+    """A knowledge-base folder."""
+
+    id: Id
+    name: Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+    parent_id: Id | None
+    managed: bool
+    created_at: str
+    updated_at: str
+
+
+def encode(row: KnowledgeFolder) -> dict[str, Any]:
+    return fields_of(row, FolderRecord)
+
+
+def decode(value: dict[str, Any], dim: int, where: str) -> KnowledgeFolder:
+    record = validate(FolderRecord, value, where)
+    return KnowledgeFolder(
+        bank_ref="",
+        id=record.id,
+        name=record.name,
+        parent_id=record.parent_id,
+        managed=record.managed,
+        created_at=utc_time(record.created_at, "created_at", where) or "",
+        updated_at=utc_time(record.updated_at, "updated_at", where) or "",
+    )
+
+
+def read(ctx: ExportContext) -> Iterator[list[KnowledgeFolder]]:
+    if ctx.stores.knowledge is not None:
+        yield ctx.stores.knowledge.knowledge_folders(ctx.bank.ref)
+
+
+def write(ctx: ImportContext) -> dict[str, int]:
+    store = ctx.stores.knowledge
+    if store is None:
+        if ctx.reader.manifest.records("knowledge_folders"):
+            raise InvalidInput("this server cannot import mental models")
+        return {}
+    folders: list[KnowledgeFolder] = list(ctx.reader.rows("knowledge_folders"))
+    for folder in folders:
+        folder.bank_ref = ctx.staging.ref
+    return {"knowledge_folders": store.write_knowledge_rows(ctx.staging.ref, folders, [])}
+
+
+def check(checker: Checker) -> None:
+    n = 0
+    for n, row in enumerate(checker.rows("knowledge_folders"), 1):
+        if n > MAX_MENTAL_MODELS:
+            raise InvalidArchive(
+                f"more than {MAX_MENTAL_MODELS} knowledge folders; a bank holds at most that"
+            )
+        checker.knowledge.append(KnowledgeNode.of_folder(row))
+    checker.counted("knowledge_folders", n)
+
+
+SECTION = Section("knowledge_folders", 2, "knowledge", encode, decode, read, write, check)
