@@ -61,8 +61,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield srv
 
 
-def script(server: LiveServer, *replies: dict[str, Any]) -> ScriptedProvider:
-    provider = ScriptedProvider({"replies": list(replies)})
+def script(
+    server: LiveServer, *replies: dict[str, Any], model: str = "scripted"
+) -> ScriptedProvider:
+    provider = ScriptedProvider({"model": model, "replies": list(replies)})
     server.app.state.services.reflect.provider = provider
     return provider
 
@@ -72,8 +74,12 @@ def answers(server: LiveServer) -> ScriptedProvider:
 
 
 def slow(server: LiveServer) -> ScriptedProvider:
-    """A refresh that stays inside its LLM call for a minute."""
-    return script(server, {"when": "pets", "latency": 60, "text": "never written"})
+    """A refresh that stays inside its LLM call for a minute. Another model than
+    :func:`answers`' so a model that one wrote is refreshed, not skipped as unchanged (the
+    reflect provider's model is one of a refresh's sources)."""
+    return script(
+        server, {"when": "pets", "latency": 60, "text": "never written"}, model="scripted-slow"
+    )
 
 
 def reflect_in_use(server: LiveServer) -> int:
@@ -165,7 +171,9 @@ async def test_create_list_get_and_refresh_a_mental_model(server: LiveServer) ->
                 progress_callback=again,
             )
         )
-        assert refreshed["outcome"] == "content_unchanged" and refreshed["content"] == ANSWER
+        # Nothing it reads changed since the first refresh: skipped, no LLM call.
+        assert refreshed["outcome"] == "content_preserved_no_new_facts"
+        assert refreshed["content"] == ANSWER
         assert refreshed["run_id"] == again.run_id() != made["run_id"]
     run = await run_of(server, refreshed["run_id"])
     assert (run["kind"], run["phase"], run["tenant"]) == (

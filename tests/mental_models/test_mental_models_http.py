@@ -53,8 +53,13 @@ def server(
         yield srv
 
 
-def script(server: LiveServer, *replies: dict[str, Any], select: str = "turn") -> ScriptedProvider:
-    provider = ScriptedProvider({"select": select, "replies": list(replies)})
+def script(
+    server: LiveServer, *replies: dict[str, Any], select: str = "turn", model: str = "scripted"
+) -> ScriptedProvider:
+    """Play *replies* as the reflect provider, named *model* (another model than the one a
+    content was written with makes a refresh ask it again: the provider is one of a
+    refresh's sources, :mod:`heed.mental_models.fingerprint`)."""
+    provider = ScriptedProvider({"select": select, "model": model, "replies": list(replies)})
     server.app.state.services.reflect.provider = provider
     return provider
 
@@ -211,7 +216,7 @@ def test_a_refresh_is_cancelled_while_processing_and_frees_its_slot(server: Live
     bank = new_bank(server, "Alice has two cats.")
     created = create(server, bank)
     finished(server, created["operation_id"])
-    script(server, {"when": "pets", "latency": 60, "text": "never written"})
+    script(server, {"when": "pets", "latency": 60, "text": "never written"}, model="slow")
     refresh = httpx.post(
         f"{server.url}/v1/default/banks/{bank}/mental-models/{created['mental_model_id']}/refresh",
         timeout=30,
@@ -274,7 +279,13 @@ def test_a_dry_run_writes_nothing_and_history_is_bounded(server: LiveServer) -> 
     assert dry.status_code == 200, dry.text
     assert dry.json()["would_persist"] is True and dry.json()["diff"]
     assert model(server, bank, model_id)["content"] == before["content"]  # nothing written
-    for _ in range(HISTORY_LIMIT + 2):
+    for i in range(HISTORY_LIMIT + 2):
+        # A changed budget, so each refresh asks the LLM (an unchanged model is skipped).
+        httpx.patch(
+            f"{server.url}/v1/default/banks/{bank}/mental-models/{model_id}",
+            json={"max_tokens": 1000 + i},
+            timeout=30,
+        ).raise_for_status()
         r = httpx.post(
             f"{server.url}/v1/default/banks/{bank}/mental-models/{model_id}/refresh", timeout=30
         ).json()

@@ -19,7 +19,7 @@ from heed.mental_models.store import MentalModelStore
 from heed.mental_models.values import HistoryEntry, KnowledgeFolder, MentalModel, MentalModelRow
 from heed.storage import SqlDatabase
 from heed.storage.memory import SqlMemoryStore
-from tests.storage.test_memory_store import DIM, _bank
+from tests.storage.test_memory_store import DIM, _bank, _unit, _write
 
 
 @pytest.fixture
@@ -102,6 +102,67 @@ def test_update_mental_model_and_mark_refresh_failed(store: SqlMemoryStore) -> N
     store.mark_refresh_failed(bank.ref, "m")
     failed = store.get_mental_model(bank.ref, "m")
     assert failed is not None and failed.last_refresh_failed_at
+
+
+def test_refresh_fingerprint_and_mark_refresh_skipped(store: SqlMemoryStore) -> None:
+    bank = _bank(store)
+    store.create_mental_model(_model(bank.ref, "m"), 10)
+    assert store.refresh_fingerprint(bank.ref, "m") is None  # never refreshed
+    assert not store.mark_refresh_skipped(bank.ref, "m", "f1")
+    store.write_mental_model_content(
+        bank.ref,
+        "m",
+        "v1",
+        None,
+        None,
+        reason="refreshed",
+        history_limit=3,
+        refreshed=True,
+        fingerprint="f1",
+    )
+    assert store.refresh_fingerprint(bank.ref, "m") == "f1"
+    before = store.get_mental_model(bank.ref, "m")
+    assert before is not None
+    assert not store.mark_refresh_skipped(bank.ref, "m", "f2")  # another fingerprint
+    assert store.mark_refresh_skipped(bank.ref, "m", "f1")
+    after = store.get_mental_model(bank.ref, "m")
+    assert after is not None and after.content == "v1" and after.updated_at == before.updated_at
+    assert after.last_refreshed_at and after.last_refreshed_at >= (before.last_refreshed_at or "")
+    assert store.mental_model_history(bank.ref, "m") == []
+    # Any other write of the content (a clear) empties it.
+    store.write_mental_model_content(
+        bank.ref, "m", "", None, None, reason="cleared", history_limit=3, refreshed=False
+    )
+    assert store.refresh_fingerprint(bank.ref, "m") is None
+    assert store.refresh_fingerprint(bank.ref, "gone") is None
+    assert store.refresh_fingerprint(bank.ref, "m\x00") is None
+    assert not store.mark_refresh_skipped(bank.ref, "m\x00", "f1")
+
+
+def test_scope_digest_changes_only_with_the_units_in_its_scope(store: SqlMemoryStore) -> None:
+    bank = _bank(store)
+    empty = store.scope_digest(bank.ref, ["pets"], "all_strict", None)
+    assert empty == [0, 0, 0, 0]
+    _write(store, bank, _unit("Alice has a cat.", tags=["pets"]))
+    one = store.scope_digest(bank.ref, ["pets"], "all_strict", None)
+    assert one[0] == 1 and one != empty
+    whole = store.scope_digest(bank.ref, None, "any", None)
+    # Outside the scope: another tag, or another fact type than asked for.
+    _write(store, bank, _unit("Bob plays the violin.", tags=["music"]))
+    assert store.scope_digest(bank.ref, ["pets"], "all_strict", None) == one
+    assert store.scope_digest(bank.ref, None, "any", None) != whole
+    assert store.scope_digest(bank.ref, ["pets"], "all_strict", ["experience"]) == empty
+    assert store.scope_digest(bank.ref, ["pets"], "all_strict", []) == empty
+    # A unit replaced by another (delete and insert, the same count) changes it.
+    [seq] = _write(store, bank, _unit("Alice has a dog.", tags=["pets"]), doc="dog")
+    two = store.scope_digest(bank.ref, ["pets"], "all_strict", None)
+    assert two[0] == 2
+    _write(store, bank, _unit("Alice has a puppy.", tags=["pets"]), doc="dog")
+    replaced = store.scope_digest(bank.ref, ["pets"], "all_strict", None)
+    assert replaced[0] == 2 and replaced != two
+    assert store.scope_digest(bank.ref, ["pets"], "all_strict", ["world"]) == replaced
+    assert store.scope_digest(bank.ref, ["p\x00"], "all_strict", None) == empty
+    assert seq > 0
 
 
 def test_create_knowledge_folder_update_knowledge_folder_knowledge_folders_delete_knowledge_node(

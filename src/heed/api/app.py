@@ -17,6 +17,7 @@ from heed.api.metrics import Metrics
 from heed.api.middleware import RequestLifecycleMiddleware
 from heed.api.openapi import install_openapi
 from heed.api.readiness import Readiness
+from heed.api.refresh_metrics import install_refresh_metrics
 from heed.api.revocations import Revocations
 from heed.api.routes import (
     auth,
@@ -141,6 +142,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(runs_routes.router)
     app.include_router(sessions_routes.router)
     install_run_metrics(app.state.metrics.registry, services.manager)
+    install_refresh_metrics(app.state.metrics.registry, services.mental_models.refreshes)
     if settings.enable_diagnostics:
         app.include_router(diagnostics.router)
     app.router.routes.extend(mcp.routes)  # /mcp: heed's MCP server

@@ -32,6 +32,18 @@ the bank's operations (:data:`heed.memory.bank_runs.OPERATION_KINDS`):
 - *it survives dead workers, within a budget* (:data:`MAX_ATTEMPTS`; writing the content is
   idempotent).
 
+**Skipped when nothing it reads changed.** Before the LLM is asked, a refresh computes its
+model's source fingerprint (:mod:`heed.mental_models.fingerprint`: the request, the bank's
+reflect settings, the directives, the mental models it may consult, the provider and the
+memories in the model's scope). When it equals the one stored with the content by the last
+refresh, the run completes at once with the result ``{"skipped": "sources unchanged",
+"outcome": "content_preserved_no_new_facts", "llm_calls": 0, ...}``: no LLM call, content and
+history untouched, ``last_refreshed_at`` stamped (the content is current as of now). This
+holds for a refresh asked by hand too (the client's refresh request has no field to force
+one; change the model, e.g. its ``max_tokens``, or clear it, to force a rewrite). Skips are
+counted per trigger (:meth:`MentalModelRefreshes.skipped`, exported as
+``heed_mental_model_refresh_skipped_total``).
+
 A **dry run** (:meth:`MentalModelRefreshes.dry_run`) runs the same reflect under the
 request's token in an interactive slot and reports what a refresh would write, writing
 nothing.
@@ -42,7 +54,9 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -57,6 +71,7 @@ from heed.memory.bank_runs import (
 )
 from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, Conflict
+from heed.mental_models.fingerprint import source_fingerprint
 from heed.mental_models.lookup import MentalModelLookup
 from heed.mental_models.store import MentalModelStore
 from heed.mental_models.values import (
@@ -83,6 +98,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "MENTAL_MODEL_REFRESH_KIND",
     "MODEL_DELETED",
+    "SKIPPED",
     "MentalModelRefreshes",
     "RefreshLimits",
     "RefreshTooSoon",
@@ -93,6 +109,10 @@ MAX_ATTEMPTS: Final = 3
 #: The cancel reason of a refresh whose model was deleted.
 MODEL_DELETED: Final = "mental model deleted"
 _STAGES: Final = 2  # reflecting, writing
+#: The ``skipped`` word of a refresh whose sources had not changed since the last one.
+SKIPPED: Final = "sources unchanged"
+#: The outcome such a refresh reports (hindsight-client's word for it).
+_SKIPPED_OUTCOME: Final = "content_preserved_no_new_facts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +161,15 @@ class MentalModelRefreshes:
         self.store = store
         self.lookup = lookup
         self.limits = limits or RefreshLimits()
+        self._skipped: Counter[str] = Counter()
+        self._skipped_lock = threading.Lock()
         cancel_on_delete(engine, manager, MENTAL_MODEL_REFRESH_KIND)
+
+    def skipped(self) -> dict[str, int]:
+        """Refreshes skipped because their sources had not changed, in this process, by
+        trigger (``created``, ``manual``, ``trigger``)."""
+        with self._skipped_lock:
+            return dict(self._skipped)
 
     def kind_spec(self) -> KindSpec:
         """How refreshes execute: register it as :data:`MENTAL_MODEL_REFRESH_KIND`."""
@@ -243,6 +271,21 @@ class MentalModelRefreshes:
                 model = await run_in_thread(self.store.get_mental_model, bank.ref, model_id)
                 if model is None:
                     raise OperationCancelled(MODEL_DELETED)
+                request = self._request(model)
+                provider = self.reflect.provider
+                fingerprint = await source_fingerprint(
+                    self.engine,
+                    self.store,
+                    bank,
+                    model_id,
+                    request,
+                    (provider.name, provider.model),
+                )
+                if await self._unchanged(bank, model, fingerprint):
+                    self._count_skip(str(payload.get("trigger")))
+                    await self._progress(rc, "skipped", _STAGES, model_id)
+                    result = self._result(model, payload, _SKIPPED_OUTCOME, model.content)
+                    return {**result, "skipped": SKIPPED, "llm_calls": 0}
                 await self._progress(rc, "reflecting", 0, model_id)
 
                 async def to_journal(event: EventType, data: dict[str, Any]) -> None:
@@ -251,7 +294,7 @@ class MentalModelRefreshes:
 
                 try:
                     outcome = await self.reflect.agent().run(
-                        bank, self._request(model), to_journal, background=True
+                        bank, request, to_journal, background=True
                     )
                 except Exception as exc:
                     reraise_cancellation(exc)
@@ -267,7 +310,7 @@ class MentalModelRefreshes:
                 )
                 embedding = await self.lookup.embed(replace(model, content=text))
                 written = await run_in_thread(
-                    self._write, bank, model_id, text, response, embedding
+                    self._write, bank, model_id, text, response, embedding, fingerprint
                 )
                 if written is None:
                     raise OperationCancelled(MODEL_DELETED)
@@ -275,8 +318,28 @@ class MentalModelRefreshes:
         outcome_name = "content_unchanged" if model.content == text else "content_written"
         return self._result(model, payload, outcome_name, text)
 
+    async def _unchanged(self, bank: Bank, model: MentalModel, fingerprint: str) -> bool:
+        """Whether *model*'s content was written from sources whose fingerprint is
+        *fingerprint* (then ``last_refreshed_at`` is stamped and the refresh is skipped)."""
+        if not model.content.strip():
+            return False
+        stored = await run_in_thread(self.store.refresh_fingerprint, bank.ref, model.id)
+        if stored != fingerprint:
+            return False
+        return await run_in_thread(self.store.mark_refresh_skipped, bank.ref, model.id, fingerprint)
+
+    def _count_skip(self, trigger: str) -> None:
+        with self._skipped_lock:
+            self._skipped[trigger] += 1
+
     def _write(
-        self, bank: Bank, model_id: str, text: str, response: dict[str, Any], embedding: Any
+        self,
+        bank: Bank,
+        model_id: str,
+        text: str,
+        response: dict[str, Any],
+        embedding: Any,
+        fingerprint: str,
     ) -> MentalModel | None:
         raise_if_cancelled()  # a cancel that came during the reflect writes nothing
         return self.store.write_mental_model_content(
@@ -288,6 +351,7 @@ class MentalModelRefreshes:
             reason="refreshed",
             history_limit=HISTORY_LIMIT,
             refreshed=True,
+            fingerprint=fingerprint,
         )
 
     async def _progress(self, rc: RunContext, stage: str, processed: int, model_id: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from heed.memory.models import TagsMatch
 from heed.mental_models.values import HistoryEntry, KnowledgeFolder, MentalModel, MentalModelRow
 
 __all__ = ["MentalModelStore"]
@@ -63,11 +64,37 @@ class MentalModelStore(Protocol):
         reason: str,
         history_limit: int,
         refreshed: bool,
+        fingerprint: str | None = None,
     ) -> MentalModel | None:
         """Replace the model's content (and the response it came from, and its embedding);
         the content it replaces, when not empty and not the same, goes to its history with
         *reason*, which keeps the newest *history_limit*. *refreshed* stamps
-        ``last_refreshed_at``. ``None`` when the bank has no such model."""
+        ``last_refreshed_at``. *fingerprint* is stored as the model's source fingerprint
+        (:mod:`heed.mental_models.fingerprint`); ``None`` empties it. ``None`` when the bank
+        has no such model."""
+        ...
+
+    def refresh_fingerprint(self, bank_ref: str, model_id: str) -> str | None:
+        """The source fingerprint stored with the model's content (``None``: none, or no
+        such model)."""
+        ...
+
+    def mark_refresh_skipped(self, bank_ref: str, model_id: str, fingerprint: str) -> bool:
+        """Stamp the model's ``last_refreshed_at`` if its stored source fingerprint is still
+        *fingerprint* (a refresh found its sources unchanged); whether it was. Content,
+        history and ``updated_at`` stay as they are."""
+        ...
+
+    def scope_digest(
+        self,
+        bank_ref: str,
+        tags: Sequence[str] | None,
+        tags_match: TagsMatch,
+        fact_types: Sequence[str] | None,
+    ) -> list[int]:
+        """A digest of the bank's units a recall with these filters can find (tags matched
+        by recall's rule, :func:`heed.memory.tags.tags_pass`; *fact_types* ``None``: any):
+        it changes whenever a unit enters or leaves that scope."""
         ...
 
     def mark_refresh_failed(self, bank_ref: str, model_id: str) -> None:

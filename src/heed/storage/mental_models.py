@@ -1,4 +1,4 @@
-"""The memory store's part for mental models and the knowledge base (memory schema version 9).
+"""The memory store's part for mental models and the knowledge base (memory schema versions 9-10).
 
 ``memory_mental_models`` holds a bank's models (pages: ``is_page`` and a ``parent_id``
 folder), their trigger and reflect response as JSON text and their embedding as float32
@@ -6,6 +6,10 @@ bytes; ``memory_mental_model_history`` their earlier contents (bounded per model
 the write's transaction); ``memory_knowledge_folders`` the knowledge base's folders. Every
 table names its bank with a foreign key that cascades, so deleting a bank deletes them, and
 a model's history goes with the model. One text of SQL for both databases.
+
+A model's ``source_fingerprint`` (version 10) is written with its content by a refresh and
+read back by the next one (:mod:`heed.mental_models.fingerprint`); every other content write
+(a clear) empties it, and a row copied in (a bank transfer) starts without one.
 
 Writes take the bank's lock (the one documents and observations take) and read the bank's
 row first: a bank deleted by another process is :class:`~heed.memory.store.BankGone` and
@@ -24,8 +28,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from heed.memory.models import Conflict, InvalidInput, NotFound
-from heed.memory.store import BankGone
+from heed.memory.models import Conflict, InvalidInput, NotFound, TagsMatch
+from heed.memory.store import BankGone, UnitFilter
+from heed.memory.tags import filters_by_tags
 from heed.mental_models.values import (
     MAX_NODE_DEPTH,
     HistoryEntry,
@@ -130,6 +135,7 @@ class MentalModelWrites:
     :class:`~heed.storage.memory.store.SqlMemoryStore` (see the module docstring)."""
 
     db: SqlDatabase
+    _tags_clause: Callable[..., tuple[str, tuple[Any, ...]] | None]
 
     @contextmanager
     def _bank_write(self, bank_ref: str) -> Iterator[Any]:
@@ -178,6 +184,57 @@ class MentalModelWrites:
             HistoryEntry(int(r["version"]), r["previous_content"], r["changed_at"], r["reason"])
             for r in rows
         ]
+
+    def refresh_fingerprint(self, bank_ref: str, model_id: str) -> str | None:
+        if holds_nul(model_id):
+            return None
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT source_fingerprint FROM memory_mental_models WHERE bank_ref = ? AND id = ?",
+                (bank_ref, model_id),
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def scope_digest(
+        self,
+        bank_ref: str,
+        tags: Sequence[str] | None,
+        tags_match: TagsMatch,
+        fact_types: Sequence[str] | None,
+    ) -> list[int]:
+        """``[count, sum of seqs, greatest generation, sum of generations]`` of the bank's
+        units that pass the tag filter (``tags`` per ``tags_match``: recall's rule) and are
+        of *fact_types* (``None``: any). Units are written once (a change is a delete and an
+        insert, and an insert carries the bank's next generation), so any unit added to or
+        removed from the scope changes it."""
+        if holds_nul(*(tags or ()), *(fact_types or ())):
+            return [0, 0, 0, 0]
+        where = ["bank_ref = ?"]
+        params: list[Any] = [bank_ref]
+        if fact_types is not None:
+            if not fact_types:
+                return [0, 0, 0, 0]
+            marks = ", ".join("?" for _ in fact_types)
+            where.append(f"fact_type IN ({marks})")
+            params.extend(fact_types)
+        with self.db.read() as conn:
+            if filters_by_tags(tags, tags_match):
+                tagged = self._tags_clause(
+                    conn,
+                    " AND ".join(where),
+                    params,
+                    UnitFilter(tags=tags, tags_match=tags_match),
+                )
+                if tagged is None:
+                    return [0, 0, 0, 0]
+                where.append(tagged[0])
+                params.extend(tagged[1])
+            row = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(seq), 0), COALESCE(MAX(generation), 0),"
+                f" COALESCE(SUM(generation), 0) FROM memory_units WHERE {' AND '.join(where)}",
+                params,
+            ).fetchone()
+        return [int(value) for value in row]
 
     def knowledge_folders(self, bank_ref: str) -> list[KnowledgeFolder]:
         with self.db.read() as conn:
@@ -305,6 +362,7 @@ class MentalModelWrites:
         reason: str,
         history_limit: int,
         refreshed: bool,
+        fingerprint: str | None = None,
     ) -> MentalModel | None:
         if holds_nul(model_id):
             return None
@@ -338,7 +396,8 @@ class MentalModelWrites:
             conn.execute(
                 "UPDATE memory_mental_models SET content = ?, reflect_response = ?,"
                 " embedding = COALESCE(?, embedding), updated_at = ?,"
-                " last_refreshed_at = CASE WHEN ? = 1 THEN ? ELSE last_refreshed_at END"
+                " last_refreshed_at = CASE WHEN ? = 1 THEN ? ELSE last_refreshed_at END,"
+                " source_fingerprint = ?"
                 " WHERE bank_ref = ? AND id = ?",
                 (
                     content,
@@ -347,12 +406,24 @@ class MentalModelWrites:
                     now,
                     1 if refreshed else 0,
                     now,
+                    fingerprint,
                     bank_ref,
                     model_id,
                 ),
             )
             written = self._models(conn, "m.bank_ref = ? AND m.id = ?", (bank_ref, model_id), True)
         return written[0]  # type: ignore[no-any-return]
+
+    def mark_refresh_skipped(self, bank_ref: str, model_id: str, fingerprint: str) -> bool:
+        if holds_nul(model_id):
+            return False
+        with self._bank_write(bank_ref) as conn:
+            done = conn.execute(
+                "UPDATE memory_mental_models SET last_refreshed_at = ?"
+                " WHERE bank_ref = ? AND id = ? AND source_fingerprint = ? RETURNING id",
+                (now_iso(), bank_ref, model_id, fingerprint),
+            ).fetchall()
+        return bool(done)
 
     def mark_refresh_failed(self, bank_ref: str, model_id: str) -> None:
         if holds_nul(model_id):

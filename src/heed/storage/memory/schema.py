@@ -332,4 +332,15 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
             """,
             words={"sqlite": {"blob": "BLOB"}, "postgresql": {"blob": "BYTEA"}},
         ),
+        Migration(
+            "memory",
+            10,
+            # A mental model's source fingerprint (heed.mental_models.fingerprint): a digest
+            # of what its last refresh read, written with its content; a refresh that finds
+            # the same one is skipped without an LLM call. NULL: none (never refreshed,
+            # cleared, or copied from elsewhere), so the next refresh runs.
+            """
+            ALTER TABLE memory_mental_models ADD COLUMN source_fingerprint TEXT;
+            """,
+        ),
     ]
