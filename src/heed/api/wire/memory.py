@@ -468,6 +468,22 @@ class OperationStatusResponse(BaseModel):
     """heed's own run phase (queued, running, cancelling, ...), finer than ``status``."""
 
 
+class RetryOperationResponse(BaseModel):
+    """Hindsight's answer to a retry: ``operation_id`` is the new operation's."""
+
+    success: bool
+    message: str
+    operation_id: str
+
+
+class DeleteOperationResponse(BaseModel):
+    """Hindsight's answer to deleting a finished operation: the id of the one removed."""
+
+    success: bool
+    message: str
+    operation_id: str
+
+
 class CancelOperationResponse(BaseModel):
     success: bool
     message: str
