@@ -113,7 +113,6 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
         f"{_BANK}/memories/{{memory_id}}",
         "memory edits (edit, invalidate, revert with history) are not built yet",
     ),
-    UnservedRoute("PUT", f"{_BANK}/profile", "the profile update alias is not built yet"),
     UnservedRoute(
         "POST", f"{_BANK}/prompts/preview", "rendering an operation's prompts is not built yet"
     ),

@@ -1,4 +1,5 @@
-"""Banks: ``/v1/default/banks[/{bank_id}[/stats|/profile]]`` (tenant-scoped)."""
+"""Banks: ``/v1/default/banks[/{bank_id}[/stats|/profile]]`` (tenant-scoped); ``PUT .../profile``
+sets the disposition."""
 
 from __future__ import annotations
 
@@ -85,6 +86,17 @@ async def get_bank(bank_id: IdPath, engine: MemoryDep) -> wire.BankProfileRespon
 async def get_bank_profile(bank_id: IdPath, engine: MemoryDep) -> wire.BankProfileResponse:
     """The bank's profile (Hindsight's path)."""
     return profile_of(await engine.get_bank(bank_id))
+
+
+@router.put("/{bank_id}/profile", responses=CONFLICT)
+async def update_bank_profile(
+    bank_id: IdPath, engine: MemoryDep, body: wire.UpdateDispositionRequest
+) -> wire.BankProfileResponse:
+    """Set the bank's disposition traits (Hindsight's path; the same update as ``PATCH`` with
+    a ``disposition``, or ``PATCH .../config`` with ``disposition_*``); 404 when the bank
+    does not exist."""
+    fields = bank_fields(wire.BankWrite(disposition=body.disposition))
+    return profile_of(await engine.put_bank(bank_id, fields, create=False))
 
 
 @router.delete("/{bank_id}", dependencies=[Depends(continue_on_disconnect)])

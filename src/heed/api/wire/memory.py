@@ -113,6 +113,12 @@ else:
     )
 
 
+class UpdateDispositionRequest(RequestBody):
+    """``PUT .../profile`` body (Hindsight's UpdateDispositionRequest): the three traits."""
+
+    disposition: Disposition
+
+
 class BankProfileResponse(BaseModel):
     bank_id: str
     name: str
