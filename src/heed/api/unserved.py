@@ -116,10 +116,5 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
     UnservedRoute(
         "POST", f"{_BANK}/prompts/preview", "rendering an operation's prompts is not built yet"
     ),
-    UnservedRoute(
-        "GET",
-        f"{_BANK}/stats/memories-timeseries",
-        "memory counts per time bucket are not built yet",
-    ),
 )
 """Routes heed does not serve yet (404), each with a one-line reason; this list only shrinks."""

@@ -113,6 +113,25 @@ else:
     )
 
 
+class MemoryTimeseriesBucket(BaseModel):
+    """One bucket: its start (ISO-8601, UTC) and the memories per fact type in it."""
+
+    time: str
+    world: int = 0
+    experience: int = 0
+    observation: int = 0
+
+
+class MemoriesTimeseriesResponse(BaseModel):
+    """Hindsight's MemoriesTimeseriesResponse: every bucket of the period, oldest first."""
+
+    bank_id: str
+    period: str
+    trunc: str
+    time_field: str = "created_at"
+    buckets: list[MemoryTimeseriesBucket]
+
+
 class UpdateDispositionRequest(RequestBody):
     """``PUT .../profile`` body (Hindsight's UpdateDispositionRequest): the three traits."""
 
