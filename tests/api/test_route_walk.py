@@ -318,3 +318,21 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_a_route_answered_501_does_not_turn_a_feature_flag_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``/version``'s route flags count a 501 route as not served (heed.api.features)."""
+    from heed.api import features
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        app = create_app(Settings(data_dir=Path(data_dir)))
+        routes = list(app.router.routes)
+        assert features.features(routes, observations=False, run_kinds={"retain"})[
+            "file_upload_api"
+        ]
+        key = ("POST", normalise("/v1/default/banks/{bank_id}/files/retain"))
+        monkeypatch.setattr(features, "NOT_IMPLEMENTED_KEYS", frozenset({key}))
+        flags = features.features(routes, observations=False, run_kinds={"retain"})
+    assert not flags["file_upload_api"] and flags["bank_config_api"]
