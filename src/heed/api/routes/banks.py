@@ -3,7 +3,7 @@ sets the disposition."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 
@@ -93,7 +93,8 @@ async def memories_timeseries(
     bank_id: IdPath,
     engine: MemoryDep,
     period: Annotated[
-        str | None, Query(max_length=8, description="1h, 12h, 1d, 7d (default), 30d or 90d")
+        Literal["1h", "12h", "1d", "7d", "30d", "90d"] | None,
+        Query(description="1h, 12h, 1d, 7d (default), 30d or 90d"),
     ] = None,
     time_field: Annotated[
         str | None,
@@ -105,8 +106,8 @@ async def memories_timeseries(
     ] = None,
 ) -> wire.MemoriesTimeseriesResponse:
     """The bank's memories per time bucket of *period* (minutes for 1h, hours for 12h and
-    1d, days beyond), by fact type; every bucket is listed, empty ones too. 400 naming an
-    unknown period."""
+    1d, days beyond), by fact type; every bucket is listed, empty ones too (an unknown
+    period is a 422 naming the ones there are)."""
     bank, series = await engine.memories_timeseries(bank_id, period, time_field)
     return wire.MemoriesTimeseriesResponse(
         bank_id=bank.bank_id,
@@ -119,7 +120,7 @@ async def memories_timeseries(
 
 @router.put("/{bank_id}/profile", responses=CONFLICT)
 async def update_bank_profile(
-    bank_id: IdPath, engine: MemoryDep, body: wire.UpdateDispositionRequest
+    bank_id: NewBankId, engine: MemoryDep, body: wire.UpdateDispositionRequest
 ) -> wire.BankProfileResponse:
     """Set the bank's disposition traits (Hindsight's path; the same update as ``PATCH`` with
     a ``disposition``, or ``PATCH .../config`` with ``disposition_*``); 404 when the bank
