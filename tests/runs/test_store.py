@@ -176,3 +176,28 @@ def test_an_unreachable_postgresql_is_named_at_start_without_its_password() -> N
         PostgresDatabase("postgresql://heed:s3cret@127.0.0.1:1/heed", connect_timeout=2)
     assert "127.0.0.1:1/heed" in str(caught.value)
     assert "s3cret" not in str(caught.value)
+
+
+def test_delete_terminal_removes_an_ended_run_with_its_journal_and_payload(
+    store: SqlRunStore,
+) -> None:
+    running = store.create(new_run(), payload={"items": [1]})
+    ended = store.create(new_run(), payload={"items": [2]})
+    for run in (running, ended):
+        assert store.claim(
+            run.id,
+            worker_id="w",
+            lease_seconds=10,
+            may_start=lambda r, s: True,
+            scope_kinds=["turn"],
+        )
+    store.append_events(ended.id, [("text_delta", {"text": "a"})])
+    assert store.transition(ended.id, Phase.FAILED, fields={"finished_at": 1.0}) is not None
+    assert store.delete_terminal(running.id) is False  # not ended: kept whole
+    assert store.get(running.id) is not None and store.payload(running.id) == {"items": [1]}
+    assert store.events_after(ended.id, 0)
+    assert store.delete_terminal(ended.id) is True
+    assert store.get(ended.id) is None and store.payload(ended.id) is None
+    assert store.events_after(ended.id, 0) == []
+    assert store.delete_terminal(ended.id) is False  # gone already
+    assert store.events_after(running.id, 0)  # the other run's journal is untouched

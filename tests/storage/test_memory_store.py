@@ -14,7 +14,7 @@ import inspect
 import sys
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +191,43 @@ def test_bank_stats_and_bank_generation(store: SqlMemoryStore) -> None:
     assert stats.documents == 1 and stats.last_write_at is not None
     deleted = store.delete_unit(bank.ref, result.added[2][1])
     assert deleted is not None and deleted.generation == store.bank_generation(bank.ref) == 2
+
+
+def test_units_per_time_prefix_groups_by_time_and_fact_type(store: SqlMemoryStore) -> None:
+    bank, other = _bank(store), _bank(store, "other")
+    then = datetime(2026, 3, 4, 5, 6, tzinfo=UTC)
+    store.write_document(
+        bank.ref,
+        _doc(
+            [
+                _unit("a", when=then),
+                _unit("b", when=then + timedelta(minutes=1)),
+                _unit("c", fact_type="experience", when=then + timedelta(days=1)),
+                _unit("d"),  # no event time: its created_at stands in
+            ]
+        ),
+    )
+    store.write_document(other.ref, _doc([_unit("e", when=then)]))
+    today = datetime.now(UTC).isoformat()[:10]
+    by_day = store.units_per_time_prefix(
+        bank.ref, time_field="mentioned_at", chars=10, since="2026-01-01"
+    )
+    assert sorted(by_day) == sorted(
+        [
+            ("2026-03-04", "world", 2),
+            ("2026-03-05", "experience", 1),
+            (today, "world", 1),
+        ]
+    )
+    by_minute = store.units_per_time_prefix(
+        bank.ref, time_field="occurred_start", chars=16, since="2026-03-04T05:07"
+    )
+    assert ("2026-03-04T05:06", "world", 1) not in by_minute  # before since
+    assert ("2026-03-04T05:07", "world", 1) in by_minute
+    stored = store.units_per_time_prefix(bank.ref, time_field="created_at", chars=10, since="")
+    assert sorted(stored) == [(today, "experience", 1), (today, "world", 3)]
+    with pytest.raises(ValueError, match="not a unit time column"):
+        store.units_per_time_prefix(bank.ref, time_field="text", chars=10, since="")
 
 
 # -- writes ---------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from heed.api.routes import (
     operations,
     reflect,
     system,
+    unserved,
     views,
     webhooks,
 )
@@ -141,6 +142,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(auth.router)
     app.include_router(runs_routes.router)
     app.include_router(sessions_routes.router)
+    app.include_router(unserved.router)  # the client's routes heed answers 501
     install_run_metrics(app.state.metrics.registry, services.manager)
     install_refresh_metrics(app.state.metrics.registry, services.mental_models.refreshes)
     if settings.enable_diagnostics:

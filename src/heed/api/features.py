@@ -10,7 +10,8 @@ flag here is a fact about the running server, never a constant:
 - ``worker``: background operations run (the ``retain`` kind has a worker) and can be
   followed (the operations routes are served).
 - every other flag: the routes that make the capability are all served by this app
-  (:data:`ROUTE_FEATURES`; the app's router is asked, as it would route a request).
+  (:data:`ROUTE_FEATURES`; the app's router is asked, as it would route a request); a route
+  answered 501 (:data:`heed.api.unserved.NOT_IMPLEMENTED`) is routed but not served.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Final
 
 from starlette.routing import BaseRoute, Match
 
+from heed.api.unserved import NOT_IMPLEMENTED, normalise
 from heed.memory.bank_runs import RETAIN_KIND
 
 __all__ = ["FEATURES", "ROUTE_FEATURES", "features", "serves"]
@@ -67,6 +69,9 @@ ROUTE_FEATURES: Final[Mapping[str, tuple[tuple[str, str], ...]]] = {
 
 _PARAM: Final = re.compile(r"\{[^}/]*\}")
 
+#: Routes answered 501 (:data:`heed.api.unserved.NOT_IMPLEMENTED`): routed, yet not served.
+NOT_IMPLEMENTED_KEYS: Final = frozenset(route.key for route in NOT_IMPLEMENTED)
+
 
 def serves(routes: Iterable[BaseRoute], method: str, path: str) -> bool:
     """Whether *routes* route a *method* request to *path* (each ``{parameter}`` filled
@@ -90,7 +95,10 @@ def features(
     consolidates by default (*observations*) and the kinds of run it has workers for."""
     routes = list(routes)
     flags = {
-        name: all(serves(routes, method, path) for method, path in needed)
+        name: all(
+            serves(routes, method, path) and (method, normalise(path)) not in NOT_IMPLEMENTED_KEYS
+            for method, path in needed
+        )
         for name, needed in ROUTE_FEATURES.items()
     }
     flags["observations"] = observations

@@ -16,12 +16,14 @@ deleted bank.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 from heed.memory.bank_config.view import BankSettings, settings_of
@@ -54,6 +56,15 @@ from heed.memory.retain.prepare import (
     split_documents,
 )
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
+from heed.memory.timeseries import (
+    DEFAULT_PERIOD,
+    PERIODS,
+    PREFIX_CHARS,
+    Timeseries,
+    bucket_starts,
+    buckets_of,
+    time_field_of,
+)
 from heed.runtime import (
     CancellationToken,
     Lane,
@@ -382,6 +393,29 @@ class MemoryEngine:
     async def bank_stats(self, bank_id: str) -> tuple[Bank, BankStats]:
         bank = await self.get_bank(bank_id)
         return bank, await run_in_thread(self.store.bank_stats, bank.ref)
+
+    async def memories_timeseries(
+        self, bank_id: str, period: str | None, time_field: str | None
+    ) -> tuple[Bank, Timeseries]:
+        """The bank's units per time bucket over *period* (:mod:`heed.memory.timeseries`);
+        :class:`InvalidInput` (400) naming an unknown period."""
+        period = period or DEFAULT_PERIOD
+        if period not in PERIODS:
+            raise InvalidInput(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+        bank = await self.get_bank(bank_id)
+        field = time_field_of(time_field)
+        trunc, starts = bucket_starts(period, datetime.now(UTC))
+        chars = PREFIX_CHARS[trunc]
+        counted = await run_in_thread(
+            functools.partial(
+                self.store.units_per_time_prefix,
+                bank.ref,
+                time_field=field,
+                chars=chars,
+                since=starts[0].isoformat()[:chars],
+            )
+        )
+        return bank, Timeseries(period, trunc, field, buckets_of(starts, trunc, counted))
 
     # -- retain ------------------------------------------------------------------------
 

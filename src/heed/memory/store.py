@@ -305,6 +305,15 @@ class MemoryStore(LearningStore, DirectiveStore, BrowseStore, Protocol):
         """Units by fact type, links by type, documents, and the time of the last write."""
         ...
 
+    def units_per_time_prefix(
+        self, bank_ref: str, *, time_field: str, chars: int, since: str
+    ) -> list[tuple[str, str, int]]:
+        """``(prefix, fact_type, count)``: the bank's units grouped by the first *chars*
+        characters of their *time_field* (one of
+        :data:`heed.memory.timeseries.TIME_FIELDS`; ``created_at`` where a unit has none)
+        and fact type, for prefixes ``>= since``."""
+        ...
+
     # retain
     def write_document(
         self,

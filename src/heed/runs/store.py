@@ -74,6 +74,11 @@ class RunStore(Protocol):
         """Insert a new run (its id must be new) with its *payload*; returns it as stored."""
         ...
 
+    def delete_terminal(self, run_id: str) -> bool:
+        """Remove a terminal run with its journal and payload, in one transaction; whether
+        it was removed (``False``: no such run, or it has not ended)."""
+        ...
+
     def payload(self, run_id: str) -> dict[str, Any] | None:
         """The run's input as submitted (``{}`` when it had none); ``None`` when the run is
         unknown. For the worker that executes the run: nothing else needs it."""

@@ -239,6 +239,16 @@ class SqlRunStore:
             ),
         )
 
+    def delete_terminal(self, run_id: str) -> bool:
+        with self.db.write() as conn:
+            deleted = conn.execute(
+                f"DELETE FROM runs WHERE id = ? AND phase IN ({_TERMINAL_SQL})", (run_id,)
+            ).rowcount
+            if deleted:
+                conn.execute("DELETE FROM run_events WHERE run_id = ?", (run_id,))
+                conn.execute("DELETE FROM run_payloads WHERE run_id = ?", (run_id,))
+        return bool(deleted)
+
     def payload(self, run_id: str) -> dict[str, Any] | None:
         with self.db.read() as conn:
             row = conn.execute(

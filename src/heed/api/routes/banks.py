@@ -1,10 +1,11 @@
-"""Banks: ``/v1/default/banks[/{bank_id}[/stats|/profile]]`` (tenant-scoped)."""
+"""Banks: ``/v1/default/banks[/{bank_id}[/stats|/profile]]`` (tenant-scoped); ``PUT .../profile``
+sets the disposition."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Query
 
 from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset
@@ -85,6 +86,47 @@ async def get_bank(bank_id: IdPath, engine: MemoryDep) -> wire.BankProfileRespon
 async def get_bank_profile(bank_id: IdPath, engine: MemoryDep) -> wire.BankProfileResponse:
     """The bank's profile (Hindsight's path)."""
     return profile_of(await engine.get_bank(bank_id))
+
+
+@router.get("/{bank_id}/stats/memories-timeseries")
+async def memories_timeseries(
+    bank_id: IdPath,
+    engine: MemoryDep,
+    period: Annotated[
+        Literal["1h", "12h", "1d", "7d", "30d", "90d"] | None,
+        Query(description="1h, 12h, 1d, 7d (default), 30d or 90d"),
+    ] = None,
+    time_field: Annotated[
+        str | None,
+        Query(
+            max_length=32,
+            description="created_at (default: when stored), mentioned_at or occurred_start "
+            "(event time, created_at where a memory has none); anything else is created_at",
+        ),
+    ] = None,
+) -> wire.MemoriesTimeseriesResponse:
+    """The bank's memories per time bucket of *period* (minutes for 1h, hours for 12h and
+    1d, days beyond), by fact type; every bucket is listed, empty ones too (an unknown
+    period is a 422 naming the ones there are)."""
+    bank, series = await engine.memories_timeseries(bank_id, period, time_field)
+    return wire.MemoriesTimeseriesResponse(
+        bank_id=bank.bank_id,
+        period=series.period,
+        trunc=series.trunc,
+        time_field=series.time_field,
+        buckets=[wire.MemoryTimeseriesBucket(time=b.time, **b.counts) for b in series.buckets],
+    )
+
+
+@router.put("/{bank_id}/profile", responses=CONFLICT)
+async def update_bank_profile(
+    bank_id: NewBankId, engine: MemoryDep, body: wire.UpdateDispositionRequest
+) -> wire.BankProfileResponse:
+    """Set the bank's disposition traits (Hindsight's path; the same update as ``PATCH`` with
+    a ``disposition``, or ``PATCH .../config`` with ``disposition_*``); 404 when the bank
+    does not exist."""
+    fields = bank_fields(wire.BankWrite(disposition=body.disposition))
+    return profile_of(await engine.put_bank(bank_id, fields, create=False))
 
 
 @router.delete("/{bank_id}", dependencies=[Depends(continue_on_disconnect)])

@@ -1,4 +1,4 @@
-"""Async operations: list, get, cancel (``/v1/default/banks/{bank_id}/operations``).
+"""Async operations: list, get, cancel, retry, delete (``/v1/default/banks/{bank_id}/operations``).
 
 Operations are a bank's runs of the kinds
 :data:`heed.memory.bank_runs.OPERATION_KINDS` names
@@ -18,6 +18,7 @@ from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.memory.bank_runs import CONSOLIDATION_KIND, RETAIN_KIND, status_of
@@ -145,4 +146,33 @@ async def cancel_operation(
         message=f"operation {operation_id!r} is {run.phase}",
         operation_id=run.id,
         status=status_of(run),
+    )
+
+
+@router.post("/{operation_id}/retry", responses=CONFLICT)
+async def retry_operation(
+    bank_id: IdPath, operation_id: IdPath, engine: MemoryDep, operations: RetainOperationsDep
+) -> wire.RetryOperationResponse:
+    """Retry a failed or cancelled retain operation: a new operation with the same input
+    (its id is ``operation_id``). 409 for one pending, running or completed, or of another
+    kind (a consolidation or a refresh is started again by its own route)."""
+    bank = await engine.get_bank(bank_id)
+    run = await operations.retry(bank, operation_id)
+    return wire.RetryOperationResponse(
+        success=True,
+        message=f"operation {operation_id!r} retried as {run.id!r}",
+        operation_id=run.id,
+    )
+
+
+@router.delete("/{operation_id}/delete", responses=CONFLICT)
+async def delete_operation(
+    bank_id: IdPath, operation_id: IdPath, engine: MemoryDep, operations: RetainOperationsDep
+) -> wire.DeleteOperationResponse:
+    """Remove a finished (completed, failed or cancelled) operation with its journal and
+    input; 409 for one still pending or running (cancel it first)."""
+    bank = await engine.get_bank(bank_id)
+    run = await operations.delete(bank, operation_id)
+    return wire.DeleteOperationResponse(
+        success=True, message=f"operation {operation_id!r} deleted", operation_id=run.id
     )

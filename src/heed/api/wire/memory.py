@@ -113,6 +113,31 @@ else:
     )
 
 
+class MemoryTimeseriesBucket(BaseModel):
+    """One bucket: its start (ISO-8601, UTC) and the memories per fact type in it."""
+
+    time: str
+    world: int = 0
+    experience: int = 0
+    observation: int = 0
+
+
+class MemoriesTimeseriesResponse(BaseModel):
+    """Hindsight's MemoriesTimeseriesResponse: every bucket of the period, oldest first."""
+
+    bank_id: str
+    period: str
+    trunc: str
+    time_field: str = "created_at"
+    buckets: list[MemoryTimeseriesBucket]
+
+
+class UpdateDispositionRequest(RequestBody):
+    """``PUT .../profile`` body (Hindsight's UpdateDispositionRequest): the three traits."""
+
+    disposition: Disposition
+
+
 class BankProfileResponse(BaseModel):
     bank_id: str
     name: str
@@ -466,6 +491,22 @@ class OperationStatusResponse(BaseModel):
     result_metadata: dict[str, Any] | None = None
     phase: str | None = None
     """heed's own run phase (queued, running, cancelling, ...), finer than ``status``."""
+
+
+class RetryOperationResponse(BaseModel):
+    """Hindsight's answer to a retry: ``operation_id`` is the new operation's."""
+
+    success: bool
+    message: str
+    operation_id: str
+
+
+class DeleteOperationResponse(BaseModel):
+    """Hindsight's answer to deleting a finished operation: the id of the one removed."""
+
+    success: bool
+    message: str
+    operation_id: str
 
 
 class CancelOperationResponse(BaseModel):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from heed.errors import HeedError
 from heed.memory.bank_runs import (
     OPERATION_KINDS,
     RETAIN_KIND,
@@ -43,6 +44,7 @@ from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
 from heed.runs.manager import RunManager, RunNotFound
 from heed.runs.model import Run
+from heed.runs.state import is_terminal
 from heed.runtime import run_in_thread
 
 __all__ = ["Progress", "RetainOperations"]
@@ -303,3 +305,53 @@ class RetainOperations:
         """Cancel an operation (idempotent; terminal ones are returned unchanged)."""
         await self.get(bank, operation_id)
         return await self.manager.cancel(operation_id, "cancelled by client", tenant=bank.tenant)
+
+    async def retry(self, bank: Bank, operation_id: str) -> Run:
+        """Submit a new run of a failed or cancelled retain operation, with its payload
+        (Hindsight re-queues the same id; heed's runs are immutable once ended, so the
+        retry is a new operation, returned). A retry of a keyed retain
+        (``idempotency_key``) skips what the first run wrote. 409 (:class:`HeedError`)
+        for an operation still pending or running, a completed one, or another kind than
+        a retain (a consolidation or refresh is started anew by its own route)."""
+        run = await self.get(bank, operation_id)
+        status = status_of_phase(run.phase)
+        if status not in ("failed", "cancelled"):
+            raise HeedError(
+                f"operation {operation_id!r} is {status}: only a failed or cancelled "
+                "operation can be retried",
+                status_code=409,
+            )
+        if run.kind != RETAIN_KIND:
+            raise HeedError(
+                f"operation {operation_id!r} is a {run.kind}: heed retries retain operations "
+                "only; start it anew with its own route",
+                status_code=409,
+            )
+        payload = await self.manager.io.call(self.manager.store.payload, run.id)
+        if not payload or payload.get("bank_ref") != bank.ref:
+            raise HeedError(f"operation {operation_id!r} kept no input to retry", status_code=409)
+        retried = await self.manager.submit(
+            RETAIN_KIND,
+            tenant=bank.tenant,
+            session_id=bank_session(bank),
+            payload=payload,
+            summary={**run.summary, "retry_of": run.id},
+        )
+        assert retried is not None
+        return retried
+
+    async def delete(self, bank: Bank, operation_id: str) -> Run:
+        """Remove a finished (completed, failed or cancelled) operation's record, its
+        journal and its payload; returns the run as it was. 409 (:class:`HeedError`) for
+        one still pending or running (cancel it first)."""
+        run = await self.get(bank, operation_id)
+        terminal = is_terminal(run)
+        if terminal:
+            terminal = await self.manager.io.call(self.manager.store.delete_terminal, run.id)
+        if not terminal:
+            raise HeedError(
+                f"operation {operation_id!r} is {status_of_phase(run.phase)}: only a "
+                "finished operation can be deleted (cancel it first)",
+                status_code=409,
+            )
+        return run

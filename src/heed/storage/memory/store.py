@@ -20,6 +20,7 @@ import numpy as np
 from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.memory.tags import filters_by_tags, tags_pass
+from heed.memory.timeseries import TIME_FIELDS
 from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.browse import BrowseReads
 from heed.storage.memory.dialect import memory_dialect
@@ -168,6 +169,21 @@ class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelW
             documents=int(documents),
             last_write_at=last[0] if last else None,
         )
+
+    def units_per_time_prefix(
+        self, bank_ref: str, *, time_field: str, chars: int, since: str
+    ) -> list[tuple[str, str, int]]:
+        if time_field not in TIME_FIELDS:
+            raise ValueError(f"not a unit time column: {time_field!r}")
+        when = time_field if time_field == "created_at" else f"COALESCE({time_field}, created_at)"
+        bucket = f"SUBSTR({when}, 1, {int(chars)})"
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {bucket}, fact_type, COUNT(*) FROM memory_units"
+                f" WHERE bank_ref = ? AND {bucket} >= ? GROUP BY {bucket}, fact_type",
+                (bank_ref, since),
+            ).fetchall()
+        return [(str(prefix), str(fact_type), int(n)) for prefix, fact_type, n in rows]
 
     # -- recall ----------------------------------------------------------------------------
 
