@@ -203,6 +203,14 @@ def test_mental_model_refresh_live_stop_keeps_content_then_a_refresh_writes_it(
     model_path = f"/v1/default/banks/{bank}/mental-models/{model_id}"
     assert get(server, model_path)["content"] == first_answer
 
+    # Something new in the model's scope: a refresh of unchanged sources would be skipped
+    # without asking the model (heed.mental_models.fingerprint).
+    with client(server) as c:
+        c.post(
+            f"/v1/default/banks/{bank}/memories",
+            json={"items": [{"content": "Alice adopted a second cat, Tofu, in May."}]},
+        ).raise_for_status()
+
     # Refresh while the model takes a minute: the journal shows live, Stop cancels the run.
     with reflect_script(server, {"replies": [{"text": "Never written.", "latency": 60}]}) as slow:
         model.locator('button[aria-label="refresh Alice\'s pets"]').click()
