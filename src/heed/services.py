@@ -72,7 +72,7 @@ from heed.webhooks.worker import LogLimits, SendLimits
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
-LANE_NAMES = ("recall", "reflect", "retain", "turn")
+LANE_NAMES = ("parse", "recall", "reflect", "retain", "turn")
 #: The lanes whose interactive work is CPU work (embedding, search, ranking): while it holds
 #: as many of their slots as there are cores, background work in every lane waits.
 CPU_LANES = ("recall", "retain")
@@ -232,6 +232,7 @@ class Services:
         self.file_retain = FileRetain(
             self.memory,
             self.retain_operations,
+            self.lanes["parse"],
             FileLimits(
                 max_files=settings.file_max_files,
                 max_bytes=settings.file_max_bytes,

@@ -182,12 +182,18 @@ class Settings(BaseSettings):
     retain_queue: int = Field(default=32, ge=0)
     turn_concurrency: int = Field(default=8, ge=1)
     turn_queue: int = Field(default=64, ge=0)
+    # Uploaded files are parsed in child processes (niced, bounded: heed.memory.files.parse)
+    # under a lane of their own, so parses never hold the retain slots another tenant's
+    # retain needs; the retain slot is taken only to embed and write what a parse gave.
+    parse_concurrency: int = Field(default=2, ge=1)
+    parse_queue: int = Field(default=32, ge=0)
     #: Longest a piece of work may wait for a lane slot (expected or actual) before the lane
     #: sheds it with a 503; ``None``: bounded by the queue length only.
     recall_max_wait_seconds: float | None = Field(default=2.0, gt=0)
     reflect_max_wait_seconds: float | None = Field(default=30.0, gt=0)
     retain_max_wait_seconds: float | None = Field(default=60.0, gt=0)
     turn_max_wait_seconds: float | None = Field(default=None, gt=0)
+    parse_max_wait_seconds: float | None = Field(default=60.0, gt=0)
     # Background work in every lane (memory consolidation's recalls and LLM calls,
     # heed.runtime.slots): it yields to interactive work; these bound its share.
     background_capacity: int | None = Field(

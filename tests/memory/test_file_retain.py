@@ -427,14 +427,52 @@ def test_a_parse_past_its_process_limits_is_a_413_naming_the_setting(
     assert setting in r.json()["detail"] and "file 'notes.txt'" in r.json()["detail"]
     assert len(children) == 1 and children[0].exitcode is not None  # reaped
     assert documents(parse_server, bank) == {}
-    assert parse_server.app.state.services.memory.retain_lane.stats().in_use == 0
+    assert parse_server.app.state.services.lanes["parse"].stats().in_use == 0
+
+
+async def test_parses_filling_their_lane_hold_no_retain_slot(own_server: LiveServer) -> None:
+    """Issue 37: hostile parses of tenant A, as many as the parse lane takes, never make
+    another bank's retain wait: parsing holds a ``parse`` slot, never a ``retain`` one."""
+    services = own_server.app.state.services
+    service = services.file_retain
+    parse_lane = services.lanes["parse"]
+    children: list[Any] = []
+    service.parser = parsers.spin  # parses that never end on their own
+    service.on_parse_start = children.append
+    async with httpx.AsyncClient(base_url=own_server.url, timeout=30) as http:
+        await http.put("/v1/default/banks/a", json={})
+        await http.put("/v1/default/banks/b", json={})
+        parses = [
+            asyncio.create_task(
+                http.post(
+                    "/v1/default/banks/a/files/retain",
+                    files=[("files", (f"bomb{i}.txt", b"Jo."))],
+                )
+            )
+            for i in range(parse_lane.capacity)
+        ]
+        await asyncio.to_thread(wait_for, lambda: len(children) == parse_lane.capacity, 20.0)
+        assert parse_lane.stats().in_use == parse_lane.capacity
+        assert services.memory.retain_lane.stats().in_use == 0
+        retained = await http.post(
+            "/v1/default/banks/b/memories",
+            json={"items": [{"content": "Noor keeps bees."}]},
+            timeout=20,
+        )
+        assert retained.status_code == 200, retained.text
+        assert all(child.is_alive() for child in children)  # still parsing meanwhile
+        for task in parses:
+            task.cancel()
+        await asyncio.gather(*parses, return_exceptions=True)
+        await asyncio.to_thread(wait_for, lambda: parse_lane.stats().in_use == 0, 10.0)
+        assert all(child.exitcode == -signal.SIGTERM for child in children)
 
 
 async def test_a_client_leaving_kills_the_parser_and_frees_the_slot(
     own_server: LiveServer,
 ) -> None:
     service = own_server.app.state.services.file_retain
-    engine: MemoryEngine = own_server.app.state.services.memory
+    lane = own_server.app.state.services.lanes["parse"]
     children: list[Any] = []
     service.parser = parsers.spin  # a parse that never ends on its own
     service.on_parse_start = children.append
@@ -447,12 +485,12 @@ async def test_a_client_leaving_kills_the_parser_and_frees_the_slot(
         child = children[0]
         assert child.is_alive()
         await asyncio.sleep(0.2)  # it is spinning
-        assert engine.retain_lane.stats().in_use == 1
+        assert lane.stats().in_use == 1
         left_at = time.monotonic()
         request.cancel()  # closes the connection: the server sees http.disconnect
         with pytest.raises(asyncio.CancelledError):
             await request
-        while engine.retain_lane.stats().in_use and time.monotonic() - left_at < 10:
+        while lane.stats().in_use and time.monotonic() - left_at < 10:
             await asyncio.sleep(0.005)
         freed_in = time.monotonic() - left_at
         assert child.exitcode == -signal.SIGTERM  # killed, not finished

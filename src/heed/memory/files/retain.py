@@ -8,10 +8,12 @@
    refuses the whole request: nothing is written.
 2. **Parse** every file, one at a time, in a child process of its own
    (:func:`heed.memory.files.parse.parse_file`: CPU time, memory and wall-clock time
-   bounded), under a ``retain`` lane slot and as work on the bank
+   bounded), under a ``parse`` lane slot and as work on the bank
    (:meth:`MemoryEngine.track`): a client that leaves (or a bank delete) kills the child at
    once, and the slot is released only once it is gone. Any file that cannot be read
-   refuses the request, still before anything is written.
+   refuses the request, still before anything is written. Parsing holds no ``retain``
+   slot: however long a hostile file takes to parse, another tenant's retain never waits
+   for it.
 3. **Retain**: each file is one document (its text cut into items of at most the engine's
    item size, one document id, ``replace``). Synchronously (the default) through
    :meth:`MemoryEngine.retain` under the request's token, so a client that leaves stops the
@@ -44,6 +46,7 @@ from heed.memory.files.rules import (
 )
 from heed.memory.models import Bank, RetainItem
 from heed.memory.retain.operations import RetainOperations
+from heed.runtime import Lane
 
 __all__ = ["MAX_DOCUMENT_ID_CHARS", "FileMeta", "FileRetain", "FileRetainResult"]
 
@@ -77,10 +80,16 @@ class FileRetain:
     """File retain over the memory engine and its retain operations (module docstring)."""
 
     def __init__(
-        self, engine: MemoryEngine, operations: RetainOperations, limits: FileLimits
+        self,
+        engine: MemoryEngine,
+        operations: RetainOperations,
+        parse_lane: Lane,
+        limits: FileLimits,
     ) -> None:
         self.engine = engine
         self.operations = operations
+        #: Where parses wait and run (a lane of their own: step 2 of the module docstring).
+        self.parse_lane = parse_lane
         self.limits = limits
         #: What parses a file in the child (a module-level function; tests put a slow one).
         self.parser: Callable[[int, UploadedFile, FileLimits], tuple[str, str]] = extract_text
@@ -113,7 +122,7 @@ class FileRetain:
         for index, file in enumerate(files):  # cheap checks first: no parsing for a bad list
             check_size(index, file, self.limits)
             detect_format(index, file)
-        async with self.engine.track(bank), self.engine.retain_lane.slot():
+        async with self.engine.track(bank), self.parse_lane.slot():
             parsed = [
                 await parse_file(
                     index, file, self.limits, parser=self.parser, on_start=self.on_parse_start
