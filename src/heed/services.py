@@ -21,6 +21,7 @@ from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
 from heed.memory.bank_config.service import BankConfigService
 from heed.memory.bank_runs import RETAIN_KIND
+from heed.memory.curation import MemoryCuration
 from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FILE_PARSER_MODULES, FileLimits, FileRetain
 from heed.memory.learning.consolidation import (
@@ -221,6 +222,7 @@ class Services:
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
         self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
+        self.curation = MemoryCuration(self.memory, memory_store)  # edits, invalidation, clear
         # Every reflect consults the bank's mental models first (reflect's port, implemented
         # above it); refreshes and the knowledge base search and embed through the same lookup.
         lookup = MentalModelLookup(memory_store, embedder)

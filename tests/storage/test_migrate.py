@@ -175,6 +175,10 @@ async def _retain_memory(data_dir: Path, db: SqliteDatabase) -> None:
         await engine.retain(cooking, _items(COOKING[:4], "kitchen-notes"))
         # Document tags longer than a reference: stored once, shared by units and documents.
         await engine.retain(cooking, _items(COOKING[4:]), [f"recipe-box-{i:02d}" for i in range(8)])
+        # An invalidated fact (kept out of the units, for a revert) travels too.
+        kept, _ = await engine.list_units(cooking, UnitFilter(), 20, 0)
+        [doomed] = [u for u in kept if not u.text.startswith(("Lena", "Sam"))][:1]
+        assert store.invalidate_unit(cooking.ref, doomed.id, "a test") is not None
 
 
 def _runs_and_sessions(db: SqliteDatabase) -> tuple[str, dict[str, int], str, int]:

@@ -34,6 +34,7 @@ from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
 from heed.memory import MemoryEngine
 from heed.memory.bank_config.service import BankConfigService
+from heed.memory.curation import MemoryCuration
 from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FileRetain
 from heed.memory.learning.consolidation import Consolidation
@@ -57,6 +58,7 @@ __all__ = [
     "BankConfigDep",
     "BurnRecordsDep",
     "ConsolidationDep",
+    "CurationDep",
     "DirectivesDep",
     "DrainDep",
     "FileRetainDep",
@@ -152,6 +154,8 @@ FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_reta
 BankConfigDep = Annotated[BankConfigService, Depends(_of_services(lambda s: s.bank_config))]
 #: Read-only views of a bank: entities, graphs, tags, observation scopes, chunks.
 ViewsDep = Annotated[BankViews, Depends(_of_services(lambda s: BankViews(s.memory)))]
+#: Curation of a bank's facts (edit, invalidate, revert) and clearing its memories.
+CurationDep = Annotated[MemoryCuration, Depends(_of_services(lambda s: s.curation))]
 #: A bank's directives.
 DirectivesDep = Annotated[DirectiveService, Depends(_of_services(lambda s: s.directives))]
 #: Webhooks: a bank's subscriptions and their delivery log.

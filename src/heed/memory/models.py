@@ -196,6 +196,20 @@ class PreparedDocument:
     units: list[PreparedUnit]
 
 
+def loose_units(units: list[PreparedUnit]) -> PreparedDocument:
+    """*units* of no document (observations, a curated fact) as the document-shaped value
+    the embedder and the vector index take."""
+    return PreparedDocument(
+        document_id="",
+        replace=False,
+        original_text="",
+        metadata={},
+        tags=[],
+        chunks=[],
+        units=units,
+    )
+
+
 @dataclass(slots=True)
 class StoredUnit:
     """A memory unit as read back from storage."""

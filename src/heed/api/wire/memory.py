@@ -62,6 +62,7 @@ __all__ = [
     "RecallScores",
     "RetainRequest",
     "RetainResponse",
+    "UpdateMemoryRequest",
 ]
 
 
@@ -376,6 +377,27 @@ class MemoryHistoryResponse(BaseModel):
     memory_id: str
     text: str
     history: list[MemoryHistoryEntry]
+
+
+class UpdateMemoryRequest(_In):
+    """A fact's curation (``PATCH .../memories/{id}``): omit a field to leave it; for
+    ``context`` and the dates ``""`` or ``null`` clears it."""
+
+    text: Text | None = None
+    context: Text | None = None
+    occurred_start: Name | None = None
+    occurred_end: Name | None = None
+    mentioned_at: Name | None = None
+    fact_type: Literal["world", "experience"] | None = None
+    entities: Annotated[list[Name], Field(max_length=MAX_ENTITIES)] | None = None
+    resolve_entities: bool = Field(
+        default=True,
+        description="heed matches entity names by their canonical form (case-folded, "
+        "single-spaced) either way: a name matches an existing entity only when that form "
+        "is the same, so true and false behave alike.",
+    )
+    state: Literal["valid", "invalidated"] | None = None
+    reason: Text | None = None
 
 
 class ConsolidationRequest(_In):

@@ -14,6 +14,7 @@ from heed.api.wire import memory as wire
 from heed.api.wire.config import sent_settings
 from heed.memory import InvalidInput
 from heed.memory.bank_config import settings as bank_config
+from heed.memory.curation.service import CurationResult
 from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
     DISPOSITION_TRAITS,
@@ -215,6 +216,13 @@ def recall_response(outcome: RecallOutcome) -> dict[str, Any]:
             else None
         ),
     }
+
+
+def curated_item(found: CurationResult) -> wire.MemoryUnitItem:
+    """A memory, live or invalidated, with its ``state``."""
+    item = unit_item(found.unit)
+    item.state = "invalidated" if found.invalidated else "valid"
+    return item
 
 
 def unit_item(unit: StoredUnit) -> wire.MemoryUnitItem:

@@ -23,9 +23,9 @@ from heed.memory.tags import filters_by_tags, tags_pass
 from heed.memory.timeseries import TIME_FIELDS
 from heed.storage.database import SqlDatabase, apply_migrations
 from heed.storage.memory.browse import BrowseReads
+from heed.storage.memory.curation import CurationWrites
 from heed.storage.memory.dialect import memory_dialect
 from heed.storage.memory.directives import DirectiveWrites
-from heed.storage.memory.learning import LearningWrites
 from heed.storage.memory.rows import (
     DOCUMENT_VALUES,
     UNIT_COLUMNS,
@@ -59,11 +59,12 @@ def _like(search: str) -> str:
     return "%" + search.lower().replace("\\", "\\\\") + "%"
 
 
-class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelWrites, BrowseReads):
+class SqlMemoryStore(CurationWrites, TransferRows, DirectiveWrites, MentalModelWrites, BrowseReads):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
     either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
     its writes come from :class:`~.writes.DocumentWrites`, consolidation's from
-    :class:`~.learning.LearningWrites` and directives' from
+    :class:`~.learning.LearningWrites`, curation's from :class:`~.curation.CurationWrites`
+    and directives' from
     :class:`~.directives.DirectiveWrites`.
 
     *dim* is the size of the vectors the store holds (the embedder's): a unit with another
