@@ -19,6 +19,7 @@ from heed.llm.factory import Operation
 from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
+from heed.memory.aliases import BankAliases
 from heed.memory.bank_config.service import BankConfigService
 from heed.memory.bank_runs import RETAIN_KIND
 from heed.memory.curation import MemoryCuration
@@ -223,6 +224,7 @@ class Services:
         self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
         self.curation = MemoryCuration(self.memory, memory_store)  # edits, invalidation, clear
+        self.aliases = BankAliases(self.memory, memory_store)  # extra ids of a bank
         # Every reflect consults the bank's mental models first (reflect's port, implemented
         # above it); refreshes and the knowledge base search and embed through the same lookup.
         lookup = MentalModelLookup(memory_store, embedder)

@@ -152,6 +152,7 @@ async def _retain_memory(data_dir: Path, db: SqliteDatabase) -> None:
         doomed, _ = await engine.list_units(travel, UnitFilter(search=DOOMED[:30]), 10, 0)
         assert len(doomed) == 1
         await engine.delete_unit(travel, doomed[0].id)
+        assert store.add_alias(travel, "journeys", True, 64) is None  # an alias travels too
         rule = Directive(str(uuid.uuid4()), travel.ref, "dates", "Give dates.", 2, tags=["t1"])
         assert store.create_directive(rule, 10) is not None
         folder = KnowledgeFolder(travel.ref, "trips", "Trips")

@@ -33,6 +33,7 @@ from heed.api.revocations import Revocations
 from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
 from heed.memory import MemoryEngine
+from heed.memory.aliases import BankAliases
 from heed.memory.bank_config.service import BankConfigService
 from heed.memory.curation import MemoryCuration
 from heed.memory.directives.service import DirectiveService
@@ -54,6 +55,7 @@ from heed.webhooks import Webhooks
 T = TypeVar("T")
 
 __all__ = [
+    "AliasesDep",
     "AuthenticatorDep",
     "BankConfigDep",
     "BurnRecordsDep",
@@ -154,6 +156,8 @@ FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_reta
 BankConfigDep = Annotated[BankConfigService, Depends(_of_services(lambda s: s.bank_config))]
 #: Read-only views of a bank: entities, graphs, tags, observation scopes, chunks.
 ViewsDep = Annotated[BankViews, Depends(_of_services(lambda s: BankViews(s.memory)))]
+#: A bank's aliases (extra ids it answers to).
+AliasesDep = Annotated[BankAliases, Depends(_of_services(lambda s: s.aliases))]
 #: Curation of a bank's facts (edit, invalidate, revert) and clearing its memories.
 CurationDep = Annotated[MemoryCuration, Depends(_of_services(lambda s: s.curation))]
 #: A bank's directives.

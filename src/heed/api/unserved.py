@@ -70,10 +70,6 @@ NOT_IMPLEMENTED: Final[tuple[UnservedRoute, ...]] = (
 
 NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
     UnservedRoute("GET", "/v1/bank-template-schema", "bank templates are not built yet"),
-    UnservedRoute("GET", f"{_BANK}/aliases", "bank aliases are not built yet"),
-    UnservedRoute("POST", f"{_BANK}/aliases", "bank aliases are not built yet"),
-    UnservedRoute("PATCH", f"{_BANK}/aliases/{{alias}}", "bank aliases are not built yet"),
-    UnservedRoute("DELETE", f"{_BANK}/aliases/{{alias}}", "bank aliases are not built yet"),
     UnservedRoute(
         "GET",
         f"{_BANK}/attachments/{{attachment_id}}",

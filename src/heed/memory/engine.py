@@ -218,8 +218,19 @@ class MemoryEngine:
             raise NotFound(f"bank {bank.bank_id!r} not found (it was deleted)") from exc
 
     def _forget(self, bank: Bank) -> None:
-        self._bank_cache.pop((bank.tenant, bank.bank_id), None)
+        self._drop_cached(bank.ref)
         self.indexes.drop(bank.ref)
+
+    def _drop_cached(self, bank_ref: str) -> None:
+        """Forget every name (its id, its aliases) under which the bank *bank_ref* is
+        cached."""
+        for key in [k for k, (b, _) in self._bank_cache.items() if b.ref == bank_ref]:
+            self._bank_cache.pop(key, None)
+
+    def forget_name(self, tenant: str, name: str) -> None:
+        """Drop what :meth:`get_bank` remembers of the name *name* (a bank id or an alias
+        that stopped naming a bank)."""
+        self._bank_cache.pop((tenant, name), None)
 
     def in_flight(self, bank: Bank) -> int:
         """How many pieces of work are running on *bank*."""
@@ -359,12 +370,15 @@ class MemoryEngine:
         try:
             return await run_in_thread(self.store.save_bank, bank)
         finally:
-            self._bank_cache.pop((bank.tenant, bank.bank_id), None)
+            self._drop_cached(bank.ref)
 
-    async def list_banks(self, limit: int, offset: int) -> tuple[list[tuple[Bank, int]], int]:
-        """The current tenant's banks with their unit counts, and the total."""
+    async def list_banks(
+        self, limit: int, offset: int, search: str | None = None
+    ) -> tuple[list[tuple[Bank, int]], int]:
+        """The current tenant's banks with their unit counts, and the total; with *search*,
+        those whose id, name or an alias holds it (case-insensitively)."""
         tenant = current_context().tenant
-        return await run_in_thread(self.store.list_banks, tenant, limit, offset)
+        return await run_in_thread(self.store.list_banks, tenant, limit, offset, search)
 
     async def delete_bank(self, bank_id: str) -> int:
         """Cancel the bank's in-flight work, wait until it stopped, then delete it.
@@ -373,7 +387,7 @@ class MemoryEngine:
         """
         bank = await self.get_bank(bank_id)
         self._closing.add(bank.ref)
-        self._bank_cache.pop((bank.tenant, bank_id), None)
+        self._drop_cached(bank.ref)
         try:
             for hook in self.before_delete:
                 await hook(bank)
@@ -386,7 +400,7 @@ class MemoryEngine:
             self.indexes.drop(bank.ref)
             return deleted
         finally:
-            self._bank_cache.pop((bank.tenant, bank_id), None)  # read again during the delete?
+            self._drop_cached(bank.ref)  # read again during the delete?
             self._closing.discard(bank.ref)
             self._work.pop(bank.ref, None)
 

@@ -155,6 +155,8 @@ class BankListItem(BaseModel):
     created_at: str | None = None
     updated_at: str | None = None
     fact_count: int = 0
+    display_alias: str | None = None
+    matched_aliases: list[str] = Field(default_factory=list)
 
 
 class BankListResponse(BaseModel):

@@ -365,4 +365,21 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
                 ON memory_invalidated_units (bank_ref, document_id);
             """,
         ),
+        Migration(
+            "memory",
+            12,
+            # Bank aliases (heed.memory.aliases): extra ids a bank answers to within its
+            # tenant; at most one is shown in place of the bank's id (is_primary).
+            """
+            CREATE TABLE memory_bank_aliases (
+                tenant {bytewise} NOT NULL,
+                alias {bytewise} NOT NULL,
+                bank_ref {bytewise} NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+                is_primary INTEGER NOT NULL DEFAULT 0,
+                created_at {bytewise} NOT NULL,
+                PRIMARY KEY (tenant, alias)
+            );
+            CREATE INDEX memory_bank_aliases_bank ON memory_bank_aliases (bank_ref);
+            """,
+        ),
     ]
