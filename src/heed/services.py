@@ -65,6 +65,7 @@ from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
 from heed.storage.transfer.archives import SqlArchiveStore
 from heed.storage.webhook_store import SqlWebhookStore
+from heed.templates import BankTemplates
 from heed.transfer.archive import ArchiveLimits
 from heed.transfer.limits import TransferLimits, embedding_model
 from heed.transfer.service import BankTransfers
@@ -309,6 +310,7 @@ class Services:
             RefreshLimits(max_seconds=settings.mental_model_refresh_max_seconds),
         )
         self.mental_models = MentalModels(self.memory, memory_store, refreshes)
+        self.templates = BankTemplates(self.memory, self.directives, self.mental_models)
         self.knowledge_base = KnowledgeBase(self.memory, memory_store, self.mental_models)
         self.mental_model_triggers = RefreshTriggers(
             refreshes, self.memory, memory_store, settings.mental_model_refresh_debounce_seconds

@@ -49,6 +49,7 @@ from heed.runs.manager import RunManager
 from heed.services import Services
 from heed.sessions.service import SessionService
 from heed.settings import Settings
+from heed.templates import BankTemplates
 from heed.transfer.service import BankTransfers
 from heed.webhooks import Webhooks
 
@@ -78,6 +79,7 @@ __all__ = [
     "SessionsDep",
     "SettingsDep",
     "StreamSlotsDep",
+    "TemplatesDep",
     "TransfersDep",
     "ViewsDep",
     "WebhooksDep",
@@ -156,6 +158,8 @@ FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_reta
 BankConfigDep = Annotated[BankConfigService, Depends(_of_services(lambda s: s.bank_config))]
 #: Read-only views of a bank: entities, graphs, tags, observation scopes, chunks.
 ViewsDep = Annotated[BankViews, Depends(_of_services(lambda s: BankViews(s.memory)))]
+#: Bank templates (a bank's setup exported and imported).
+TemplatesDep = Annotated[BankTemplates, Depends(_of_services(lambda s: s.templates))]
 #: A bank's aliases (extra ids it answers to).
 AliasesDep = Annotated[BankAliases, Depends(_of_services(lambda s: s.aliases))]
 #: Curation of a bank's facts (edit, invalidate, revert) and clearing its memories.

@@ -69,7 +69,6 @@ NOT_IMPLEMENTED: Final[tuple[UnservedRoute, ...]] = (
 """Routes answered 501 with a body naming the route and why (see the module docstring)."""
 
 NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
-    UnservedRoute("GET", "/v1/bank-template-schema", "bank templates are not built yet"),
     UnservedRoute(
         "GET",
         f"{_BANK}/attachments/{{attachment_id}}",
@@ -91,8 +90,6 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
         f"{_BANK}/documents/{{document_id}}/reprocess",
         "re-extracting a stored document is not built yet",
     ),
-    UnservedRoute("GET", f"{_BANK}/export", "bank templates are not built yet"),
-    UnservedRoute("POST", f"{_BANK}/import", "bank templates are not built yet"),
     UnservedRoute("POST", f"{_BANK}/health/llm", "the per-bank LLM probe is not built yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests", "LLM request traces are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests/stats", "LLM request traces are not kept yet"),
