@@ -224,7 +224,6 @@ class Services:
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
         self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
-        self.curation = MemoryCuration(self.memory, memory_store)  # edits, invalidation, clear
         self.aliases = BankAliases(self.memory, memory_store)  # extra ids of a bank
         # Every reflect consults the bank's mental models first (reflect's port, implemented
         # above it); refreshes and the knowledge base search and embed through the same lookup.
@@ -234,6 +233,8 @@ class Services:
         )
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
+        # Edits, invalidation, clearing; a document retagged or retained again.
+        self.curation = MemoryCuration(self.memory, memory_store, self.retain_operations)
         self.file_retain = FileRetain(
             self.memory,
             self.retain_operations,

@@ -337,3 +337,97 @@ def test_clearing_a_bank_leaves_no_row_behind(server: LiveServer) -> None:
         url(server, bank, "/memories"), json={"items": [{"content": "Ivy is back."}]}, timeout=60
     ).raise_for_status()
     assert [m["text"] for m in memories(server, bank)] == ["Ivy is back."]
+
+
+def documents_call(server: LiveServer, call: Callable[[Any], Awaitable[Any]]) -> Any:
+    """*call* on the client's documents API."""
+    from hindsight_client_api.api.documents_api import DocumentsApi
+
+    return with_client(server, lambda client: call(DocumentsApi(client._api_client)))
+
+
+def test_a_documents_new_tags_reach_its_memories_and_re_derive_what_cites_them(
+    server: LiveServer,
+) -> None:
+    from hindsight_client_api.models.update_document_request import UpdateDocumentRequest
+
+    script(server, OBSERVE)
+    bank = "cur-" + uuid.uuid4().hex[:8]
+    httpx.put(url(server, bank), json={}, timeout=30).raise_for_status()
+    httpx.post(
+        url(server, bank, "/memories"),
+        json={
+            "items": [
+                {"content": text, "document_id": "notes/ivy", "tags": ["old"]} for text in FACTS
+            ]
+        },
+        timeout=60,
+    ).raise_for_status()
+    wait_for(lambda: len(memories(server, bank, type="observation")) == 3, seconds=30)
+    provider = script(server, QUIET)
+
+    done = documents_call(
+        server,
+        lambda api: api.update_document(bank, "notes/ivy", UpdateDocumentRequest(tags=["new"])),
+    )
+    assert done.success is True
+    doc = httpx.get(url(server, bank, "/documents/notes/ivy"), timeout=30).json()
+    assert doc["tags"] == ["new"]
+    assert {tuple(m["tags"]) for m in memories(server, bank, type="world")} == {("new",)}
+    assert observation_texts(server, bank) == set()  # all three cited the document's facts
+    wait_for(lambda: not memories(server, bank, consolidation_state="pending"), seconds=30)
+    assert any(all(f in r.messages[-1].content for f in FACTS) for r in provider.requests)
+
+    for body, status, named in (
+        ({"tags": ["x"], "observation_scopes": "shared"}, 400, "observation_scopes"),
+        ({}, 400, "give tags"),
+    ):
+        r = httpx.patch(url(server, bank, "/documents/notes/ivy"), json=body, timeout=30)
+        assert r.status_code == status and named in r.text, r.text
+    r = httpx.patch(url(server, bank, "/documents/nope"), json={"tags": []}, timeout=30)
+    assert r.status_code == 404 and "nope" in r.text
+    assert httpx.get(url(server, bank, "/documents/notes/ivy")).json()["tags"] == ["new"]
+
+
+def test_a_reprocessed_document_is_retained_again_with_the_banks_settings_now(
+    server: LiveServer,
+) -> None:
+    bank = "cur-" + uuid.uuid4().hex[:8]
+    httpx.put(url(server, bank), json={}, timeout=30).raise_for_status()
+    httpx.post(
+        url(server, bank, "/memories"),
+        json={"items": [{"content": FACTS[0], "document_id": "d1", "tags": ["t"]}]},
+        timeout=60,
+    ).raise_for_status()
+    [before] = memories(server, bank)
+    assert not before["source_memory_ids"]  # stored verbatim: extraction is off
+    # The bank now extracts facts: a reprocess retains the document under that setting.
+    httpx.patch(
+        url(server, bank, "/config"),
+        json={"updates": {"retain_extraction_mode": "concise"}},
+        timeout=30,
+    ).raise_for_status()
+    script(
+        server,
+        {
+            "when": "[0] (",
+            "json": {
+                "facts": [{"text": "Ivy lives in Porto.", "fact_type": "world", "sources": [0]}]
+            },
+        },
+        QUIET,
+    )
+    started = documents_call(server, lambda api: api.reprocess_document(bank, "d1"))
+    assert started.success is True
+
+    def ended() -> dict[str, Any] | None:
+        run: dict[str, Any] = httpx.get(f"{server.url}/v1/runs/{started.operation_id}").json()
+        return run if run["phase"] in ("completed", "failed", "cancelled") else None
+
+    assert wait_for(ended, seconds=30)["phase"] == "completed"
+    after = memories(server, bank)
+    assert before["id"] not in {m["id"] for m in after}  # replaced, not appended
+    fact = [m for m in after if m["source_memory_ids"]]
+    assert [m["text"] for m in fact] == ["Ivy lives in Porto."]
+    assert all(m["tags"] == ["t"] for m in after)
+    assert httpx.post(url(server, bank, "/documents/nope/reprocess"), timeout=30).status_code == 404

@@ -1,4 +1,4 @@
-"""Documents: list, get, delete (``/v1/default/banks/{bank_id}/documents``).
+"""Documents: list, get, retag, retain again, delete (``/v1/default/banks/{bank_id}/documents``).
 
 A document id may contain ``/`` (a file path is a natural id): the routes take
 the rest of the path as the id, so ``.../documents/dir/sub/doc`` (or its
@@ -15,10 +15,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.convertors import PathConvertor, register_url_convertor
 
-from heed.api.deps import MemoryDep
+from heed.api.deps import CurationDep, MemoryDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryText
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
+from heed.memory.models import InvalidInput
 
 
 class DocumentPathConvertor(PathConvertor):
@@ -67,6 +68,41 @@ async def list_documents(
         limit=limit,
         offset=offset,
     )
+
+
+@router.post("/{document_id:document_path}/reprocess")
+async def reprocess_document(
+    bank_id: IdPath, document_id: IdPath, engine: MemoryDep, curation: CurationDep
+) -> wire.ReprocessDocumentResponse:
+    """Retain the document's stored text again, in place, with the bank's settings as they
+    are now: a ``retain`` operation (its id returned). See
+    :meth:`heed.memory.curation.MemoryCuration.reprocess_document` for what is kept."""
+    run, items = await engine.on_bank(
+        bank_id, lambda bank: curation.reprocess_document(bank, document_id)
+    )
+    return wire.ReprocessDocumentResponse(success=True, operation_id=run.id, items_count=items)
+
+
+@router.patch("/{document_id:document_path}")
+async def update_document(
+    bank_id: IdPath,
+    document_id: IdPath,
+    body: wire.UpdateDocumentRequest,
+    engine: MemoryDep,
+    curation: CurationDep,
+) -> wire.UpdateDocumentResponse:
+    """Give the document and its memories a new set of tags (``[]`` clears them); the
+    observations citing its memories go and they are consolidated again."""
+    if body.observation_scopes is not None:
+        raise InvalidInput(
+            "observation_scopes: heed keeps no per-document observation scoping; set the "
+            "bank's default_observation_scopes (PATCH .../config) instead"
+        )
+    if body.tags is None:
+        raise InvalidInput("give tags: the document's complete new set of tags ([] clears them)")
+    tags = body.tags
+    await engine.on_bank(bank_id, lambda bank: curation.retag_document(bank, document_id, tags))
+    return wire.UpdateDocumentResponse(success=True)
 
 
 @router.get("/{document_id:document_path}")

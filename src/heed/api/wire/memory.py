@@ -60,8 +60,11 @@ __all__ = [
     "RecallResponse",
     "RecallResultOut",
     "RecallScores",
+    "ReprocessDocumentResponse",
     "RetainRequest",
     "RetainResponse",
+    "UpdateDocumentRequest",
+    "UpdateDocumentResponse",
     "UpdateMemoryRequest",
 ]
 
@@ -379,6 +382,25 @@ class MemoryHistoryResponse(BaseModel):
     memory_id: str
     text: str
     history: list[MemoryHistoryEntry]
+
+
+class UpdateDocumentRequest(_In):
+    """A document's new tags (the complete set; ``[]`` clears them)."""
+
+    tags: TagList | None = None
+    observation_scopes: Any = Field(
+        default=None, description="Not kept per document by heed: refused by name when given"
+    )
+
+
+class UpdateDocumentResponse(BaseModel):
+    success: bool
+
+
+class ReprocessDocumentResponse(BaseModel):
+    success: bool
+    operation_id: str
+    items_count: int = Field(description="Items the operation retains (the document's text)")
 
 
 class UpdateMemoryRequest(_In):

@@ -21,13 +21,16 @@ from heed.memory.models import (
     InvalidInput,
     NotFound,
     PreparedUnit,
+    RetainItem,
     StoredUnit,
     loose_units,
     refuse_nul,
 )
+from heed.memory.retain.operations import RetainOperations
 from heed.memory.retain.prepare import embed_documents
 from heed.memory.retain.units import index_text
 from heed.memory.store import WriteResult
+from heed.runs import Run
 from heed.runtime import run_in_thread
 
 __all__ = ["CurationResult", "MemoryCuration"]
@@ -44,9 +47,12 @@ class CurationResult:
 class MemoryCuration:
     """Curation of one server's banks (module docstring)."""
 
-    def __init__(self, engine: MemoryEngine, store: CurationStore) -> None:
+    def __init__(
+        self, engine: MemoryEngine, store: CurationStore, operations: RetainOperations
+    ) -> None:
         self.engine = engine
         self.store = store
+        self.operations = operations
 
     async def find(self, bank: Bank, unit_id: str) -> CurationResult:
         """The memory *unit_id*, live or invalidated; :class:`NotFound` when neither."""
@@ -124,6 +130,52 @@ class MemoryCuration:
             if fact_type != "observation":
                 self._after_write(bank)
             return count
+
+    async def retag_document(self, bank: Bank, document_id: str, tags: list[str]) -> None:
+        """Give the document and its memories exactly *tags* (``[]`` clears them); the
+        observations citing its memories go and its memories are consolidated again
+        under their new tags. A no-op when it has those tags. :class:`NotFound`."""
+        refuse_nul(document_id, "document_id")
+        for tag in tags:
+            refuse_nul(tag, "tags")
+        tags = list(dict.fromkeys(tags))
+        engine = self.engine
+        async with (
+            engine.track(bank),
+            engine.retain_lane.slot(),
+            engine.bank_gone_is_not_found(bank),
+        ):
+            result = await run_in_thread(self.store.retag_document, bank.ref, document_id, tags)
+            if result is None:
+                raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
+            if result.generation is not None:
+                await run_in_thread(engine.indexes.apply, bank.ref, result, None)
+                self._after_write(bank)
+
+    async def reprocess_document(self, bank: Bank, document_id: str) -> tuple[Run, int]:
+        """Retain the document's stored text again, in place (``replace``), with the bank's
+        settings as they are now (its extraction, its mission): a ``retain`` operation;
+        its run and how many items it retains. The text is the document's as stored (its
+        items joined); the items' own contexts and dates are not kept apart, so the
+        document's memories take its tags and metadata and today's date where the text
+        names none.
+        :class:`NotFound`."""
+        refuse_nul(document_id, "document_id")
+        document = await run_in_thread(self.store.get_document, bank.ref, document_id)
+        if document is None or document.original_text is None:
+            raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
+        if not document.original_text.strip():
+            raise InvalidInput(f"document {document_id!r} keeps no text to retain again")
+        items = [
+            RetainItem(
+                content=document.original_text,
+                document_id=document_id,
+                metadata={k: str(v) for k, v in document.metadata.items()},
+                tags=list(document.tags),
+                update_mode="replace",
+            )
+        ]
+        return await self.operations.submit(bank, items, []), len(items)
 
     async def _prepare(self, bank: Bank, unit: StoredUnit, edit: MemoryEdit) -> PreparedUnit:
         """*unit* with *edit* applied, embedded again; ``pending`` for consolidation when

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from heed.memory.models import PreparedUnit, StoredUnit
+from heed.memory.models import DocumentInfo, PreparedUnit, StoredUnit
 from heed.memory.store import WriteResult
 
 __all__ = ["CurationStore"]
@@ -43,6 +43,17 @@ class CurationStore(Protocol):
     ) -> WriteResult | None:
         """Bring the invalidated fact *stored* back as *unit*; ``None`` when it is not
         invalidated any more."""
+        ...
+
+    def retag_document(
+        self, bank_ref: str, document_id: str, tags: list[str]
+    ) -> WriteResult | None:
+        """Give the document and its units exactly *tags*; the observations citing its
+        units go and its units are consolidated again. ``None``: no such document."""
+        ...
+
+    def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None:
+        """The document with its text, or ``None``."""
         ...
 
     def clear_units(self, bank_ref: str, fact_type: str | None) -> tuple[WriteResult, int]:

@@ -218,7 +218,64 @@ class CurationWrites(LearningWrites):
             raise_if_cancelled()
         return WriteResult(sorted(removed), [], generation), len(ids) + max(0, archived)
 
+    def retag_document(
+        self, bank_ref: str, document_id: str, tags: list[str]
+    ) -> WriteResult | None:
+        """Give the document and each of its units exactly *tags*; the observations citing
+        its units go and its units are consolidated again (their scope may follow their
+        tags). ``None`` when there is no such document; a write that changes nothing
+        (the same tags) when it has them already."""
+        if holds_nul(document_id) or any(holds_nul(t) for t in tags):
+            return None
+        now = now_iso()
+        values = ValueWriter()
+        tags_value = values.encode(tags)
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            row = conn.execute(
+                "SELECT tags_ref, tags FROM memory_documents"
+                " WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document_id),
+            ).fetchone()
+            if row is None:
+                return None
+            current = self._document_tags(conn, bank_ref, row)
+            if current == tags:
+                return WriteResult([], [])
+            generation = touch_bank(conn, bank_ref, now)
+            units = conn.execute(
+                "SELECT id, tags_ref FROM memory_units WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document_id),
+            ).fetchall()
+            released: list[str | None] = [row[0], *(u[1] for u in units)]
+            conn.execute(
+                "UPDATE memory_documents SET tags = ?, tags_ref = ?, updated_at = ?"
+                " WHERE bank_ref = ? AND document_id = ?",
+                (*tags_value, now, bank_ref, document_id),
+            )
+            conn.execute(
+                "UPDATE memory_units SET tags = ?, tags_ref = ?, updated_at = ?"
+                " WHERE bank_ref = ? AND document_id = ?",
+                (*tags_value, now, bank_ref, document_id),
+            )
+            ids = [str(u[0]) for u in units]
+            removed, more = self.drop_derived(conn, bank_ref, ids)
+            self._mark_pending(conn, bank_ref, ids)
+            values.store(conn, bank_ref)
+            release(conn, bank_ref, [*released, *more])
+        return WriteResult(removed, [], generation)
+
     # -- helpers -----------------------------------------------------------------------
+
+    @staticmethod
+    def _document_tags(conn: Any, bank_ref: str, row: Any) -> list[str]:
+        """A document row's tags, inline or shared (:mod:`heed.storage.memory.values`)."""
+        if row[0] is None:
+            return list(json.loads(row[1]))
+        shared = conn.execute(
+            "SELECT body FROM memory_values WHERE bank_ref = ? AND digest = ?", (bank_ref, row[0])
+        ).fetchone()
+        return list(json.loads(shared[0])) if shared else []
 
     def _remove_fact(
         self, conn: Any, bank_ref: str, unit_id: str
