@@ -54,6 +54,9 @@ async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
         raise InvalidInput("query is empty")
     if body.tag_groups:
         raise InvalidInput("tag_groups is not supported by heed; use tags and tags_match")
+    for name, why in wire.NOT_IMPLEMENTED.items():
+        if getattr(body, name) is not None:
+            raise InvalidInput(f"{name} is not implemented by heed: {why}")
     if body.fact_types:
         unknown = [t for t in body.fact_types if t not in FACT_TYPES]
         if unknown:
