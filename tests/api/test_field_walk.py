@@ -85,42 +85,74 @@ def client_bodies() -> list[ClientBody]:
     return sorted(found.values(), key=lambda b: (b.path, b.method))
 
 
-def heed_bodies() -> dict[Key, set[str]]:
-    """The JSON body properties of each heed route that takes a body."""
+Schema = dict[str, Any]
+
+
+def heed_bodies() -> dict[Key, list[Schema]]:
+    """The JSON body schemas (objects, references resolved) of each heed route."""
     with tempfile.TemporaryDirectory() as data_dir:
         spec = create_app(Settings(data_dir=Path(data_dir))).openapi()
     schemas = spec["components"]["schemas"]
-
-    def properties(schema: dict[str, Any]) -> set[str]:
-        if "$ref" in schema:
-            return properties(schemas[schema["$ref"].rsplit("/", 1)[-1]])
-        out = set(schema.get("properties", {}))
-        for part in schema.get("anyOf", ()):
-            out |= properties(part)
-        return out
-
-    bodies: dict[Key, set[str]] = {}
+    bodies: dict[Key, list[Schema]] = {}
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
             content = operation.get("requestBody", {}).get("content", {})
             for media in content.values():
-                bodies[(method.upper(), normalise(path))] = properties(media["schema"])
+                bodies[(method.upper(), normalise(path))] = objects(media["schema"], schemas)
     return bodies
 
 
+def objects(schema: Schema, schemas: dict[str, Schema]) -> list[Schema]:
+    """The object schemas *schema* allows: itself, an array's items, an ``anyOf``'s parts."""
+    while "$ref" in schema:
+        schema = schemas[schema["$ref"].rsplit("/", 1)[-1]]
+    out = [schema] if "properties" in schema else []
+    if schema.get("type") == "array" and "items" in schema:
+        out += objects(schema["items"], schemas)
+    for part in schema.get("anyOf", ()):
+        out += objects(part, schemas)
+    for found in out:
+        found.setdefault("_schemas", schemas)
+    return out
+
+
+def client_models(annotation: Any) -> list[type[BaseModel]]:
+    """The client models an annotation holds (directly, in a list, in a union)."""
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in client_models(arg)]
+
+
+#: A field by its path from the body: (field name, the model holding it) per level.
+FieldPath = tuple[tuple[str, type[BaseModel]], ...]
+
+
 def unnamed_fields(
-    client: list[ClientBody], heed: dict[Key, set[str]]
-) -> list[tuple[ClientBody, str]]:
-    """The client's properties heed's body for the route does not name (served routes)."""
+    client: list[ClientBody], heed: dict[Key, list[Schema]]
+) -> list[tuple[ClientBody, FieldPath]]:
+    """The client's properties, nested ones too, that heed's body schema for the route
+    does not name (served routes only)."""
     unserved = {r.key for r in (*NOT_IMPLEMENTED, *NOT_YET_SERVED)}
-    out: list[tuple[ClientBody, str]] = []
+    out: list[tuple[ClientBody, FieldPath]] = []
+
+    def walk(model: type[BaseModel], found: list[Schema], path: FieldPath) -> None:
+        named: dict[str, list[Schema]] = {}
+        for schema in found:
+            for name, sub in schema["properties"].items():
+                named.setdefault(name, []).extend(objects(sub, schema["_schemas"]))
+        for key, field in model.model_fields.items():
+            name = field.alias or key
+            here = (*path, (name, model))
+            if name not in named:
+                out.append((body, here))
+                continue
+            for nested in client_models(field.annotation):
+                if named[name]:
+                    walk(nested, named[name], here)
+
     for body in client:
-        if body.key in unserved:
-            continue
-        named = heed.get(body.key, set())
-        for name, field in body.model.model_fields.items():
-            if (field.alias or name) not in named:
-                out.append((body, field.alias or name))
+        if body.key not in unserved:
+            walk(body.model, heed.get(body.key, []), ())
     return out
 
 
@@ -137,17 +169,32 @@ def test_the_walk_finds_the_clients_request_models(
     assert by_key[("POST", "/v1/default/banks/{}/memories/recall")] == "RecallRequest"
     assert by_key[("PATCH", "/v1/default/banks/{}/memories/{}")] == "UpdateMemoryRequest"
     assert len(client) == 25  # hindsight-client 1.1.0: 25 routes send a request model
-    assert "query" in heed[("POST", "/v1/default/banks/{}/memories/recall")]
+    [recall] = heed[("POST", "/v1/default/banks/{}/memories/recall")]
+    assert "query" in recall["properties"]
 
 
 def test_a_field_heed_does_not_name_is_caught(
     walked: tuple[list[ClientBody], dict[Key, set[str]]],
 ) -> None:
-    """The walk can fail: drop a property from heed's recall body and it is listed."""
+    """The walk can fail: drop a property of heed's retain items and it is listed, by path."""
     client, heed = walked
-    key = ("POST", "/v1/default/banks/{}/memories/recall")
-    broken = {**heed, key: heed[key] - {"budget"}}
-    assert any(b.key == key and name == "budget" for b, name in unnamed_fields(client, broken))
+    assert not [b for b, _ in unnamed_fields(client, heed) if b.path.endswith("/memories")]
+    key = ("POST", "/v1/default/banks/{}/memories")
+    [retain] = heed[key]
+    items = dict(retain["properties"]["items"])
+    [item] = objects(items, retain["_schemas"])
+    broken_item = {
+        **item,
+        "properties": {k: v for k, v in item["properties"].items() if k != "context"},
+    }
+    broken_retain = {
+        **retain,
+        "properties": {**retain["properties"], "items": {"type": "array", "items": broken_item}},
+    }
+    found = unnamed_fields(client, {**heed, key: [broken_retain]})
+    assert [tuple(name for name, _ in path) for b, path in found if b.key == key] == [
+        ("items", "context")
+    ]
 
 
 # -- what heed's bodies do not name, refused by name on a real server --------------------------
@@ -182,15 +229,29 @@ def sample(annotation: Any) -> Any:
     return "x"
 
 
-def request_body(model: type[BaseModel], name: str) -> dict[str, Any]:
-    """The model's required fields (samples) and *name* set to a sample."""
-    body = {
+def required(model: type[BaseModel]) -> dict[str, Any]:
+    """Samples of the model's required fields."""
+    return {
         (field.alias or key): sample(field.annotation)
         for key, field in model.model_fields.items()
         if field.is_required()
     }
+
+
+def request_body(path: FieldPath) -> dict[str, Any]:
+    """A body setting the field at *path* to a sample, beside each level's required fields
+    (a list-typed level holds one element)."""
+    (name, model), *rest = path
+    body = required(model)
     field = next(f for k, f in model.model_fields.items() if (f.alias or k) == name)
-    body[name] = sample(field.annotation)
+    if not rest:
+        body[name] = sample(field.annotation)
+        return body
+    inner = request_body(tuple(rest))
+    listed = get_origin(field.annotation) is list or any(
+        get_origin(a) is list for a in get_args(field.annotation)
+    )
+    body[name] = [inner] if listed else inner
     return body
 
 
@@ -200,7 +261,8 @@ def test_every_field_heed_does_not_name_is_refused_by_name(
     client, heed = walked
     fields = unnamed_fields(client, heed)
     accepted: list[str] = []
-    for body, name in fields:
+    for body, field_path in fields:
+        name = field_path[-1][0]
         path = body.path.replace("{bank_id}", "field-walk")
         for param in ("{memory_id}", "{document_id}", "{mental_model_id}", "{directive_id}"):
             path = path.replace(param, "x")
@@ -208,12 +270,12 @@ def test_every_field_heed_does_not_name_is_refused_by_name(
         response = httpx.request(
             body.method,
             server.url + path,
-            json=request_body(body.model, name),
+            json=request_body(field_path),
             timeout=30,
         )
         if not (400 <= response.status_code < 500 and name in response.text):
             accepted.append(
-                f"{body.method} {body.path} {body.model.__name__}.{name}: "
+                f"{body.method} {body.path} {'.'.join(n for n, _ in field_path)}: "
                 f"{response.status_code} {response.text[:120]}"
             )
     assert not accepted, "fields neither honoured nor refused by name:\n" + "\n".join(accepted)

@@ -579,14 +579,7 @@ class MemoryEngine:
             outcome.hits = [h for h in outcome.hits if h.unit.id not in drop]
         if query.include_source_facts:
             units = await run_in_thread(self.store.units_by_ids, bank.ref, cited)
-            facts: dict[str, RecallHit] = {}
-            budget = query.max_source_facts_tokens
-            for unit in units:
-                budget -= unit.token_count or max(1, len(unit.text) // 4)
-                if budget < 0:
-                    break
-                facts[unit.id] = RecallHit(unit=unit, final=0.0)
-            outcome.source_facts = facts
+            outcome.source_facts = _source_facts(outcome.hits, units, query)
         return outcome
 
     # -- memories and documents --------------------------------------------------------
@@ -634,3 +627,33 @@ class MemoryEngine:
                 raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
             await run_in_thread(self.indexes.apply, bank.ref, result, None)
             return len(result.removed)
+
+
+def _source_facts(
+    hits: list[RecallHit], units: list[StoredUnit], query: RecallQuery
+) -> dict[str, RecallHit]:
+    """The facts the returned observations rest on, observation by observation in rank
+    order, within ``max_source_facts_tokens`` in all and, when set,
+    ``max_source_facts_tokens_per_observation`` each (a fact counts once, for the first
+    observation citing it)."""
+    by_id = {unit.id: unit for unit in units}
+    facts: dict[str, RecallHit] = {}
+    budget = query.max_source_facts_tokens
+    for hit in hits:
+        if hit.unit.fact_type != "observation":
+            continue
+        own = query.max_source_facts_tokens_per_observation
+        for source in hit.unit.source_ids:
+            unit = by_id.get(source)
+            if unit is None or unit.id in facts:
+                continue
+            cost = unit.token_count or max(1, len(unit.text) // 4)
+            if cost > budget:
+                return facts
+            if own is not None and cost > own:
+                break
+            budget -= cost
+            if own is not None:
+                own -= cost
+            facts[unit.id] = RecallHit(unit=unit, final=0.0)
+    return facts

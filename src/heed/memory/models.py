@@ -268,6 +268,7 @@ class RecallQuery:
     max_chunk_tokens: int = 8192
     include_source_facts: bool = False
     max_source_facts_tokens: int = 4096
+    max_source_facts_tokens_per_observation: int | None = None
     tags: list[str] | None = None
     tags_match: TagsMatch = "any"
     min_semantic: float | None = None

@@ -213,6 +213,14 @@ class MemoryItemIn(_In):
     tags: TagList | None = None
     update_mode: Literal["replace", "append"] | None = None
     fact_type: Tag | None = None
+    resolve_entities: bool | None = Field(
+        default=None,
+        description="heed matches entity names by their canonical form (case-folded, "
+        "single-spaced) either way: true and false behave alike.",
+    )
+    # Hindsight's item options heed does not implement: refused by name when given a value.
+    strategy: Any = None
+    observation_scopes: Any = None
 
 
 class RetainRequest(_In):
@@ -252,10 +260,16 @@ class _MaxTokens(_In):
     max_tokens: TokenBudget | None = None
 
 
+class SourceFactsIn(_MaxTokens):
+    max_tokens_per_observation: Annotated[int, Field(ge=-1, le=10**6), JSON_INTEGER] | None = Field(
+        default=None, description="Source-fact tokens per observation (-1: no limit)"
+    )
+
+
 class IncludeOptions(_In):
     entities: _MaxTokens | None = None
     chunks: _MaxTokens | None = None
-    source_facts: _MaxTokens | None = None
+    source_facts: SourceFactsIn | None = None
 
 
 class TemporalWindowIn(_In):
