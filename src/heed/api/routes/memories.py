@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
 
 from heed.api.deps import MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
 from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
+from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import (
     recall_query,
@@ -26,7 +27,7 @@ from heed.api.wire.memory_convert import (
 from heed.memory.models import FACT_TYPES
 from heed.memory.retain.idempotency import MAX_KEY_CHARS
 from heed.memory.store import UnitFilter
-from heed.memory.tags import TAGS_MATCH, check_tags_match
+from heed.memory.tags import check_tags_match
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=HeedRoute
@@ -106,15 +107,6 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -
         bank_id, lambda bank: engine.recall(bank, query), found=lambda found: bool(found.hits)
     )
     return JSONResponse(recall_response(outcome))
-
-
-TagsMatchQuery = Annotated[
-    str,
-    Query(
-        json_schema_extra={"enum": list(TAGS_MATCH)},
-        description="How ``tags`` match, as recall's ``tags_match``; another value is a 400.",
-    ),
-]
 
 
 @router.get("/list")

@@ -72,15 +72,7 @@ async def create_mental_model(
 ) -> wire.CreateMentalModelResponse:
     """Create a mental model; its content is written by the refresh it starts."""
     bank = await engine.get_bank(bank_id)
-    model, run = await models.create(
-        bank,
-        name=body.name,
-        source_query=body.source_query,
-        model_id=body.id,
-        tags=body.tags,
-        max_tokens=body.max_tokens,
-        trigger=body.trigger.patch() if body.trigger is not None else None,
-    )
+    model, run = await models.create(bank, model_id=body.id, **wire.model_options(body))
     return wire.CreateMentalModelResponse(mental_model_id=model.id, operation_id=run.id)
 
 
@@ -134,10 +126,8 @@ async def update_mental_model(
 ) -> wire.MentalModelOut:
     """Change a model's name, question, tags, budget or trigger (a patch)."""
     bank = await engine.get_bank(bank_id)
-    patch = body.model_dump(exclude_unset=True, exclude={"trigger"})
-    if body.trigger is not None:
-        patch["trigger"] = body.trigger.patch()
-    return model_out(bank, await models.update(bank, mental_model_id, patch), "full")
+    updated = await models.update(bank, mental_model_id, wire.options_patch(body))
+    return model_out(bank, updated, "full")
 
 
 @router.delete("/{mental_model_id}")
