@@ -16,7 +16,7 @@ from heed.transfer.records import (
     InvalidArchive,
     Record,
     fields_of,
-    utc_time,
+    row_of,
     validate,
 )
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section
@@ -42,18 +42,7 @@ def encode(row: Directive) -> dict[str, Any]:
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> Directive:
-    record = validate(DirectiveRecord, value, where)
-    return Directive(
-        id=record.id,
-        bank_ref="",
-        name=record.name,
-        content=record.content,
-        priority=record.priority,
-        is_active=record.is_active,
-        tags=list(record.tags),
-        created_at=utc_time(record.created_at, "created_at", where) or "",
-        updated_at=utc_time(record.updated_at, "updated_at", where) or "",
-    )
+    return row_of(validate(DirectiveRecord, value, where), Directive, where, bank_ref="")
 
 
 def read(ctx: ExportContext) -> Iterator[list[Directive]]:

@@ -18,7 +18,7 @@ from heed.transfer.records import (
     InvalidArchive,
     Record,
     fields_of,
-    utc_time,
+    row_of,
     validate,
 )
 from heed.transfer.sections.base import (
@@ -48,16 +48,7 @@ def encode(row: KnowledgeFolder) -> dict[str, Any]:
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> KnowledgeFolder:
-    record = validate(FolderRecord, value, where)
-    return KnowledgeFolder(
-        bank_ref="",
-        id=record.id,
-        name=record.name,
-        parent_id=record.parent_id,
-        managed=record.managed,
-        created_at=utc_time(record.created_at, "created_at", where) or "",
-        updated_at=utc_time(record.updated_at, "updated_at", where) or "",
-    )
+    return row_of(validate(FolderRecord, value, where), KnowledgeFolder, where, bank_ref="")
 
 
 def read(ctx: ExportContext) -> Iterator[list[KnowledgeFolder]]:

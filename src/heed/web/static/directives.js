@@ -53,28 +53,24 @@ export class DirectivesSection {
       h("div", { class: "row" }, h("button", { type: "submit", id: "directive-create" }, "Create")),
       this.formStatus,
     );
-    this.count = h("span", { id: "directive-count", class: "muted" });
-    this.statusEl = h("p", { class: "form-status", role: "status", id: "directive-status" });
-    this.list = h("ol", { class: "directives", id: "directive-list", "aria-label": "directives" });
-    this.el = formBesideList({
+    this.panel = formBesideList({
       formTitle: "New directive",
       hint: "Untagged directives always apply; tagged ones only to a reflect whose tags match them.",
       form,
+      formStatus: this.formStatus,
       listTitle: "Directives",
-      count: this.count,
-      statusEl: this.statusEl,
-      list: this.list,
+      name: "directive",
+      listClass: "directives",
+      listLabel: "directives",
       onReload: () => this.load(),
     });
+    ({ el: this.el, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
   }
 
   setBank(bankId) {
     if (bankId === this.bankId) return;
     this.bankId = bankId;
-    clear(this.list);
-    this.count.textContent = "";
-    setStatus(this.statusEl, "");
-    setStatus(this.formStatus, "");
+    this.panel.reset();
   }
 
   close() {}

@@ -31,17 +31,31 @@ export function card(title, ...body) {
 }
 
 /**
- * A learning tab's layout: a form card ("New …", a hint, the form) beside a list card (its
- * count and a Reload button, a status line, the list). Returns the tab's element.
+ * A learning tab's layout: a form card ("New …", a hint, the form with its status line
+ * formStatus) beside a list card (its count and a Reload button, a status line, the list).
+ * Makes the list card's parts, with the ids `${name}-count`, `${name}-status` and
+ * `${name}-list` (the list of class listClass, labelled listLabel), and returns them:
+ * { el: the tab's element, count, statusEl, list, reset: empties the list and blanks the
+ * count and both status lines (another bank chosen) }.
  */
-export function formBesideList({ formTitle, hint, form, listTitle, count, statusEl, list, onReload }) {
+export function formBesideList({ formTitle, hint, form, formStatus, listTitle, name, listClass, listLabel, onReload }) {
+  const count = h("span", { id: `${name}-count`, class: "muted" });
+  const statusEl = h("p", { class: "form-status", role: "status", id: `${name}-status` });
+  const list = h("ol", { class: listClass, id: `${name}-list`, "aria-label": listLabel });
   const header = h("div", { class: "row" }, count, h("span", { class: "spacer" }), h("button", { type: "button", class: "secondary", onclick: onReload }, "Reload"));
-  return h(
+  const el = h(
     "div",
     { class: "memory-grid learning-grid" },
     h("div", { class: "memory-column" }, card(formTitle, h("p", { class: "muted hint" }, hint), form)),
     h("div", { class: "memory-column wide" }, card(listTitle, header, statusEl, list)),
   );
+  const reset = () => {
+    clear(list);
+    count.textContent = "";
+    setStatus(statusEl, "");
+    setStatus(formStatus, "");
+  };
+  return { el, count, statusEl, list, reset };
 }
 
 /** Set a status line (class form-status; its other classes stay): kind is "", "pending", "ok" or "error". */
