@@ -34,10 +34,7 @@ export class DirectivesSection {
     });
     this.priorityInput = h("input", { id: "directive-priority", name: "priority", type: "number", step: 1, value: 0, inputmode: "numeric" });
     this.tagsInput = h("input", { id: "directive-tags", name: "tags", autocomplete: "off", placeholder: "tags, comma-separated (optional)" });
-    this.formStatus = h("p", { class: "form-status", role: "status", id: "directive-form-status" });
-    const form = h(
-      "form",
-      { id: "directive-form", onsubmit: (e) => this.create(e) },
+    const fields = [
       h("label", { for: "directive-name" }, "Name"),
       this.nameInput,
       h("label", { for: "directive-content" }, "Rule"),
@@ -50,21 +47,20 @@ export class DirectivesSection {
         h("label", { for: "directive-tags", class: "sr-only" }, "Tags"),
         this.tagsInput,
       ),
-      h("div", { class: "row" }, h("button", { type: "submit", id: "directive-create" }, "Create")),
-      this.formStatus,
-    );
+    ];
     this.panel = formBesideList({
       formTitle: "New directive",
       hint: "Untagged directives always apply; tagged ones only to a reflect whose tags match them.",
-      form,
-      formStatus: this.formStatus,
+      formName: "directive",
+      fields,
+      onCreate: (e) => this.create(e),
       listTitle: "Directives",
       name: "directive",
       listClass: "directives",
       listLabel: "directives",
       onReload: () => this.load(),
     });
-    ({ el: this.el, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
+    ({ el: this.el, formStatus: this.formStatus, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
   }
 
   setBank(bankId) {

@@ -176,29 +176,25 @@ export class MentalModelsSection {
       required: true,
       placeholder: "The question whose answer this model keeps, e.g. “What pets does Alice have?”",
     });
-    this.formStatus = h("p", { class: "form-status", role: "status", id: "mm-form-status" });
-    const form = h(
-      "form",
-      { id: "mm-form", onsubmit: (e) => this.create(e) },
+    const fields = [
       h("label", { for: "mm-name" }, "Name"),
       this.nameInput,
       h("label", { for: "mm-query" }, "Source query"),
       this.queryInput,
-      h("div", { class: "row" }, h("button", { type: "submit", id: "mm-create" }, "Create")),
-      this.formStatus,
-    );
+    ];
     this.panel = formBesideList({
       formTitle: "New mental model",
       hint: "heed answers the question from the bank's memories and keeps the answer as the model's content; Refresh asks again.",
-      form,
-      formStatus: this.formStatus,
+      formName: "mm",
+      fields,
+      onCreate: (e) => this.create(e),
       listTitle: "Mental models",
       name: "mental-model",
       listClass: "mental-models",
       listLabel: "mental models",
       onReload: () => this.load(),
     });
-    ({ el: this.el, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
+    ({ el: this.el, formStatus: this.formStatus, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
   }
 
   setBank(bankId) {

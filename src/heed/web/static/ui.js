@@ -31,14 +31,24 @@ export function card(title, ...body) {
 }
 
 /**
- * A learning tab's layout: a form card ("New …", a hint, the form with its status line
- * formStatus) beside a list card (its count and a Reload button, a status line, the list).
- * Makes the list card's parts, with the ids `${name}-count`, `${name}-status` and
- * `${name}-list` (the list of class listClass, labelled listLabel), and returns them:
- * { el: the tab's element, count, statusEl, list, reset: empties the list and blanks the
- * count and both status lines (another bank chosen) }.
+ * A learning tab's layout: a form card ("New …", a hint, the form) beside a list card (its
+ * count and a Reload button, a status line, the list). The form (id `${formName}-form`)
+ * holds *fields*, then a Create button (`${formName}-create`) and its status line
+ * (`${formName}-form-status`); submitting it calls onCreate(event). The list card's parts
+ * have the ids `${name}-count`, `${name}-status` and `${name}-list` (the list of class
+ * listClass, labelled listLabel). Returns { el: the tab's element, formStatus, count,
+ * statusEl, list, reset: empties the list and blanks the count and both status lines
+ * (another bank chosen) }.
  */
-export function formBesideList({ formTitle, hint, form, formStatus, listTitle, name, listClass, listLabel, onReload }) {
+export function formBesideList({ formTitle, hint, formName, fields, onCreate, listTitle, name, listClass, listLabel, onReload }) {
+  const formStatus = h("p", { class: "form-status", role: "status", id: `${formName}-form-status` });
+  const form = h(
+    "form",
+    { id: `${formName}-form`, onsubmit: onCreate },
+    ...fields,
+    h("div", { class: "row" }, h("button", { type: "submit", id: `${formName}-create` }, "Create")),
+    formStatus,
+  );
   const count = h("span", { id: `${name}-count`, class: "muted" });
   const statusEl = h("p", { class: "form-status", role: "status", id: `${name}-status` });
   const list = h("ol", { class: listClass, id: `${name}-list`, "aria-label": listLabel });
@@ -55,7 +65,7 @@ export function formBesideList({ formTitle, hint, form, formStatus, listTitle, n
     setStatus(statusEl, "");
     setStatus(formStatus, "");
   };
-  return { el, count, statusEl, list, reset };
+  return { el, formStatus, count, statusEl, list, reset };
 }
 
 /** Set a status line (class form-status; its other classes stay): kind is "", "pending", "ok" or "error". */
