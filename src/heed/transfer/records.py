@@ -34,7 +34,9 @@ __all__ = [
     "Count",
     "Id",
     "InvalidArchive",
+    "Name",
     "Record",
+    "ScopeTags",
     "Tags",
     "check_values",
     "decode_vector",
@@ -175,6 +177,12 @@ T = TypeVar("T")
 
 #: A text with something besides spaces (a name, a directive's content).
 NOT_BLANK: Final = r"\S"
+#: A directive's, a mental model's or a knowledge-base folder's name.
+Name = Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+#: A directive's or a mental model's scope tags (at most 64, none empty).
+ScopeTags = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=64)
+]
 
 
 def fields_of(row: Any, record: type[Record]) -> dict[str, Any]:

@@ -14,7 +14,9 @@ from heed.transfer.records import (
     NOT_BLANK,
     Id,
     InvalidArchive,
+    Name,
     Record,
+    ScopeTags,
     fields_of,
     row_of,
     validate,
@@ -28,11 +30,11 @@ class DirectiveRecord(Record):
     """A rule of the bank, by the directive service's limits."""
 
     id: Id
-    name: Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+    name: Name
     content: Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS, pattern=NOT_BLANK)]
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
     is_active: bool
-    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=64)]
+    tags: ScopeTags
     created_at: str
     updated_at: str
 

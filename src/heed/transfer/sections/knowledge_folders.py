@@ -6,16 +6,14 @@ bank's own and are kept; the tree is checked with the mental models
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any
 
 from heed.memory.models import InvalidInput
 from heed.mental_models.values import MAX_MENTAL_MODELS, KnowledgeFolder
 from heed.transfer.records import (
-    NOT_BLANK,
     Id,
     InvalidArchive,
+    Name,
     Record,
     fields_of,
     row_of,
@@ -36,7 +34,7 @@ class FolderRecord(Record):
     """A knowledge-base folder."""
 
     id: Id
-    name: Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+    name: Name
     parent_id: Id | None
     managed: bool
     created_at: str
