@@ -591,20 +591,38 @@ class MemoryEngine:
             refuse_nul(getattr(flt, name), name)
         return await run_in_thread(self.store.list_units, bank.ref, flt, limit, offset)
 
+    async def _found(
+        self, bank: Bank, what: str, key: str, read: Callable[[str, str], T | None]
+    ) -> T:
+        """``read(bank.ref, key)`` in a thread; :class:`NotFound` naming *what* (``memory
+        'id'``) and the bank when it finds nothing."""
+        found = await run_in_thread(read, bank.ref, key)
+        if found is None:
+            raise NotFound(f"{what} not found in bank {bank.bank_id!r}")
+        return found
+
+    async def _delete(
+        self,
+        bank: Bank,
+        what: str,
+        key: str,
+        delete: Callable[[str, str], WriteResult | None],
+    ) -> WriteResult:
+        """``delete(bank.ref, key)`` as a tracked write of *bank* (a bank deleted meanwhile:
+        :class:`NotFound`), then its removals applied to the bank's vector indexes;
+        :class:`NotFound` naming *what* when there was nothing to delete."""
+        async with self.track(bank), self.bank_gone_is_not_found(bank):
+            result = await self._found(bank, what, key, delete)
+            await run_in_thread(self.indexes.apply, bank.ref, result, None)
+            return result
+
     async def get_unit(self, bank: Bank, unit_id: str) -> StoredUnit:
         refuse_nul(unit_id, "the memory id")
-        unit = await run_in_thread(self.store.get_unit, bank.ref, unit_id)
-        if unit is None:
-            raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
-        return unit
+        return await self._found(bank, f"memory {unit_id!r}", unit_id, self.store.get_unit)
 
     async def delete_unit(self, bank: Bank, unit_id: str) -> None:
         refuse_nul(unit_id, "the memory id")
-        async with self.track(bank), self.bank_gone_is_not_found(bank):
-            result = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
-            if result is None:
-                raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
-            await run_in_thread(self.indexes.apply, bank.ref, result, None)
+        await self._delete(bank, f"memory {unit_id!r}", unit_id, self.store.delete_unit)
 
     async def list_documents(
         self, bank: Bank, search: str | None, limit: int, offset: int
@@ -614,19 +632,14 @@ class MemoryEngine:
 
     async def get_document(self, bank: Bank, document_id: str) -> DocumentInfo:
         refuse_nul(document_id, "document_id")
-        info = await run_in_thread(self.store.get_document, bank.ref, document_id)
-        if info is None:
-            raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
-        return info
+        what = f"document {document_id!r}"
+        return await self._found(bank, what, document_id, self.store.get_document)
 
     async def delete_document(self, bank: Bank, document_id: str) -> int:
         refuse_nul(document_id, "document_id")
-        async with self.track(bank), self.bank_gone_is_not_found(bank):
-            result = await run_in_thread(self.store.delete_document, bank.ref, document_id)
-            if result is None:
-                raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
-            await run_in_thread(self.indexes.apply, bank.ref, result, None)
-            return len(result.removed)
+        what = f"document {document_id!r}"
+        result = await self._delete(bank, what, document_id, self.store.delete_document)
+        return len(result.removed)
 
 
 def _source_facts(

@@ -12,6 +12,8 @@ feed). The ``document_path`` convertor is ``.*`` with DOTALL: the whole rest of 
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from starlette.convertors import PathConvertor, register_url_convertor
 
@@ -19,7 +21,7 @@ from heed.api.deps import CurationDep, MemoryDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryText
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
-from heed.memory.models import InvalidInput
+from heed.memory.models import DocumentInfo, InvalidInput
 
 
 class DocumentPathConvertor(PathConvertor):
@@ -33,6 +35,20 @@ register_url_convertor("document_path", DocumentPathConvertor())
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"], route_class=HeedRoute
 )
+
+
+def _document_fields(d: DocumentInfo, bank_id: str) -> dict[str, Any]:
+    """What a document's list item and its full answer both say of it, by wire name."""
+    return {
+        "id": d.document_id,
+        "bank_id": bank_id,
+        "content_hash": d.content_hash,
+        "created_at": d.created_at,
+        "updated_at": d.updated_at,
+        "memory_unit_count": d.unit_count,
+        "document_metadata": d.metadata,
+        "tags": d.tags,
+    }
 
 
 @router.get("")
@@ -51,17 +67,7 @@ async def list_documents(
     )
     return wire.ListDocumentsResponse(
         items=[
-            wire.DocumentListItem(
-                id=d.document_id,
-                bank_id=bank_id,
-                content_hash=d.content_hash,
-                created_at=d.created_at,
-                updated_at=d.updated_at,
-                text_length=d.text_length,
-                memory_unit_count=d.unit_count,
-                document_metadata=d.metadata,
-                tags=d.tags,
-            )
+            wire.DocumentListItem(**_document_fields(d, bank_id), text_length=d.text_length)
             for d in docs
         ],
         total=total,
@@ -112,16 +118,9 @@ async def get_document(
     """One document with its text."""
     d = await engine.on_bank(bank_id, lambda bank: engine.get_document(bank, document_id))
     return wire.DocumentResponse(
-        id=d.document_id,
-        bank_id=bank_id,
+        **_document_fields(d, bank_id),
         original_text=d.original_text,
-        content_hash=d.content_hash,
-        created_at=d.created_at,
-        updated_at=d.updated_at,
-        memory_unit_count=d.unit_count,
         nodes_by_fact_type=d.units_by_type,
-        tags=d.tags,
-        document_metadata=d.metadata,
     )
 
 

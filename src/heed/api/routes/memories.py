@@ -16,6 +16,7 @@ from heed.api.deps import CurationDep, MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
 from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
+from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import (
     curated_item,
@@ -28,7 +29,7 @@ from heed.memory.curation import MemoryEdit
 from heed.memory.models import FACT_TYPES
 from heed.memory.retain.idempotency import MAX_KEY_CHARS
 from heed.memory.store import UnitFilter
-from heed.memory.tags import TAGS_MATCH, check_tags_match
+from heed.memory.tags import check_tags_match
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=HeedRoute
@@ -108,15 +109,6 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -
         bank_id, lambda bank: engine.recall(bank, query), found=lambda found: bool(found.hits)
     )
     return JSONResponse(recall_response(outcome))
-
-
-TagsMatchQuery = Annotated[
-    str,
-    Query(
-        json_schema_extra={"enum": list(TAGS_MATCH)},
-        description="How ``tags`` match, as recall's ``tags_match``; another value is a 400.",
-    ),
-]
 
 
 @router.get("/list")

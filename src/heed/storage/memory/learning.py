@@ -77,17 +77,12 @@ class LearningWrites(DocumentWrites):
             generation = touch_bank(conn, bank_ref, now)
             gone = [u.id for u in changes.replaced] + list(changes.removed)
             removed, released = self._remove_units(conn, bank_ref, gone, OBSERVATION)
-            seqs = self._insert_units(conn, bank_ref, units, rows, generation)
-            self._link(conn, bank_ref, seqs, units, first)
+            added = self._insert_linked(conn, bank_ref, units, rows, generation, first)
             self._set_state(conn, bank_ref, changes.done, "done")
             self._set_state(conn, bank_ref, changes.failed, "failed")
             values.store(conn, bank_ref)
             release(conn, bank_ref, released)
-        return WriteResult(
-            removed=removed,
-            added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
-            generation=generation,
-        )
+        return WriteResult(removed=removed, added=added, generation=generation)
 
     def delete_observations(self, bank_ref: str, source_id: str | None) -> WriteResult:
         if source_id is not None and holds_nul(source_id):

@@ -175,15 +175,26 @@ class DocumentWrites:
                         for c in document.chunks
                     ],
                 )
-            seqs = self._insert_units(conn, bank_ref, units, rows, generation)
-            self._link(conn, bank_ref, seqs, units, first)
+            added = self._insert_linked(conn, bank_ref, units, rows, generation, first)
             values.store(conn, bank_ref)
             release(conn, bank_ref, released)
-        return WriteResult(
-            removed=removed,
-            added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
-            generation=generation,
-        )
+        return WriteResult(removed=removed, added=added, generation=generation)
+
+    def _insert_linked(
+        self,
+        conn: Any,
+        bank_ref: str,
+        units: Sequence[PreparedUnit],
+        rows: Sequence[tuple[Any, ...]],
+        generation: int,
+        first: dict[str, tuple[str, str | None]],
+    ) -> list[tuple[int, str]]:
+        """:meth:`_insert_units`, then their links (:meth:`_link`; *first*: each entity's
+        first mention, :func:`~heed.memory.retain.links.first_mentions`), in the caller's
+        transaction: the (seq, id) added."""
+        seqs = self._insert_units(conn, bank_ref, units, rows, generation)
+        self._link(conn, bank_ref, seqs, units, first)
+        return [(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)]
 
     def _insert_units(
         self,
