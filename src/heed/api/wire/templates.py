@@ -57,7 +57,7 @@ class BankTemplateManifest(RequestBody):
     """A bank's setup: its own settings, mental models and directives (no memories)."""
 
     version: str = Field(description=f"The manifest's version (this server: {CURRENT_VERSION!r})")
-    bank: dict[str, Any] | None = Field(
+    bank: Annotated[dict[str, Any], Field(max_length=MAX_LIST_ITEMS * 4)] | None = Field(
         default=None, description="The bank's settings (GET .../config's names); omit to keep"
     )
     mental_models: (
