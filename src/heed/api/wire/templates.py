@@ -5,6 +5,7 @@ models' rules, so this shape stays the same as the client's."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, Field
@@ -107,43 +108,8 @@ class BankTemplateImportResponse(BaseModel):
 
 def manifest_of(template: Template) -> dict[str, Any]:
     """*template* as the manifest's JSON (parts the bank does not have left out)."""
-    out: dict[str, Any] = {"version": template.version}
-    if template.bank is not None:
-        out["bank"] = template.bank
-    if template.mental_models is not None:
-        out["mental_models"] = [
-            {
-                "id": m.id,
-                "name": m.name,
-                "source_query": m.source_query,
-                "tags": m.tags,
-                "max_tokens": m.max_tokens,
-                "trigger": m.trigger,
-            }
-            for m in template.mental_models
-        ]
-    if template.directives is not None:
-        out["directives"] = [
-            {
-                "name": d.name,
-                "content": d.content,
-                "priority": d.priority,
-                "is_active": d.is_active,
-                "tags": d.tags,
-            }
-            for d in template.directives
-        ]
-    return out
+    return {k: v for k, v in asdict(template).items() if v is not None}
 
 
 def import_response(summary: ImportSummary) -> BankTemplateImportResponse:
-    return BankTemplateImportResponse(
-        bank_id=summary.bank_id,
-        config_applied=summary.config_applied,
-        mental_models_created=summary.mental_models_created,
-        mental_models_updated=summary.mental_models_updated,
-        directives_created=summary.directives_created,
-        directives_updated=summary.directives_updated,
-        operation_ids=summary.operation_ids,
-        dry_run=summary.dry_run,
-    )
+    return BankTemplateImportResponse(**asdict(summary))

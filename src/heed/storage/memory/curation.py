@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from heed.memory.models import PreparedUnit, StoredUnit
@@ -58,16 +58,7 @@ class CurationWrites(LearningWrites):
         entry = {"text": stored.text, "changed_at": now, "reason": reason, "state": "edited"}
         unit.history = [*stored.history, entry]
         values = ValueWriter()
-        row = self._unit_row(
-            bank_ref,
-            stored.document_id,
-            unit,
-            {unit.chunk_index: stored.chunk_id} if stored.chunk_id else {},
-            now,
-            values,
-            created_at=stored.created_at,
-            updated_at=now,
-        )
+        row = self._fact_row(bank_ref, stored, unit, now, values)
         with self.db.write() as conn:
             self.lock_bank(conn, bank_ref)
             generation = touch_bank(conn, bank_ref, now)
@@ -75,11 +66,12 @@ class CurationWrites(LearningWrites):
             if not removed:
                 return None
             gone, more = self.drop_derived(conn, bank_ref, [unit.id])
-            [seq] = self._insert_units(conn, bank_ref, [unit], [row], generation)
-            self._link(conn, bank_ref, [seq], [unit], first_mentions([unit]))
+            added = self._insert_linked(
+                conn, bank_ref, [unit], [row], generation, first_mentions([unit])
+            )
             values.store(conn, bank_ref)
             release(conn, bank_ref, [*released, *more])
-        return WriteResult(sorted([*removed, *gone]), [(seq, unit.id)], generation)
+        return WriteResult(sorted([*removed, *gone]), added, generation)
 
     def invalidate_unit(
         self, bank_ref: str, unit_id: str, reason: str | None
@@ -148,16 +140,7 @@ class CurationWrites(LearningWrites):
         now = now_iso()
         unit.history = [*stored.history[:-1], {**stored.history[-1], "reverted_at": now}]
         values = ValueWriter()
-        row = self._unit_row(
-            bank_ref,
-            stored.document_id,
-            unit,
-            {unit.chunk_index: stored.chunk_id} if stored.chunk_id else {},
-            now,
-            values,
-            created_at=stored.created_at,
-            updated_at=now,
-        )
+        row = self._fact_row(bank_ref, stored, unit, now, values)
         with self.db.write() as conn:
             self.lock_bank(conn, bank_ref)
             generation = touch_bank(conn, bank_ref, now)
@@ -173,12 +156,13 @@ class CurationWrites(LearningWrites):
                     "SELECT 1 FROM memory_chunks WHERE bank_ref = ? AND id = ?",
                     (bank_ref, stored.chunk_id),
                 ).fetchone()
-            ):
-                row = self._unit_row(bank_ref, stored.document_id, unit, {}, now, values)
-            [seq] = self._insert_units(conn, bank_ref, [unit], [row], generation)
-            self._link(conn, bank_ref, [seq], [unit], first_mentions([unit]))
+            ):  # its chunk went with a document replaced meanwhile
+                row = self._fact_row(bank_ref, replace(stored, chunk_id=None), unit, now, values)
+            added = self._insert_linked(
+                conn, bank_ref, [unit], [row], generation, first_mentions([unit])
+            )
             values.store(conn, bank_ref)
-        return WriteResult([], [(seq, unit.id)], generation)
+        return WriteResult([], added, generation)
 
     def clear_units(self, bank_ref: str, fact_type: str | None) -> tuple[WriteResult, int]:
         """Delete the bank's memories (see :meth:`heed.memory.curation.store.CurationStore
@@ -267,6 +251,22 @@ class CurationWrites(LearningWrites):
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _fact_row(
+        self, bank_ref: str, stored: StoredUnit, unit: PreparedUnit, now: str, values: ValueWriter
+    ) -> tuple[Any, ...]:
+        """The row of *unit* written in the place of *stored*: its document, chunk and
+        creation time kept, updated *now*."""
+        return self._unit_row(
+            bank_ref,
+            stored.document_id,
+            unit,
+            {unit.chunk_index: stored.chunk_id} if stored.chunk_id else {},
+            now,
+            values,
+            created_at=stored.created_at,
+            updated_at=now,
+        )
+
     @staticmethod
     def _document_tags(conn: Any, bank_ref: str, row: Any) -> list[str]:
         """A document row's tags, inline or shared (:mod:`heed.storage.memory.values`)."""
@@ -302,24 +302,7 @@ class CurationWrites(LearningWrites):
                 (bank_ref, bank_ref),
             ).fetchone()[0]
         )
-        self.dialect.drop_bank_keywords(conn, bank_ref)
-        for table, column in (("memory_links", "from_seq"), ("memory_unit_entities", "unit_seq")):
-            conn.execute(
-                f"DELETE FROM {table} WHERE {column} IN"
-                " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
-                (bank_ref,),
-            )
-        raise_if_cancelled()
-        conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
-        for table in (
-            "memory_invalidated_units",
-            "memory_entities",
-            "memory_chunks",
-            "memory_documents",
-            "memory_retain_ledger",
-            "memory_values",  # only units and documents reference shared values
-        ):
-            conn.execute(f"DELETE FROM {table} WHERE bank_ref = ?", (bank_ref,))
+        self.empty_bank(conn, bank_ref)
         return count
 
     @staticmethod

@@ -481,29 +481,33 @@ class DocumentWrites:
                     "SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,)
                 ).fetchone()[0]
             )
-            self.dialect.drop_bank_keywords(conn, bank_ref)
-            # Set-based deletes first; the cascades then find nothing left to do row by row.
-            for table, column in (
-                ("memory_links", "from_seq"),
-                ("memory_unit_entities", "unit_seq"),
-            ):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE {column} IN"
-                    " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
-                    (bank_ref,),
-                )
-            conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
-            for table in (
-                "memory_invalidated_units",
-                "memory_entities",
-                "memory_chunks",
-                "memory_documents",
-                "memory_retain_ledger",
-                "memory_values",
-            ):
-                conn.execute(f"DELETE FROM {table} WHERE bank_ref = ?", (bank_ref,))
+            self.empty_bank(conn, bank_ref)
             conn.execute("DELETE FROM memory_banks WHERE ref = ?", (bank_ref,))
         return count
+
+    def empty_bank(self, conn: Any, bank_ref: str) -> None:
+        """Delete every unit, invalidated unit, entity, chunk, document, retain key and
+        shared value of the bank in the caller's transaction (its row, settings,
+        directives and mental models stay). Set-based deletes first: the cascades then
+        find nothing left to do row by row; the token is checked between them."""
+        self.dialect.drop_bank_keywords(conn, bank_ref)
+        for table, column in (("memory_links", "from_seq"), ("memory_unit_entities", "unit_seq")):
+            conn.execute(
+                f"DELETE FROM {table} WHERE {column} IN"
+                " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
+                (bank_ref,),
+            )
+        raise_if_cancelled()
+        conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
+        for table in (
+            "memory_invalidated_units",
+            "memory_entities",
+            "memory_chunks",
+            "memory_documents",
+            "memory_retain_ledger",
+            "memory_values",  # only units and documents reference shared values
+        ):
+            conn.execute(f"DELETE FROM {table} WHERE bank_ref = ?", (bank_ref,))
 
     def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
         """See :meth:`heed.memory.store.MemoryStore.retain_ledger`."""
