@@ -113,6 +113,16 @@ SEMANTIC_400 = [
     # Directives refuse a blank name, content or tag, and a bank's 101st directive.
     "POST /v1/default/banks/{bank_id}/directives",
     "PATCH /v1/default/banks/{bank_id}/directives/{directive_id}",
+    # Curation refuses an edit naming no field, blank text, a date that does not parse, an
+    # observation (derived), an edit of an invalidated fact; a document's PATCH refuses no
+    # tags and observation_scopes (not kept per document).
+    "PATCH /v1/default/banks/{bank_id}/memories/{memory_id}",
+    "PATCH /v1/default/banks/{bank_id}/documents/{document_id}",
+    # An alias follows a bank id's rules (a pattern the document cannot state per name).
+    "POST /v1/default/banks/{bank_id}/aliases",
+    # A template's settings are judged by the bank settings' rules, its mental models' ids,
+    # names, questions and triggers by theirs, and its version by the server's.
+    "POST /v1/default/banks/{bank_id}/import",
 ]
 """Operations where a schema-valid request may get a 400: the server judges a value the
 document can only type. The document says so (400: "a value only the server can judge"); the
@@ -428,7 +438,7 @@ def test_json_types_are_taken_as_the_document_types_them(contract_server: LiveSe
         ("/v1/sessions", "GET, POST"),
         ("/v1/sessions/s1", "DELETE, GET, PATCH"),
         (f"/v1/default/banks/{BANK}", "DELETE, GET, PATCH, PUT"),
-        (f"/v1/default/banks/{BANK}/documents/a/b", "DELETE, GET"),
+        (f"/v1/default/banks/{BANK}/documents/a/b", "DELETE, GET, PATCH"),
         (f"/v1/default/banks/{BANK}/memories/recall", "POST"),
         ("/health", "GET"),
     ],

@@ -165,6 +165,7 @@ def a_objects(a_client: httpx.Client) -> AObjects:
     operation_id = queued["operation_id"]
     wait_for(lambda: _phase(a, operation_id) == "completed", 20)
 
+    _ok(a.post(f"/v1/default/banks/{BANK}/aliases", json={"alias": A_ALIAS}), 201)
     session = _ok(a.post("/v1/sessions", json={"title": "A's chat", "bank_id": BANK}), 201)
     turn = _ok(a.post(f"/v1/sessions/{session['id']}/turns", json={"content": "hello"}), 202)
     wait_for(lambda: _phase(a, turn["run_id"]) == "completed", 20)
@@ -240,6 +241,8 @@ def _a_view(a: httpx.Client, objs: AObjects) -> dict[str, Any]:
         "entities": _ok(a.get(f"{bank}/entities")),
         "entity": {e: _ok(a.get(f"{bank}/entities/{e}")) for e in objs.entity_ids},
         "tags": _ok(a.get(f"{bank}/tags")),
+        "aliases": _ok(a.get(f"{bank}/aliases")),
+        "template": _ok(a.get(f"{bank}/export")),
         "chunk": {c: _ok(a.get(f"/v1/default/chunks/{c}")) for c in objs.chunk_ids},
     }
 
@@ -315,6 +318,8 @@ def _send(client: httpx.Client, attempt: Attempt, url: str) -> httpx.Response:
 
 
 BANK_T = "/v1/default/banks/{bank_id}"
+A_ALIAS = "a-alias"
+"""An alias of A's bank (B may not see, promote or remove it)."""
 MEM_T = BANK_T + "/memories"
 DOC_T = BANK_T + "/documents"
 OPS_T = BANK_T + "/operations"
@@ -387,7 +392,17 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
             ),
             Attempt("GET", HOOKS_T, bank, own),
             Attempt("POST", HOOKS_T, bank, own, body={"url": "http://127.0.0.1:9/b"}),
+            Attempt("DELETE", MEM_T, bank, own),
+            Attempt("DELETE", MEM_T, bank, own, query={"type": "world"}),
+            Attempt("GET", BANK_T + "/aliases", bank, own),
+            Attempt("POST", BANK_T + "/aliases", bank, own, body={"alias": "b-alias"}),
+            Attempt("GET", BANK_T + "/export", bank, own),
             Attempt("DELETE", BANK_T, bank, own),
+        ]
+        alias = {**bank, "alias": A_ALIAS}
+        out += [
+            Attempt("PATCH", BANK_T + "/aliases/{alias}", alias, own, body={"primary": True}),
+            Attempt("DELETE", BANK_T + "/aliases/{alias}", alias, own),
         ]
     for memory_id in objs.memory_ids:
         params = {**bank, "memory_id": memory_id}
@@ -395,6 +410,10 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
             out.append(Attempt(method, MEM_T + "/{memory_id}", params, (*own, "memory_id")))
         mine = (*own, "memory_id")
         out.append(Attempt("GET", MEM_T + "/{memory_id}/history", params, mine))
+        out.append(Attempt("PATCH", MEM_T + "/{memory_id}", params, mine, body={"text": "B's"}))
+        out.append(
+            Attempt("PATCH", MEM_T + "/{memory_id}", params, mine, body={"state": "invalidated"})
+        )
         out.append(Attempt("DELETE", MEM_T + "/{memory_id}/observations", params, mine))
     for document_id in objs.document_ids:
         params = {**bank, "document_id": document_id}
@@ -409,6 +428,19 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
                         slashes=slashes,
                     )
                 )
+        for slashes in (False, True):
+            mine = (*own, "document_id")
+            out += [
+                Attempt(
+                    "PATCH",
+                    DOC_T + "/{document_id}",
+                    params,
+                    mine,
+                    body={"tags": ["b"]},
+                    slashes=slashes,
+                ),
+                Attempt("POST", DOC_T + "/{document_id}/reprocess", params, mine, slashes=slashes),
+            ]
     params = {**bank, "operation_id": objs.operation_id}
     for method in ("GET", "DELETE"):
         out.append(Attempt(method, OPS_T + "/{operation_id}", params, (*own, "operation_id")))
@@ -634,9 +666,12 @@ def _openapi_operations(client: httpx.Client) -> set[tuple[str, str]]:
     } - NOT_IMPLEMENTED_ROUTES
 
 
-ALLOWED_FOR_B: frozenset[tuple[str, str]] = frozenset({("PUT", BANK_T)})
-"""Operations B may perform under A's ids: creating its own bank of the same id (per tenant).
-The test does it and checks that the new bank is B's, empty, and that A's is unchanged."""
+ALLOWED_FOR_B: frozenset[tuple[str, str]] = frozenset(
+    {("PUT", BANK_T), ("POST", BANK_T + "/import")}
+)
+"""Operations B may perform under A's ids: creating its own bank of the same id (per tenant),
+by a PUT or a template import (which creates the bank it names when the tenant has none).
+The test does the PUT and checks that the new bank is B's, empty, and that A's is unchanged."""
 
 
 def test_every_route_with_a_path_parameter_is_attempted_by_b(b_client: httpx.Client) -> None:
@@ -725,6 +760,13 @@ def test_tenant_b_gets_a_404_on_every_route_and_changes_nothing(
     assert queued["operation_id"] != objs.operation_id
     wait_for(lambda: _phase(b, queued["operation_id"]) in {"completed", "failed"}, 20)
     assert _phase(b, queued["operation_id"]) == "completed"
+    # A template imported under A's bank id lands in B's own bank (created if missing).
+    imported = _ok(
+        b.post(f"{b_bank}/import", json={"version": "1", "bank": {"reflect_mission": "B's"}})
+    )
+    executed.add(("POST", BANK_T + "/import"))
+    assert imported["config_applied"] is True
+    assert _ok(b.get(f"{b_bank}/config"))["overrides"]["reflect_mission"] == "B's"
     # ...and B deleting its own bank deletes (and cancels) only B's.
     _ok(b.patch(b_bank, json={"mission": "B's mission"}))
     _ok(b.delete(b_bank))

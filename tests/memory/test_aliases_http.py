@@ -142,7 +142,7 @@ def test_a_name_is_taken_once_and_bad_aliases_are_refused(server: LiveServer) ->
         (other, {"alias": alias}, 409, "another bank's alias"),
         (bank, {"alias": alias}, 409, "this bank's alias"),
         (bank, {"alias": other}, 409, "already a bank's id"),
-        (bank, {"alias": "has space"}, 400, "invalid alias"),
+        (bank, {"alias": "has space"}, 422, "alias"),
         (bank, {}, 422, "alias"),
         ("no-such-bank", {"alias": "x-" + bank}, 404, "no-such-bank"),
     ]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field
 
-from heed.api.input_rules import Identifier, RequestBody
+from heed.api.input_rules import RequestBody
 from heed.memory.aliases import BankAlias
+from heed.memory.engine import BANK_ID_RE
 from heed.memory.models import Bank
 
 __all__ = [
@@ -28,7 +31,9 @@ class BankAliasesResponse(BaseModel):
 
 
 class CreateBankAliasRequest(RequestBody):
-    alias: Identifier = Field(description="The extra id: the rules of a bank id")
+    alias: Annotated[str, Field(pattern=BANK_ID_RE.pattern)] = Field(
+        description="The extra id: the rules of a bank id"
+    )
     primary: bool = Field(default=False, description="Also show the bank under this alias")
 
 
