@@ -314,6 +314,92 @@ def test_deletions_match_the_document(case: schemathesis.Case) -> None:
     case.call_and_validate()
 
 
+# -- while learning runs: a consolidation and a mental-model refresh held by the model ----------
+
+BUSY_EXAMPLES = 5
+"""Generated cases per operation on the busy server (valid ones: the calls above cover the
+invalid); enough to reach every route while the background work holds its slots."""
+
+HELD = 600.0
+"""Seconds the model holds a consolidation's and a refresh's answer: past the whole test."""
+
+BUSY_QUESTION = "What does Zed grow in the greenhouse?"
+
+
+@pytest.fixture(scope="module")
+def busy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server whose consolidation and mental-model refresh are in flight, their model
+    calls held (every other call answers at once, an echo)."""
+    script = {
+        "token_delay": 0,
+        "replies": [
+            {"when": "new facts:", "latency": HELD, "json": {"actions": []}},
+            {"when": BUSY_QUESTION.lower(), "latency": HELD, "text": "Tomatoes."},
+        ],
+    }
+    settings_ = Settings(
+        data_dir=tmp_path_factory.mktemp("busy") / "data",
+        llm_provider="scripted",
+        llm_script=json.dumps(script),
+        observations="on",
+        retain_extraction="off",
+        consolidation_debounce_seconds=0.05,
+        stream_heartbeat_seconds=0.5,
+    )
+    with live_server(create_app(settings_)) as server:
+        yield server
+
+
+def _learning_runs(client: httpx.Client) -> set[str]:
+    """The kinds of the seeded bank's operations still processing."""
+    ops = client.get(f"/v1/default/banks/{BANK}/operations").json()["operations"]
+    return {o["operation_type"] for o in ops if o["status"] == "processing"}
+
+
+@pytest.fixture(scope="module")
+def busy_schema(busy_server: LiveServer) -> BaseSchema:
+    with httpx.Client(base_url=busy_server.url, timeout=30) as client:
+        known = _seed(client)
+        created = client.post(
+            f"/v1/default/banks/{BANK}/mental-models",
+            json={"name": "Zed", "source_query": BUSY_QUESTION},
+        )
+        assert created.status_code == 200, created.text
+        running = wait_for(
+            lambda: (
+                _learning_runs(client) >= {"consolidation", "mental_model_refresh"}
+                and _learning_runs(client)
+            ),
+            seconds=30,
+        )
+        assert running
+    return schemathesis.openapi.from_url(
+        f"{busy_server.url}/openapi.json", config=_config(known, positive_only=True)
+    )
+
+
+busy = schemathesis.pytest.from_fixture("busy_schema")
+
+
+@busy.exclude(method="DELETE").parametrize()
+@settings(
+    max_examples=BUSY_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+def test_operations_keep_the_document_while_learning_runs(case: schemathesis.Case) -> None:
+    case.call_and_validate()
+
+
+def test_the_learning_was_in_flight_throughout(busy_server: LiveServer) -> None:
+    """The busy server's consolidation and refresh were still holding their calls at the
+    end (so every call above ran beside them)."""
+    with httpx.Client(base_url=busy_server.url, timeout=30) as client:
+        assert _learning_runs(client) >= {"consolidation", "mental_model_refresh"}
+
+
 FLAKY_EXIT = 3
 
 

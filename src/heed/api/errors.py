@@ -16,6 +16,7 @@ Anything else is a bug and answers 500.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import fastapi.routing
@@ -98,14 +99,20 @@ def allowed_methods(request: Request) -> list[str]:
         if regex is None or not regex.match(path):
             continue
         if template is None:
-            template = route.path
-        if route.path != template:
+            template = _plain(route.path)
+        if _plain(route.path) != template:
             continue
         original = getattr(route, "original_route", route)
         if isinstance(original, Mount) and isinstance(original.app, StaticFiles):
             methods |= {"GET", "HEAD"}
         methods |= set(getattr(route, "methods", None) or ())
     return sorted(methods)
+
+
+def _plain(template: str) -> str:
+    """A path template without its parameters' convertors (``{id:path}`` is ``{id}``): routes
+    of one resource may read a parameter with different convertors."""
+    return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", template)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

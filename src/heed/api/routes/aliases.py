@@ -11,6 +11,7 @@ from fastapi import APIRouter
 
 from heed.api.deps import AliasesDep
 from heed.api.input_rules import IdPath
+from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
 from heed.api.wire import aliases as wire
 
@@ -27,7 +28,7 @@ async def list_bank_aliases(bank_id: IdPath, aliases: AliasesDep) -> wire.BankAl
     return wire.aliases_response(await aliases.of_bank(bank_id))
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=CONFLICT)
 async def create_bank_alias(
     bank_id: IdPath, body: wire.CreateBankAliasRequest, aliases: AliasesDep
 ) -> wire.BankAliasesResponse:

@@ -32,6 +32,18 @@ class DocumentPathConvertor(PathConvertor):
 
 register_url_convertor("document_path", DocumentPathConvertor())
 
+
+class DocumentOnlyPathConvertor(PathConvertor):
+    """The rest of the path unless it ends in a document's sub-resource (``/chunks``,
+    ``/history``, ``/reprocess``): a PATCH there is a method those routes do not take
+    (405), not an edit of a document named ``.../chunks``, which the GET routes could
+    never read either."""
+
+    regex = "(?s:(?!.*/(?:chunks|history|reprocess)$).*)"
+
+
+register_url_convertor("document_only_path", DocumentOnlyPathConvertor())
+
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/documents", tags=["documents"], route_class=HeedRoute
 )
@@ -89,7 +101,7 @@ async def reprocess_document(
     return wire.ReprocessDocumentResponse(success=True, operation_id=run.id, items_count=items)
 
 
-@router.patch("/{document_id:document_path}")
+@router.patch("/{document_id:document_only_path}")
 async def update_document(
     bank_id: IdPath,
     document_id: IdPath,

@@ -25,7 +25,6 @@ from heed.api.wire.memory_convert import (
     retain_items,
     unit_item,
 )
-from heed.memory.curation import MemoryEdit
 from heed.memory.models import FACT_TYPES
 from heed.memory.retain.idempotency import MAX_KEY_CHARS
 from heed.memory.store import UnitFilter
@@ -201,19 +200,7 @@ async def update_memory(
     revert it (``state: "valid"``). The observations citing it are removed and their other
     facts consolidated again; the bank's mental models become stale. Observations are
     derived: curating one is a 400."""
-    given = body.model_fields_set
-    cleared = {
-        name: "" if name in given and getattr(body, name) is None else getattr(body, name)
-        for name in ("context", "occurred_start", "occurred_end", "mentioned_at")
-    }
-    edit = MemoryEdit(
-        text=body.text,
-        fact_type=body.fact_type,
-        entities=body.entities,
-        state=body.state,
-        reason=body.reason,
-        **cleared,
-    )
+    edit = body.edit()
     return curated_item(
         await engine.on_bank(bank_id, lambda bank: curation.update(bank, memory_id, edit))
     )

@@ -16,6 +16,8 @@ The rules are :mod:`heed.mental_models`'s; this module translates.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, MentalModelsDep
@@ -63,7 +65,8 @@ def model_out(bank: Bank, model: MentalModel, detail: wire.Detail) -> wire.Menta
     """A model on the wire at *detail*: ``metadata`` (names, tags, staleness), ``content``
     (adds the content and its configuration), ``full`` (adds the reflect response)."""
     levels = _LEVELS[: _LEVELS.index(detail) + 1]
-    fields = {name: getattr(model, name) for level in levels for name in _DETAIL_FIELDS[level]}
+    names = [name for level in levels for name in _DETAIL_FIELDS[level]]
+    fields = dict(zip(names, attrgetter(*names)(model), strict=True))
     out = wire.MentalModelOut(
         **fields,
         bank_id=bank.bank_id,

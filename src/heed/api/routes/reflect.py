@@ -54,9 +54,7 @@ async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
     if not body.query.strip():
         raise InvalidInput("query is empty")
     refuse_tag_groups(body.tag_groups)
-    for name, why in wire.NOT_IMPLEMENTED.items():
-        if getattr(body, name) is not None:
-            raise InvalidInput(f"{name} is not implemented by heed: {why}")
+    wire.refuse_not_implemented(body)
     if body.fact_types:
         unknown = [t for t in body.fact_types if t not in FACT_TYPES]
         if unknown:

@@ -30,6 +30,7 @@ from heed.api.input_rules import (
 )
 from heed.api.wire.config import SettingsBody, setting_fields
 from heed.memory.bank_config import settings as bank_config
+from heed.memory.curation import MemoryEdit
 from heed.memory.models import DISPOSITION_DEFAULT
 
 __all__ = [
@@ -436,6 +437,23 @@ class UpdateMemoryRequest(_In):
     )
     state: Literal["valid", "invalidated"] | None = None
     reason: Text | None = None
+
+    def edit(self) -> MemoryEdit:
+        """The edit this body asks for: ``context`` and the dates given as ``null`` clear
+        (``""``), as ``""`` does; an omitted field is left as it is."""
+        sent = self.model_dump(include=self.model_fields_set)
+        clearable = {
+            name: "" if name in sent and sent[name] is None else sent.get(name)
+            for name in ("context", "occurred_start", "occurred_end", "mentioned_at")
+        }
+        return MemoryEdit(
+            text=self.text,
+            fact_type=self.fact_type,
+            entities=self.entities,
+            state=self.state,
+            reason=self.reason,
+            **clearable,
+        )
 
 
 class ConsolidationRequest(_In):

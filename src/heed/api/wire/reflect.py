@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from heed.api.input_rules import MAX_LIST_ITEMS, RequestBody, TagList, Text, TokenBudget
+from heed.memory.models import InvalidInput
 
 __all__ = [
     "NOT_IMPLEMENTED",
@@ -26,6 +27,7 @@ __all__ = [
     "ReflectTrace",
     "TokenUsage",
     "ToolCallsInclude",
+    "refuse_not_implemented",
 ]
 
 
@@ -66,6 +68,13 @@ NOT_IMPLEMENTED = {
     "reflect_search_observations_include_entities": "heed's reflect has no observation search "
     "tool: observations come through recall (fact_types)",
 }
+
+
+def refuse_not_implemented(body: ReflectRequest) -> None:
+    """A 400 naming the first :data:`NOT_IMPLEMENTED` field *body* gives a value."""
+    sent = body.model_dump(include=set(NOT_IMPLEMENTED), exclude_none=True)
+    for name in sent:
+        raise InvalidInput(f"{name} is not implemented by heed: {NOT_IMPLEMENTED[name]}")
 
 
 class ReflectFact(BaseModel):
