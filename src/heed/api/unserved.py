@@ -78,11 +78,6 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
     UnservedRoute("GET", f"{_BANK}/audit-logs/stats", "audit logs are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/audit-logs/{{log_id}}", "audit logs are not kept yet"),
     UnservedRoute(
-        "POST",
-        f"{_BANK}/consolidation-strategies/preview",
-        "per-scope consolidation strategies are not built yet",
-    ),
-    UnservedRoute(
         "PATCH", f"{_BANK}/documents/{{document_id}}", "document edits are not built yet"
     ),
     UnservedRoute(
