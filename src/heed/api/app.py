@@ -27,6 +27,7 @@ from heed.api.routes import (
     diagnostics,
     documents,
     entities,
+    extraction,
     files,
     memories,
     observations,
@@ -130,7 +131,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.state.metrics.registry.register(spool_collector(app.state.spool))
     install_error_handlers(app)
-    for memory_router in (banks, views, observations, memories, entities, chunks, documents):
+    memory_routers = (banks, views, observations, extraction, memories, entities, chunks)
+    for memory_router in (*memory_routers, documents):
         app.include_router(memory_router.router)  # chunks before documents: see routes.chunks
     for memory_router in (operations, reflect, files):
         app.include_router(memory_router.router)

@@ -89,11 +89,6 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
     UnservedRoute("GET", f"{_BANK}/llm-requests", "LLM request traces are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests/stats", "LLM request traces are not kept yet"),
     UnservedRoute(
-        "POST",
-        f"{_BANK}/memories/dry-run-extract",
-        "an extraction that writes nothing is not built yet",
-    ),
-    UnservedRoute(
         "POST", f"{_BANK}/prompts/preview", "rendering an operation's prompts is not built yet"
     ),
 )

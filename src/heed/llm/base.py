@@ -264,9 +264,11 @@ class UnknownModel(ProviderError):
 
 
 class BadModelOutput(ProviderError):
-    """The model produced output heed cannot use, e.g. malformed tool-call JSON (502)."""
+    """The model produced output heed cannot use, e.g. malformed tool-call JSON (502).
+    ``usage``: the tokens the unusable replies took, when known (structured output)."""
 
     status_code = 502
+    usage: Usage | None = None
 
 
 class UpstreamUnavailable(ProviderError):
