@@ -29,6 +29,7 @@ from heed.api.routes import (
     entities,
     extraction,
     files,
+    llm_health,
     memories,
     observations,
     operations,
@@ -134,7 +135,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     memory_routers = (banks, views, observations, extraction, memories, entities, chunks)
     for memory_router in (*memory_routers, documents):
         app.include_router(memory_router.router)  # chunks before documents: see routes.chunks
-    for memory_router in (operations, reflect, files):
+    for memory_router in (operations, reflect, files, llm_health):
         app.include_router(memory_router.router)
     app.include_router(bank_config_routes.router)  # a bank's settings
     app.include_router(aliases_routes.router)  # extra ids of a bank

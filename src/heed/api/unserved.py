@@ -85,7 +85,6 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
         f"{_BANK}/documents/{{document_id}}/reprocess",
         "re-extracting a stored document is not built yet",
     ),
-    UnservedRoute("POST", f"{_BANK}/health/llm", "the per-bank LLM probe is not built yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests", "LLM request traces are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests/stats", "LLM request traces are not kept yet"),
     UnservedRoute(

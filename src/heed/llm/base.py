@@ -277,6 +277,10 @@ class UpstreamUnavailable(ProviderError):
     status_code = 503
 
 
+class UpstreamTimedOut(UpstreamUnavailable):
+    """The upstream did not answer, or stopped sending, within the provider's timeout (503)."""
+
+
 class UpstreamRateLimited(ProviderError):
     """Upstream answered 429: 503 with ``Retry-After`` (seconds) for heed's caller."""
 
