@@ -189,3 +189,24 @@ def test_the_scan_is_bounded_and_says_when_it_is_incomplete(
     assert (found.scopes_scanned, found.complete) == (2, False)
     assert found.strategies[0].claimed_count == 2  # the two most populous scopes
     assert [s.count for s in found.strategies[0].rules[0].samples] == [3, 2]
+
+
+def test_the_bank_setting_accepts_an_unimplemented_strategy_setting_only_as_null(
+    server: LiveServer, bank: str
+) -> None:
+    url = f"{server.url}/v1/default/banks/{bank}/config"
+    strategy = {"scopes": [{"tags": ["user:*"]}], "observations_mission": "people"}
+    nulls = {**strategy, "max_observations_per_scope": None}
+    try:
+        ok = httpx.patch(url, json={"updates": {"consolidation_strategies": [nulls]}}, timeout=10)
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["config"]["consolidation_strategies"] == [strategy]
+        set_ = {**strategy, "consolidation_source_facts_max_tokens": 100}
+        refused = httpx.patch(
+            url, json={"updates": {"consolidation_strategies": [set_]}}, timeout=10
+        )
+        assert refused.status_code in (400, 422)
+        assert "consolidation_source_facts_max_tokens" in refused.text
+    finally:
+        reset = {"updates": {"consolidation_strategies": None}}
+        httpx.patch(url, json=reset, timeout=10).raise_for_status()
