@@ -73,9 +73,9 @@ async def probe_provider(provider: ChatProvider, seconds: float = PROBE_TIMEOUT)
     """One one-token completion from *provider* within *seconds* (a child token's deadline,
     which stops the call). Raises ``OperationCancelled`` only when the caller's own token
     was cancelled."""
+    start = time.monotonic()
     ctx = current_context()
     bounded = ctx.with_timeout(seconds)
-    start = time.monotonic()
     try:
         with use_context(bounded):
             await complete(provider, [ChatMessage.user("ping")], max_tokens=1, temperature=0.0)
