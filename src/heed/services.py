@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from heed.llm.base import ChatProvider
 from heed.llm.factory import Operation
+from heed.llm.health import LlmHealth
 from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
@@ -163,6 +164,7 @@ class Services:
     turn_provider: ProviderSlot = field(init=False)
     retain_provider: ProviderSlot = field(init=False)
     consolidation: Consolidation = field(init=False)
+    llm_health: LlmHealth = field(init=False)
     mental_models: MentalModels = field(init=False)
     mental_model_triggers: RefreshTriggers = field(init=False)
     knowledge_base: KnowledgeBase = field(init=False)
@@ -370,6 +372,16 @@ class Services:
                 max_per_webhook=settings.webhook_log_max_per_webhook,
                 prune_interval=settings.webhook_prune_interval_seconds,
             ),
+        )
+
+        # What a bank's LLM probe asks (POST .../health/llm): the provider of each of its
+        # operations (consolidation's is retain's: probed once).
+        self.llm_health = LlmHealth(
+            [
+                ("retain", retain_provider.get),
+                ("consolidation", retain_provider.get),
+                ("reflect", lambda: self.reflect.provider),
+            ]
         )
 
         # The LLMs' models load at start-up, beside serving (the reflect one, then turns').

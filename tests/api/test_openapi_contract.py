@@ -110,6 +110,11 @@ SEMANTIC_400 = [
     "GET /v1/default/banks/{bank_id}/entities",
     "GET /v1/default/banks/{bank_id}/entities/graph",
     "GET /v1/default/banks/{bank_id}/entities/{entity_id}",
+    # Dry-run extraction refuses blank content, an unknown retain_extraction_mode (free text
+    # in Hindsight's schema), a field heed does not implement given a value, and a bank that
+    # does not extract; the strategies preview checks its draft as the bank setting is checked.
+    "POST /v1/default/banks/{bank_id}/memories/dry-run-extract",
+    "POST /v1/default/banks/{bank_id}/consolidation-strategies/preview",
     # Directives refuse a blank name, content or tag, and a bank's 101st directive.
     "POST /v1/default/banks/{bank_id}/directives",
     "PATCH /v1/default/banks/{bank_id}/directives/{directive_id}",

@@ -27,7 +27,9 @@ from heed.api.routes import (
     diagnostics,
     documents,
     entities,
+    extraction,
     files,
+    llm_health,
     memories,
     observations,
     operations,
@@ -130,9 +132,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.state.metrics.registry.register(spool_collector(app.state.spool))
     install_error_handlers(app)
-    for memory_router in (banks, views, observations, memories, entities, chunks, documents):
+    memory_routers = (banks, views, observations, extraction, memories, entities, chunks)
+    for memory_router in (*memory_routers, documents):
         app.include_router(memory_router.router)  # chunks before documents: see routes.chunks
-    for memory_router in (operations, reflect, files):
+    for memory_router in (operations, reflect, files, llm_health):
         app.include_router(memory_router.router)
     app.include_router(bank_config_routes.router)  # a bank's settings
     app.include_router(aliases_routes.router)  # extra ids of a bank

@@ -32,6 +32,7 @@ from heed.api.readiness import Readiness
 from heed.api.revocations import Revocations
 from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
+from heed.llm.health import LlmHealth
 from heed.memory import MemoryEngine
 from heed.memory.aliases import BankAliases
 from heed.memory.bank_config.service import BankConfigService
@@ -66,6 +67,7 @@ __all__ = [
     "DrainDep",
     "FileRetainDep",
     "KnowledgeBaseDep",
+    "LlmHealthDep",
     "MemoryDep",
     "MentalModelsDep",
     "MetricsDep",
@@ -176,6 +178,8 @@ ConsolidationDep = Annotated[Consolidation, Depends(_of_services(lambda s: s.con
 MentalModelsDep = Annotated[MentalModels, Depends(_of_services(lambda s: s.mental_models))]
 #: The knowledge base (folders and pages).
 KnowledgeBaseDep = Annotated[KnowledgeBase, Depends(_of_services(lambda s: s.knowledge_base))]
+#: The LLM probes of a bank's operations (POST .../health/llm).
+LlmHealthDep = Annotated[LlmHealth, Depends(_of_services(lambda s: s.llm_health))]
 #: The server's settings.
 SettingsDep = Annotated[Settings, Depends(_of_services(lambda s: s.settings))]
 #: The app's metrics.

@@ -86,18 +86,7 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
     UnservedRoute("GET", f"{_BANK}/audit-logs", "audit logs are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/audit-logs/stats", "audit logs are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/audit-logs/{{log_id}}", "audit logs are not kept yet"),
-    UnservedRoute(
-        "POST",
-        f"{_BANK}/consolidation-strategies/preview",
-        "per-scope consolidation strategies are not built yet",
-    ),
-    UnservedRoute("POST", f"{_BANK}/health/llm", "the per-bank LLM probe is not built yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests", "LLM request traces are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests/stats", "LLM request traces are not kept yet"),
-    UnservedRoute(
-        "POST",
-        f"{_BANK}/memories/dry-run-extract",
-        "an extraction that writes nothing is not built yet",
-    ),
 )
 """Routes heed does not serve yet (404), each with a one-line reason; this list only shrinks."""

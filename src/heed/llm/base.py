@@ -264,15 +264,21 @@ class UnknownModel(ProviderError):
 
 
 class BadModelOutput(ProviderError):
-    """The model produced output heed cannot use, e.g. malformed tool-call JSON (502)."""
+    """The model produced output heed cannot use, e.g. malformed tool-call JSON (502).
+    ``usage``: the tokens the unusable replies took, when known (structured output)."""
 
     status_code = 502
+    usage: Usage | None = None
 
 
 class UpstreamUnavailable(ProviderError):
     """The upstream is unreachable, timed out or failed (5xx): 503 with its message."""
 
     status_code = 503
+
+
+class UpstreamTimedOut(UpstreamUnavailable):
+    """The upstream did not answer, or stopped sending, within the provider's timeout (503)."""
 
 
 class UpstreamRateLimited(ProviderError):

@@ -63,6 +63,7 @@ from heed.llm.base import (
     ToolSpec,
     UnknownModel,
     UpstreamRateLimited,
+    UpstreamTimedOut,
     UpstreamUnavailable,
     Usage,
     parse_tool_arguments,
@@ -460,7 +461,7 @@ class OpenAIProvider:
                 for event in assembler.finish():
                     await channel.put(event)
             except httpx.TimeoutException:
-                raise UpstreamUnavailable(
+                raise UpstreamTimedOut(
                     f"{NAME}: no data from {self.base_url} for {self._client.timeout.read} s "
                     "while streaming",
                     provider=NAME,
@@ -489,7 +490,7 @@ class OpenAIProvider:
         try:
             response = await self._client.send(request, stream=True)
         except httpx.TimeoutException:
-            raise UpstreamUnavailable(
+            raise UpstreamTimedOut(
                 f"{NAME}: {url} did not answer within {self._client.timeout.connect} s",
                 provider=NAME,
             ) from None

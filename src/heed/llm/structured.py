@@ -14,7 +14,8 @@ data, not prose, from any :class:`~heed.llm.base.ChatProvider`:
 4. on malformed JSON or a schema violation it appends the model's reply and a
    user message naming what was wrong, and asks again, at most *retries* more
    times; then it raises :class:`~heed.llm.base.BadModelOutput` (502) naming the
-   problem with a short excerpt of the last reply (never the whole reply).
+   problem with a short excerpt of the last reply (never the whole reply), its ``usage``
+   the tokens the attempts took.
 
 Each re-ask is reported to the observers (:mod:`heed.llm.observe`) as
 ``on_retry(provider, None, "invalid_json" | "schema_violation", 0.0)``, and
@@ -228,11 +229,13 @@ async def complete_json(
             if attempts == 1 or exc.status_code != 400:
                 raise
             notify_failure(provider.name, None, "refused", detail=str(exc))
-            raise BadModelOutput(
+            refused = BadModelOutput(
                 f"{provider.name}: no usable {schema.name} JSON from the model: the re-ask "
                 f"was refused ({exc})",
                 provider=provider.name,
-            ) from exc
+            )
+            refused.usage = Usage(prompt_tokens, completion_tokens)
+            raise refused from exc
         prompt_tokens += reply.usage.prompt_tokens
         completion_tokens += reply.usage.completion_tokens
         try:
@@ -245,12 +248,14 @@ async def complete_json(
             if attempts > retries:
                 notify_failure(provider.name, None, exc.problem, detail=problem)
                 excerpt = _clip(reply.text.strip(), EXCERPT_CHARS)
-                raise BadModelOutput(
+                unusable = BadModelOutput(
                     f"{provider.name}: no usable {schema.name} JSON from the model after "
                     f"{attempts} attempt{'s' if attempts > 1 else ''}: {problem}; "
                     f"the reply began {excerpt!r}",
                     provider=provider.name,
-                ) from None
+                )
+                unusable.usage = Usage(prompt_tokens, completion_tokens)
+                raise unusable from None
             notify_retry(provider.name, None, exc.problem, 0.0, detail=problem)
             echo = _clip(reply.text, ECHO_CHARS)
             conversation += [ChatMessage.assistant(echo), _ask_again(problem, schema)]

@@ -7,7 +7,10 @@
 - ``DELETE .../observations``: delete every observation (their facts become pending);
 - ``DELETE .../memories/{memory_id}/observations``: delete the observations resting on one
   memory;
-- ``GET .../memories/{memory_id}/history``: an observation's earlier versions.
+- ``GET .../memories/{memory_id}/history``: an observation's earlier versions;
+- ``POST .../consolidation-strategies/preview``: which existing scopes a draft of the bank's
+  ``consolidation_strategies`` would claim (nothing is saved; no LLM:
+  :mod:`heed.memory.learning.strategy_preview`).
 
 What consolidation is and how it is bounded and cancelled:
 :mod:`heed.memory.learning.consolidation`.
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from heed.api.deps import ConsolidationDep, CurationDep, MemoryDep
+from heed.api.deps import ConsolidationDep, CurationDep, MemoryDep, ViewsDep
 from heed.api.input_rules import IdPath
 from heed.api.routing import HeedRoute
+from heed.api.wire import learning as learning_wire
 from heed.api.wire import memory as wire
+from heed.memory.learning.strategy_preview import preview_strategies
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}", tags=["observations"], route_class=HeedRoute
@@ -87,3 +92,14 @@ async def memory_history(
         text=unit.text,
         history=[wire.MemoryHistoryEntry.model_validate(v) for v in unit.history],
     )
+
+
+@router.post("/consolidation-strategies/preview")
+async def preview_consolidation_strategies(
+    bank_id: IdPath, body: learning_wire.ConsolidationStrategiesPreviewRequest, views: ViewsDep
+) -> learning_wire.ConsolidationStrategiesPreview:
+    """Which of the bank's existing observation scopes each strategy of a draft
+    ``consolidation_strategies`` would apply to, and which fall to the default; a 400 naming
+    a problem of the draft. Nothing is saved."""
+    found = await preview_strategies(views, bank_id, body.strategies, body.sample_limit)
+    return learning_wire.strategies_preview(found)

@@ -29,10 +29,12 @@ from heed.memory.models import (
 )
 
 __all__ = [
+    "content_text",
     "profile_of",
     "recall_query",
     "recall_response",
     "retain_items",
+    "timestamp_of",
     "unit_item",
 ]
 
@@ -69,21 +71,22 @@ def bank_fields(body: wire.BankWrite) -> dict[str, Any]:
     }
 
 
-def _content(index: int, content: str | list[dict[str, Any]]) -> str:
+def content_text(content: str | list[dict[str, Any]], where: str) -> str:
+    """The text of retained *content* (a string, or text blocks joined by lines); a 400
+    naming the block at *where* (``items[0]``) that is not text."""
     if isinstance(content, str):
         return content
     texts: list[str] = []
     for j, block in enumerate(content):
         kind = block.get("type")
         if kind != "text" or not isinstance(block.get("text"), str):
-            raise InvalidInput(
-                f"items[{index}].content[{j}] is a {kind!r} block; heed retains text only"
-            )
+            raise InvalidInput(f"{where}.content[{j}] is a {kind!r} block; heed retains text only")
         texts.append(block["text"])
     return "\n".join(texts)
 
 
-def _timestamp(index: int, value: datetime | str | None) -> tuple[datetime | None, bool]:
+def timestamp_of(value: datetime | str | None, where: str) -> tuple[datetime | None, bool]:
+    """An item's timestamp (UTC) and whether it was ``"unset"``; a 400 naming *where*."""
     if value is None:
         return None, False
     if isinstance(value, datetime):
@@ -94,7 +97,7 @@ def _timestamp(index: int, value: datetime | str | None) -> tuple[datetime | Non
     try:
         return parse_timestamp(value), False
     except (ValueError, OverflowError) as exc:
-        raise InvalidInput(f"items[{index}].timestamp: {exc}") from None
+        raise InvalidInput(f"{where}.timestamp: {exc}") from None
 
 
 #: Retain item fields heed refuses when given a value, and why.
@@ -109,7 +112,7 @@ def retain_items(body: wire.RetainRequest) -> list[RetainItem]:
     """Validated engine items of a retain request (400 naming the bad field)."""
     items: list[RetainItem] = []
     for i, raw in enumerate(body.items):
-        timestamp, unset = _timestamp(i, raw.timestamp)
+        timestamp, unset = timestamp_of(raw.timestamp, f"items[{i}]")
         for name, why in _ITEM_NOT_IMPLEMENTED.items():
             if getattr(raw, name) is not None:
                 raise InvalidInput(f"items[{i}].{name} is not implemented by heed: {why}")
@@ -120,7 +123,7 @@ def retain_items(body: wire.RetainRequest) -> list[RetainItem]:
             )
         items.append(
             RetainItem(
-                content=_content(i, raw.content),
+                content=content_text(raw.content, f"items[{i}]"),
                 timestamp=timestamp,
                 timestamp_unset=unset,
                 context=raw.context,

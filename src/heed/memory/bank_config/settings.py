@@ -39,7 +39,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from heed.errors import HeedError
 from heed.memory.models import (
@@ -64,6 +72,7 @@ __all__ = [
     "MCP_TOOLS",
     "NOT_IMPLEMENTED",
     "SETTINGS",
+    "STRATEGY_NOT_IMPLEMENTED",
     "ConsolidationStrategy",
     "ObservationScopes",
     "ScopePattern",
@@ -73,6 +82,7 @@ __all__ = [
     "accepts",
     "apply",
     "check_mcp_tool",
+    "check_value",
     "overrides",
     "reset",
     "validate",
@@ -127,6 +137,16 @@ class ScopePattern(BaseModel):
     tags_match: Literal["all", "any"] | None = None
 
 
+#: The settings of Hindsight's consolidation strategies heed does not implement: given
+#: ``null`` (as hindsight-client's model sends every unset field) they ask for the default,
+#: which is what heed does; any other value is refused by name.
+STRATEGY_NOT_IMPLEMENTED: Final = (
+    "max_observations_per_scope",
+    "consolidation_source_facts_max_tokens",
+    "consolidation_source_facts_max_tokens_per_observation",
+)
+
+
 class ConsolidationStrategy(BaseModel):
     """The observations mission for the scopes its rules claim (the other settings of
     Hindsight's strategies are refused by name: heed does not implement them)."""
@@ -135,6 +155,19 @@ class ConsolidationStrategy(BaseModel):
 
     scopes: Annotated[list[ScopePattern], Field(max_length=LIST_ITEMS)] | None = None
     observations_mission: Text | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_implemented(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        given = [name for name in STRATEGY_NOT_IMPLEMENTED if value.get(name) is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: Hindsight strategy settings heed does not implement "
+                "(heed's consolidation is sized by the server, HEED_CONSOLIDATION_*)"
+            )
+        return {k: v for k, v in value.items() if k not in STRATEGY_NOT_IMPLEMENTED}
 
 
 Home = Literal["config", "mission", "disposition"]
@@ -375,17 +408,21 @@ def validate(updates: Mapping[str, Any], *, where: str = "updates") -> dict[str,
         raise InvalidInput(f"{where}: " + "; ".join(parts))
     out: dict[str, Any] = {}
     for name, value in named.items():
-        if value is None:
-            out[name] = None
-            continue
-        adapter = _ADAPTERS[name]
-        try:
-            checked = adapter.validate_python(value)
-        except ValidationError as exc:
-            raise InvalidInput(_problem(f"{where}.{name}", exc)) from None
-        out[name] = adapter.dump_python(checked, mode="json", exclude_none=True)
-        if name == "mcp_enabled_tools":
-            out[name] = list(dict.fromkeys(out[name]))
+        out[name] = None if value is None else check_value(name, value, f"{where}.{name}")
+    return out
+
+
+def check_value(name: str, value: Any, where: str) -> Any:
+    """*value* (not ``None``) checked as the setting *name*'s, as stored (JSON-able); an
+    :class:`InvalidInput` naming the first problem at *where* (the field's path)."""
+    adapter = _ADAPTERS[name]
+    try:
+        checked = adapter.validate_python(value)
+    except ValidationError as exc:
+        raise InvalidInput(_problem(where, exc)) from None
+    out = adapter.dump_python(checked, mode="json", exclude_none=True)
+    if name == "mcp_enabled_tools":
+        out = list(dict.fromkeys(out))
     return out
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
+from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat, Usage
 from heed.llm.structured import complete_json, index_list
 from heed.memory.bank_config.settings import ServerDefaults
 from heed.memory.entities import extract_entities
@@ -47,9 +47,11 @@ __all__ = [
     "CHUNK_CHARS",
     "EXTRACTION_MODES",
     "FACTS_SCHEMA",
+    "ChunkFacts",
     "Extraction",
     "Learning",
     "chunk_units",
+    "extract_chunk",
     "extract_document_facts",
     "facts_prompt",
 ]
@@ -225,6 +227,33 @@ def _fact_units(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkFacts:
+    """One chunk's extraction: its facts (``caused_by`` set) and the tokens its calls took."""
+
+    facts: list[PreparedUnit]
+    usage: Usage
+
+
+async def extract_chunk(
+    units: Sequence[PreparedUnit],
+    positions: Sequence[int],
+    provider: ChatProvider,
+    mode: str,
+    mission: str | None,
+) -> ChunkFacts:
+    """One extraction call (and its re-ask) for the chunk of *units* at *positions*.
+    Raises ``OperationCancelled``, upstream ``ProviderError``s, and
+    :class:`~heed.llm.base.BadModelOutput` when the reply stays malformed."""
+    raise_if_cancelled()
+    messages = facts_prompt(units, positions, mode, mission)
+    reply = await complete_json(provider, messages, _FORMAT, temperature=0.0)
+    chunk_facts = _fact_units(reply.value, units, positions)
+    for unit, causes in chunk_facts:
+        unit.caused_by = [chunk_facts[c][0].id for c in causes]
+    return ChunkFacts([unit for unit, _ in chunk_facts], reply.usage)
+
+
 async def extract_document_facts(
     document: PreparedDocument,
     provider: ChatProvider,
@@ -238,18 +267,13 @@ async def extract_document_facts(
     ``ProviderError``s; a malformed reply only costs its chunk's facts."""
     facts: list[PreparedUnit] = []
     for positions in chunk_units(document.units):
-        raise_if_cancelled()
         outcome.chunks += 1
-        messages = facts_prompt(document.units, positions, mode, mission)
         try:
-            reply = await complete_json(provider, messages, _FORMAT, temperature=0.0)
+            found = await extract_chunk(document.units, positions, provider, mode, mission)
         except BadModelOutput as exc:
             outcome.failed_chunks += 1
             outcome.failures.append(str(exc)[:300])
             continue
-        chunk_facts = _fact_units(reply.value, document.units, positions)
-        for unit, causes in chunk_facts:
-            unit.caused_by = [chunk_facts[c][0].id for c in causes]
-            facts.append(unit)
-        outcome.facts += len(chunk_facts)
+        facts.extend(found.facts)
+        outcome.facts += len(found.facts)
     return facts

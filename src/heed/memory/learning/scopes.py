@@ -36,7 +36,15 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from heed.memory.bank_config.view import BankSettings
 
-__all__ = ["SCOPE_MODES", "Scope", "ScopeRule", "mission_for", "scope_rule", "scopes_of"]
+__all__ = [
+    "SCOPE_MODES",
+    "Scope",
+    "ScopeRule",
+    "claims",
+    "mission_for",
+    "scope_rule",
+    "scopes_of",
+]
 
 #: A scope: its tags, sorted.
 Scope = tuple[str, ...]
@@ -87,7 +95,9 @@ def scopes_of(tags: Sequence[str], rule: ScopeRule) -> list[Scope]:
     return list(dict.fromkeys(scope for scope in found if scope is not None))
 
 
-def _claims(scope: Scope, rule: Mapping[str, Any]) -> bool:
+def claims(scope: Scope, rule: Mapping[str, Any]) -> bool:
+    """Whether one strategy *rule* (``tags``, ``tags_match``) claims *scope* (a rule with
+    no tags claims nothing)."""
     patterns = [p for p in rule.get("tags") or [] if p]
     if not patterns:
         return False
@@ -99,7 +109,7 @@ def mission_for(scope: Scope, settings: BankSettings) -> str | None:
     """The observations mission of *scope*: the first of the bank's
     ``consolidation_strategies`` that claims it, else the bank's ``observations_mission``."""
     for strategy in settings.consolidation_strategies:
-        if any(_claims(scope, rule) for rule in strategy.get("scopes") or []):
+        if any(claims(scope, rule) for rule in strategy.get("scopes") or []):
             mission = strategy.get("observations_mission")
             if mission:
                 return str(mission)
