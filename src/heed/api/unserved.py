@@ -79,9 +79,6 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
         f"{_BANK}/attachments/{{attachment_id}}",
         "heed keeps no inline attachments of retained content yet",
     ),
-    UnservedRoute("GET", f"{_BANK}/audit-logs", "audit logs are not kept yet"),
-    UnservedRoute("GET", f"{_BANK}/audit-logs/stats", "audit logs are not kept yet"),
-    UnservedRoute("GET", f"{_BANK}/audit-logs/{{log_id}}", "audit logs are not kept yet"),
     UnservedRoute(
         "POST",
         f"{_BANK}/consolidation-strategies/preview",
@@ -98,8 +95,6 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
     UnservedRoute("GET", f"{_BANK}/export", "bank templates are not built yet"),
     UnservedRoute("POST", f"{_BANK}/import", "bank templates are not built yet"),
     UnservedRoute("POST", f"{_BANK}/health/llm", "the per-bank LLM probe is not built yet"),
-    UnservedRoute("GET", f"{_BANK}/llm-requests", "LLM request traces are not kept yet"),
-    UnservedRoute("GET", f"{_BANK}/llm-requests/stats", "LLM request traces are not kept yet"),
     UnservedRoute(
         "DELETE", f"{_BANK}/memories", "clearing a bank's memories as a run is not built yet"
     ),
