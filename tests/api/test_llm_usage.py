@@ -9,7 +9,8 @@ SQLite and PostgreSQL. Reflect runs on the ``openai`` provider against the fake 
 - a provider that reports no usage is counted by heed's tokenizer;
 - the unmodified client's ``LLMTracesApi`` lists, filters, groups and counts the traces,
   whose text is redacted by default; ``AuditApi`` lists, reads and counts who did what;
-- bad filters are 400s naming them, an unknown bank or entry a 404.
+- filters heed cannot honour are 400s naming them, malformed ones 422s naming them, an
+  unknown bank or entry a 404.
 """
 
 from __future__ import annotations
@@ -179,6 +180,14 @@ def test_tokens_by_kind_in_stats_metrics_and_traces(
     assert [i.id for i in only.items] == [retain[0].id]
     none = _client(server, lambda c: LLMTracesApi(c).list_llm_requests(bank, call_type="embedding"))
     assert none.total == 0 and none.items == []
+    later = _client(
+        server,
+        lambda c: LLMTracesApi(c).list_llm_requests(bank, start_date="2999-01-01T00:00:00Z"),
+    )
+    earlier = _client(
+        server, lambda c: LLMTracesApi(c).list_llm_requests(bank, end_date="2999-01-01")
+    )
+    assert (later.total, earlier.total) == (0, calls + 1)
     paged = _client(server, lambda c: LLMTracesApi(c).list_llm_requests(bank, limit=1, offset=1))
     assert paged.total == calls + 1 and len(paged.items) == 1
     assert paged.items[0].id == listed.items[1].id
@@ -297,20 +306,20 @@ def test_an_async_runs_end_is_audited(server: LiveServer) -> None:
 def test_bad_filters_and_unknown_banks(server: LiveServer) -> None:
     bank = _bank(server)
     base = f"{server.url}/v1/default/banks/{bank}"
-    for path, params, named in [
-        ("llm-requests", {"document_id": "d1"}, "document_id"),
-        ("llm-requests", {"memory_id": "m1"}, "memory_id"),
-        ("llm-requests", {"call_type": "telepathy"}, "call_type"),
-        ("llm-requests", {"start_date": "yesterday"}, "start_date"),
-        ("llm-requests/stats", {"period": "2w"}, "period"),
-        ("audit-logs", {"end_date": "soon"}, "end_date"),
-        ("audit-logs/stats", {"period": "1y"}, "period"),
+    for path, params, named, status in [
+        ("llm-requests", {"document_id": "d1"}, "document_id", 400),
+        ("llm-requests", {"memory_id": "m1"}, "memory_id", 400),
+        ("llm-requests", {"call_type": "telepathy"}, "call_type", 422),
+        ("llm-requests", {"start_date": "yesterday"}, "start_date", 422),
+        ("llm-requests/stats", {"period": "2w"}, "period", 422),
+        ("audit-logs", {"end_date": "soon"}, "end_date", 422),
+        ("audit-logs/stats", {"period": "1y"}, "period", 422),
     ]:
         response = httpx.get(f"{base}/{path}", params=params, timeout=10)
-        assert response.status_code == 400, (path, response.text)
-        assert named in response.json()["detail"]
+        assert response.status_code == status, (path, response.text)
+        assert named in response.text
     with pytest.raises(BadRequestException):
-        _client(server, lambda c: LLMTracesApi(c).llm_request_stats(bank, period="90d"))
+        _client(server, lambda c: LLMTracesApi(c).list_llm_requests(bank, document_id="d"))
     for path in ("llm-requests", "llm-requests/stats", "audit-logs", "audit-logs/stats"):
         gone = httpx.get(f"{server.url}/v1/default/banks/no-such-bank/{path}", timeout=10)
         assert gone.status_code == 404, path

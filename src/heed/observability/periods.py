@@ -8,13 +8,25 @@ Another period is a 400 naming it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Annotated, Any, Final
+
+from pydantic import BeforeValidator
 
 from heed.errors import HeedError
 
-__all__ = ["PERIODS", "BadFilter", "Period", "iso", "parse_instant", "period_of"]
+__all__ = [
+    "PERIODS",
+    "BadFilter",
+    "IsoDateTime",
+    "Period",
+    "instant",
+    "iso",
+    "parse_instant",
+    "period_of",
+]
 
 PERIODS: Final = {"1d": (1, "hour"), "7d": (7, "day"), "30d": (30, "day")}
 
@@ -61,6 +73,29 @@ def parse_instant(value: str | None, name: str) -> float | None:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise BadFilter(f"{name} must be an ISO 8601 datetime; got {value[:80]!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+_ISO_DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_text(value: Any) -> Any:
+    """Only ISO 8601 text is a datetime here (pydantic alone also takes epoch numbers)."""
+    if isinstance(value, str) and not _ISO_DATE.match(value):
+        raise ValueError("an ISO 8601 datetime, e.g. 2026-01-31T12:00:00Z")
+    return value
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso_text)]
+"""A query parameter that is an ISO 8601 datetime (a 422 naming it otherwise)."""
+
+
+def instant(moment: datetime | None) -> float | None:
+    """*moment* as epoch seconds (UTC when it names no zone); ``None`` stays ``None``."""
+    if moment is None:
+        return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()

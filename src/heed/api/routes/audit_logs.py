@@ -9,12 +9,13 @@
   response (404 naming an unknown id).
 
 What an entry is (a mutating request, a run's end) and what it keeps:
-docs/observability.md. An unknown bank is a 404.
+docs/observability.md. Another ``period``, or a date that is not ISO 8601, is a 422 naming
+the parameter. An unknown bank is a 404.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -24,7 +25,7 @@ from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.memory import NotFound
 from heed.observability import AuditFilter
-from heed.observability.periods import parse_instant
+from heed.observability.periods import IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["audit"], route_class=HeedRoute)
 
@@ -38,8 +39,8 @@ async def list_audit_logs(
     observability: ObservabilityDep,
     action: str | None = None,
     transport: str | None = None,
-    start_date: str | None = None,
-    end_date: str | None = None,
+    start_date: IsoDateTime | None = None,
+    end_date: IsoDateTime | None = None,
     limit: PageLimit = 50,
     offset: Offset = 0,
 ) -> wire.AuditLogListResponse:
@@ -47,8 +48,8 @@ async def list_audit_logs(
     where = AuditFilter(
         action=action,
         transport=transport,
-        since=parse_instant(start_date, "start_date"),
-        until=parse_instant(end_date, "end_date"),
+        since=instant(start_date),
+        until=instant(end_date),
     )
     bank = await engine.get_bank(bank_id)
     entries, total = await observability.audits(bank.tenant, bank.bank_id, where, limit, offset)
@@ -67,7 +68,7 @@ async def audit_log_stats(
     engine: MemoryDep,
     observability: ObservabilityDep,
     action: str | None = None,
-    period: str | None = None,
+    period: Literal["1d", "7d", "30d"] | None = None,
 ) -> wire.AuditLogStatsResponse:
     """The bank's audit entries by action, per time bucket of *period*."""
     bank = await engine.get_bank(bank_id)

@@ -11,12 +11,14 @@
 heed traces LLM calls only (no embedding, rerank or decision calls), so ``call_type``
 ``embedding``, ``rerank`` and ``decision`` match nothing; heed's traces are not linked to
 documents or memories, so ``document_id`` and ``memory_id`` are refused (400 naming them).
-An unknown bank is a 404. What a trace keeps: docs/observability.md.
+Another ``call_type`` or ``period``, or a date that is not ISO 8601, is a 422 naming the
+parameter (the document states them). An unknown bank is a 404. What a trace keeps:
+docs/observability.md.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -25,21 +27,13 @@ from heed.api.input_rules import IdPath, Offset
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.observability import TraceFilter
-from heed.observability.periods import BadFilter, parse_instant
+from heed.observability.periods import BadFilter, IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["llm traces"], route_class=HeedRoute)
 
 PageLimit = Annotated[int, Query(ge=1, le=500)]
-CALL_TYPES: Final = ("llm", "embedding", "rerank", "decision")
-
-
-def _call_type(value: str | None) -> bool:
-    """Whether calls of *value* can exist in heed (only ``llm`` ones do)."""
-    if value is None:
-        return True
-    if value not in CALL_TYPES:
-        raise BadFilter(f"call_type must be one of {', '.join(CALL_TYPES)}; got {value[:80]!r}")
-    return value == "llm"
+CallType = Literal["llm", "embedding", "rerank", "decision"]
+Period = Literal["1d", "7d", "30d"]
 
 
 @router.get("/{bank_id}/llm-requests")
@@ -50,14 +44,14 @@ async def list_llm_requests(
     status: str | None = None,
     operation: str | None = None,
     scope: str | None = None,
-    call_type: str | None = None,
+    call_type: CallType | None = None,
     provider: str | None = None,
     trace_id: str | None = None,
     document_id: str | None = None,
     memory_id: str | None = None,
     group: bool = False,
-    start_date: str | None = None,
-    end_date: str | None = None,
+    start_date: IsoDateTime | None = None,
+    end_date: IsoDateTime | None = None,
     limit: PageLimit = 50,
     offset: Offset = 0,
 ) -> wire.LLMRequestListResponse:
@@ -74,11 +68,11 @@ async def list_llm_requests(
         scope=scope,
         provider=provider,
         trace_id=trace_id,
-        since=parse_instant(start_date, "start_date"),
-        until=parse_instant(end_date, "end_date"),
+        since=instant(start_date),
+        until=instant(end_date),
     )
     bank = await engine.get_bank(bank_id)
-    if not _call_type(call_type):
+    if call_type not in (None, "llm"):  # heed traces LLM calls only
         return wire.LLMRequestListResponse(
             bank_id=bank.bank_id, total=0, limit=limit, offset=offset, items=[]
         )
@@ -103,13 +97,13 @@ async def llm_request_stats(
     engine: MemoryDep,
     observability: ObservabilityDep,
     operation: str | None = None,
-    call_type: str | None = None,
-    period: str | None = None,
+    call_type: CallType | None = None,
+    period: Period | None = None,
 ) -> wire.LLMRequestStatsResponse:
     """The bank's LLM calls by status and their tokens, per time bucket of *period*."""
     bank = await engine.get_bank(bank_id)
     where = TraceFilter(operation=operation)
     stats = await observability.trace_stats(bank.tenant, bank.bank_id, where, period)
-    if not _call_type(call_type):
+    if call_type not in (None, "llm"):  # heed traces LLM calls only
         stats["buckets"] = []
     return wire.LLMRequestStatsResponse.model_validate({"bank_id": bank.bank_id, **stats})
