@@ -31,6 +31,7 @@ from hindsight_client_api.configuration import Configuration
 from hindsight_client_api.exceptions import BadRequestException, NotFoundException
 
 from heed.api.app import create_app
+from heed.api.auth import principal_of
 from heed.settings import Settings
 from tests.llm.fake_upstream import Behaviour, RunningUpstream, serve_fake_upstream, text_chunks
 from tests.llm.fake_upstream import usage_chunk as usage
@@ -323,3 +324,32 @@ def test_bad_filters_and_unknown_banks(server: LiveServer) -> None:
     for path in ("llm-requests", "llm-requests/stats", "audit-logs", "audit-logs/stats"):
         gone = httpx.get(f"{server.url}/v1/default/banks/no-such-bank/{path}", timeout=10)
         assert gone.status_code == 404, path
+
+
+def test_with_keys_an_entry_names_the_tenant_and_the_keys_id_never_the_key(
+    tmp_path: Path,
+) -> None:
+    key, other = "acme-secret-key-0001", "globex-secret-key-0002"
+    settings = Settings(
+        data_dir=tmp_path,
+        api_keys={key: "acme", other: "globex"},
+        retain_extraction="off",
+        observations="off",
+    )
+    with live_server(create_app(settings)) as srv:
+        acme = {"Authorization": f"Bearer {key}"}
+        globex = {"Authorization": f"Bearer {other}"}
+        base = f"{srv.url}/v1/default/banks/shared"
+        httpx.put(base, json={}, headers=acme, timeout=30).raise_for_status()
+        httpx.put(base, json={}, headers=globex, timeout=30).raise_for_status()
+        refused = httpx.put(f"{srv.url}/v1/default/banks/x", json={}, timeout=30)
+        assert refused.status_code == 401
+        body = httpx.get(f"{base}/audit-logs", headers=acme, timeout=10).json()
+        assert body["total"] == 1  # globex's PUT is globex's
+        entry = body["items"][0]
+        assert entry["metadata"] == {"principal": principal_of(key), "tenant": "acme"}
+        assert key not in json.dumps(body)
+        full = httpx.get(f"{base}/audit-logs/{entry['id']}", headers=acme, timeout=10)
+        assert full.status_code == 200 and full.json()["response"] == {"status": 200}
+        theirs = httpx.get(f"{base}/audit-logs/{entry['id']}", headers=globex, timeout=10)
+        assert theirs.status_code == 404  # another tenant's bank of the same id

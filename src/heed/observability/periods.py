@@ -24,7 +24,6 @@ __all__ = [
     "Period",
     "instant",
     "iso",
-    "parse_instant",
     "period_of",
 ]
 
@@ -62,20 +61,6 @@ def period_of(name: str | None, now: float) -> Period:
         raise BadFilter(f"period must be one of {', '.join(PERIODS)}; got {name!r}")
     days, trunc = PERIODS[name]
     return Period(name, trunc, datetime.fromtimestamp(now, UTC) - timedelta(days=days))
-
-
-def parse_instant(value: str | None, name: str) -> float | None:
-    """The ISO datetime *value* as epoch seconds (UTC when it names no zone), ``None``
-    for none; :class:`BadFilter` naming the parameter *name* when it is not one."""
-    if value is None or value == "":
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadFilter(f"{name} must be an ISO 8601 datetime; got {value[:80]!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 _ISO_DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
