@@ -353,3 +353,57 @@ def test_with_keys_an_entry_names_the_tenant_and_the_keys_id_never_the_key(
         assert full.status_code == 200 and full.json()["response"] == {"status": 200}
         theirs = httpx.get(f"{base}/audit-logs/{entry['id']}", headers=globex, timeout=10)
         assert theirs.status_code == 404  # another tenant's bank of the same id
+
+
+def test_turns_and_refreshes_count_as_their_own_kinds(
+    server: LiveServer, upstream: RunningUpstream
+) -> None:
+    upstream.app.reset()
+    upstream.app.default = Behaviour(chunks=[*text_chunks(["Rex."]), usage(50, 3)])
+    bank = _bank(server)
+    session = httpx.post(
+        f"{server.url}/v1/sessions", json={"title": "t", "bank_id": bank}, timeout=10
+    ).json()
+    turn = httpx.post(
+        f"{server.url}/v1/sessions/{session['id']}/turns", json={"content": "hi"}, timeout=10
+    ).json()
+
+    def run_done(run_id: str) -> dict[str, Any] | None:
+        run = httpx.get(f"{server.url}/v1/runs/{run_id}", timeout=10).json()
+        return run if run["phase"] in ("completed", "failed", "cancelled") else None
+
+    run = wait_for(lambda: run_done(turn["run_id"]), 60)
+    assert run["phase"] == "completed", run
+    assert (
+        run["result"]["llm_usage"]["by_kind"]["turn"]["prompt_tokens"]
+        == 50 * (run["result"]["llm_usage"]["calls"])
+    )
+    created = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/mental-models",
+        json={"name": "pets", "source_query": "What pets are there?"},
+        timeout=30,
+    ).json()
+    refreshed = wait_for(lambda: run_done(created["operation_id"]), 60)
+    assert refreshed["phase"] == "completed", refreshed
+    by_kind = _stats(server, bank)["llm_usage"]["by_kind"]
+    assert set(by_kind) == {"turn", "mental_model_refresh"}, by_kind  # a refresh is no reflect
+    assert by_kind["turn"]["calls"] == run["result"]["llm_usage"]["calls"]
+    assert by_kind["mental_model_refresh"]["completion_tokens"] == (
+        3 * by_kind["mental_model_refresh"]["calls"]
+    )
+
+
+def test_a_deleted_banks_usage_and_traces_go_with_it(
+    server: LiveServer, upstream: RunningUpstream
+) -> None:
+    upstream.app.reset()
+    bank = _bank(server)
+    _reflect(server, bank)
+    assert _stats(server, bank)["llm_usage"]["total"]["calls"] >= 1
+    httpx.delete(f"{server.url}/v1/default/banks/{bank}", timeout=30).raise_for_status()
+    httpx.put(f"{server.url}/v1/default/banks/{bank}", json={}, timeout=30).raise_for_status()
+    assert _stats(server, bank)["llm_usage"]["by_kind"] == {}
+    traces = httpx.get(f"{server.url}/v1/default/banks/{bank}/llm-requests", timeout=10).json()
+    assert traces["total"] == 0
+    audit = httpx.get(f"{server.url}/v1/default/banks/{bank}/audit-logs", timeout=10).json()
+    assert [e["action"] for e in audit["items"]][:2] == ["create_or_update_bank", "delete_bank"]
