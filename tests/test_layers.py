@@ -22,9 +22,11 @@ ALLOWED: dict[str, set[str]] = {
     # Storage mirrors the capabilities: it implements their store protocols.
     "storage": {
         *("runtime", "errors", "memory", "runs", "sessions", "redact", "webhooks"),
-        *("mental_models", "transfer"),
+        *("mental_models", "transfer", "observability"),
     },
     "memory": {"runtime", "errors", "settings", "runs", "llm"},
+    # What LLM calls cost, their traces and audit entries: the sink of every call (llm).
+    "observability": {"runtime", "errors", "settings", "llm", "redact"},
     # Neither of the two agents imports the other: what both need (the grounded answer,
     # the recall tool's spec) is in ``llm.grounding``.
     "reflect": {"runtime", "errors", "settings", "llm", "memory", "runs"},
@@ -48,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
         "mental_models",
         "transfer",
         "templates",
+        "observability",
     },
     # ``heed migrate``: works on two databases (storage) and checks them through memory
     # engines, not through a server.
@@ -83,6 +86,7 @@ ALLOWED: dict[str, set[str]] = {
         "mental_models",
         "transfer",
         "templates",
+        "observability",
     },
     # ``migrate``: the migrate command works on databases, not through a server.
     "cli": {"api", "mcp", "settings", "version", "migrate", "logs", "redact"},

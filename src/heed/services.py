@@ -12,14 +12,23 @@ them as FastAPI dependencies (:mod:`heed.api.deps`), the MCP tools as the
 from __future__ import annotations
 
 import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from heed.llm.base import ChatProvider
 from heed.llm.factory import Operation
 from heed.llm.health import LlmHealth
 from heed.llm.slot import ProviderSlot
+from heed.llm.usage import use_token_counter
 from heed.llm.warmup import ModelWarmup
-from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
+from heed.memory import (
+    MemoryEngine,
+    build_embedder,
+    build_learning,
+    build_memory_engine,
+    shared_token_counter,
+)
 from heed.memory.aliases import BankAliases
 from heed.memory.bank_config.service import BankConfigService
 from heed.memory.bank_runs import RETAIN_KIND
@@ -31,6 +40,7 @@ from heed.memory.learning.consolidation import (
     Consolidation,
     ConsolidationLimits,
 )
+from heed.memory.models import Bank
 from heed.memory.retain.operations import RetainOperations
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.lookup import MentalModelLookup
@@ -41,11 +51,14 @@ from heed.mental_models.refresh import (
 )
 from heed.mental_models.service import MentalModels
 from heed.mental_models.triggers import RefreshTriggers
+from heed.observability import Observability
+from heed.observability.service import Limits as ObservabilityLimits
 from heed.reflect.runs import REFLECT_KIND, ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.broker import Broker, InProcessBroker
 from heed.runs.kinds import KindSpec
 from heed.runs.manager import RunManager
+from heed.runs.model import Run
 from heed.runs.reaper import Reaper
 from heed.runs.recovery import recover
 from heed.runtime import Lane, Lanes, ProcessLimits, run_in_thread
@@ -61,6 +74,7 @@ from heed.sessions.turn import TurnRunner
 from heed.settings import Settings
 from heed.storage import SqlDatabase, SqliteDatabase
 from heed.storage.memory import SqlMemoryStore
+from heed.storage.observability_store import SqlObservabilityStore
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
@@ -130,6 +144,16 @@ def _broker(settings: Settings) -> Broker:
     return RedisBroker(settings.redis_url, prefix=settings.redis_prefix)
 
 
+def _secrets(settings: Settings) -> list[str]:
+    """Every key the settings hold: masked in any LLM request trace that keeps text."""
+    found: list[str] = list(settings.api_keys)
+    for name in ("llm", "reflect_llm", "turn_llm", "retain_llm", "embeddings", "metrics"):
+        value = getattr(settings, f"{name}_api_key" if name != "metrics" else "metrics_key")
+        if value is not None:
+            found.append(value.get_secret_value())
+    return [s for s in found if s]
+
+
 def _provider(settings: Settings, operation: Operation) -> ChatProvider:
     from heed.llm.factory import build_provider  # imports the provider's library on first use
 
@@ -174,6 +198,9 @@ class Services:
     webhook_store: SqlWebhookStore = field(init=False)
     webhooks: Webhooks = field(init=False)
     webhook_worker: DeliveryWorker = field(init=False)
+    observability_store: SqlObservabilityStore = field(init=False)
+    observability: Observability = field(init=False)
+    _observability_io: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -195,6 +222,7 @@ class Services:
         self.revocation_store = SqlRevocationStore(self.database)  # UI logouts
         self.archive_store = SqlArchiveStore(self.database)  # bank archives, in parts
         self.webhook_store = webhook_store = SqlWebhookStore(self.database)
+        self.observability_store = SqlObservabilityStore(self.database)  # usage, traces, audit
 
         # Signalling and the run machinery: in-process, or Redis between processes.
         broker = _broker(settings)
@@ -219,11 +247,28 @@ class Services:
         )
         self.reaper = Reaper(manager)
 
+        # What LLM calls cost, their traces, and audit entries, per bank (issue 41, 40).
+        self._observability_io = ThreadPoolExecutor(1, thread_name_prefix="heed-observability")
+        self.observability = Observability(
+            self.observability_store,
+            self._observability_io,
+            ObservabilityLimits(
+                keep_content=settings.llm_request_log_content == "on",
+                max_traces=settings.llm_request_log_max_per_bank,
+                trace_max_age_days=settings.llm_request_log_max_age_days,
+                max_audits=settings.audit_log_max_per_bank,
+                audit_max_age_days=settings.audit_log_max_age_days,
+            ),
+            secrets=_secrets(settings),
+        )
+        manager.terminal_hooks.append(self._audit_run)
+
         # The domains.
         # Extraction and consolidation share the retain provider (HEED_RETAIN_LLM_*).
         self.retain_provider = retain_provider = ProviderSlot(lambda: _provider(settings, "retain"))
         learning = build_learning(settings, retain_provider.get)
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
+        self.memory.before_delete.append(self._forget_bank)
         self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
         self.aliases = BankAliases(self.memory, memory_store)  # extra ids of a bank
@@ -393,6 +438,8 @@ class Services:
         """Prepare storage and domain services; called once before serving."""
         await self.broker.start()  # fails fast when Redis is unreachable
         await run_in_thread(self._migrate)
+        use_token_counter(shared_token_counter().count)  # for providers reporting no usage
+        self.observability.start()
         # After the other domains: recovery may start their runs.
         await recover(self.manager, await self.sessions.sessions_with_pending_wakeups())
         await self.consolidation.resume()  # banks whose facts a restart left pending
@@ -415,6 +462,28 @@ class Services:
         self.revocation_store.migrate()
         self.archive_store.migrate()
         self.webhook_store.migrate()
+        self.observability_store.migrate()
+
+    def _audit_run(self, run: Run) -> None:
+        """The run manager's terminal hook: an audit entry for the end of a bank's run."""
+        bank_id = run.summary.get("bank_id")
+        if not isinstance(bank_id, str):
+            return
+        self.observability.record_audit(
+            tenant=run.tenant,
+            bank_id=bank_id,
+            action=f"run.{run.kind}",
+            transport="system",
+            started_at=run.started_at or run.created_at,
+            ended_at=run.finished_at or time.time(),
+            principal=None,
+            response={"phase": run.phase, "error": run.error},
+            metadata={"run_id": run.id, "kind": run.kind, "source": run.source},
+        )
+
+    async def _forget_bank(self, bank: Bank) -> None:
+        """The engine's ``before_delete`` hook: the bank's usage and traces go with it."""
+        await self.observability.forget_bank(bank.tenant, bank.bank_id)
 
     async def close(self) -> None:
         """Release what ``start`` and the domains opened."""
@@ -431,4 +500,6 @@ class Services:
         await self.retain_provider.aclose()
         await self.reflect.close()
         await self.broker.aclose()
+        await self.observability.close()  # after the runs: their last calls are written
+        self._observability_io.shutdown(wait=True)
         self.database.close()

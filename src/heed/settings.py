@@ -537,6 +537,23 @@ class Settings(BaseSettings):
     webhook_prune_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often the delivery log is pruned."
     )
+    llm_request_log_content: Literal["off", "on"] = Field(
+        default="off",
+        description="Whether LLM request traces keep the prompts' and replies' text (secrets "
+        "masked); off keeps roles and lengths only.",
+    )
+    llm_request_log_max_per_bank: int = Field(
+        default=1000, ge=1, description="LLM request traces a bank keeps (the newest)."
+    )
+    llm_request_log_max_age_days: float = Field(
+        default=30.0, gt=0, description="How long an LLM request trace is kept."
+    )
+    audit_log_max_per_bank: int = Field(
+        default=10_000, ge=1, description="Audit log entries a bank keeps (the newest)."
+    )
+    audit_log_max_age_days: float = Field(
+        default=90.0, gt=0, description="How long an audit log entry is kept."
+    )
     vector_cache_mb: int = Field(
         default=2048,
         ge=1,

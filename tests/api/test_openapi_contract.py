@@ -65,6 +65,9 @@ EXAMPLES = 25
 BANK, DOCUMENT = "contract-bank", "contract/doc-1"
 
 SEMANTIC_400 = [
+    # heed's LLM request traces are not linked to documents or memories: a document_id or
+    # memory_id filter is refused by name rather than silently ignored (docs/observability.md).
+    "GET /v1/default/banks/{bank_id}/llm-requests",
     # Whatever the key: the server has no keys configured (this test runs it without, like the
     # embedded default), so there is nothing to log into. A 400 naming that, not a schema matter.
     "POST /v1/auth/login",

@@ -78,6 +78,10 @@ def test_memory_page_retain_list_recall_with_stage_timings_and_reflect(
     assert page.text_content("#reflect-submit") == "Reflect"
     used = page.locator("#reflect-facts li .fact-text").all_text_contents()
     assert used and all(text in facts for text in used), used
+    # What the reflect cost: the bank's tokens by kind of work (its stats' llm_usage).
+    page.wait_for_selector("#bank-usage tr[data-kind=reflect]")
+    cells = page.locator("#bank-usage tr[data-kind=reflect] td").all_text_contents()
+    assert cells[0] == "reflect" and int(cells[1]) >= 1 and int(cells[4]) > 0, cells
 
     page.goto(f"{server.url}/#/memory/no-such-bank")
     page.wait_for_function(

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from heed.api.admission import Admission
+from heed.api.audit import audit_hook
 from heed.api.auth import Authenticator
 from heed.api.drain import Drain
 from heed.api.errors import install_error_handlers
@@ -20,6 +21,7 @@ from heed.api.readiness import Readiness
 from heed.api.refresh_metrics import install_refresh_metrics
 from heed.api.revocations import Revocations
 from heed.api.routes import aliases as aliases_routes
+from heed.api.routes import audit_logs as audit_logs_routes
 from heed.api.routes import (
     auth,
     banks,
@@ -42,6 +44,7 @@ from heed.api.routes import (
 from heed.api.routes import bank_config as bank_config_routes
 from heed.api.routes import directives as directives_routes
 from heed.api.routes import knowledge as knowledge_routes
+from heed.api.routes import llm_requests as llm_requests_routes
 from heed.api.routes import mental_models as mental_models_routes
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
@@ -145,6 +148,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(knowledge_routes.router)  # folders of mental-model pages
     app.include_router(transfer_routes.router)  # bank export, import, clone, downloads
     app.include_router(webhooks.router)
+    app.include_router(llm_requests_routes.router)  # a bank's LLM request traces
+    app.include_router(audit_logs_routes.router)  # who did what to a bank
     app.include_router(system.router)
     app.include_router(auth.router)
     app.include_router(runs_routes.router)
@@ -170,6 +175,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         throttle=FailureThrottle(settings.auth_max_failures, settings.auth_failure_window_seconds),
         revocations=app.state.revocations,
         spool=app.state.spool,
+        audit=audit_hook(services.observability),
     )
     return app
 

@@ -44,6 +44,7 @@ from heed.memory.retain.operations import RetainOperations
 from heed.memory.views.service import BankViews
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.service import MentalModels
+from heed.observability import Observability
 from heed.reflect.runs import ReflectRuns
 from heed.reflect.service import ReflectService
 from heed.runs.manager import RunManager
@@ -71,6 +72,7 @@ __all__ = [
     "MemoryDep",
     "MentalModelsDep",
     "MetricsDep",
+    "ObservabilityDep",
     "ReadinessDep",
     "ReflectDep",
     "ReflectRunsDep",
@@ -170,6 +172,7 @@ CurationDep = Annotated[MemoryCuration, Depends(_of_services(lambda s: s.curatio
 DirectivesDep = Annotated[DirectiveService, Depends(_of_services(lambda s: s.directives))]
 #: Webhooks: a bank's subscriptions and their delivery log.
 WebhooksDep = Annotated[Webhooks, Depends(_of_services(lambda s: s.webhooks))]
+ObservabilityDep = Annotated[Observability, Depends(_of_services(lambda s: s.observability))]
 #: Bank export, import and clone (runs of the bank's operations).
 TransfersDep = Annotated[BankTransfers, Depends(_of_services(lambda s: s.transfers))]
 #: Consolidation into observations (background runs).

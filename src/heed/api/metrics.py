@@ -1,5 +1,5 @@
-"""Prometheus metrics for one server: HTTP outcomes, cancellations, lane counters and
-LLM retries and failures.
+"""Prometheus metrics for one server: HTTP outcomes, cancellations, lane counters, LLM
+retries and failures, and LLM calls and tokens.
 
 Each app gets its own ``CollectorRegistry`` so several apps (tests) never clash.
 
@@ -9,12 +9,14 @@ match no route as ``unmatched``, and cancellation reasons (which a client can
 choose, ``POST /v1/runs/{id}/cancel?reason=``) beyond the first
 :data:`MAX_REASONS` distinct ones as ``other``. LLM reasons are the fixed words
 of :mod:`heed.llm.observe` (anything else: ``other``), providers the first
-:data:`MAX_PROVIDERS` names seen.
+:data:`MAX_PROVIDERS` names seen. LLM tokens and calls are labelled by the fixed kinds of
+work of :mod:`heed.llm.usage` (never by bank: a bank's tokens are in its stats).
 
 **LLM retries and failures are counted per process.** Providers report them to
 the observers of :mod:`heed.llm.observe`; one process-wide observer feeds
 ``heed_llm_retries_total`` and ``heed_llm_failures_total``, which every app's
-registry exports. It is added while at least one app serves
+registry exports; one process-wide call sink (:mod:`heed.llm.usage`) likewise feeds
+``heed_llm_calls_total`` and ``heed_llm_tokens_total``. It is added while at least one app serves
 (:meth:`Metrics.counting_llm`, held by the app's lifespan) and removed when the
 last one stops, so however many apps a process builds (tests build one per
 test) there is never more than one such observer, no event is counted twice,
@@ -38,6 +40,7 @@ from heed.llm.observe import (
     add_global_observer,
     remove_global_observer,
 )
+from heed.llm.usage import KINDS, STATUSES, LlmCall, add_call_sink, remove_call_sink
 from heed.runtime import Lanes
 
 __all__ = ["KNOWN_METHODS", "MAX_PROVIDERS", "MAX_REASONS", "Metrics"]
@@ -72,6 +75,21 @@ class _LlmCounts:
             ["provider", "reason"],
             registry=None,
         )
+        self.tokens = Counter(
+            "heed_llm_tokens",
+            "LLM tokens (this process), by operation (the kind of work: reflect, turn, "
+            "extraction, consolidation, mental_model_refresh, other) and kind (prompt, "
+            "completion); the provider's reported usage, else counted by heed's tokenizer",
+            ["operation", "kind"],
+            registry=None,
+        )
+        self.calls = Counter(
+            "heed_llm_calls",
+            "LLM calls (this process), by operation (as heed_llm_tokens) and status (success, "
+            "error, cancelled)",
+            ["operation", "status"],
+            registry=None,
+        )
         self.observer = LlmObserver(on_retry=self._on_retry, on_failure=self._on_failure)
         self._lock = threading.Lock()
         self._holders = 0
@@ -94,19 +112,28 @@ class _LlmCounts:
     def _on_failure(self, provider: str, status: int | None, reason: str) -> None:
         self.failures.labels(*self._labels(provider, reason)).inc()
 
+    def _on_call(self, call: LlmCall) -> None:
+        operation = call.kind if call.kind in KINDS else "other"
+        status = call.status if call.status in STATUSES else "error"
+        self.calls.labels(operation, status).inc()
+        self.tokens.labels(operation, "prompt").inc(call.prompt_tokens)
+        self.tokens.labels(operation, "completion").inc(call.completion_tokens)
+
     def acquire(self) -> None:
-        """One more app serves: the observer is added by the first."""
+        """One more app serves: the observer and the call sink are added by the first."""
         with self._lock:
             self._holders += 1
             if self._holders == 1:
                 add_global_observer(self.observer)
+                add_call_sink(self._on_call)
 
     def release(self) -> None:
-        """One app stopped: the observer is removed with the last."""
+        """One app stopped: the observer and the call sink are removed with the last."""
         with self._lock:
             self._holders -= 1
             if self._holders == 0:
                 remove_global_observer(self.observer)
+                remove_call_sink(self._on_call)
 
 
 _LLM: Final = _LlmCounts()
@@ -222,6 +249,8 @@ class Metrics:
         self.registry.register(_LaneCollector(lanes))
         self.registry.register(_LLM.retries)
         self.registry.register(_LLM.failures)
+        self.registry.register(_LLM.tokens)
+        self.registry.register(_LLM.calls)
         self._reasons: set[str] = set()
 
     @contextlib.contextmanager

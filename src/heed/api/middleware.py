@@ -269,6 +269,14 @@ def _too_large(limit: int, *, upload: bool) -> str:
     return f"request body exceeds the limit of {limit} bytes (the server's HEED_MAX_BODY_BYTES)"
 
 
+AUDITED_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+"""The methods of the requests the audit hook is told of (bank routes only)."""
+
+AuditHook = Callable[[RequestContext, str, str, str, str, int, float], None]
+"""``(context, bank_id, action, method, route template, status, seconds)``: an admitted
+request with one of :data:`AUDITED_METHODS` to a route with a ``bank_id`` was answered."""
+
+
 class RequestLifecycleMiddleware:
     """See the module docstring. Install with ``app.add_middleware`` last (outermost)."""
 
@@ -287,8 +295,11 @@ class RequestLifecycleMiddleware:
         throttle: FailureThrottle | None = None,
         revocations: Revocations | None = None,
         spool: SpoolBudget | None = None,
+        audit: AuditHook | None = None,
     ) -> None:
         self.app = app
+        #: Told of every admitted mutating request to a bank once it is answered.
+        self.audit = audit
         self.metrics = metrics
         self.authenticator = authenticator
         self.max_body_bytes = max_body_bytes
@@ -574,3 +585,16 @@ class RequestLifecycleMiddleware:
             log.info("%s %s cancelled (499): %.200s", method, scope.get("path"), reason)
         elif status >= 500 and status != 503:
             self.metrics.failures.labels(template).inc()
+        if self.audit is not None and method in AUDITED_METHODS and route is not None:
+            ctx = scope.get("state", {}).get("request_context")
+            bank_id = scope.get("path_params", {}).get("bank_id")
+            if isinstance(ctx, RequestContext) and isinstance(bank_id, str):
+                self.audit(
+                    ctx,
+                    bank_id,
+                    getattr(route, "name", "") or template,
+                    method,
+                    template,
+                    status,
+                    seconds,
+                )

@@ -82,11 +82,6 @@ NOT_IMPLEMENTED: Final[tuple[UnservedRoute, ...]] = (
 )
 """Routes answered 501 with a body naming the route and why (see the module docstring)."""
 
-NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
-    UnservedRoute("GET", f"{_BANK}/audit-logs", "audit logs are not kept yet"),
-    UnservedRoute("GET", f"{_BANK}/audit-logs/stats", "audit logs are not kept yet"),
-    UnservedRoute("GET", f"{_BANK}/audit-logs/{{log_id}}", "audit logs are not kept yet"),
-    UnservedRoute("GET", f"{_BANK}/llm-requests", "LLM request traces are not kept yet"),
-    UnservedRoute("GET", f"{_BANK}/llm-requests/stats", "LLM request traces are not kept yet"),
-)
-"""Routes heed does not serve yet (404), each with a one-line reason; this list only shrinks."""
+NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = ()
+"""Routes heed does not serve yet (404), each with a one-line reason; this list only shrinks
+(empty since hindsight-client 1.1.0's every route is served or answered 501)."""

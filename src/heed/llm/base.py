@@ -372,24 +372,23 @@ async def complete(
     *on_text*, when given, is awaited with each text piece as it arrives (to
     forward the reply while it streams). *json_schema* is passed to the provider
     (only when given, so a provider written before it existed still works); the
-    text is returned as produced, unparsed. Cancellation and provider errors
+    text is returned as produced, unparsed. The call is measured
+    (:func:`heed.llm.metered.metered_stream`). Cancellation and provider errors
     propagate unchanged; the stream is always closed before this returns or
     raises.
     """
+    from heed.llm.metered import metered_stream  # metered imports this module
+
     result = Completion()
     parts: list[str] = []
-    if json_schema is None:
-        stream = provider.stream(
-            messages, tools=tools, max_tokens=max_tokens, temperature=temperature
-        )
-    else:
-        stream = provider.stream(
-            messages,
-            tools=tools,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            json_schema=json_schema,
-        )
+    stream = metered_stream(
+        provider,
+        messages,
+        tools=tools,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        json_schema=json_schema,
+    )
     async with contextlib.aclosing(stream) as events:
         async for event in events:
             if isinstance(event, TextDelta):

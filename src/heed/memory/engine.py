@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
+from heed.llm.usage import llm_work
 from heed.memory.bank_config.view import BankSettings, settings_of
 from heed.memory.embeddings import Embedder, TokenCounter
 from heed.memory.learning.extraction import Extraction, Learning, extract_document_facts
@@ -502,9 +503,12 @@ class MemoryEngine:
             provider = self.learning.extractor()
             extraction = Extraction()
             mission = settings.retain_mission or None
-            for document in documents:
-                facts = await extract_document_facts(document, provider, mode, mission, extraction)
-                document.units.extend(facts)
+            with llm_work(bank.tenant, bank.bank_id, "extraction"):
+                for document in documents:
+                    facts = await extract_document_facts(
+                        document, provider, mode, mission, extraction
+                    )
+                    document.units.extend(facts)
         self.mark_for_consolidation(bank, documents, settings)
         return extraction
 

@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from heed.llm.usage import llm_work
 from heed.memory.bank_runs import (
     MENTAL_MODEL_REFRESH_KIND,
     bank_payload,
@@ -293,9 +294,10 @@ class MentalModelRefreshes:
                         await rc.emit(event, data)
 
                 try:
-                    outcome = await self.reflect.agent().run(
-                        bank, request, to_journal, background=True
-                    )
+                    with llm_work(bank.tenant, bank.bank_id, "mental_model_refresh"):
+                        outcome = await self.reflect.agent().run(
+                            bank, request, to_journal, background=True
+                        )
                 except Exception as exc:
                     reraise_cancellation(exc)
                     await run_in_thread(self.store.mark_refresh_failed, bank.ref, model_id)
@@ -386,7 +388,8 @@ class MentalModelRefreshes:
         window_end = datetime.now(UTC).isoformat()
         request = self._request(model)
         async with self.engine.track(bank):
-            outcome = await self.reflect.run(bank, request)
+            with llm_work(bank.tenant, bank.bank_id, "mental_model_refresh"):
+                outcome = await self.reflect.run(bank, request)
         candidate = outcome.text.strip()
         if not candidate:
             name = "refresh_failed_empty_candidate"

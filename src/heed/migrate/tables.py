@@ -158,6 +158,9 @@ LEFT_OUT: Final[Mapping[str, str]] = {
     "schema_migrations": "the target's own, written by the stores' migrations",
     "run_payloads": "a run's input, read only by the worker that runs it: finished runs need none",
     "ui_revocations": "logouts of the old server's web UI sessions, which expire",
+    "llm_usage": "the old server's LLM token counts per bank and hour (not copied yet)",
+    "llm_requests": "the old server's LLM request traces, a bounded log (not copied yet)",
+    "audit_logs": "the old server's audit log, a bounded log (not copied yet)",
 }
 
 #: The memory tables (what verification counts per bank).

@@ -20,6 +20,7 @@ from psycopg_pool import PoolTimeout
 from heed.migrate.reports import MigrationError
 from heed.storage.memory import SqlMemoryStore
 from heed.storage.memory.postgres import PostgresMemory, SchemaMismatch
+from heed.storage.observability_store import SqlObservabilityStore
 from heed.storage.postgres import PostgresDatabase, is_postgres_url
 from heed.storage.revocation_store import SqlRevocationStore
 from heed.storage.run_store import SqlRunStore
@@ -129,6 +130,7 @@ def prepare_target(db: PostgresDatabase, dim: int) -> Target:
         SqlRevocationStore(db).migrate()
         SqlWebhookStore(db).migrate()
         SqlArchiveStore(db).migrate()
+        SqlObservabilityStore(db).migrate()  # its tables are left out, its schema made
         memory = SqlMemoryStore(db, dim)
         memory.migrate()
     except SchemaMismatch as exc:

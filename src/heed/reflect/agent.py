@@ -66,6 +66,7 @@ from heed.llm.grounding import (
     looks_like_a_tool_call,
     memory_line,
 )
+from heed.llm.usage import llm_work
 from heed.memory import InvalidInput, MemoryEngine, NotFound
 from heed.memory.bank_config.view import BankSettings
 from heed.memory.directives.rules import Directive, DirectiveScope, rules_text
@@ -251,7 +252,8 @@ class ReflectAgent:
     ) -> ReflectOutcome:
         """:meth:`run` for a caller that already holds a reflect lane slot (the worker of a
         reflect run takes it, as for every run kind with a lane)."""
-        return await _Loop(self, bank, request, listener, background).run()
+        with llm_work(bank.tenant, bank.bank_id, "reflect"):
+            return await _Loop(self, bank, request, listener, background).run()
 
 
 class _Loop:

@@ -87,6 +87,7 @@ from heed.runtime import (
     OperationCancelled,
     RequestContext,
     reraise_cancellation,
+    tallying,
     use_context,
 )
 
@@ -505,12 +506,14 @@ class RunManager:
         try:
             payload = await self.io.call(self.store.payload, run.id)
             rc.payload = payload or {}
-            with use_context(ctx):
+            with use_context(ctx), tallying(run.id) as tally:
                 if spec.lane is not None and self.lanes is not None:
                     async with self.lanes[spec.lane].slot(worker.token):
                         result = await spec.execute(rc)
                 else:
                     result = await spec.execute(rc)
+                if isinstance(result, dict) and tally.calls:
+                    result = {**result, "llm_usage": tally.as_dict()}
         except OperationCancelled as exc:
             outcome, reason = "cancelled", exc.reason
         except asyncio.CancelledError:

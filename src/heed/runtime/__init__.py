@@ -34,6 +34,7 @@ from heed.runtime.offload import (
 )
 from heed.runtime.retry import retry_async
 from heed.runtime.slots import CpuBudget, Lane, LaneFull, Lanes, LaneStats
+from heed.runtime.tally import TokenTally, current_tally, tallying
 from heed.runtime.tasks import settle
 
 __all__ = [
@@ -49,9 +50,11 @@ __all__ = [
     "OperationCancelled",
     "ProcessLimits",
     "RequestContext",
+    "TokenTally",
     "WorkerLimitExceeded",
     "WorkerProcessDied",
     "current_context",
+    "current_tally",
     "current_token",
     "detached",
     "helper_pool",
@@ -64,5 +67,6 @@ __all__ = [
     "run_in_thread",
     "set_context",
     "settle",
+    "tallying",
     "use_context",
 ]

@@ -58,6 +58,8 @@ from heed.llm.base import (
     ToolSpec,
 )
 from heed.llm.grounding import GroundedAnswer, RecallPart, grounded_question
+from heed.llm.metered import metered_stream
+from heed.llm.usage import llm_work
 from heed.memory.directives.rules import Directive, rules_text
 from heed.memory.entities import query_entity_names
 from heed.memory.models import NotFound, StoredUnit
@@ -68,7 +70,7 @@ from heed.runs.kinds import RunContext
 from heed.runs.model import Run, Source
 from heed.runs.store import RunStore
 from heed.runtime import OperationCancelled
-from heed.sessions.store import Message, SessionStore
+from heed.sessions.store import Message, Session, SessionStore
 from heed.sessions.tools import TOOL_SPECS, ToolResult, TurnTools, memory_lines
 
 __all__ = ["SYSTEM_PROMPT", "TurnRunner", "turn_text"]
@@ -177,6 +179,13 @@ class TurnRunner:
         if session is None:
             raise LookupError(f"session {run.session_id} was deleted")
         history = await self.io.call(self.sessions.messages, run.session_id)
+        with llm_work(run.tenant, session.bank_id, "turn"):
+            return await self._turn(rc, session, history)
+
+    async def _turn(
+        self, rc: RunContext, session: Session, history: list[Message]
+    ) -> dict[str, Any]:
+        run = rc.run
         content = turn_text(rc.payload)
         await self._store(run, "user", content, source=run.source)
         await rc.emit(EventType.USER_MESSAGE, {"text": content, "source": run.source})
@@ -303,7 +312,7 @@ class TurnRunner:
         """One streamed model call: its text deltas (appended to *parts*) and tool calls go
         to the journal as they come; returns the tool calls."""
         calls: list[ToolCallEvent] = []
-        stream = provider.stream(messages, tools=tools, max_tokens=self.max_tokens)
+        stream = metered_stream(provider, messages, tools=tools, max_tokens=self.max_tokens)
         async with contextlib.aclosing(stream) as events:
             async for event in events:
                 rc.token.raise_if_cancelled()  # a provider that ignored the token

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from heed.api.deps import AliasesDep, MemoryDep, RetainOperationsDep
+from heed.api.deps import AliasesDep, MemoryDep, ObservabilityDep, RetainOperationsDep
 from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset, QueryText
 from heed.api.openapi import CONFLICT
 from heed.api.policies import continue_on_disconnect
@@ -153,11 +153,15 @@ async def delete_bank(bank_id: IdPath, engine: MemoryDep) -> wire.DeleteResponse
 
 @router.get("/{bank_id}/stats")
 async def bank_stats(
-    bank_id: IdPath, engine: MemoryDep, operations: RetainOperationsDep
+    bank_id: IdPath,
+    engine: MemoryDep,
+    operations: RetainOperationsDep,
+    observability: ObservabilityDep,
 ) -> wire.BankStatsResponse:
-    """Counts of units, links, documents and operations."""
+    """Counts of units, links, documents and operations, and the bank's LLM tokens."""
     bank, stats = await engine.bank_stats(bank_id)
     by_status = await operations.counts(bank)
+    usage = await observability.usage(bank.tenant, bank.bank_id)
     return wire.BankStatsResponse(
         bank_id=bank.bank_id,
         total_nodes=sum(stats.units_by_type.values()),
@@ -172,4 +176,5 @@ async def bank_stats(
         operations_by_status=by_status,
         last_memory_write_at=stats.last_write_at,
         in_flight=engine.in_flight(bank),
+        llm_usage=usage,
     )

@@ -13,7 +13,8 @@ request is logged as 499.
 ``stream: true`` (heed's extension) makes the reflect a run (:mod:`heed.reflect.runs`)
 and answers ``text/event-stream`` with its journal, exactly as
 ``GET /v1/runs/{run_id}/stream`` would (:mod:`heed.runs.events` names the events; the
-``completed`` event's ``result`` is the response object above). The run id is in the
+``completed`` event's ``result`` is the response object above, plus the run's
+``llm_usage``, as in every run's result). The run id is in the
 ``X-Heed-Run-Id`` header, so the client can cancel it by id, or resume the stream with
 ``Last-Event-ID``. ``on_disconnect`` says what a client leaving before the end does:
 ``cancel`` (default) cancels the run at once, ``continue`` lets it finish for a later

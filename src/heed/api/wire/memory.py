@@ -184,6 +184,9 @@ class BankStatsResponse(BaseModel):
     operations_by_status: dict[str, int] | None = None
     last_memory_write_at: str | None = None
     in_flight: int = 0
+    #: heed's own: the bank's LLM tokens by kind of work (``by_kind``, over the kept 90
+    #: days), and ``total``, ``last_hour``, ``last_24h`` sums (docs/observability.md).
+    llm_usage: dict[str, Any] | None = None
 
 
 class DeleteResponse(BaseModel):

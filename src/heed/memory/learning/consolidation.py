@@ -58,6 +58,7 @@ from typing import Any, Final
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
 from heed.llm.observe import LlmObserver, observing
 from heed.llm.structured import complete_json, index_list
+from heed.llm.usage import llm_work
 from heed.memory.bank_config.view import BankSettings
 from heed.memory.bank_runs import (
     CONSOLIDATION_KIND,
@@ -375,7 +376,8 @@ class Consolidation:
             messages = _prompt(facts, related, mission_for(scope, settings))
             try:
                 async with self.llm_lane.slot(background=True):
-                    reply = await complete_json(self.provider(), messages, _FORMAT)
+                    with llm_work(bank.tenant, bank.bank_id, "consolidation"):
+                        reply = await complete_json(self.provider(), messages, _FORMAT)
             except BadModelOutput as exc:
                 counters.failed += len(facts)
                 counters.errors.append(str(exc)[:300])

@@ -162,6 +162,7 @@ class RetainOperations:
                 check_fingerprint(key, existing.summary.get("fingerprint"))
                 return existing
         summary = {
+            "bank_id": bank.bank_id,
             "items_count": len(items),
             "client_operation_id": client_operation_id,
             "idempotency_key": idempotency_key,

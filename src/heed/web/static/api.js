@@ -123,6 +123,7 @@ export const runs = {
 export const memory = {
   listBanks: () => request("GET", "/v1/default/banks"),
   getBank: (bankId) => request("GET", bankPath(bankId)),
+  stats: (bankId) => request("GET", `${bankPath(bankId)}/stats`),
   createBank: (bankId, body = {}) => request("PUT", bankPath(bankId), body),
   deleteBank: (bankId) => request("DELETE", bankPath(bankId)),
   retain: (bankId, content, extra = {}) =>

@@ -157,6 +157,19 @@ export class MemoryPage {
     this.bankList = h("ul", { class: "bank-list", id: "bank-list" });
     this.bankTitle = h("h2", { id: "bank-title" }, "Memory");
     this.bankMeta = h("p", { class: "muted", id: "bank-meta" });
+    // The bank's LLM tokens by kind of work (its stats' llm_usage), shown once it has any.
+    this.usageBody = h("tbody");
+    this.usageTable = h(
+      "table",
+      { class: "usage-table", id: "bank-usage", hidden: true },
+      h("caption", {}, "LLM tokens by kind of work (last 90 days)"),
+      h(
+        "thead",
+        {},
+        h("tr", {}, ...["kind", "calls", "prompt", "completion", "total"].map((c) => h("th", { scope: "col" }, c))),
+      ),
+      this.usageBody,
+    );
 
     // retain
     this.retainText = h("textarea", {
@@ -249,7 +262,7 @@ export class MemoryPage {
 
     clear(this.root).append(
       h("aside", { class: "sidebar", id: "bank-sidebar", "aria-label": "banks" }, bankForm, this.bankList),
-      h("section", { class: "content memory-content" }, this.bankTitle, this.bankMeta, this.emptyHint, this.panels),
+      h("section", { class: "content memory-content" }, this.bankTitle, this.bankMeta, this.usageTable, this.emptyHint, this.panels),
     );
   }
 
@@ -383,6 +396,7 @@ export class MemoryPage {
     if (!this.bankId) {
       this.bankTitle.textContent = "Memory";
       this.bankMeta.textContent = "";
+      this.usageTable.hidden = true;
       return;
     }
     this.bankTitle.textContent = `Bank: ${this.bankId}`;
@@ -401,7 +415,27 @@ export class MemoryPage {
     clear(this.reflectAnswer);
     clear(this.reflectFacts);
     this.reflectUsed.hidden = true;
-    await this.loadList(true);
+    await Promise.all([this.loadList(true), this.loadUsage()]);
+  }
+
+  /** The bank's LLM tokens by kind of work, from its stats; hidden while it has none. */
+  async loadUsage() {
+    const bankId = this.bankId;
+    if (!bankId) return;
+    let usage = null;
+    try {
+      usage = (await memory.stats(bankId))?.llm_usage ?? null;
+    } catch {
+      usage = null; // the bank's meta line already says what went wrong
+    }
+    if (bankId !== this.bankId) return; // another bank was chosen meanwhile
+    const kinds = Object.entries(usage?.by_kind ?? {});
+    clear(this.usageBody);
+    for (const [kind, c] of kinds) {
+      const cells = [kind, c.calls, c.prompt_tokens, c.completion_tokens, c.total_tokens];
+      this.usageBody.append(h("tr", { dataset: { kind } }, ...cells.map((v) => h("td", {}, String(v)))));
+    }
+    this.usageTable.hidden = kinds.length === 0;
   }
 
   async createBank(event) {
@@ -430,7 +464,7 @@ export class MemoryPage {
       const body = await memory.retain(this.bankId, content, context ? { context } : {});
       this.retainText.value = "";
       status(this.retainStatus, `Retained ${body?.items_count ?? 1} item.`, "ok");
-      await Promise.all([this.loadList(true), this.refreshBanks()]);
+      await Promise.all([this.loadList(true), this.refreshBanks(), this.loadUsage()]);
     } catch (error) {
       status(this.retainStatus, describeError(error), "error");
     }
@@ -548,6 +582,7 @@ export class MemoryPage {
       this.reflectAbort = null;
       this.reflectButton.textContent = "Reflect";
       this.reflectButton.classList.remove("danger");
+      this.loadUsage(); // what the reflect cost
     }
   }
 

@@ -1,0 +1,88 @@
+"""A bank's audit log (Hindsight's ``Audit`` routes):
+
+- ``GET /v1/default/banks/{bank_id}/audit-logs``: a page of the bank's entries, newest
+  first, filtered by ``action``, ``transport`` (``http``, ``system``), ``start_date`` /
+  ``end_date`` (ISO datetimes), without their request and response;
+- ``GET /v1/default/banks/{bank_id}/audit-logs/stats``: entries by action per hour
+  (``period=1d``) or day (``7d``, ``30d``);
+- ``GET /v1/default/banks/{bank_id}/audit-logs/{log_id}``: one entry with its request and
+  response (404 naming an unknown id).
+
+What an entry is (a mutating request, a run's end) and what it keeps:
+docs/observability.md. Another ``period``, or a date that is not ISO 8601, is a 422 naming
+the parameter. An unknown bank is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from heed.api.deps import MemoryDep, ObservabilityDep
+from heed.api.input_rules import IdPath, Offset
+from heed.api.routing import HeedRoute
+from heed.api.wire import observability as wire
+from heed.memory import NotFound
+from heed.observability import AuditFilter
+from heed.observability.periods import IsoDateTime, instant
+
+router = APIRouter(prefix="/v1/default/banks", tags=["audit"], route_class=HeedRoute)
+
+PageLimit = Annotated[int, Query(ge=1, le=500)]
+
+
+@router.get("/{bank_id}/audit-logs")
+async def list_audit_logs(
+    bank_id: IdPath,
+    engine: MemoryDep,
+    observability: ObservabilityDep,
+    action: str | None = None,
+    transport: str | None = None,
+    start_date: IsoDateTime | None = None,
+    end_date: IsoDateTime | None = None,
+    limit: PageLimit = 50,
+    offset: Offset = 0,
+) -> wire.AuditLogListResponse:
+    """A page of the bank's audit entries, newest first."""
+    where = AuditFilter(
+        action=action,
+        transport=transport,
+        since=instant(start_date),
+        until=instant(end_date),
+    )
+    bank = await engine.get_bank(bank_id)
+    entries, total = await observability.audits(bank.tenant, bank.bank_id, where, limit, offset)
+    return wire.AuditLogListResponse(
+        bank_id=bank.bank_id,
+        total=total,
+        limit=limit,
+        offset=offset,
+        items=[wire.audit_summary(e) for e in entries],
+    )
+
+
+@router.get("/{bank_id}/audit-logs/stats")
+async def audit_log_stats(
+    bank_id: IdPath,
+    engine: MemoryDep,
+    observability: ObservabilityDep,
+    action: str | None = None,
+    period: Literal["1d", "7d", "30d"] | None = None,
+) -> wire.AuditLogStatsResponse:
+    """The bank's audit entries by action, per time bucket of *period*."""
+    bank = await engine.get_bank(bank_id)
+    stats = await observability.audit_stats(bank.tenant, bank.bank_id, action, period)
+    return wire.AuditLogStatsResponse.model_validate({"bank_id": bank.bank_id, **stats})
+
+
+@router.get("/{bank_id}/audit-logs/{log_id}")
+async def get_audit_log(
+    bank_id: IdPath, log_id: IdPath, engine: MemoryDep, observability: ObservabilityDep
+) -> wire.AuditLogEntry:
+    """One audit entry with its request and response."""
+    bank = await engine.get_bank(bank_id)
+    entry = await observability.audit(bank.tenant, bank.bank_id, log_id)
+    if entry is None:
+        raise NotFound(f"audit log entry {log_id!r} not found in bank {bank.bank_id!r}")
+    return wire.audit_entry(entry)

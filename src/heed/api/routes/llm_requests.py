@@ -1,0 +1,109 @@
+"""A bank's LLM request traces (Hindsight's ``LLM Traces`` routes):
+
+- ``GET /v1/default/banks/{bank_id}/llm-requests``: a page of the bank's traced LLM calls,
+  newest first, filtered by ``status``, ``operation``, ``scope``, ``call_type``,
+  ``provider``, ``trace_id`` (one run's calls), ``start_date`` / ``end_date`` (ISO
+  datetimes); ``group=true`` pages by run (``trace_id``) instead of by call and returns
+  every call of the runs on the page, ``total`` counting runs;
+- ``GET /v1/default/banks/{bank_id}/llm-requests/stats``: calls by status and token sums
+  per hour (``period=1d``) or day (``7d``, ``30d``).
+
+heed traces LLM calls only (no embedding, rerank or decision calls), so ``call_type``
+``embedding``, ``rerank`` and ``decision`` match nothing; heed's traces are not linked to
+documents or memories, so ``document_id`` and ``memory_id`` are refused (400 naming them).
+Another ``call_type`` or ``period``, or a date that is not ISO 8601, is a 422 naming the
+parameter (the document states them). An unknown bank is a 404. What a trace keeps:
+docs/observability.md.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from heed.api.deps import MemoryDep, ObservabilityDep
+from heed.api.input_rules import IdPath, Offset
+from heed.api.routing import HeedRoute
+from heed.api.wire import observability as wire
+from heed.observability import TraceFilter
+from heed.observability.periods import BadFilter, IsoDateTime, instant
+
+router = APIRouter(prefix="/v1/default/banks", tags=["llm traces"], route_class=HeedRoute)
+
+PageLimit = Annotated[int, Query(ge=1, le=500)]
+CallType = Literal["llm", "embedding", "rerank", "decision"]
+Period = Literal["1d", "7d", "30d"]
+
+
+@router.get("/{bank_id}/llm-requests")
+async def list_llm_requests(
+    bank_id: IdPath,
+    engine: MemoryDep,
+    observability: ObservabilityDep,
+    status: str | None = None,
+    operation: str | None = None,
+    scope: str | None = None,
+    call_type: CallType | None = None,
+    provider: str | None = None,
+    trace_id: str | None = None,
+    document_id: str | None = None,
+    memory_id: str | None = None,
+    group: bool = False,
+    start_date: IsoDateTime | None = None,
+    end_date: IsoDateTime | None = None,
+    limit: PageLimit = 50,
+    offset: Offset = 0,
+) -> wire.LLMRequestListResponse:
+    """A page of the bank's LLM request traces, newest first (module docstring)."""
+    refused = [n for n, v in (("document_id", document_id), ("memory_id", memory_id)) if v]
+    if refused:
+        raise BadFilter(
+            f"{', '.join(refused)}: heed's LLM request traces are not linked to documents or "
+            "memories; filter by trace_id (a run) instead"
+        )
+    where = TraceFilter(
+        status=status,
+        operation=operation,
+        scope=scope,
+        provider=provider,
+        trace_id=trace_id,
+        since=instant(start_date),
+        until=instant(end_date),
+    )
+    bank = await engine.get_bank(bank_id)
+    if call_type not in (None, "llm"):  # heed traces LLM calls only
+        return wire.LLMRequestListResponse(
+            bank_id=bank.bank_id, total=0, limit=limit, offset=offset, items=[]
+        )
+    if group:
+        rows, total = await observability.trace_groups(
+            bank.tenant, bank.bank_id, where, limit, offset
+        )
+    else:
+        rows, total = await observability.traces(bank.tenant, bank.bank_id, where, limit, offset)
+    return wire.LLMRequestListResponse(
+        bank_id=bank.bank_id,
+        total=total,
+        limit=limit,
+        offset=offset,
+        items=[wire.llm_request(r) for r in rows],
+    )
+
+
+@router.get("/{bank_id}/llm-requests/stats")
+async def llm_request_stats(
+    bank_id: IdPath,
+    engine: MemoryDep,
+    observability: ObservabilityDep,
+    operation: str | None = None,
+    call_type: CallType | None = None,
+    period: Period | None = None,
+) -> wire.LLMRequestStatsResponse:
+    """The bank's LLM calls by status and their tokens, per time bucket of *period*."""
+    bank = await engine.get_bank(bank_id)
+    where = TraceFilter(operation=operation)
+    stats = await observability.trace_stats(bank.tenant, bank.bank_id, where, period)
+    if call_type not in (None, "llm"):  # heed traces LLM calls only
+        stats["buckets"] = []
+    return wire.LLMRequestStatsResponse.model_validate({"bank_id": bank.bank_id, **stats})

@@ -1,0 +1,195 @@
+"""What each LLM call was for and what it cost: the work it serves, its record, who is told.
+
+**The work.** A domain says what its model calls are for with :func:`llm_work`::
+
+    with llm_work(bank.tenant, bank.bank_id, "consolidation"):
+        reply = await complete_json(provider, messages, schema)
+
+*kind* is one of :data:`KINDS`. Blocks nest; the **outermost kind wins** (a mental-model
+refresh is a reflect: its calls count as ``mental_model_refresh``), and an inner block
+fills a bank the outer one left out.
+
+**The record.** Every provider :func:`heed.llm.factory.build_provider` builds is wrapped
+in :class:`heed.llm.metered.MeteredProvider`, which turns each call into one
+:class:`LlmCall` (times, provider, model, status, tokens, the messages and the reply) and
+hands it to every sink added with :func:`add_call_sink`, synchronously, in the calling
+context. Tokens are the provider's reported usage when it reported any, else a count of
+the prompt's and the reply's text by the counter set with :func:`use_token_counter` (the
+composition root sets heed's tokenizer; without one, about four characters a token),
+with ``usage_reported`` false. The call is also added to the context's run tally
+(:mod:`heed.runtime.tally`).
+
+A sink that raises is logged and ignored: recording a call never breaks it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from heed.llm.base import ChatMessage, ToolCall
+from heed.runtime import reraise_cancellation
+
+__all__ = [
+    "KINDS",
+    "STATUSES",
+    "CallSink",
+    "LlmCall",
+    "LlmWork",
+    "add_call_sink",
+    "count_tokens",
+    "current_work",
+    "llm_work",
+    "notify_call",
+    "remove_call_sink",
+    "use_token_counter",
+]
+
+log = logging.getLogger("heed.llm")
+
+KINDS: Final = (
+    "reflect",
+    "turn",
+    "extraction",
+    "consolidation",
+    "mental_model_refresh",
+    "other",
+)
+"""The kinds of work an LLM call is counted under (``other``: no :func:`llm_work` said)."""
+
+STATUSES: Final = ("success", "error", "cancelled")
+"""How a call ended: it finished (or its consumer stopped early), a provider error, a cancel."""
+
+
+@dataclass(frozen=True, slots=True)
+class LlmWork:
+    """What the calls of a context are for: a tenant's bank (if any) and a kind of work."""
+
+    tenant: str | None
+    bank_id: str | None
+    kind: str
+
+
+_work: ContextVar[LlmWork | None] = ContextVar("heed_llm_work", default=None)
+
+
+@contextlib.contextmanager
+def llm_work(tenant: str | None, bank_id: str | None, kind: str) -> Iterator[LlmWork]:
+    """Count the LLM calls of this block as *kind* of work for *bank_id* (module docstring)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of LLM work {kind!r}; expected one of {KINDS}")
+    outer = _work.get()
+    work = LlmWork(tenant, bank_id, kind)
+    if outer is not None:
+        work = LlmWork(
+            outer.tenant or tenant,
+            outer.bank_id or bank_id,
+            outer.kind if outer.kind != "other" else kind,
+        )
+    reset = _work.set(work)
+    try:
+        yield work
+    finally:
+        _work.reset(reset)
+
+
+def current_work() -> LlmWork | None:
+    """The work the calls of this context are for, or ``None`` when nobody said."""
+    return _work.get()
+
+
+@dataclass(frozen=True, slots=True)
+class LlmCall:
+    """One LLM call as it ended (see the module docstring).
+
+    ``kind`` is the work it served (one of :data:`KINDS`). ``started_at`` and ``ended_at``
+    are epoch seconds. ``error`` holds a provider error's message; ``trace_id`` is the run
+    the call was made in, if any.
+    """
+
+    id: str
+    tenant: str | None
+    bank_id: str | None
+    kind: str
+    provider: str
+    model: str
+    status: str
+    started_at: float
+    ended_at: float
+    prompt_tokens: int
+    completion_tokens: int
+    usage_reported: bool
+    messages: Sequence[ChatMessage]
+    reply: str
+    tool_calls: Sequence[ToolCall] = ()
+    error: str | None = None
+    finish_reason: str | None = None
+    trace_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_ms(self) -> int:
+        return max(0, round((self.ended_at - self.started_at) * 1000))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+CallSink = Callable[[LlmCall], None]
+
+_sinks: list[CallSink] = []
+_sinks_lock = threading.Lock()
+
+
+def add_call_sink(sink: CallSink) -> None:
+    """Hand every LLM call of this process to *sink* from now on."""
+    with _sinks_lock:
+        _sinks.append(sink)
+
+
+def remove_call_sink(sink: CallSink) -> None:
+    """Stop handing calls to *sink*; no-op if it was not added."""
+    with _sinks_lock, contextlib.suppress(ValueError):
+        _sinks.remove(sink)
+
+
+def notify_call(call: LlmCall) -> None:
+    """Hand *call* to every sink (in the order they were added)."""
+    with _sinks_lock:
+        sinks = tuple(_sinks)
+    for sink in sinks:
+        try:
+            sink(call)
+        except Exception as exc:
+            reraise_cancellation(exc)
+            log.exception("an LLM call sink failed")
+
+
+def _estimate(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+_counter: list[Callable[[str], int]] = [_estimate]
+
+
+def use_token_counter(counter: Callable[[str], int] | None) -> None:
+    """Count tokens with *counter* when a provider reports no usage (``None``: the estimate)."""
+    _counter[0] = counter or _estimate
+
+
+def count_tokens(text: str) -> int:
+    """*text*'s tokens by the counter in use (0 for no text)."""
+    if not text:
+        return 0
+    try:
+        return int(_counter[0](text))
+    except Exception as exc:
+        reraise_cancellation(exc)
+        log.exception("the token counter failed; estimating")
+        return _estimate(text)
