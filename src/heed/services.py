@@ -12,7 +12,9 @@ them as FastAPI dependencies (:mod:`heed.api.deps`), the MCP tools as the
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from heed.llm.base import ChatProvider
 from heed.llm.factory import Operation
@@ -51,6 +53,7 @@ from heed.runtime.offload import (
     preload_in_processes,
     start_process_server,
 )
+from heed.runtime.tracing import TracingState, configure_tracing, shutdown_tracing
 from heed.sessions.service import TASK, TURN, SessionService
 from heed.sessions.task import TaskRunner
 from heed.sessions.tools import TurnTools
@@ -69,6 +72,9 @@ from heed.transfer.service import BankTransfers
 from heed.transfer.store import ExportQuota
 from heed.webhooks import DeliveryWorker, Webhooks
 from heed.webhooks.worker import LogLimits, SendLimits
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
@@ -137,9 +143,13 @@ class Services:
     """What a running server holds, built from settings (see the module docstring).
 
     ``start()`` runs at server start-up (migrations, recovery); ``close()`` at shutdown.
+    *span_exporters* replace the exporters ``OTEL_TRACES_EXPORTER`` names when tracing is
+    on (tests pass an in-memory one).
     """
 
     settings: Settings
+    span_exporters: Sequence[SpanExporter] | None = None
+    tracing: TracingState = field(init=False)
     lanes: Lanes = field(init=False)
     database: SqlDatabase = field(init=False)
     broker: Broker = field(init=False)
@@ -172,6 +182,12 @@ class Services:
 
     def __post_init__(self) -> None:
         settings = self.settings
+        # Traces first: everything built below may make spans (off: none, at no cost).
+        self.tracing = configure_tracing(
+            settings.tracing == "on",
+            record_content=settings.tracing_record_content,
+            exporters=self.span_exporters,
+        )
         configure_thread_pool(settings.offload_threads)
         # The modules children of heed.runtime.run_in_process run: reflect's response_schema
         # validation, archive checks, file parsing with its libraries (a child then starts
@@ -413,3 +429,4 @@ class Services:
         await self.reflect.close()
         await self.broker.aclose()
         self.database.close()
+        await run_in_thread(shutdown_tracing, self.tracing)  # flushes what is still batched

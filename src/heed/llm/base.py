@@ -366,7 +366,8 @@ async def complete(
     *on_text*, when given, is awaited with each text piece as it arrives (to
     forward the reply while it streams). *json_schema* is passed to the provider
     (only when given, so a provider written before it existed still works); the
-    text is returned as produced, unparsed. Cancellation and provider errors
+    text is returned as produced, unparsed. While tracing is on, the call is a
+    ``chat {model}`` span (:mod:`heed.llm.spans`). Cancellation and provider errors
     propagate unchanged; the stream is always closed before this returns or
     raises.
     """
@@ -384,6 +385,9 @@ async def complete(
             temperature=temperature,
             json_schema=json_schema,
         )
+    from heed.llm.spans import traced  # spans.py builds on this module
+
+    stream = traced(provider, stream, max_tokens=max_tokens, temperature=temperature)
     async with contextlib.aclosing(stream) as events:
         async for event in events:
             if isinstance(event, TextDelta):

@@ -55,6 +55,7 @@ from heed.memory.retain.prepare import (
     plan_documents,
     split_documents,
 )
+from heed.memory.spans import MEMORY_RECORDS, memory_span
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
 from heed.memory.timeseries import (
     DEFAULT_PERIOD,
@@ -372,6 +373,15 @@ class MemoryEngine:
         Returns the number of units deleted.
         """
         bank = await self.get_bank(bank_id)
+        with memory_span("delete_memory", bank.bank_id) as span:
+            deleted = await self._delete_bank(bank)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, deleted)
+            return deleted
+
+    async def _delete_bank(self, bank: Bank) -> int:
+        """:meth:`delete_bank` inside its span."""
+        bank_id = bank.bank_id
         self._closing.add(bank.ref)
         self._bank_cache.pop((bank.tenant, bank_id), None)
         try:
@@ -444,6 +454,23 @@ class MemoryEngine:
         different request.
         """
         self.validate_items(items, document_tags or ())
+        with memory_span("update_memory", bank.bank_id) as span:
+            summary = await self._retain(bank, items, document_tags, progress, idempotency_key)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, summary.units)
+                span.set_attribute("heed.retain.items", summary.items)
+                span.set_attribute("heed.retain.documents", summary.documents)
+            return summary
+
+    async def _retain(
+        self,
+        bank: Bank,
+        items: list[RetainItem],
+        document_tags: list[str] | None,
+        progress: ProgressCallback | None,
+        idempotency_key: str | None,
+    ) -> RetainSummary:
+        """:meth:`retain` inside its span."""
         tags = document_tags or []
         plans = plan_documents(items, tags, idempotency_key)
         async with self.track(bank), self.retain_lane.slot(), self.bank_gone_is_not_found(bank):
@@ -535,12 +562,18 @@ class MemoryEngine:
         work (consolidation's) takes a recall slot only when no user's recall waits for
         one (:mod:`heed.runtime.slots`)."""
         self.validate_query(query)
-        async with self.track(bank), self.bank_gone_is_not_found(bank):
-            settings = self.settings(bank)
-            outcome = await run_recall(
-                self.recall_deps, bank, query, settings, background=background
-            )
-            return await self._provenance(bank, query, outcome, settings)
+        with memory_span("search_memory", bank.bank_id, query=query.query) as span:
+            async with self.track(bank), self.bank_gone_is_not_found(bank):
+                settings = self.settings(bank)
+                outcome = await run_recall(
+                    self.recall_deps, bank, query, settings, background=background
+                )
+                outcome = await self._provenance(bank, query, outcome, settings)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, len(outcome.hits))
+                span.set_attribute("heed.recall.budget", query.budget)
+                span.set_attribute("heed.recall.background", background)
+            return outcome
 
     async def _provenance(
         self, bank: Bank, query: RecallQuery, outcome: RecallOutcome, settings: BankSettings
@@ -593,6 +626,10 @@ class MemoryEngine:
 
     async def delete_unit(self, bank: Bank, unit_id: str) -> None:
         refuse_nul(unit_id, "the memory id")
+        with memory_span("delete_memory", bank.bank_id, record_id=unit_id):
+            await self._delete_unit(bank, unit_id)
+
+    async def _delete_unit(self, bank: Bank, unit_id: str) -> None:
         async with self.track(bank), self.bank_gone_is_not_found(bank):
             result = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
             if result is None:
@@ -614,9 +651,12 @@ class MemoryEngine:
 
     async def delete_document(self, bank: Bank, document_id: str) -> int:
         refuse_nul(document_id, "document_id")
-        async with self.track(bank), self.bank_gone_is_not_found(bank):
-            result = await run_in_thread(self.store.delete_document, bank.ref, document_id)
-            if result is None:
-                raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
-            await run_in_thread(self.indexes.apply, bank.ref, result, None)
+        with memory_span("delete_memory", bank.bank_id, record_id=document_id) as span:
+            async with self.track(bank), self.bank_gone_is_not_found(bank):
+                result = await run_in_thread(self.store.delete_document, bank.ref, document_id)
+                if result is None:
+                    raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
+                await run_in_thread(self.indexes.apply, bank.ref, result, None)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, len(result.removed))
             return len(result.removed)
