@@ -65,7 +65,9 @@ StageHook = Callable[[str], None]
 
 #: How many of each arm's units ``trace: true`` lists.
 TRACE_ARM_TOP = 20
-#: A stage span's attribute: how many candidates the stage produced.
+#: A stage span's attribute: how many candidates the stage produced (an arm) or took (rerank).
+#: Spans are made for the stages worth a span's cost (about 20-40 us each): the query's
+#: embedding, each arm and the rerank; ``trace: true`` times every stage.
 CANDIDATES = "heed.recall.candidates"
 
 
@@ -111,8 +113,7 @@ class Tracer:
                 work.close()
             raise
         start = time.perf_counter()
-        with stage_span(f"recall.{name}"):
-            result = await work
+        result = await work
         entry: dict[str, Any] = {
             "stage": name,
             "ms": round((time.perf_counter() - start) * 1000, 3),
@@ -133,15 +134,11 @@ class Tracer:
         """The blocking twin of :meth:`stage`, for stages run in a worker thread."""
         raise_if_cancelled()
         start = time.perf_counter()
-        with stage_span(f"recall.{name}") as span:
-            result = fn(*args)
-            if count is None:
-                self.record(name, start)
-            else:
-                counted = count(result)
-                self.record(name, start, candidates=counted)
-                if span.is_recording():
-                    span.set_attribute(CANDIDATES, counted)
+        result = fn(*args)
+        if count is None:
+            self.record(name, start)
+        else:
+            self.record(name, start, candidates=count(result))
         return result
 
     def record(self, name: str, start: float, **extra: Any) -> None:
@@ -363,7 +360,11 @@ def _rerank(
     weights: RankingWeights,
 ) -> list[float]:
     _hook(deps, "rerank")
-    return deps.reranker.score(query, qvec, candidates, semantic_weight=weights.semantic)
+    with stage_span("recall.rerank") as span:
+        if span.is_recording():
+            span.set_attribute(CANDIDATES, len(candidates))
+            span.set_attribute("heed.recall.reranker", deps.reranker.name)
+        return deps.reranker.score(query, qvec, candidates, semantic_weight=weights.semantic)
 
 
 def _parse_iso(value: str | None) -> datetime | None:
