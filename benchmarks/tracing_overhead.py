@@ -11,6 +11,10 @@ alike: first one client, then 8 concurrent clients. Besides each server's p50 / 
 its recalls, ``round_p50_ratio`` is the median over rounds of a server's p50 over ``off``'s
 (robust to a machine whose load drifts).
 
+``--baseline-src DIR`` adds a fourth server, ``baseline``: heed from another checkout's
+``src`` (one from before tracing), served by ``heed serve``, so ``off`` can be compared with
+the code that had no tracing at all.
+
 Target (issue 41): tracing off, recall p50 unchanged within noise; on, at most +5%.
 """
 
@@ -87,13 +91,14 @@ async def _interleaved(
     (every server gets the same queries, in a rotating order). Besides each server's figures,
     ``round_p50_ratio``: the median over rounds of each server's p50 over ``off``'s."""
     per_round = total // rounds
-    latencies: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    cpu = dict.fromkeys(CONFIGS, 0.0)
-    wall = dict.fromkeys(CONFIGS, 0.0)
-    ratios: dict[str, list[float]] = {name: [] for name in CONFIGS if name != "off"}
+    names = tuple(servers)
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    cpu = dict.fromkeys(names, 0.0)
+    wall = dict.fromkeys(names, 0.0)
+    ratios: dict[str, list[float]] = {name: [] for name in names if name != "off"}
     for r in range(rounds):
         todo = [next(cycle) for _ in range(per_round)]
-        order = CONFIGS[r % 3 :] + CONFIGS[: r % 3]
+        order = names[r % len(names) :] + names[: r % len(names)]
         p50: dict[str, float] = {}
         for name in order:
             cpu0 = servers[name].cpu_seconds()
@@ -106,7 +111,7 @@ async def _interleaved(
             ratios[name].append(p50[name] / p50["off"])
     out: dict[str, Any] = {
         name: {"clients": n_clients, **_figures(latencies[name], cpu[name], wall[name])}
-        for name in CONFIGS
+        for name in names
     }
     out["round_p50_ratio"] = {
         name: round(statistics.median(values), 3) for name, values in ratios.items()
@@ -130,6 +135,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "BENCH_SPAN_COUNT_FILE": str(counts[name]),
             }
             servers[name] = stack.enter_context(serve(args.data_dir, env, TRACED_SERVE))
+        if args.baseline_src is not None:  # heed before tracing, served by `heed serve`
+            env = {"PYTHONPATH": str(args.baseline_src)}
+            servers["baseline"] = stack.enter_context(serve(args.data_dir, env))
         limits = httpx.Limits(max_connections=64)
         clients = {
             name: httpx.AsyncClient(base_url=server.url, timeout=300, limits=limits)
@@ -172,13 +180,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     out[mode]["off"]["server_cpu_ms_per_recall"],
                 ),
             }
-            for name in ("on", "off_again")
+            for name in out["single"]
+            if name not in ("off", "round_p50_ratio")
         }
         for mode in ("single", "concurrent")
     }
     out["target"] = {"on_p50_change_percent_max": 5, "off": "within the off/off_again noise"}
     for mode in ("single", "concurrent"):
-        for name in CONFIGS:
+        for name in (n for n in out[mode] if n != "round_p50_ratio"):
             f = out[mode][name]
             print(
                 f"{mode:>10} {name:>9}: p50 {f['p50_ms']} ms p95 {f['p95_ms']} ms "
@@ -206,6 +215,11 @@ def main() -> None:
         "--data-dir", type=Path, default=DEFAULT_DIR, help="servers' data dir (the bank is reused)"
     )
     parser.add_argument("--rebuild", action="store_true", help="rebuild the bank even if present")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also serve heed from this src dir (a checkout without tracing) as 'baseline'",
+    )
     args = parser.parse_args()
     os.environ.pop("OTEL_SDK_DISABLED", None)
     print("wrote", write_result("tracing_overhead", asyncio.run(run(args))))
