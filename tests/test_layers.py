@@ -40,11 +40,14 @@ ALLOWED: dict[str, set[str]] = {
         *("runtime", "errors", "settings", "memory", "runs", "webhooks", "mental_models"),
         "llm",
     },
+    # Bank templates: a bank's setup (settings, mental models, directives) as a manifest.
+    "templates": {"runtime", "errors", "memory", "mental_models"},
     "services": {
         *("runtime", "settings", "storage", "memory", "reflect", "runs", "sessions", "llm"),
         "webhooks",
         "mental_models",
         "transfer",
+        "templates",
     },
     # ``heed migrate``: works on two databases (storage) and checks them through memory
     # engines, not through a server.
@@ -79,6 +82,7 @@ ALLOWED: dict[str, set[str]] = {
         "webhooks",
         "mental_models",
         "transfer",
+        "templates",
     },
     # ``migrate``: the migrate command works on databases, not through a server.
     "cli": {"api", "mcp", "settings", "version", "migrate", "logs", "redact"},

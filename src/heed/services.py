@@ -21,8 +21,10 @@ from heed.llm.factory import Operation
 from heed.llm.slot import ProviderSlot
 from heed.llm.warmup import ModelWarmup
 from heed.memory import MemoryEngine, build_embedder, build_learning, build_memory_engine
+from heed.memory.aliases import BankAliases
 from heed.memory.bank_config.service import BankConfigService
 from heed.memory.bank_runs import RETAIN_KIND
+from heed.memory.curation import MemoryCuration
 from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FILE_PARSER_MODULES, FileLimits, FileRetain
 from heed.memory.learning.consolidation import (
@@ -66,6 +68,7 @@ from heed.storage.run_store import SqlRunStore
 from heed.storage.session_store import SqlSessionStore
 from heed.storage.transfer.archives import SqlArchiveStore
 from heed.storage.webhook_store import SqlWebhookStore
+from heed.templates import BankTemplates
 from heed.transfer.archive import ArchiveLimits
 from heed.transfer.limits import TransferLimits, embedding_model
 from heed.transfer.service import BankTransfers
@@ -237,6 +240,7 @@ class Services:
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
         self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
+        self.aliases = BankAliases(self.memory, memory_store)  # extra ids of a bank
         # Every reflect consults the bank's mental models first (reflect's port, implemented
         # above it); refreshes and the knowledge base search and embed through the same lookup.
         lookup = MentalModelLookup(memory_store, embedder)
@@ -245,6 +249,8 @@ class Services:
         )
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
+        # Edits, invalidation, clearing; a document retagged or retained again.
+        self.curation = MemoryCuration(self.memory, memory_store, self.retain_operations)
         self.file_retain = FileRetain(
             self.memory,
             self.retain_operations,
@@ -321,6 +327,7 @@ class Services:
             RefreshLimits(max_seconds=settings.mental_model_refresh_max_seconds),
         )
         self.mental_models = MentalModels(self.memory, memory_store, refreshes)
+        self.templates = BankTemplates(self.memory, self.directives, self.mental_models)
         self.knowledge_base = KnowledgeBase(self.memory, memory_store, self.mental_models)
         self.mental_model_triggers = RefreshTriggers(
             refreshes, self.memory, memory_store, settings.mental_model_refresh_debounce_seconds

@@ -152,6 +152,7 @@ async def _retain_memory(data_dir: Path, db: SqliteDatabase) -> None:
         doomed, _ = await engine.list_units(travel, UnitFilter(search=DOOMED[:30]), 10, 0)
         assert len(doomed) == 1
         await engine.delete_unit(travel, doomed[0].id)
+        assert store.add_alias(travel, "journeys", True, 64) is None  # an alias travels too
         rule = Directive(str(uuid.uuid4()), travel.ref, "dates", "Give dates.", 2, tags=["t1"])
         assert store.create_directive(rule, 10) is not None
         folder = KnowledgeFolder(travel.ref, "trips", "Trips")
@@ -175,6 +176,10 @@ async def _retain_memory(data_dir: Path, db: SqliteDatabase) -> None:
         await engine.retain(cooking, _items(COOKING[:4], "kitchen-notes"))
         # Document tags longer than a reference: stored once, shared by units and documents.
         await engine.retain(cooking, _items(COOKING[4:]), [f"recipe-box-{i:02d}" for i in range(8)])
+        # An invalidated fact (kept out of the units, for a revert) travels too.
+        kept, _ = await engine.list_units(cooking, UnitFilter(), 20, 0)
+        [doomed] = [u for u in kept if not u.text.startswith(("Lena", "Sam"))][:1]
+        assert store.invalidate_unit(cooking.ref, doomed.id, "a test") is not None
 
 
 def _runs_and_sessions(db: SqliteDatabase) -> tuple[str, dict[str, int], str, int]:

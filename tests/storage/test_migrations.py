@@ -112,4 +112,4 @@ def test_both_databases_hold_the_same_tables_and_columns(tmp_path: Any) -> None:
     postgres = made["postgresql"]
     postgres["memory_units"] = postgres["memory_units"] - {"keywords"}
     assert sqlite == postgres
-    assert {m.version for m in memory_migrations()} == set(range(1, 11))
+    assert {m.version for m in memory_migrations()} == set(range(1, 13))

@@ -19,6 +19,7 @@ from heed.api.openapi import install_openapi
 from heed.api.readiness import Readiness
 from heed.api.refresh_metrics import install_refresh_metrics
 from heed.api.revocations import Revocations
+from heed.api.routes import aliases as aliases_routes
 from heed.api.routes import (
     auth,
     banks,
@@ -42,6 +43,7 @@ from heed.api.routes import knowledge as knowledge_routes
 from heed.api.routes import mental_models as mental_models_routes
 from heed.api.routes import runs as runs_routes
 from heed.api.routes import sessions as sessions_routes
+from heed.api.routes import templates as templates_routes
 from heed.api.routes import transfer as transfer_routes
 from heed.api.routes.transfer import UPLOAD_PATHS
 from heed.api.routing import HeedRoute
@@ -140,6 +142,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     for memory_router in (operations, reflect, files):
         app.include_router(memory_router.router)
     app.include_router(bank_config_routes.router)  # a bank's settings
+    app.include_router(aliases_routes.router)  # extra ids of a bank
+    app.include_router(templates_routes.router)  # a bank's setup exported and imported
     app.include_router(directives_routes.router)  # a bank's rules
     app.include_router(mental_models_routes.router)  # answers heed keeps fresh
     app.include_router(knowledge_routes.router)  # folders of mental-model pages

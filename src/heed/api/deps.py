@@ -33,7 +33,9 @@ from heed.api.revocations import Revocations
 from heed.api.streams import StreamSlots
 from heed.api.wire.diagnostics import BurnRecord
 from heed.memory import MemoryEngine
+from heed.memory.aliases import BankAliases
 from heed.memory.bank_config.service import BankConfigService
+from heed.memory.curation import MemoryCuration
 from heed.memory.directives.service import DirectiveService
 from heed.memory.files import FileRetain
 from heed.memory.learning.consolidation import Consolidation
@@ -47,16 +49,19 @@ from heed.runs.manager import RunManager
 from heed.services import Services
 from heed.sessions.service import SessionService
 from heed.settings import Settings
+from heed.templates import BankTemplates
 from heed.transfer.service import BankTransfers
 from heed.webhooks import Webhooks
 
 T = TypeVar("T")
 
 __all__ = [
+    "AliasesDep",
     "AuthenticatorDep",
     "BankConfigDep",
     "BurnRecordsDep",
     "ConsolidationDep",
+    "CurationDep",
     "DirectivesDep",
     "DrainDep",
     "FileRetainDep",
@@ -74,6 +79,7 @@ __all__ = [
     "SessionsDep",
     "SettingsDep",
     "StreamSlotsDep",
+    "TemplatesDep",
     "TransfersDep",
     "ViewsDep",
     "WebhooksDep",
@@ -152,6 +158,12 @@ FileRetainDep = Annotated[FileRetain, Depends(_of_services(lambda s: s.file_reta
 BankConfigDep = Annotated[BankConfigService, Depends(_of_services(lambda s: s.bank_config))]
 #: Read-only views of a bank: entities, graphs, tags, observation scopes, chunks.
 ViewsDep = Annotated[BankViews, Depends(_of_services(lambda s: BankViews(s.memory)))]
+#: Bank templates (a bank's setup exported and imported).
+TemplatesDep = Annotated[BankTemplates, Depends(_of_services(lambda s: s.templates))]
+#: A bank's aliases (extra ids it answers to).
+AliasesDep = Annotated[BankAliases, Depends(_of_services(lambda s: s.aliases))]
+#: Curation of a bank's facts (edit, invalidate, revert) and clearing its memories.
+CurationDep = Annotated[MemoryCuration, Depends(_of_services(lambda s: s.curation))]
 #: A bank's directives.
 DirectivesDep = Annotated[DirectiveService, Depends(_of_services(lambda s: s.directives))]
 #: Webhooks: a bank's subscriptions and their delivery log.

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from heed.llm.factory import Operation, providers_of
@@ -67,29 +67,26 @@ def _reason(exc: BaseException) -> str:
     return f"unreachable ({type(cause).__name__})"
 
 
+@dataclass(eq=False)
 class Readiness:
     """The readiness checks of one server's parts (see the module docstring); each check
     may take *settings*' ``ready_timeout_seconds``."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        database: Database,
-        broker: Broker,
-        embedder: Embedder,
-        warmup: ModelWarmup,
-    ) -> None:
-        self.settings = settings
-        self.database = database
-        self.broker = broker
-        self.embedder = embedder
-        self.warmup = warmup
-        self.timeout = settings.ready_timeout_seconds
-        #: ``time.monotonic()`` when the app was built (liveness reports the uptime).
-        self.started = time.monotonic()
-        self._probes: dict[str, asyncio.Future[str]] = {}
-        self._was_ready: dict[str, bool] = {}
-        self._embedded = False
+    settings: Settings
+    database: Database
+    broker: Broker
+    embedder: Embedder
+    warmup: ModelWarmup
+    #: ``time.monotonic()`` when the app was built (liveness reports the uptime).
+    started: float = field(init=False, default_factory=time.monotonic)
+    _probes: dict[str, asyncio.Future[str]] = field(init=False, default_factory=dict)
+    _was_ready: dict[str, bool] = field(init=False, default_factory=dict)
+    _embedded: bool = field(init=False, default=False)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds one check may take (the settings' ``ready_timeout_seconds``)."""
+        return self.settings.ready_timeout_seconds
 
     def uptime(self) -> float:
         """Seconds since the app was built."""

@@ -65,20 +65,24 @@ NOT_IMPLEMENTED: Final[tuple[UnservedRoute, ...]] = (
         "removed in Hindsight too (the background was folded into the reflect mission); "
         f"write reflect_mission with PATCH {_BANK}/config",
     ),
+    UnservedRoute(
+        "GET",
+        f"{_BANK}/attachments/{{attachment_id}}",
+        "heed stores no attachments: a retain item carrying attachments is refused by name, "
+        "so no attachment id ever exists",
+    ),
+    UnservedRoute(
+        "POST",
+        f"{_BANK}/prompts/preview",
+        "heed builds each prompt inside its stage from the data that stage reads (the "
+        "numbered units of a retain, the facts of a consolidation round, a reflect's tool "
+        "results), so there is no prompt to render without running the stage; POST "
+        f"{_BANK}/memories/dry-run-extract runs an extraction and writes nothing",
+    ),
 )
 """Routes answered 501 with a body naming the route and why (see the module docstring)."""
 
 NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
-    UnservedRoute("GET", "/v1/bank-template-schema", "bank templates are not built yet"),
-    UnservedRoute("GET", f"{_BANK}/aliases", "bank aliases are not built yet"),
-    UnservedRoute("POST", f"{_BANK}/aliases", "bank aliases are not built yet"),
-    UnservedRoute("PATCH", f"{_BANK}/aliases/{{alias}}", "bank aliases are not built yet"),
-    UnservedRoute("DELETE", f"{_BANK}/aliases/{{alias}}", "bank aliases are not built yet"),
-    UnservedRoute(
-        "GET",
-        f"{_BANK}/attachments/{{attachment_id}}",
-        "heed keeps no inline attachments of retained content yet",
-    ),
     UnservedRoute("GET", f"{_BANK}/audit-logs", "audit logs are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/audit-logs/stats", "audit logs are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/audit-logs/{{log_id}}", "audit logs are not kept yet"),
@@ -87,34 +91,13 @@ NOT_YET_SERVED: Final[tuple[UnservedRoute, ...]] = (
         f"{_BANK}/consolidation-strategies/preview",
         "per-scope consolidation strategies are not built yet",
     ),
-    UnservedRoute(
-        "PATCH", f"{_BANK}/documents/{{document_id}}", "document edits are not built yet"
-    ),
-    UnservedRoute(
-        "POST",
-        f"{_BANK}/documents/{{document_id}}/reprocess",
-        "re-extracting a stored document is not built yet",
-    ),
-    UnservedRoute("GET", f"{_BANK}/export", "bank templates are not built yet"),
-    UnservedRoute("POST", f"{_BANK}/import", "bank templates are not built yet"),
     UnservedRoute("POST", f"{_BANK}/health/llm", "the per-bank LLM probe is not built yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests", "LLM request traces are not kept yet"),
     UnservedRoute("GET", f"{_BANK}/llm-requests/stats", "LLM request traces are not kept yet"),
     UnservedRoute(
-        "DELETE", f"{_BANK}/memories", "clearing a bank's memories as a run is not built yet"
-    ),
-    UnservedRoute(
         "POST",
         f"{_BANK}/memories/dry-run-extract",
         "an extraction that writes nothing is not built yet",
-    ),
-    UnservedRoute(
-        "PATCH",
-        f"{_BANK}/memories/{{memory_id}}",
-        "memory edits (edit, invalidate, revert with history) are not built yet",
-    ),
-    UnservedRoute(
-        "POST", f"{_BANK}/prompts/preview", "rendering an operation's prompts is not built yet"
     ),
 )
 """Routes heed does not serve yet (404), each with a one-line reason; this list only shrinks."""

@@ -219,8 +219,19 @@ class MemoryEngine:
             raise NotFound(f"bank {bank.bank_id!r} not found (it was deleted)") from exc
 
     def _forget(self, bank: Bank) -> None:
-        self._bank_cache.pop((bank.tenant, bank.bank_id), None)
+        self._drop_cached(bank.ref)
         self.indexes.drop(bank.ref)
+
+    def _drop_cached(self, bank_ref: str) -> None:
+        """Forget every name (its id, its aliases) under which the bank *bank_ref* is
+        cached."""
+        for key in [k for k, (b, _) in self._bank_cache.items() if b.ref == bank_ref]:
+            self._bank_cache.pop(key, None)
+
+    def forget_name(self, tenant: str, name: str) -> None:
+        """Drop what :meth:`get_bank` remembers of the name *name* (a bank id or an alias
+        that stopped naming a bank)."""
+        self._bank_cache.pop((tenant, name), None)
 
     def in_flight(self, bank: Bank) -> int:
         """How many pieces of work are running on *bank*."""
@@ -360,12 +371,15 @@ class MemoryEngine:
         try:
             return await run_in_thread(self.store.save_bank, bank)
         finally:
-            self._bank_cache.pop((bank.tenant, bank.bank_id), None)
+            self._drop_cached(bank.ref)
 
-    async def list_banks(self, limit: int, offset: int) -> tuple[list[tuple[Bank, int]], int]:
-        """The current tenant's banks with their unit counts, and the total."""
+    async def list_banks(
+        self, limit: int, offset: int, search: str | None = None
+    ) -> tuple[list[tuple[Bank, int]], int]:
+        """The current tenant's banks with their unit counts, and the total; with *search*,
+        those whose id, name or an alias holds it (case-insensitively)."""
         tenant = current_context().tenant
-        return await run_in_thread(self.store.list_banks, tenant, limit, offset)
+        return await run_in_thread(self.store.list_banks, tenant, limit, offset, search)
 
     async def delete_bank(self, bank_id: str) -> int:
         """Cancel the bank's in-flight work, wait until it stopped, then delete it.
@@ -381,9 +395,8 @@ class MemoryEngine:
 
     async def _delete_bank(self, bank: Bank) -> int:
         """:meth:`delete_bank` inside its span."""
-        bank_id = bank.bank_id
         self._closing.add(bank.ref)
-        self._bank_cache.pop((bank.tenant, bank_id), None)
+        self._drop_cached(bank.ref)
         try:
             for hook in self.before_delete:
                 await hook(bank)
@@ -396,7 +409,7 @@ class MemoryEngine:
             self.indexes.drop(bank.ref)
             return deleted
         finally:
-            self._bank_cache.pop((bank.tenant, bank_id), None)  # read again during the delete?
+            self._drop_cached(bank.ref)  # read again during the delete?
             self._closing.discard(bank.ref)
             self._work.pop(bank.ref, None)
 
@@ -598,14 +611,7 @@ class MemoryEngine:
             outcome.hits = [h for h in outcome.hits if h.unit.id not in drop]
         if query.include_source_facts:
             units = await run_in_thread(self.store.units_by_ids, bank.ref, cited)
-            facts: dict[str, RecallHit] = {}
-            budget = query.max_source_facts_tokens
-            for unit in units:
-                budget -= unit.token_count or max(1, len(unit.text) // 4)
-                if budget < 0:
-                    break
-                facts[unit.id] = RecallHit(unit=unit, final=0.0)
-            outcome.source_facts = facts
+            outcome.source_facts = _source_facts(outcome.hits, units, query)
         return outcome
 
     # -- memories and documents --------------------------------------------------------
@@ -617,24 +623,39 @@ class MemoryEngine:
             refuse_nul(getattr(flt, name), name)
         return await run_in_thread(self.store.list_units, bank.ref, flt, limit, offset)
 
+    async def _found(
+        self, bank: Bank, what: str, key: str, read: Callable[[str, str], T | None]
+    ) -> T:
+        """``read(bank.ref, key)`` in a thread; :class:`NotFound` naming *what* (``memory
+        'id'``) and the bank when it finds nothing."""
+        found = await run_in_thread(read, bank.ref, key)
+        if found is None:
+            raise NotFound(f"{what} not found in bank {bank.bank_id!r}")
+        return found
+
+    async def _delete(
+        self,
+        bank: Bank,
+        what: str,
+        key: str,
+        delete: Callable[[str, str], WriteResult | None],
+    ) -> WriteResult:
+        """``delete(bank.ref, key)`` as a tracked write of *bank* (a bank deleted meanwhile:
+        :class:`NotFound`), then its removals applied to the bank's vector indexes;
+        :class:`NotFound` naming *what* when there was nothing to delete."""
+        async with self.track(bank), self.bank_gone_is_not_found(bank):
+            result = await self._found(bank, what, key, delete)
+            await run_in_thread(self.indexes.apply, bank.ref, result, None)
+            return result
+
     async def get_unit(self, bank: Bank, unit_id: str) -> StoredUnit:
         refuse_nul(unit_id, "the memory id")
-        unit = await run_in_thread(self.store.get_unit, bank.ref, unit_id)
-        if unit is None:
-            raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
-        return unit
+        return await self._found(bank, f"memory {unit_id!r}", unit_id, self.store.get_unit)
 
     async def delete_unit(self, bank: Bank, unit_id: str) -> None:
         refuse_nul(unit_id, "the memory id")
         with memory_span("delete_memory", bank.bank_id, record_id=unit_id):
-            await self._delete_unit(bank, unit_id)
-
-    async def _delete_unit(self, bank: Bank, unit_id: str) -> None:
-        async with self.track(bank), self.bank_gone_is_not_found(bank):
-            result = await run_in_thread(self.store.delete_unit, bank.ref, unit_id)
-            if result is None:
-                raise NotFound(f"memory {unit_id!r} not found in bank {bank.bank_id!r}")
-            await run_in_thread(self.indexes.apply, bank.ref, result, None)
+            await self._delete(bank, f"memory {unit_id!r}", unit_id, self.store.delete_unit)
 
     async def list_documents(
         self, bank: Bank, search: str | None, limit: int, offset: int
@@ -644,19 +665,44 @@ class MemoryEngine:
 
     async def get_document(self, bank: Bank, document_id: str) -> DocumentInfo:
         refuse_nul(document_id, "document_id")
-        info = await run_in_thread(self.store.get_document, bank.ref, document_id)
-        if info is None:
-            raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
-        return info
+        what = f"document {document_id!r}"
+        return await self._found(bank, what, document_id, self.store.get_document)
 
     async def delete_document(self, bank: Bank, document_id: str) -> int:
         refuse_nul(document_id, "document_id")
+        what = f"document {document_id!r}"
         with memory_span("delete_memory", bank.bank_id, record_id=document_id) as span:
-            async with self.track(bank), self.bank_gone_is_not_found(bank):
-                result = await run_in_thread(self.store.delete_document, bank.ref, document_id)
-                if result is None:
-                    raise NotFound(f"document {document_id!r} not found in bank {bank.bank_id!r}")
-                await run_in_thread(self.indexes.apply, bank.ref, result, None)
+            result = await self._delete(bank, what, document_id, self.store.delete_document)
             if span.is_recording():
                 span.set_attribute(MEMORY_RECORDS, len(result.removed))
-            return len(result.removed)
+        return len(result.removed)
+
+
+def _source_facts(
+    hits: list[RecallHit], units: list[StoredUnit], query: RecallQuery
+) -> dict[str, RecallHit]:
+    """The facts the returned observations rest on, observation by observation in rank
+    order, within ``max_source_facts_tokens`` in all and, when set,
+    ``max_source_facts_tokens_per_observation`` each (a fact counts once, for the first
+    observation citing it)."""
+    by_id = {unit.id: unit for unit in units}
+    facts: dict[str, RecallHit] = {}
+    budget = query.max_source_facts_tokens
+    for hit in hits:
+        if hit.unit.fact_type != "observation":
+            continue
+        own = query.max_source_facts_tokens_per_observation
+        for source in hit.unit.source_ids:
+            unit = by_id.get(source)
+            if unit is None or unit.id in facts:
+                continue
+            cost = unit.token_count or max(1, len(unit.text) // 4)
+            if cost > budget:
+                return facts
+            if own is not None and cost > own:
+                break
+            budget -= cost
+            if own is not None:
+                own -= cost
+            facts[unit.id] = RecallHit(unit=unit, final=0.0)
+    return facts

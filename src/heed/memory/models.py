@@ -196,6 +196,20 @@ class PreparedDocument:
     units: list[PreparedUnit]
 
 
+def loose_units(units: list[PreparedUnit]) -> PreparedDocument:
+    """*units* of no document (observations, a curated fact) as the document-shaped value
+    the embedder and the vector index take."""
+    return PreparedDocument(
+        document_id="",
+        replace=False,
+        original_text="",
+        metadata={},
+        tags=[],
+        chunks=[],
+        units=units,
+    )
+
+
 @dataclass(slots=True)
 class StoredUnit:
     """A memory unit as read back from storage."""
@@ -254,6 +268,7 @@ class RecallQuery:
     max_chunk_tokens: int = 8192
     include_source_facts: bool = False
     max_source_facts_tokens: int = 4096
+    max_source_facts_tokens_per_observation: int | None = None
     tags: list[str] | None = None
     tags_match: TagsMatch = "any"
     min_semantic: float | None = None

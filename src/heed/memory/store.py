@@ -284,10 +284,11 @@ class MemoryStore(LearningStore, DirectiveStore, BrowseStore, Protocol):
         ...
 
     def list_banks(
-        self, tenant: str, limit: int, offset: int
+        self, tenant: str, limit: int, offset: int, search: str | None = None
     ) -> tuple[list[tuple[Bank, int]], int]:
         """A page of *tenant*'s banks by ``bank_id``, each with its unit count, and how many
-        banks the tenant has."""
+        banks the tenant has; with *search*, only those whose id, name or an alias holds
+        it (case-insensitively)."""
         ...
 
     def save_bank(self, bank: Bank) -> Bank:

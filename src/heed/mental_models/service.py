@@ -33,10 +33,20 @@ from heed.mental_models.values import (
 from heed.runs.model import Run
 from heed.runtime import run_in_thread
 
-__all__ = ["MODEL_ID_RE", "MentalModels"]
+__all__ = ["MODEL_ID_RE", "MentalModels", "check_model_id"]
 
 #: A custom mental model id: lowercase letters, digits and hyphens, 1-64.
 MODEL_ID_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+def check_model_id(model_id: str) -> None:
+    """Refuse a mental model id a client may not choose (:data:`MODEL_ID_RE`)."""
+    if not MODEL_ID_RE.fullmatch(model_id):
+        raise InvalidInput(
+            f"invalid mental model id {model_id!r}: use 1-64 lowercase letters, digits and hyphens"
+        )
+
+
 #: What ``update`` may change.
 _FIELDS: Final = ("name", "source_query", "tags", "max_tokens", "trigger")
 
@@ -53,7 +63,9 @@ class MentalModels:
 
     # -- rules ---------------------------------------------------------------------------
 
-    def _check_text(self, name: str | None, source_query: str | None) -> None:
+    def check_text(self, name: str | None, source_query: str | None) -> None:
+        """Refuse an empty *name*, or a *source_query* that is empty or that recall would
+        refuse (:class:`InvalidInput` naming it)."""
         if name is not None and not name.strip():
             raise InvalidInput("name is empty")
         if source_query is not None:
@@ -115,12 +127,9 @@ class MentalModels:
     ) -> tuple[MentalModel, Run]:
         """Create a model (a page with *is_page*, under folder *parent_id*) and start its
         first refresh: the model and that run."""
-        self._check_text(name, source_query)
-        if model_id is not None and not MODEL_ID_RE.fullmatch(model_id):
-            raise InvalidInput(
-                f"invalid mental model id {model_id!r}: use 1-64 lowercase letters, digits"
-                " and hyphens"
-            )
+        self.check_text(name, source_query)
+        if model_id is not None:
+            check_model_id(model_id)
         self.refreshes.reflect.check_provider()  # its first refresh must be able to run
         model = MentalModel(
             bank_ref=bank.ref,
@@ -145,7 +154,7 @@ class MentalModels:
         until the next refresh."""
         current = await self.get(bank, model_id)
         changes = {k: v for k, v in patch.items() if k in _FIELDS and v is not None}
-        self._check_text(changes.get("name"), changes.get("source_query"))
+        self.check_text(changes.get("name"), changes.get("source_query"))
         if "name" in changes:
             changes["name"] = changes["name"].strip()
         if "trigger" in patch and patch["trigger"] is not None:

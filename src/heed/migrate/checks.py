@@ -82,6 +82,8 @@ def _bank_count_queries(where: str) -> dict[str, str]:
         "memory_mental_models",
         "memory_mental_model_history",
         "memory_knowledge_folders",
+        "memory_invalidated_units",
+        "memory_bank_aliases",
     ):
         out[table] = (
             f"SELECT bank_ref, COUNT(*) FROM {table} t {where.format(ref='t.bank_ref')}"

@@ -115,6 +115,8 @@ MEMORY_TABLES: Final = (
     TableCopy("memory_mental_models", "memory"),
     TableCopy("memory_mental_model_history", "memory"),
     TableCopy("memory_knowledge_folders", "memory"),
+    TableCopy("memory_invalidated_units", "memory"),
+    TableCopy("memory_bank_aliases", "memory"),
 )
 
 #: A bank's webhooks, their events (each body stored once; one not yet fanned out is
@@ -173,6 +175,8 @@ BANK_TABLES: Final = (
     "memory_mental_models",
     "memory_mental_model_history",
     "memory_knowledge_folders",
+    "memory_invalidated_units",
+    "memory_bank_aliases",
 )
 
 

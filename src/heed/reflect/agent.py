@@ -214,21 +214,15 @@ def _system_prompt(bank: Bank, settings: BankSettings, rules: str = "") -> str:
     return "\n".join(lines)
 
 
+@dataclass(eq=False)
 class ReflectAgent:
     """Runs reflects on one engine with one provider, inside the reflect lane."""
 
-    def __init__(
-        self,
-        engine: MemoryEngine,
-        provider: ChatProvider,
-        lane: Lane,
-        mental_models: MentalModelSource | None = None,
-    ) -> None:
-        self.engine = engine
-        self.provider = provider
-        self.lane = lane
-        #: How the bank's mental models are consulted first (``None``: they are not).
-        self.mental_models = mental_models
+    engine: MemoryEngine
+    provider: ChatProvider
+    lane: Lane
+    #: How the bank's mental models are consulted first (``None``: they are not).
+    mental_models: MentalModelSource | None = None
 
     async def run(
         self,

@@ -81,9 +81,10 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping, MutableSequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from heed.runtime.cancellation import CancellationToken, OperationCancelled
 from heed.runtime.context import _current
@@ -182,6 +183,10 @@ class _Waiter:
     deferred: bool = False
     #: Its timer (shedding an interactive waiter, aging a background one), if any.
     timer: asyncio.TimerHandle | None = None
+
+
+#: A tenant's queue of waiters (the interactive ones' list, a background deque).
+Q = TypeVar("Q", bound=MutableSequence[_Waiter])
 
 
 def _virtual_at(waiter: _Waiter) -> float:
@@ -589,38 +594,39 @@ class Lane:
             return waiter
         return None
 
+    @staticmethod
+    def _unqueue(queues: Mapping[str, Q], waiter: _Waiter) -> Q | None:
+        """*waiter* taken out of its tenant's queue in *queues*: that queue (left in
+        *queues*, even empty: the caller drops it), or ``None`` when it was in none."""
+        queue = queues.get(waiter.tenant)
+        if queue is None:
+            return None
+        try:
+            queue.remove(waiter)
+        except ValueError:
+            return None
+        return queue
+
     def _remove(self, waiter: _Waiter) -> None:
         if waiter.background and waiter.deferred:
-            deferred = self._background_deferred.get(waiter.tenant)
+            deferred = self._unqueue(self._background_deferred, waiter)
             if deferred is None:
-                return
-            try:
-                deferred.remove(waiter)
-            except ValueError:
                 return
             self._background_deferred_count -= 1
             if not deferred:
                 del self._background_deferred[waiter.tenant]
             return
         if waiter.background:
-            ring = self._background_queues.get(waiter.tenant)
+            ring = self._unqueue(self._background_queues, waiter)
             if ring is None:
-                return
-            try:
-                ring.remove(waiter)
-            except ValueError:
                 return
             self._background_queued -= 1
             self._promote(waiter.tenant, ring)
             if not ring:
                 del self._background_queues[waiter.tenant]
         else:
-            queue = self._queues.get(waiter.tenant)
+            queue = self._unqueue(self._queues, waiter)
             if queue is None:
-                return
-            try:
-                queue.remove(waiter)
-            except ValueError:
                 return
             self._queued -= 1
             if not queue:

@@ -19,6 +19,7 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, TypeVar
 
@@ -33,7 +34,9 @@ __all__ = [
     "Count",
     "Id",
     "InvalidArchive",
+    "Name",
     "Record",
+    "ScopeTags",
     "Tags",
     "check_values",
     "decode_vector",
@@ -43,6 +46,7 @@ __all__ = [
     "fields_of",
     "iso_utc",
     "parse_line",
+    "row_of",
     "utc_time",
     "validate",
 ]
@@ -169,15 +173,42 @@ class Record(BaseModel):
 
 
 R = TypeVar("R", bound=Record)
+T = TypeVar("T")
 
 #: A text with something besides spaces (a name, a directive's content).
 NOT_BLANK: Final = r"\S"
+#: A directive's, a mental model's or a knowledge-base folder's name.
+Name = Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+#: A directive's or a mental model's scope tags (at most 64, none empty).
+ScopeTags = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=64)
+]
 
 
 def fields_of(row: Any, record: type[Record]) -> dict[str, Any]:
     """*row*'s attributes named as *record*'s fields, in their order: the record of a row
     whose attributes are the record's (a section's encoding, before what it turns)."""
     return {name: getattr(row, name) for name in record.model_fields}
+
+
+def row_of(record: Record, row: Callable[..., T], where: str, **fields: Any) -> T:
+    """The inverse of :func:`fields_of`: *row* (a row's class) built from *record*'s
+    fields by their names, each list and dict copied, ``created_at`` and ``updated_at``
+    as UTC text (:func:`utc_time`; ``""`` for none), and *fields* (what the row holds
+    besides, or what the section turns itself) over them."""
+    values = {name: _copied(getattr(record, name)) for name in type(record).model_fields}
+    for name in ("created_at", "updated_at"):
+        if name in values:
+            values[name] = utc_time(values[name], name, where) or ""
+    return row(**{**values, **fields})
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
 
 
 def _problem(error: ValidationError) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 from heed.memory.bank_runs import bank_session
@@ -44,7 +45,20 @@ from heed.transfer.store import ArchiveStore, StoredArchive, TransferStore, file
 from heed.transfer.work import CONFLICTS
 from heed.webhooks.service import Webhooks
 
-__all__ = ["BankTransfers"]
+__all__ = ["BankTransfers", "ImportOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class ImportOptions:
+    """An import's options as its request gives them (``None``: the mode's default); what
+    each means and which mode takes it: :meth:`BankTransfers.submit_import`."""
+
+    target_bank_id: str | None = None
+    mode: str | None = None
+    document_conflict: str | None = None
+    include_data: bool | None = None
+    include_bank_config: bool | None = None
+    include_history: bool = False
 
 
 class BankTransfers:
@@ -190,99 +204,69 @@ class BankTransfers:
         }
         return await self._submit(CLONE_KIND, bank, payload, {"target_bank_id": target_bank_id})
 
-    async def check_import(
-        self,
-        bank: Bank,
-        *,
-        target_bank_id: str | None = None,
-        mode: str | None = None,
-        document_conflict: str | None = None,
-        include_data: bool | None = None,
-        include_bank_config: bool | None = None,
-        include_history: bool = False,
-    ) -> None:
+    async def check_import(self, bank: Bank, options: ImportOptions) -> None:
         """What an import's request must pass before its archive is read (the route runs it
         before the upload's body is read; :meth:`submit_import` runs it again): the mode
         and the options it takes, and a named ``target_bank_id`` that must not exist.
         Raises :class:`InvalidInput` (400) or :class:`Conflict` (409)."""
-        self._refuse_history(include_history)
-        if mode not in (None, "restore", "merge"):
-            raise InvalidInput(f"mode {mode!r} is neither 'restore' nor 'merge'")
-        if mode == "merge":
-            self._merge_conflict(
-                bank, target_bank_id, document_conflict, include_data, include_bank_config
-            )
+        self._refuse_history(options.include_history)
+        if options.mode not in (None, "restore", "merge"):
+            raise InvalidInput(f"mode {options.mode!r} is neither 'restore' nor 'merge'")
+        if options.mode == "merge":
+            self._merge_conflict(bank, options)
             return
-        if document_conflict is not None:
+        if options.document_conflict is not None:
             raise InvalidInput("document_conflict applies to mode=merge")
-        if target_bank_id is not None:
-            await self._new_bank_id(target_bank_id, "target_bank_id")
+        if options.target_bank_id is not None:
+            await self._new_bank_id(options.target_bank_id, "target_bank_id")
 
     async def submit_import(
         self,
         bank: Bank,
         archive: IO[bytes],
-        filename: str | None = None,
-        *,
-        target_bank_id: str | None = None,
-        mode: str | None = None,
-        document_conflict: str | None = None,
-        include_data: bool | None = None,
-        include_bank_config: bool | None = None,
-        include_history: bool = False,
+        filename: str | None,
+        options: ImportOptions,
     ) -> Run:
         """Check *archive* (a seekable binary file: the upload) whole
         (:class:`InvalidArchive`, 400, naming the problem: nothing stored), store it and
-        queue its import, recorded as an operation of *bank*: into the new bank
-        *target_bank_id* (default: the archive's source bank id; *mode* ``restore``, the
-        default), or its documents into *bank* itself (*mode* ``merge``, by
-        *document_conflict*: :data:`~heed.transfer.work.CONFLICTS`). The options
-        are checked first (:meth:`check_import`)."""
-        await self.check_import(
-            bank,
-            target_bank_id=target_bank_id,
-            mode=mode,
-            document_conflict=document_conflict,
-            include_data=include_data,
-            include_bank_config=include_bank_config,
-            include_history=include_history,
-        )
-        if mode == "merge":
-            conflict = document_conflict or "skip"
+        queue its import, recorded as an operation of *bank*, by *options*: into the new
+        bank ``target_bank_id`` (default: the archive's source bank id; ``mode``
+        ``restore``, the default), or its documents into *bank* itself (``mode`` ``merge``,
+        by ``document_conflict``: :data:`~heed.transfer.work.CONFLICTS`). The options are
+        checked first (:meth:`check_import`)."""
+        await self.check_import(bank, options)
+        if options.mode == "merge":
+            conflict = options.document_conflict or "skip"
             await self._check_upload(archive, False)
             return await self._submit_upload(
                 bank, archive, filename, {"document_conflict": conflict}, mode="merge"
             )
-        include_data = True if include_data is None else include_data
-        include_bank_config = True if include_bank_config is None else include_bank_config
+        include_data = True if options.include_data is None else options.include_data
+        include_bank_config = (
+            True if options.include_bank_config is None else options.include_bank_config
+        )
         check = await self._check_upload(archive, include_bank_config)
-        target = target_bank_id or check.manifest.source_bank_id
+        target = options.target_bank_id or check.manifest.source_bank_id
         await self._new_bank_id(target, "target_bank_id")
         payload = {"include_data": include_data, "include_bank_config": include_bank_config}
         return await self._submit_upload(bank, archive, filename, payload, target_bank_id=target)
 
     @staticmethod
-    def _merge_conflict(
-        bank: Bank,
-        target_bank_id: str | None,
-        document_conflict: str | None,
-        include_data: bool | None,
-        include_bank_config: bool | None,
-    ) -> str:
+    def _merge_conflict(bank: Bank, options: ImportOptions) -> str:
         """A merge's options, checked (see :meth:`submit_import`); its conflict rule."""
-        conflict = document_conflict or "skip"
+        conflict = options.document_conflict or "skip"
         if conflict not in CONFLICTS:
             raise InvalidInput(
                 f"document_conflict {conflict!r} is not one of {', '.join(CONFLICTS)}"
             )
-        if target_bank_id is not None and target_bank_id != bank.bank_id:
+        if options.target_bank_id is not None and options.target_bank_id != bank.bank_id:
             raise InvalidInput(
                 "target_bank_id applies to mode=restore; a merge folds the archive into "
                 f"bank {bank.bank_id!r}, the bank of the request"
             )
-        if include_data is False:
+        if options.include_data is False:
             raise InvalidInput("include_data=false: a merge folds the archive's documents")
-        if include_bank_config:
+        if options.include_bank_config:
             raise InvalidInput(
                 "include_bank_config: a merge folds documents only; the bank's settings, "
                 "directives, webhooks and mental models are not merged (leave it out)"

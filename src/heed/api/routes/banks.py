@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from heed.api.deps import MemoryDep, RetainOperationsDep
-from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset
+from heed.api.deps import AliasesDep, MemoryDep, RetainOperationsDep
+from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset, QueryText
 from heed.api.openapi import CONFLICT
 from heed.api.policies import continue_on_disconnect
 from heed.api.routing import HeedRoute
@@ -34,11 +34,18 @@ NewBankId = Annotated[
 @router.get("")
 async def list_banks(
     engine: MemoryDep,
+    aliases: AliasesDep,
+    q: Annotated[
+        QueryText | None,
+        Query(description="Case-insensitive substring of the bank's id, name or an alias"),
+    ] = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> wire.BankListResponse:
-    """The caller's banks with their unit counts."""
-    rows, total = await engine.list_banks(limit, offset)
+    """The caller's banks with their unit counts (those *q* matches, when given), each with
+    the alias it is shown under and, when only an alias matched *q*, those aliases."""
+    rows, total = await engine.list_banks(limit, offset, q or None)
+    shown, matched = await aliases.display([bank for bank, _ in rows], q)
     return wire.BankListResponse(
         banks=[
             wire.BankListItem(
@@ -49,6 +56,8 @@ async def list_banks(
                 created_at=bank.created_at,
                 updated_at=bank.updated_at,
                 fact_count=count,
+                display_alias=shown.get(bank.ref),
+                matched_aliases=matched.get(bank.ref, []),
             )
             for bank, count in rows
         ],

@@ -24,12 +24,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from heed.api.deps import ViewsDep
-from heed.api.input_rules import IdPath, Limit, Offset, QueryText, TagsQuery
-from heed.api.routes.memories import TagsMatchQuery
+from heed.api.input_rules import IdPath, Limit, Offset
 from heed.api.routing import HeedRoute
+from heed.api.tag_query import TagQueryDep
 from heed.api.wire import views as wire
-from heed.memory.models import InvalidInput
-from heed.memory.tags import check_tags_match
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/entities", tags=["entities"], route_class=HeedRoute
@@ -38,26 +36,17 @@ router = APIRouter(
 MinCount = Annotated[int, Query(ge=1, le=1_000_000_000)]
 
 
-def refuse_tag_groups(tag_groups: str | None) -> None:
-    """A 400 naming ``tag_groups``: heed filters by ``tags`` and ``tags_match`` only."""
-    if tag_groups:
-        raise InvalidInput("tag_groups is not supported by heed; use tags and tags_match")
-
-
 @router.get("")
 async def list_entities(
     bank_id: IdPath,
     views: ViewsDep,
+    tag: TagQueryDep,
     limit: Limit = 100,
     offset: Offset = 0,
-    tags: TagsQuery = None,
-    tags_match: TagsMatchQuery = "any",
-    tag_groups: QueryText | None = None,
 ) -> wire.EntityListResponse:
     """The bank's entities, the most named first (then by canonical name)."""
-    refuse_tag_groups(tag_groups)
-    match = check_tags_match(tags_match)
-    entities, total = await views.entities(bank_id, tags, match, limit, offset)
+    match = tag.match()
+    entities, total = await views.entities(bank_id, tag.tags, match, limit, offset)
     return wire.EntityListResponse(
         items=[wire.entity_item(e) for e in entities], total=total, limit=limit, offset=offset
     )
@@ -67,17 +56,14 @@ async def list_entities(
 async def get_entity_graph(
     bank_id: IdPath,
     views: ViewsDep,
+    tag: TagQueryDep,
     limit: Limit = 100,
     min_count: MinCount = 1,
-    tags: TagsQuery = None,
-    tags_match: TagsMatchQuery = "any",
-    tag_groups: QueryText | None = None,
 ) -> wire.EntityGraphResponse:
     """The ``limit`` most named entities (each named at least ``min_count`` times) and,
     between two of them, an edge weighted by how many memories name both."""
-    refuse_tag_groups(tag_groups)
-    match = check_tags_match(tags_match)
-    graph = await views.entity_graph(bank_id, limit, min_count, tags, match)
+    match = tag.match()
+    graph = await views.entity_graph(bank_id, limit, min_count, tag.tags, match)
     return wire.entity_graph(graph, limit)
 
 
@@ -86,14 +72,11 @@ async def get_entity(
     bank_id: IdPath,
     entity_id: IdPath,
     views: ViewsDep,
-    tags: TagsQuery = None,
-    tags_match: TagsMatchQuery = "any",
-    tag_groups: QueryText | None = None,
+    tag: TagQueryDep,
 ) -> wire.EntityDetailResponse:
     """One entity with its latest memories (newest first) as its observations."""
-    refuse_tag_groups(tag_groups)
-    match = check_tags_match(tags_match)
-    return wire.entity_detail(await views.entity(bank_id, entity_id, tags, match))
+    match = tag.match()
+    return wire.entity_detail(await views.entity(bank_id, entity_id, tag.tags, match))
 
 
 @router.post("/{entity_id}/regenerate", deprecated=True)

@@ -25,9 +25,9 @@ from heed.api.input_rules import IdPath, QueryText, TagsQuery
 from heed.api.openapi import CONFLICT, NOT_FOUND, UPSTREAM
 from heed.api.routes.mental_models import trigger_out
 from heed.api.routing import HeedRoute
+from heed.api.tag_query import refuse_tag_groups
 from heed.api.wire import memory as memory_wire
 from heed.api.wire import mental_models as wire
-from heed.memory.models import InvalidInput
 from heed.mental_models.knowledge import Node, page_markdown, page_type, snippet
 from heed.mental_models.values import MentalModel
 
@@ -40,11 +40,6 @@ router = APIRouter(
 )
 
 SearchLimit = Annotated[int, Query(ge=1, le=50)]
-
-
-def _refuse_tag_groups(tag_groups: str | None) -> None:
-    if tag_groups:
-        raise InvalidInput("tag_groups is not supported by heed; use tags and tags_match")
 
 
 def _page_node(page: MentalModel, children: list[wire.KnowledgeNodeOut] | None) -> Any:
@@ -89,7 +84,7 @@ async def get_knowledge_base_tree(
     tag_groups: QueryText | None = None,
 ) -> wire.KnowledgeTreeResponse:
     """The knowledge base as a tree (folders first, then pages, by name)."""
-    _refuse_tag_groups(tag_groups)
+    refuse_tag_groups(tag_groups)
     bank = await engine.get_bank(bank_id)
     roots = await knowledge.tree(bank, tags, tags_match)
     return wire.KnowledgeTreeResponse(roots=[node_out(n) for n in roots])
@@ -112,13 +107,7 @@ async def create_knowledge_page(
     """A new page; its content is written by the refresh it starts."""
     bank = await engine.get_bank(bank_id)
     page, run = await knowledge.create_page(
-        bank,
-        name=body.name,
-        source_query=body.source_query,
-        parent_id=body.parent_id,
-        tags=body.tags,
-        max_tokens=body.max_tokens,
-        trigger=body.trigger.patch() if body.trigger is not None else None,
+        bank, parent_id=body.parent_id, **wire.model_options(body)
     )
     return wire.CreateKnowledgePageResponse(
         page_id=page.id, mental_model_id=page.id, operation_id=run.id
@@ -156,7 +145,7 @@ async def search_knowledge_base(
     tag_groups: QueryText | None = None,
 ) -> wire.KnowledgeSearchResponse:
     """Pages ranked for ``q`` (score 1.0: first by meaning and by words)."""
-    _refuse_tag_groups(tag_groups)
+    refuse_tag_groups(tag_groups)
     bank = await engine.get_bank(bank_id)
     found = await knowledge.search(bank, q, limit, tags, tags_match)
     return wire.KnowledgeSearchResponse(
@@ -198,10 +187,7 @@ async def update_knowledge_node(
 ) -> wire.KnowledgeNodeOut:
     """Rename or move a node; a page's options too (a new question rebuilds the page)."""
     bank = await engine.get_bank(bank_id)
-    patch = body.model_dump(exclude_unset=True, exclude={"trigger"})
-    if body.trigger is not None:
-        patch["trigger"] = body.trigger.patch()
-    return node_out(await knowledge.update_node(bank, node_id, patch))
+    return node_out(await knowledge.update_node(bank, node_id, wire.options_patch(body)))
 
 
 @router.delete("/nodes/{node_id}")

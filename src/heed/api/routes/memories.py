@@ -12,21 +12,24 @@ from typing import Annotated, Literal, get_args
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
-from heed.api.deps import MemoryDep, RetainOperationsDep
+from heed.api.deps import CurationDep, MemoryDep, RetainOperationsDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
 from heed.api.openapi import CONFLICT
 from heed.api.routing import HeedRoute
+from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import (
+    curated_item,
     recall_query,
     recall_response,
     retain_items,
     unit_item,
 )
+from heed.memory.curation import MemoryEdit
 from heed.memory.models import FACT_TYPES
 from heed.memory.retain.idempotency import MAX_KEY_CHARS
 from heed.memory.store import UnitFilter
-from heed.memory.tags import TAGS_MATCH, check_tags_match
+from heed.memory.tags import check_tags_match
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=HeedRoute
@@ -108,15 +111,6 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -
     return JSONResponse(recall_response(outcome))
 
 
-TagsMatchQuery = Annotated[
-    str,
-    Query(
-        json_schema_extra={"enum": list(TAGS_MATCH)},
-        description="How ``tags`` match, as recall's ``tags_match``; another value is a 400.",
-    ),
-]
-
-
 @router.get("/list")
 async def list_memories(
     bank_id: IdPath,
@@ -166,10 +160,63 @@ async def list_memories(
     )
 
 
+@router.delete("")
+async def clear_memories(
+    bank_id: IdPath,
+    engine: MemoryDep,
+    curation: CurationDep,
+    type: Annotated[
+        FactType | None,
+        Query(description="Delete only memories of this fact type (default: all)"),
+    ] = None,
+) -> wire.DeleteResponse:
+    """Delete a bank's memories: of one fact type (the observations citing deleted facts go
+    with them), or all of them with their entities, chunks and documents. The bank, its
+    settings, directives and mental models stay. One transaction: a client that leaves
+    before it commits leaves everything as it was."""
+    deleted = await engine.on_bank(bank_id, lambda bank: curation.clear(bank, type))
+    return wire.DeleteResponse(
+        success=True, message=f"deleted {deleted} memories", deleted_count=deleted
+    )
+
+
 @router.get("/{memory_id}")
-async def get_memory(bank_id: IdPath, memory_id: IdPath, engine: MemoryDep) -> wire.MemoryUnitItem:
-    """One memory unit."""
-    return unit_item(await engine.on_bank(bank_id, lambda bank: engine.get_unit(bank, memory_id)))
+async def get_memory(
+    bank_id: IdPath, memory_id: IdPath, engine: MemoryDep, curation: CurationDep
+) -> wire.MemoryUnitItem:
+    """One memory unit, live or invalidated (``state``)."""
+    return curated_item(await engine.on_bank(bank_id, lambda bank: curation.find(bank, memory_id)))
+
+
+@router.patch("/{memory_id}")
+async def update_memory(
+    bank_id: IdPath,
+    memory_id: IdPath,
+    body: wire.UpdateMemoryRequest,
+    engine: MemoryDep,
+    curation: CurationDep,
+) -> wire.MemoryUnitItem:
+    """Curate a fact: edit its text, context, dates, type or entities (embedded again; its
+    old text joins its history), invalidate it (recall and consolidation stop seeing it) or
+    revert it (``state: "valid"``). The observations citing it are removed and their other
+    facts consolidated again; the bank's mental models become stale. Observations are
+    derived: curating one is a 400."""
+    given = body.model_fields_set
+    cleared = {
+        name: "" if name in given and getattr(body, name) is None else getattr(body, name)
+        for name in ("context", "occurred_start", "occurred_end", "mentioned_at")
+    }
+    edit = MemoryEdit(
+        text=body.text,
+        fact_type=body.fact_type,
+        entities=body.entities,
+        state=body.state,
+        reason=body.reason,
+        **cleared,
+    )
+    return curated_item(
+        await engine.on_bank(bank_id, lambda bank: curation.update(bank, memory_id, edit))
+    )
 
 
 @router.delete("/{memory_id}")

@@ -41,28 +41,37 @@ def trigger_out(model: MentalModel) -> wire.TriggerOut:
     return wire.TriggerOut.model_validate(model.trigger)
 
 
+#: The detail levels, each adding the model's fields named in :data:`_DETAIL_FIELDS` (and
+#: from ``content`` on, its trigger) to those of the levels before it.
+_LEVELS: tuple[wire.Detail, ...] = ("metadata", "content", "full")
+_DETAIL_FIELDS: dict[wire.Detail, tuple[str, ...]] = {
+    "metadata": (
+        "id",
+        "name",
+        "tags",
+        "last_refreshed_at",
+        "last_refresh_failed_at",
+        "created_at",
+        "is_stale",
+    ),
+    "content": ("source_query", "content", "max_tokens"),
+    "full": ("reflect_response",),
+}
+
+
 def model_out(bank: Bank, model: MentalModel, detail: wire.Detail) -> wire.MentalModelOut:
     """A model on the wire at *detail*: ``metadata`` (names, tags, staleness), ``content``
     (adds the content and its configuration), ``full`` (adds the reflect response)."""
+    levels = _LEVELS[: _LEVELS.index(detail) + 1]
+    fields = {name: getattr(model, name) for level in levels for name in _DETAIL_FIELDS[level]}
     out = wire.MentalModelOut(
-        id=model.id,
+        **fields,
         bank_id=bank.bank_id,
-        name=model.name,
-        tags=model.tags,
-        last_refreshed_at=model.last_refreshed_at,
-        last_refresh_failed_at=model.last_refresh_failed_at,
         last_full_refreshed_at=model.last_refreshed_at,
-        created_at=model.created_at,
         is_knowledge_page=model.is_page,
-        is_stale=model.is_stale,
     )
-    if detail in ("content", "full"):
-        out.source_query = model.source_query
-        out.content = model.content
-        out.max_tokens = model.max_tokens
+    if detail != "metadata":
         out.trigger = trigger_out(model)
-    if detail == "full":
-        out.reflect_response = model.reflect_response
     return out
 
 
@@ -72,15 +81,7 @@ async def create_mental_model(
 ) -> wire.CreateMentalModelResponse:
     """Create a mental model; its content is written by the refresh it starts."""
     bank = await engine.get_bank(bank_id)
-    model, run = await models.create(
-        bank,
-        name=body.name,
-        source_query=body.source_query,
-        model_id=body.id,
-        tags=body.tags,
-        max_tokens=body.max_tokens,
-        trigger=body.trigger.patch() if body.trigger is not None else None,
-    )
+    model, run = await models.create(bank, model_id=body.id, **wire.model_options(body))
     return wire.CreateMentalModelResponse(mental_model_id=model.id, operation_id=run.id)
 
 
@@ -134,10 +135,8 @@ async def update_mental_model(
 ) -> wire.MentalModelOut:
     """Change a model's name, question, tags, budget or trigger (a patch)."""
     bank = await engine.get_bank(bank_id)
-    patch = body.model_dump(exclude_unset=True, exclude={"trigger"})
-    if body.trigger is not None:
-        patch["trigger"] = body.trigger.patch()
-    return model_out(bank, await models.update(bank, mental_model_id, patch), "full")
+    updated = await models.update(bank, mental_model_id, wire.options_patch(body))
+    return model_out(bank, updated, "full")
 
 
 @router.delete("/{mental_model_id}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from heed.api.deps import ConsolidationDep, MemoryDep
+from heed.api.deps import ConsolidationDep, CurationDep, MemoryDep
 from heed.api.input_rules import IdPath
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
@@ -76,11 +76,12 @@ async def clear_memory_observations(
 
 @router.get("/memories/{memory_id}/history")
 async def memory_history(
-    bank_id: IdPath, memory_id: IdPath, engine: MemoryDep
+    bank_id: IdPath, memory_id: IdPath, engine: MemoryDep, curation: CurationDep
 ) -> wire.MemoryHistoryResponse:
-    """An observation's earlier versions, oldest first (empty for other memories)."""
+    """A memory's earlier versions, oldest first: an observation's as consolidation
+    rewrote it, a fact's edits and invalidations (empty for a memory never changed)."""
     bank = await engine.get_bank(bank_id)
-    unit = await engine.get_unit(bank, memory_id)
+    unit = (await curation.find(bank, memory_id)).unit
     return wire.MemoryHistoryResponse(
         memory_id=unit.id,
         text=unit.text,

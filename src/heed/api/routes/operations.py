@@ -12,7 +12,7 @@ gives its counters in ``detail``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from fastapi import APIRouter
 
@@ -75,6 +75,21 @@ def _error(run: Run) -> str | None:
     return None
 
 
+async def _operation_fields(operations: RetainOperations, run: Run) -> dict[str, Any]:
+    """What an operation's list entry and its status answer both say of *run*, by wire
+    name (its progress read from its journal)."""
+    return {
+        "id": run.id,
+        "operation_id": run.id,
+        "task_type": run.kind,
+        "operation_type": run.kind,
+        "updated_at": _updated(run),
+        "status": status_of(run),
+        "error_message": _error(run),
+        "progress": await _progress(operations, run),
+    }
+
+
 @router.get("")
 async def list_operations(
     bank_id: IdPath,
@@ -94,16 +109,9 @@ async def list_operations(
         offset=offset,
         operations=[
             wire.OperationResponse(
-                id=run.id,
-                task_type=run.kind,
-                operation_id=run.id,
-                operation_type=run.kind,
+                **await _operation_fields(operations, run),
                 items_count=int(run.summary.get("items_count") or 0),
                 created_at=_iso(run.created_at) or "",
-                updated_at=_updated(run),
-                status=status_of(run),
-                error_message=_error(run),
-                progress=await _progress(operations, run),
             )
             for run in runs
         ],
@@ -118,16 +126,9 @@ async def get_operation(
     bank = await engine.get_bank(bank_id)
     run = await operations.get(bank, operation_id)
     return wire.OperationStatusResponse(
-        operation_id=run.id,
-        id=run.id,
-        status=status_of(run),  # type: ignore[arg-type]
-        operation_type=run.kind,
-        task_type=run.kind,
+        **await _operation_fields(operations, run),
         created_at=_iso(run.created_at),
-        updated_at=_updated(run),
         completed_at=_iso(run.finished_at),
-        error_message=_error(run),
-        progress=await _progress(operations, run),
         result_metadata=run.result,
         phase=run.phase,
     )

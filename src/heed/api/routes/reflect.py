@@ -36,6 +36,7 @@ from heed.api.openapi import UPSTREAM, event_stream
 from heed.api.policies import DisconnectPolicy
 from heed.api.routing import HeedRoute
 from heed.api.sse import journal_frames, sse_response
+from heed.api.tag_query import refuse_tag_groups
 from heed.api.wire import reflect as wire
 from heed.memory.models import FACT_TYPES, InvalidInput
 from heed.reflect import ReflectRequest, check_schema
@@ -52,8 +53,10 @@ async def _engine_request(body: wire.ReflectRequest) -> ReflectRequest:
     """Validate the wire body (400 naming the field) and build the engine request."""
     if not body.query.strip():
         raise InvalidInput("query is empty")
-    if body.tag_groups:
-        raise InvalidInput("tag_groups is not supported by heed; use tags and tags_match")
+    refuse_tag_groups(body.tag_groups)
+    for name, why in wire.NOT_IMPLEMENTED.items():
+        if getattr(body, name) is not None:
+            raise InvalidInput(f"{name} is not implemented by heed: {why}")
     if body.fact_types:
         unknown = [t for t in body.fact_types if t not in FACT_TYPES]
         if unknown:

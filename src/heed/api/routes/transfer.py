@@ -22,7 +22,6 @@ journal at ``/v1/runs/{id}/stream``). ``include_history`` is refused by name whe
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Annotated, Final
 
@@ -36,6 +35,7 @@ from heed.api.routing import HeedRoute
 from heed.api.uploads import receive_archive
 from heed.api.wire import transfer as wire
 from heed.memory.engine import BANK_ID_RE
+from heed.transfer.service import ImportOptions
 
 router = APIRouter(tags=["transfer"], route_class=HeedRoute)
 
@@ -122,8 +122,7 @@ async def import_bank(
     bank (``mode=merge``), as an operation of this bank. The bank and the options are
     checked before the body is read."""
     bank = await engine.get_bank(bank_id)
-    submit = functools.partial(
-        transfers.submit_import,
+    options = ImportOptions(
         target_bank_id=target_bank_id,
         mode=mode,
         document_conflict=document_conflict,
@@ -131,9 +130,9 @@ async def import_bank(
         include_bank_config=include_bank_config,
         include_history=include_history,
     )
-    await transfers.check_import(bank, **submit.keywords)
+    await transfers.check_import(bank, options)
     upload = await receive_archive(request)
-    run = await submit(bank, upload.file, upload.filename)
+    run = await transfers.submit_import(bank, upload.file, upload.filename, options)
     return wire.BankTransferSubmitResponse(operation_id=run.id)
 
 
@@ -156,11 +155,10 @@ async def import_documents(
     """Merge the archive's documents into this bank: ``POST .../transfer/import`` with
     ``mode=merge`` (hindsight-client's deprecated ``import_documents``)."""
     bank = await engine.get_bank(bank_id)
-    await transfers.check_import(bank, mode="merge", document_conflict=on_conflict)
+    options = ImportOptions(mode="merge", document_conflict=on_conflict)
+    await transfers.check_import(bank, options)
     upload = await receive_archive(request)
-    run = await transfers.submit_import(
-        bank, upload.file, upload.filename, mode="merge", document_conflict=on_conflict
-    )
+    run = await transfers.submit_import(bank, upload.file, upload.filename, options)
     return wire.DocumentImportSubmitResponse(operation_id=run.id)
 
 

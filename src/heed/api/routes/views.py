@@ -22,8 +22,9 @@ from fastapi import APIRouter, Query
 
 from heed.api.deps import ViewsDep
 from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
-from heed.api.routes.memories import FactType, TagsMatchQuery
+from heed.api.routes.memories import FactType
 from heed.api.routing import HeedRoute
+from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import views as wire
 from heed.memory.store import UnitFilter
 from heed.memory.tags import check_tags_match

@@ -60,8 +60,12 @@ __all__ = [
     "RecallResponse",
     "RecallResultOut",
     "RecallScores",
+    "ReprocessDocumentResponse",
     "RetainRequest",
     "RetainResponse",
+    "UpdateDocumentRequest",
+    "UpdateDocumentResponse",
+    "UpdateMemoryRequest",
 ]
 
 
@@ -154,6 +158,8 @@ class BankListItem(BaseModel):
     created_at: str | None = None
     updated_at: str | None = None
     fact_count: int = 0
+    display_alias: str | None = None
+    matched_aliases: list[str] = Field(default_factory=list)
 
 
 class BankListResponse(BaseModel):
@@ -207,6 +213,14 @@ class MemoryItemIn(_In):
     tags: TagList | None = None
     update_mode: Literal["replace", "append"] | None = None
     fact_type: Tag | None = None
+    resolve_entities: bool | None = Field(
+        default=None,
+        description="heed matches entity names by their canonical form (case-folded, "
+        "single-spaced) either way: true and false behave alike.",
+    )
+    # Hindsight's item options heed does not implement: refused by name when given a value.
+    strategy: Any = None
+    observation_scopes: Any = None
 
 
 class RetainRequest(_In):
@@ -246,10 +260,16 @@ class _MaxTokens(_In):
     max_tokens: TokenBudget | None = None
 
 
+class SourceFactsIn(_MaxTokens):
+    max_tokens_per_observation: Annotated[int, Field(ge=-1, le=10**6), JSON_INTEGER] | None = Field(
+        default=None, description="Source-fact tokens per observation (-1: no limit)"
+    )
+
+
 class IncludeOptions(_In):
     entities: _MaxTokens | None = None
     chunks: _MaxTokens | None = None
-    source_facts: _MaxTokens | None = None
+    source_facts: SourceFactsIn | None = None
 
 
 class TemporalWindowIn(_In):
@@ -376,6 +396,46 @@ class MemoryHistoryResponse(BaseModel):
     memory_id: str
     text: str
     history: list[MemoryHistoryEntry]
+
+
+class UpdateDocumentRequest(_In):
+    """A document's new tags (the complete set; ``[]`` clears them)."""
+
+    tags: TagList | None = None
+    observation_scopes: Any = Field(
+        default=None, description="Not kept per document by heed: refused by name when given"
+    )
+
+
+class UpdateDocumentResponse(BaseModel):
+    success: bool
+
+
+class ReprocessDocumentResponse(BaseModel):
+    success: bool
+    operation_id: str
+    items_count: int = Field(description="Items the operation retains (the document's text)")
+
+
+class UpdateMemoryRequest(_In):
+    """A fact's curation (``PATCH .../memories/{id}``): omit a field to leave it; for
+    ``context`` and the dates ``""`` or ``null`` clears it."""
+
+    text: Text | None = None
+    context: Text | None = None
+    occurred_start: Name | None = None
+    occurred_end: Name | None = None
+    mentioned_at: Name | None = None
+    fact_type: Literal["world", "experience"] | None = None
+    entities: Annotated[list[Name], Field(max_length=MAX_ENTITIES)] | None = None
+    resolve_entities: bool = Field(
+        default=True,
+        description="heed matches entity names by their canonical form (case-folded, "
+        "single-spaced) either way: a name matches an existing entity only when that form "
+        "is the same, so true and false behave alike.",
+    )
+    state: Literal["valid", "invalidated"] | None = None
+    reason: Text | None = None
 
 
 class ConsolidationRequest(_In):

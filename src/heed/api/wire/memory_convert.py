@@ -8,12 +8,13 @@ field (``items[3].timestamp``). The engine's errors (``InvalidInput`` 400, ``Not
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from heed.api.wire import memory as wire
 from heed.api.wire.config import sent_settings
 from heed.memory import InvalidInput
 from heed.memory.bank_config import settings as bank_config
+from heed.memory.curation.service import CurationResult
 from heed.memory.dates import parse_timestamp
 from heed.memory.models import (
     DISPOSITION_TRAITS,
@@ -96,11 +97,22 @@ def _timestamp(index: int, value: datetime | str | None) -> tuple[datetime | Non
         raise InvalidInput(f"items[{index}].timestamp: {exc}") from None
 
 
+#: Retain item fields heed refuses when given a value, and why.
+_ITEM_NOT_IMPLEMENTED: Final = {
+    "strategy": "heed's retain splits and stores every item one way",
+    "observation_scopes": "consolidation scopes a bank's facts by its "
+    "default_observation_scopes setting (PATCH .../config), not per item",
+}
+
+
 def retain_items(body: wire.RetainRequest) -> list[RetainItem]:
     """Validated engine items of a retain request (400 naming the bad field)."""
     items: list[RetainItem] = []
     for i, raw in enumerate(body.items):
         timestamp, unset = _timestamp(i, raw.timestamp)
+        for name, why in _ITEM_NOT_IMPLEMENTED.items():
+            if getattr(raw, name) is not None:
+                raise InvalidInput(f"items[{i}].{name} is not implemented by heed: {why}")
         fact_type = raw.fact_type or "world"
         if fact_type not in FACT_TYPES:
             raise InvalidInput(
@@ -161,6 +173,9 @@ def recall_query(body: wire.RecallRequest) -> RecallQuery:
         include_chunks=include.chunks is not None,
         max_chunk_tokens=(include.chunks.max_tokens if include.chunks else None) or 8192,
         include_source_facts=include.source_facts is not None,
+        max_source_facts_tokens=(include.source_facts.max_tokens if include.source_facts else None)
+        or 4096,
+        max_source_facts_tokens_per_observation=_per_observation(include.source_facts),
         tags=body.tags,
         tags_match=body.tags_match or "any",
         min_semantic=scores.semantic,
@@ -169,6 +184,13 @@ def recall_query(body: wire.RecallRequest) -> RecallQuery:
         temporal_window=window,
         prefer_observations=body.prefer_observations,
     )
+
+
+def _per_observation(source_facts: wire.SourceFactsIn | None) -> int | None:
+    """The per-observation source-fact budget (``None``: none; -1 means none too)."""
+    if source_facts is None or source_facts.max_tokens_per_observation in (None, -1):
+        return None
+    return source_facts.max_tokens_per_observation
 
 
 def _result(hit: RecallHit) -> dict[str, Any]:
@@ -215,6 +237,13 @@ def recall_response(outcome: RecallOutcome) -> dict[str, Any]:
             else None
         ),
     }
+
+
+def curated_item(found: CurationResult) -> wire.MemoryUnitItem:
+    """A memory, live or invalidated, with its ``state``."""
+    item = unit_item(found.unit)
+    item.state = "invalidated" if found.invalidated else "valid"
+    return item
 
 
 def unit_item(unit: StoredUnit) -> wire.MemoryUnitItem:

@@ -47,6 +47,8 @@ __all__ = [
     "TriggerOut",
     "UpdateMentalModelRequest",
     "UpdateNodeRequest",
+    "model_options",
+    "options_patch",
 ]
 
 Detail = Literal["metadata", "content", "full"]
@@ -84,6 +86,10 @@ class TriggerIn(RequestBody):
     def patch(self) -> dict[str, Any]:
         """The settings the request named."""
         return self.model_dump(exclude_unset=True)
+
+
+def _trigger_patch(trigger: TriggerIn | None) -> dict[str, Any] | None:
+    return trigger.patch() if trigger is not None else None
 
 
 class TriggerOut(BaseModel):
@@ -318,3 +324,25 @@ class KnowledgeBundleResponse(BaseModel):
 
 
 KnowledgeNodeOut.model_rebuild()
+
+
+def model_options(body: CreateMentalModelRequest | CreatePageRequest) -> dict[str, Any]:
+    """The options a new mental model or knowledge-base page is created with, as keyword
+    arguments: ``name``, ``source_query``, ``tags``, ``max_tokens`` and ``trigger`` (the
+    trigger's patch, ``None`` when the request has none)."""
+    return {
+        "name": body.name,
+        "source_query": body.source_query,
+        "tags": body.tags,
+        "max_tokens": body.max_tokens,
+        "trigger": _trigger_patch(body.trigger),
+    }
+
+
+def options_patch(body: UpdateMentalModelRequest | UpdateNodeRequest) -> dict[str, Any]:
+    """The fields an update request named (``exclude_unset``), its ``trigger`` as the
+    trigger's own patch (:meth:`TriggerIn.patch`)."""
+    patch = body.model_dump(exclude_unset=True, exclude={"trigger"})
+    if body.trigger is not None:
+        patch["trigger"] = body.trigger.patch()
+    return patch

@@ -1,8 +1,8 @@
 """Wire models of ``POST /v1/default/banks/{bank_id}/reflect`` (hindsight-client compatible).
 
-Fields heed does not implement (mental models, observation search
-options) are accepted and ignored, except ``tag_groups``, which is refused
-with a 400 like recall refuses it. ``stream: true`` is heed's extension: the
+Fields heed does not implement are refused by name with a 400 when given a value:
+``tag_groups`` (as recall refuses it) and the observation-search options
+(:data:`NOT_IMPLEMENTED`). ``stream: true`` is heed's extension: the
 answer comes as server-sent events (see :mod:`heed.api.routes.reflect`).
 """
 
@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from heed.api.input_rules import MAX_LIST_ITEMS, RequestBody, TagList, Text, TokenBudget
 
 __all__ = [
+    "NOT_IMPLEMENTED",
     "ReflectBasedOn",
     "ReflectFact",
     "ReflectInclude",
@@ -53,6 +54,18 @@ class ReflectRequest(RequestBody):
     exclude_mental_model_ids: TagList | None = None
     stream: bool = False
     on_disconnect: Literal["cancel", "continue"] = "cancel"
+    # Hindsight's options heed does not implement: refused by name when given a value.
+    reflect_search_observations_max_tokens: int | None = None
+    reflect_search_observations_include_entities: bool | None = None
+
+
+#: Fields of :class:`ReflectRequest` heed refuses when given a value, and why.
+NOT_IMPLEMENTED = {
+    "reflect_search_observations_max_tokens": "heed's reflect has no observation search tool: "
+    "observations come through recall (fact_types)",
+    "reflect_search_observations_include_entities": "heed's reflect has no observation search "
+    "tool: observations come through recall (fact_types)",
+}
 
 
 class ReflectFact(BaseModel):

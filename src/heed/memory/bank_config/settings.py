@@ -344,7 +344,10 @@ def _listed(names: list[str], sep: str) -> str:
 def validate(updates: Mapping[str, Any], *, where: str = "updates") -> dict[str, Any]:
     """*updates* checked, as ``{setting: value}`` (a value as stored, JSON-able; ``None``:
     back to the default). Raises :class:`InvalidInput` naming every key that is not a
-    setting heed honours, else the first value of the wrong type (nothing is applied)."""
+    setting heed honours, else the first value of the wrong type (nothing is applied).
+    A Hindsight setting heed does not implement given ``None`` asks for its default,
+    which is what heed does: it is accepted and changes nothing (clients that send every
+    field of their model, as a template's, send those as ``null``)."""
     named: dict[str, Any] = {}
     not_implemented: list[str] = []
     unknown: list[str] = []
@@ -355,7 +358,8 @@ def validate(updates: Mapping[str, Any], *, where: str = "updates") -> dict[str,
         if name in SETTINGS:
             named[name] = value
         elif name in NOT_IMPLEMENTED:
-            not_implemented.append(f"{key} ({NOT_IMPLEMENTED[name]})")
+            if value is not None:
+                not_implemented.append(f"{key} ({NOT_IMPLEMENTED[name]})")
         else:
             unknown.append(repr(key[:_NAME_SHOWN]))
     if not_implemented or unknown:

@@ -30,7 +30,13 @@ from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, InvalidInput, NotFound
 from heed.runtime import run_in_thread
 
-__all__ = ["MAX_NAME_CHARS", "PRIORITY_RANGE", "DirectiveService", "applicable_directives"]
+__all__ = [
+    "MAX_NAME_CHARS",
+    "PRIORITY_RANGE",
+    "DirectiveService",
+    "applicable_directives",
+    "check_patch",
+]
 
 #: Longest directive name.
 MAX_NAME_CHARS: Final = 500
@@ -51,7 +57,7 @@ def _check_text(value: str | None, what: str, limit: int) -> None:
         raise InvalidInput(f"{what} has {len(value)} characters; the limit is {limit}")
 
 
-def _check(patch: DirectivePatch) -> None:
+def check_patch(patch: DirectivePatch) -> None:
     """Refuse a bad field of *patch* (a create's fields are a patch with every field)."""
     _check_text(patch.name, "name", MAX_NAME_CHARS)
     _check_text(patch.content, "content", MAX_CONTENT_CHARS)
@@ -91,7 +97,7 @@ class DirectiveService:
     ) -> Directive:
         """A new directive of the bank (400 when the bank holds :data:`MAX_DIRECTIVES`)."""
         tag_list = list(dict.fromkeys(tags or ()))
-        _check(DirectivePatch(name, content, priority, is_active, tag_list))
+        check_patch(DirectivePatch(name, content, priority, is_active, tag_list))
         bank = await self.engine.get_bank(bank_id)
         directive = Directive(
             id=str(uuid.uuid4()),
@@ -141,7 +147,7 @@ class DirectiveService:
         """Change the sent fields of the bank's directive (404 naming it)."""
         if patch.tags is not None:
             patch = replace(patch, tags=list(dict.fromkeys(patch.tags)))
-        _check(patch)
+        check_patch(patch)
         bank = await self.engine.get_bank(bank_id)
         async with self.engine.bank_gone_is_not_found(bank):
             found = await run_in_thread(

@@ -76,25 +76,21 @@ class FileRetainResult:
     async_: bool
 
 
+@dataclass(eq=False)
 class FileRetain:
     """File retain over the memory engine and its retain operations (module docstring)."""
 
-    def __init__(
-        self,
-        engine: MemoryEngine,
-        operations: RetainOperations,
-        parse_lane: Lane,
-        limits: FileLimits,
-    ) -> None:
-        self.engine = engine
-        self.operations = operations
-        #: Where parses wait and run (a lane of their own: step 2 of the module docstring).
-        self.parse_lane = parse_lane
-        self.limits = limits
-        #: What parses a file in the child (a module-level function; tests put a slow one).
-        self.parser: Callable[[int, UploadedFile, FileLimits], tuple[str, str]] = extract_text
-        #: Told each parsing child once it started (tests watch it being killed).
-        self.on_parse_start: Callable[[BaseProcess], None] | None = None
+    engine: MemoryEngine
+    operations: RetainOperations
+    #: Where parses wait and run (a lane of their own: step 2 of the module docstring).
+    parse_lane: Lane
+    limits: FileLimits
+    #: What parses a file in the child (a module-level function; tests put a slow one).
+    parser: Callable[[int, UploadedFile, FileLimits], tuple[str, str]] = field(
+        init=False, default_factory=lambda: extract_text
+    )
+    #: Told each parsing child once it started (tests watch it being killed).
+    on_parse_start: Callable[[BaseProcess], None] | None = field(init=False, default=None)
 
     async def retain(
         self,

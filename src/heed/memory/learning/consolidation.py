@@ -73,10 +73,10 @@ from heed.memory.learning.scopes import Scope, ScopeRule, mission_for, scope_rul
 from heed.memory.models import (
     Bank,
     NotFound,
-    PreparedDocument,
     PreparedUnit,
     RecallQuery,
     StoredUnit,
+    loose_units,
 )
 from heed.memory.retain.prepare import embed_documents
 from heed.memory.retain.units import index_text
@@ -384,7 +384,7 @@ class Consolidation:
                 )
                 continue
             changes, fresh = _plan(reply.value, scope, facts, related, counters)
-            await run_in_thread(embed_documents, [_document(fresh)], self.engine.embedder)
+            await run_in_thread(embed_documents, [loose_units(fresh)], self.engine.embedder)
             await run_in_thread(self._write, bank, changes, fresh)
             counters.facts += len(facts)
             if changes.created or changes.replaced or changes.removed:
@@ -422,7 +422,7 @@ class Consolidation:
     def _write(self, bank: Bank, changes: ObservationChanges, fresh: list[PreparedUnit]) -> None:
         raise_if_cancelled()
         result = self.engine.store.write_observations(bank.ref, changes)
-        self.engine.indexes.apply(bank.ref, result, _document(fresh))
+        self.engine.indexes.apply(bank.ref, result, loose_units(fresh))
 
 
 def _prompt(
@@ -538,17 +538,4 @@ def _observation(
         source_ids=sources,
         proof_count=len(sources),
         history=history,
-    )
-
-
-def _document(units: list[PreparedUnit]) -> PreparedDocument:
-    """*units* as the document-shaped value the embedder and the vector index take."""
-    return PreparedDocument(
-        document_id="",
-        replace=False,
-        original_text="",
-        metadata={},
-        tags=[],
-        chunks=[],
-        units=units,
     )

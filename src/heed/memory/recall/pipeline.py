@@ -285,6 +285,13 @@ def _arm_ids(
     }
 
 
+def _passes(unit: StoredUnit, q: RecallQuery) -> bool:
+    """Whether *unit* passes the query's fact-type and tag filters."""
+    return (q.types is None or unit.fact_type in q.types) and tags_pass(
+        unit.tags, q.tags, q.tags_match
+    )
+
+
 def _candidates(
     deps: RecallDeps,
     bank: Bank,
@@ -308,11 +315,7 @@ def _candidates(
         fetched = deps.store.fetch_units(bank.ref, [s for s, _ in window])
         for seq, score in window:
             unit = fetched.get(seq)
-            if unit is None:
-                continue
-            if q.types is not None and unit.fact_type not in q.types:
-                continue
-            if not tags_pass(unit.tags, q.tags, q.tags_match):
+            if unit is None or not _passes(unit, q):
                 continue
             units[seq] = unit
             wanted.append((seq, score))
@@ -331,9 +334,7 @@ def _candidates(
             origin = units.get(seq - 1) or units.get(seq + 1)
             if origin is None or origin.document_id != unit.document_id or seq in units:
                 continue
-            if q.types is not None and unit.fact_type not in q.types:
-                continue
-            if not tags_pass(unit.tags, q.tags, q.tags_match):
+            if not _passes(unit, q):
                 continue
             units[seq] = unit
             wanted.append((seq, 0.0))

@@ -19,7 +19,7 @@ Options (``HEED_RERANKER``), measured on LoCoMo (see benchmarks/results/):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -73,7 +73,29 @@ class Reranker(Protocol):
     ) -> list[float]: ...
 
 
+#: What a reranker's :meth:`_Batched._scorer` returns: the scores of one batch.
+BatchScorer = Callable[[Sequence[Candidate]], Iterable[float]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One :meth:`Reranker.score` call's arguments."""
+
+    query: str
+    query_vector: np.ndarray
+    candidates: Sequence[Candidate]
+    semantic_weight: float | None
+
+
+def _top_fused(candidates: Sequence[Candidate]) -> float:
+    """The highest fused score (1.0 when none is above zero): what scales it to [0, 1]."""
+    return max((c.fused for c in candidates), default=1.0) or 1.0
+
+
 class _Batched:
+    """A reranker scoring its candidates batch by batch: the token is checked (and
+    *before_batch* called) before each batch; a subclass says how a batch scores."""
+
     name = "base"
 
     def __init__(self, batch_size: int = 32, before_batch: BatchHook | None = None) -> None:
@@ -88,12 +110,6 @@ class _Batched:
                 raise_if_cancelled()
             yield candidates[start : start + self.batch_size]
 
-
-class FusedOrderReranker(_Batched):
-    """Keeps the fused order: the score is the RRF score scaled to [0, 1]."""
-
-    name = "none"
-
     def score(
         self,
         query: str,
@@ -102,11 +118,27 @@ class FusedOrderReranker(_Batched):
         *,
         semantic_weight: float | None = None,
     ) -> list[float]:
-        top = max((c.fused for c in candidates), default=1.0) or 1.0
+        """See :class:`Reranker`: the candidates' scores, in their order."""
+        scorer = self._scorer(_Call(query, query_vector, candidates, semantic_weight))
         out: list[float] = []
         for batch in self._batches(candidates):
-            out.extend(c.fused / top for c in batch)
+            out.extend(scorer(batch))
         return out
+
+    def _scorer(self, call: _Call) -> BatchScorer:
+        """How a batch of *call*'s candidates scores (what it needs of them all, such as
+        their top score, is worked out here, once)."""
+        raise NotImplementedError
+
+
+class FusedOrderReranker(_Batched):
+    """Keeps the fused order: the score is the RRF score scaled to [0, 1]."""
+
+    name = "none"
+
+    def _scorer(self, call: _Call) -> BatchScorer:
+        top = _top_fused(call.candidates)
+        return lambda batch: (c.fused / top for c in batch)
 
 
 class BlendReranker(_Batched):
@@ -119,27 +151,22 @@ class BlendReranker(_Batched):
         self.alpha = alpha
         self.rrf_weight = rrf_weight
 
-    def score(
-        self,
-        query: str,
-        query_vector: np.ndarray,
-        candidates: Sequence[Candidate],
-        *,
-        semantic_weight: float | None = None,
-    ) -> list[float]:
-        top_kw = max((c.keyword or 0.0 for c in candidates), default=0.0) or 1.0
-        top_fused = max((c.fused for c in candidates), default=1.0) or 1.0
-        alpha = self.alpha if semantic_weight is None else semantic_weight
-        out: list[float] = []
-        for batch in self._batches(candidates):
+    def _scorer(self, call: _Call) -> BatchScorer:
+        top_kw = max((c.keyword or 0.0 for c in call.candidates), default=0.0) or 1.0
+        top_fused = _top_fused(call.candidates)
+        alpha = self.alpha if call.semantic_weight is None else call.semantic_weight
+        query_vector = call.query_vector
+
+        def scores(batch: Sequence[Candidate]) -> Iterator[float]:
             for c in batch:
                 cosine = (
                     float(c.vector @ query_vector) if c.vector is not None else (c.semantic or 0.0)
                 )
                 keyword = (c.keyword or 0.0) / top_kw
                 value = alpha * cosine + (1 - alpha) * keyword
-                out.append(value + self.rrf_weight * c.fused / top_fused)
-        return out
+                yield value + self.rrf_weight * c.fused / top_fused
+
+        return scores
 
 
 class OverlapReranker(_Batched):
@@ -151,23 +178,17 @@ class OverlapReranker(_Batched):
         super().__init__(**kwargs)
         self.weight = weight
 
-    def score(
-        self,
-        query: str,
-        query_vector: np.ndarray,
-        candidates: Sequence[Candidate],
-        *,
-        semantic_weight: float | None = None,
-    ) -> list[float]:
-        terms = {t[:5] for t in keyword_terms(query)}
-        top = max((c.fused for c in candidates), default=1.0) or 1.0
-        out: list[float] = []
-        for batch in self._batches(candidates):
+    def _scorer(self, call: _Call) -> BatchScorer:
+        terms = {t[:5] for t in keyword_terms(call.query)}
+        top = _top_fused(call.candidates)
+
+        def scores(batch: Sequence[Candidate]) -> Iterator[float]:
             for c in batch:
                 words = {w[:5] for w in keyword_terms(c.text, limit=512)}
                 share = len(terms & words) / len(terms) if terms else 0.0
-                out.append(c.fused / top + self.weight * share)
-        return out
+                yield c.fused / top + self.weight * share
+
+        return scores
 
 
 class CrossEncoderReranker(_Batched):
@@ -197,26 +218,21 @@ class CrossEncoderReranker(_Batched):
         )
         self._inputs = {i.name for i in self._session.get_inputs()}
 
-    def score(
-        self,
-        query: str,
-        query_vector: np.ndarray,
-        candidates: Sequence[Candidate],
-        *,
-        semantic_weight: float | None = None,
-    ) -> list[float]:
-        out: list[float] = []
-        for batch in self._batches(candidates):
-            encodings = self._tokenizer.encode_batch([(query, c.text) for c in batch])
-            feeds: dict[str, Any] = {
-                "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            }
-            if "token_type_ids" in self._inputs:
-                feeds["token_type_ids"] = np.array([e.type_ids for e in encodings], dtype=np.int64)
-            logits = np.asarray(self._session.run(None, feeds)[0]).reshape(len(batch), -1)[:, -1]
-            out.extend((1.0 / (1.0 + np.exp(-logits))).tolist())
-        return out
+    def _scorer(self, call: _Call) -> BatchScorer:
+        return lambda batch: self._logits(call.query, batch)
+
+    def _logits(self, query: str, batch: Sequence[Candidate]) -> list[float]:
+        """The model's relevance of each (query, passage) pair, squashed to (0, 1)."""
+        encodings = self._tokenizer.encode_batch([(query, c.text) for c in batch])
+        feeds: dict[str, Any] = {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+        }
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.array([e.type_ids for e in encodings], dtype=np.int64)
+        logits = np.asarray(self._session.run(None, feeds)[0]).reshape(len(batch), -1)[:, -1]
+        scores: list[float] = (1.0 / (1.0 + np.exp(-logits))).tolist()
+        return scores
 
 
 def build_reranker(name: str, model_dir: Path | None = None, **kwargs: Any) -> Reranker:

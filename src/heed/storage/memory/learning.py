@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from heed.memory.models import Bank, StoredUnit
 from heed.memory.retain.links import first_mentions
@@ -31,11 +31,9 @@ from heed.storage.memory.rows import (
     touch_bank,
 )
 from heed.storage.memory.values import ValueWriter, release
-from heed.storage.memory.writes import DocumentWrites
+from heed.storage.memory.writes import OBSERVATION, DocumentWrites
 
 __all__ = ["OBSERVATION", "LearningWrites"]
-
-OBSERVATION: Final = "observation"
 
 
 class LearningWrites(DocumentWrites):
@@ -79,48 +77,35 @@ class LearningWrites(DocumentWrites):
             generation = touch_bank(conn, bank_ref, now)
             gone = [u.id for u in changes.replaced] + list(changes.removed)
             removed, released = self._remove_units(conn, bank_ref, gone, OBSERVATION)
-            seqs = self._insert_units(conn, bank_ref, units, rows, generation)
-            self._link(conn, bank_ref, seqs, units, first)
+            added = self._insert_linked(conn, bank_ref, units, rows, generation, first)
             self._set_state(conn, bank_ref, changes.done, "done")
             self._set_state(conn, bank_ref, changes.failed, "failed")
             values.store(conn, bank_ref)
             release(conn, bank_ref, released)
-        return WriteResult(
-            removed=removed,
-            added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
-            generation=generation,
-        )
+        return WriteResult(removed=removed, added=added, generation=generation)
 
     def delete_observations(self, bank_ref: str, source_id: str | None) -> WriteResult:
         if source_id is not None and holds_nul(source_id):
             return WriteResult([], [])
         with self.db.write() as conn:
             self.lock_bank(conn, bank_ref)
-            rows = conn.execute(
-                "SELECT id, source_ids FROM memory_units WHERE bank_ref = ? AND fact_type = ?",
-                (bank_ref, OBSERVATION),
-            ).fetchall()
-            doomed: list[str] = []
-            sources: set[str] = set()
-            for row in rows:
-                cited = json.loads(row["source_ids"]) if row["source_ids"] else []
-                if source_id is None or source_id in cited:
-                    doomed.append(str(row["id"]))
-                    sources.update(cited)
-            if not doomed:
+            if source_id is not None:
+                removed, released = self.drop_derived(conn, bank_ref, [source_id])
+                if source_id and removed:
+                    self._mark_pending(conn, bank_ref, [source_id])
+            else:
+                rows = conn.execute(
+                    "SELECT id, source_ids FROM memory_units WHERE bank_ref = ? AND fact_type = ?",
+                    (bank_ref, OBSERVATION),
+                ).fetchall()
+                sources = {s for r in rows for s in (json.loads(r[1]) if r[1] else [])}
+                removed, released = self._remove_units(
+                    conn, bank_ref, [str(r[0]) for r in rows], OBSERVATION
+                )
+                self._mark_pending(conn, bank_ref, [s for s in sources if not holds_nul(s)])
+            if not removed:
                 return WriteResult([], [])
             generation = touch_bank(conn, bank_ref)
-            removed, released = self._remove_units(conn, bank_ref, doomed, OBSERVATION)
-            pending = [s for s in sources if not holds_nul(s)]
-            for start in range(0, len(pending), self.dialect.list_max):
-                match, params = self.dialect.any_of(
-                    "id", pending[start : start + self.dialect.list_max], "text"
-                )
-                conn.execute(
-                    "UPDATE memory_units SET consolidation_state = 'pending'"
-                    f" WHERE bank_ref = ? AND consolidation_state IS NOT NULL AND {match}",
-                    (bank_ref, *params),
-                )
             release(conn, bank_ref, released)
         return WriteResult(removed, [], generation)
 
@@ -145,28 +130,6 @@ class LearningWrites(DocumentWrites):
         return [bank_from_row(row) for row in rows]
 
     # -- helpers -----------------------------------------------------------------------
-
-    def _remove_units(
-        self, conn: Any, bank_ref: str, ids: Sequence[str], fact_type: str
-    ) -> tuple[list[int], list[str | None]]:
-        """Delete the bank's units of *fact_type* among *ids* in the caller's transaction:
-        the seqs removed and the shared values their rows referenced."""
-        seqs: list[int] = []
-        refs: list[str | None] = []
-        for start in range(0, len(ids), self.dialect.list_max):
-            match, params = self.dialect.any_of(
-                "id", list(ids[start : start + self.dialect.list_max]), "text"
-            )
-            for row in conn.execute(
-                f"DELETE FROM memory_units WHERE bank_ref = ? AND fact_type = ? AND {match}"
-                " RETURNING seq, tags_ref, metadata_ref, context_ref",
-                (bank_ref, fact_type, *params),
-            ).fetchall():
-                seqs.append(int(row[0]))
-                refs.extend((row[1], row[2], row[3]))
-        seqs.sort()
-        self.dialect.drop_keywords(conn, seqs)
-        return seqs, refs
 
     def _set_state(self, conn: Any, bank_ref: str, seqs: Sequence[int], state: str) -> None:
         for start in range(0, len(seqs), self.dialect.list_max):

@@ -343,4 +343,43 @@ def memory_migrations(dim: int = DEFAULT_DIM) -> list[Migration]:
             ALTER TABLE memory_mental_models ADD COLUMN source_fingerprint TEXT;
             """,
         ),
+        Migration(
+            "memory",
+            11,
+            # Invalidated facts (heed.storage.memory.curation): a fact a client invalidated
+            # leaves memory_units (so recall, consolidation and the graph never see it) and
+            # is kept here as JSON, without its vector, until it is reverted or its document
+            # or bank goes.
+            """
+            CREATE TABLE memory_invalidated_units (
+                bank_ref {bytewise} NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+                id {bytewise} NOT NULL,
+                fact_type {bytewise} NOT NULL,
+                document_id {bytewise},
+                unit TEXT NOT NULL,
+                reason TEXT,
+                invalidated_at {bytewise} NOT NULL,
+                PRIMARY KEY (bank_ref, id)
+            );
+            CREATE INDEX memory_invalidated_units_doc
+                ON memory_invalidated_units (bank_ref, document_id);
+            """,
+        ),
+        Migration(
+            "memory",
+            12,
+            # Bank aliases (heed.memory.aliases): extra ids a bank answers to within its
+            # tenant; at most one is shown in place of the bank's id (is_primary).
+            """
+            CREATE TABLE memory_bank_aliases (
+                tenant {bytewise} NOT NULL,
+                alias {bytewise} NOT NULL,
+                bank_ref {bytewise} NOT NULL REFERENCES memory_banks (ref) ON DELETE CASCADE,
+                is_primary INTEGER NOT NULL DEFAULT 0,
+                created_at {bytewise} NOT NULL,
+                PRIMARY KEY (tenant, alias)
+            );
+            CREATE INDEX memory_bank_aliases_bank ON memory_bank_aliases (bank_ref);
+            """,
+        ),
     ]

@@ -22,10 +22,11 @@ from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.memory.tags import filters_by_tags, tags_pass
 from heed.memory.timeseries import TIME_FIELDS
 from heed.storage.database import SqlDatabase, apply_migrations
+from heed.storage.memory.aliases import AliasRows
 from heed.storage.memory.browse import BrowseReads
+from heed.storage.memory.curation import CurationWrites
 from heed.storage.memory.dialect import memory_dialect
 from heed.storage.memory.directives import DirectiveWrites
-from heed.storage.memory.learning import LearningWrites
 from heed.storage.memory.rows import (
     DOCUMENT_VALUES,
     UNIT_COLUMNS,
@@ -59,11 +60,14 @@ def _like(search: str) -> str:
     return "%" + search.lower().replace("\\", "\\\\") + "%"
 
 
-class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelWrites, BrowseReads):
+class SqlMemoryStore(
+    CurationWrites, AliasRows, TransferRows, DirectiveWrites, MentalModelWrites, BrowseReads
+):
     """Banks, documents, units, entities, links and the keyword index of every tenant, on
     either database (see the module docstring and :class:`heed.memory.store.MemoryStore`);
     its writes come from :class:`~.writes.DocumentWrites`, consolidation's from
-    :class:`~.learning.LearningWrites` and directives' from
+    :class:`~.learning.LearningWrites`, curation's from :class:`~.curation.CurationWrites`
+    and directives' from
     :class:`~.directives.DirectiveWrites`.
 
     *dim* is the size of the vectors the store holds (the embedder's): a unit with another
@@ -89,27 +93,45 @@ class SqlMemoryStore(LearningWrites, TransferRows, DirectiveWrites, MentalModelW
     # -- banks -----------------------------------------------------------------------------
 
     def get_bank(self, tenant: str, bank_id: str) -> Bank | None:
+        """The bank whose id is *bank_id*, else the one it is an alias of
+        (:mod:`heed.memory.aliases`): an alias costs a second read only on a miss."""
         if holds_nul(tenant, bank_id):
             return None
         with self.db.read() as conn:
             row = conn.execute(
                 "SELECT * FROM memory_banks WHERE tenant = ? AND bank_id = ?", (tenant, bank_id)
             ).fetchone()
-        return bank_from_row(row) if row else None
+            if row is None:
+                return self.bank_by_alias(conn, tenant, bank_id)
+        return bank_from_row(row)
 
     def list_banks(
-        self, tenant: str, limit: int, offset: int
+        self, tenant: str, limit: int, offset: int, search: str | None = None
     ) -> tuple[list[tuple[Bank, int]], int]:
-        if holds_nul(tenant):
+        if holds_nul(tenant) or holds_nul(search or ""):
             return [], 0
+        where = "tenant = ?"
+        params: tuple[Any, ...] = (tenant,)
+        if search:
+            pattern = (
+                "%"
+                + search.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                + "%"
+            )
+            where += (
+                " AND (LOWER(bank_id) LIKE ? ESCAPE '\\' OR LOWER(name) LIKE ? ESCAPE '\\'"
+                " OR EXISTS (SELECT 1 FROM memory_bank_aliases a WHERE a.bank_ref = b.ref"
+                " AND LOWER(a.alias) LIKE ? ESCAPE '\\'))"
+            )
+            params += (pattern, pattern, pattern)
         with self.db.read() as conn:
             total = conn.execute(
-                "SELECT COUNT(*) FROM memory_banks WHERE tenant = ?", (tenant,)
+                f"SELECT COUNT(*) FROM memory_banks b WHERE {where}", params
             ).fetchone()[0]
             rows = conn.execute(
                 "SELECT b.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = b.ref) AS n"
-                " FROM memory_banks b WHERE tenant = ? ORDER BY bank_id LIMIT ? OFFSET ?",
-                (tenant, row_limit(limit), max(0, offset)),
+                f" FROM memory_banks b WHERE {where} ORDER BY bank_id LIMIT ? OFFSET ?",
+                (*params, row_limit(limit), max(0, offset)),
             ).fetchall()
         return [(bank_from_row(r), int(r["n"])) for r in rows], int(total)
 

@@ -57,6 +57,8 @@ __all__ = ["BANK_LOCK", "LINK_COLUMNS", "MEMBERSHIP_COLUMNS", "WRITE_BATCH", "Do
 #: Rows inserted per bulk insert (a document's units: its database's ``unit_batch``); the
 #: token is checked between batches.
 WRITE_BATCH: Final = 256
+#: The fact type of a unit consolidation derived (it has sources, not a document).
+OBSERVATION: Final = "observation"
 #: The lock a bank's writes and deletes hold (see the module docstring).
 BANK_LOCK: Final = "bank:"
 #: ``memory_unit_entities`` and ``memory_links`` as bulk inserts write them.
@@ -173,15 +175,26 @@ class DocumentWrites:
                         for c in document.chunks
                     ],
                 )
-            seqs = self._insert_units(conn, bank_ref, units, rows, generation)
-            self._link(conn, bank_ref, seqs, units, first)
+            added = self._insert_linked(conn, bank_ref, units, rows, generation, first)
             values.store(conn, bank_ref)
             release(conn, bank_ref, released)
-        return WriteResult(
-            removed=removed,
-            added=[(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)],
-            generation=generation,
-        )
+        return WriteResult(removed=removed, added=added, generation=generation)
+
+    def _insert_linked(
+        self,
+        conn: Any,
+        bank_ref: str,
+        units: Sequence[PreparedUnit],
+        rows: Sequence[tuple[Any, ...]],
+        generation: int,
+        first: dict[str, tuple[str, str | None]],
+    ) -> list[tuple[int, str]]:
+        """:meth:`_insert_units`, then their links (:meth:`_link`; *first*: each entity's
+        first mention, :func:`~heed.memory.retain.links.first_mentions`), in the caller's
+        transaction: the (seq, id) added."""
+        seqs = self._insert_units(conn, bank_ref, units, rows, generation)
+        self._link(conn, bank_ref, seqs, units, first)
+        return [(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)]
 
     def _insert_units(
         self,
@@ -227,9 +240,12 @@ class DocumentWrites:
         chunk_ids: dict[int, str],
         now: str,
         values: ValueWriter,
+        *,
+        created_at: str | None = None,
+        updated_at: str | None = None,
     ) -> tuple[Any, ...]:
         """A ``memory_units`` row of *unit* (``UNIT_WRITE_COLUMNS``) without its seq and
-        generation, which the transaction knows."""
+        generation, which the transaction knows; created *now* unless *created_at* says."""
         return (
             unit.id,
             bank_ref,
@@ -244,8 +260,8 @@ class DocumentWrites:
             *values.encode(unit.metadata),
             *values.encode(unit.tags),
             self.dialect.encode_vector(unit.embedding),
-            now,
-            None,
+            created_at or now,
+            updated_at,
             unit.token_count,
             unit.consolidation_state,
             json.dumps(unit.source_ids) if unit.source_ids else None,
@@ -330,21 +346,28 @@ class DocumentWrites:
     def remove_document(
         self, conn: Any, bank_ref: str, document_id: str
     ) -> tuple[list[int], list[str | None]]:
-        """Delete a document's units (their links and entity rows cascade), chunks and row,
-        in the caller's transaction: the seqs removed (ascending), and the shared values the
+        """Delete a document's units (their links and entity rows cascade), the observations
+        citing them (:meth:`drop_derived`), its invalidated units, chunks and row, in the
+        caller's transaction: the seqs removed (ascending), and the shared values the
         removed rows referenced (for :func:`~heed.storage.memory.values.release`)."""
         rows = conn.execute(
             "DELETE FROM memory_units WHERE bank_ref = ? AND document_id = ?"
-            " RETURNING seq, tags_ref, metadata_ref, context_ref",
+            " RETURNING seq, tags_ref, metadata_ref, context_ref, id",
             (bank_ref, document_id),
         ).fetchall()
-        seqs = sorted(int(r[0]) for r in rows)
-        self.dialect.drop_keywords(conn, seqs)
+        seqs = [int(r[0]) for r in rows]
+        self.dialect.drop_keywords(conn, sorted(seqs))
         refs: list[str | None] = [ref for r in rows for ref in (r[1], r[2], r[3])]
-        conn.execute(
-            "DELETE FROM memory_chunks WHERE bank_ref = ? AND document_id = ?",
-            (bank_ref, document_id),
-        )
+        if rows:
+            gone, more = self.drop_derived(conn, bank_ref, [str(r[4]) for r in rows])
+            seqs.extend(gone)
+            refs.extend(more)
+        seqs.sort()
+        for table in ("memory_chunks", "memory_invalidated_units"):
+            conn.execute(
+                f"DELETE FROM {table} WHERE bank_ref = ? AND document_id = ?",
+                (bank_ref, document_id),
+            )
         for row in conn.execute(
             "DELETE FROM memory_documents WHERE bank_ref = ? AND document_id = ?"
             " RETURNING tags_ref, metadata_ref",
@@ -365,7 +388,7 @@ class DocumentWrites:
             ).fetchone()
             if exists is None:
                 return None
-            generation = touch_bank(conn, bank_ref)
+            generation = touch_bank(conn, bank_ref, now_iso())
             seqs, refs = self.remove_document(conn, bank_ref, document_id)
             release(conn, bank_ref, refs)
             return WriteResult(seqs, [], generation)
@@ -384,8 +407,70 @@ class DocumentWrites:
             if row is None:
                 return None
             self.dialect.drop_keywords(conn, [int(row[0])])
-            release(conn, bank_ref, [row[1], row[2], row[3]])
-            return WriteResult([int(row[0])], [], touch_bank(conn, bank_ref))
+            gone, more = self.drop_derived(conn, bank_ref, [unit_id])
+            release(conn, bank_ref, [row[1], row[2], row[3], *more])
+            generation = touch_bank(conn, bank_ref, now_iso())
+            return WriteResult(sorted([int(row[0]), *gone]), [], generation)
+
+    def drop_derived(
+        self, conn: Any, bank_ref: str, source_ids: Sequence[str]
+    ) -> tuple[list[int], list[str | None]]:
+        """Delete the bank's observations that cite any of *source_ids* (facts removed or
+        changed) and mark their other sources ``pending``, so consolidation derives them
+        again from what is left, in the caller's transaction: the seqs removed and the
+        shared values the removed rows referenced."""
+        wanted = set(source_ids)
+        doomed: list[str] = []
+        others: set[str] = set()
+        for row in conn.execute(
+            "SELECT id, source_ids FROM memory_units WHERE bank_ref = ? AND fact_type = ?"
+            " AND source_ids IS NOT NULL",
+            (bank_ref, OBSERVATION),
+        ).fetchall():
+            cited = json.loads(row[1])
+            if wanted.intersection(cited):
+                doomed.append(str(row[0]))
+                others.update(cited)
+        if not doomed:
+            return [], []
+        removed, released = self._remove_units(conn, bank_ref, doomed, OBSERVATION)
+        self._mark_pending(conn, bank_ref, [s for s in others - wanted if not holds_nul(s)])
+        return removed, released
+
+    def _mark_pending(self, conn: Any, bank_ref: str, ids: Sequence[str]) -> None:
+        """Set the consolidation state of the bank's units among *ids* that consolidation
+        took before (a state is set) back to ``pending``."""
+        for start in range(0, len(ids), self.dialect.list_max):
+            match, params = self.dialect.any_of(
+                "id", list(ids[start : start + self.dialect.list_max]), "text"
+            )
+            conn.execute(
+                "UPDATE memory_units SET consolidation_state = 'pending'"
+                f" WHERE bank_ref = ? AND consolidation_state IS NOT NULL AND {match}",
+                (bank_ref, *params),
+            )
+
+    def _remove_units(
+        self, conn: Any, bank_ref: str, ids: Sequence[str], fact_type: str
+    ) -> tuple[list[int], list[str | None]]:
+        """Delete the bank's units of *fact_type* among *ids* in the caller's transaction:
+        the seqs removed and the shared values their rows referenced."""
+        seqs: list[int] = []
+        refs: list[str | None] = []
+        for start in range(0, len(ids), self.dialect.list_max):
+            match, params = self.dialect.any_of(
+                "id", list(ids[start : start + self.dialect.list_max]), "text"
+            )
+            for row in conn.execute(
+                f"DELETE FROM memory_units WHERE bank_ref = ? AND fact_type = ? AND {match}"
+                " RETURNING seq, tags_ref, metadata_ref, context_ref",
+                (bank_ref, fact_type, *params),
+            ).fetchall():
+                seqs.append(int(row[0]))
+                refs.extend((row[1], row[2], row[3]))
+        seqs.sort()
+        self.dialect.drop_keywords(conn, seqs)
+        return seqs, refs
 
     def delete_bank(self, bank_ref: str) -> int:
         """See :meth:`heed.memory.store.MemoryStore.delete_bank`."""
@@ -396,28 +481,33 @@ class DocumentWrites:
                     "SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,)
                 ).fetchone()[0]
             )
-            self.dialect.drop_bank_keywords(conn, bank_ref)
-            # Set-based deletes first; the cascades then find nothing left to do row by row.
-            for table, column in (
-                ("memory_links", "from_seq"),
-                ("memory_unit_entities", "unit_seq"),
-            ):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE {column} IN"
-                    " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
-                    (bank_ref,),
-                )
-            conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
-            for table in (
-                "memory_entities",
-                "memory_chunks",
-                "memory_documents",
-                "memory_retain_ledger",
-                "memory_values",
-            ):
-                conn.execute(f"DELETE FROM {table} WHERE bank_ref = ?", (bank_ref,))
+            self.empty_bank(conn, bank_ref)
             conn.execute("DELETE FROM memory_banks WHERE ref = ?", (bank_ref,))
         return count
+
+    def empty_bank(self, conn: Any, bank_ref: str) -> None:
+        """Delete every unit, invalidated unit, entity, chunk, document, retain key and
+        shared value of the bank in the caller's transaction (its row, settings,
+        directives and mental models stay). Set-based deletes first: the cascades then
+        find nothing left to do row by row; the token is checked between them."""
+        self.dialect.drop_bank_keywords(conn, bank_ref)
+        for table, column in (("memory_links", "from_seq"), ("memory_unit_entities", "unit_seq")):
+            conn.execute(
+                f"DELETE FROM {table} WHERE {column} IN"
+                " (SELECT seq FROM memory_units WHERE bank_ref = ?)",
+                (bank_ref,),
+            )
+        raise_if_cancelled()
+        conn.execute("DELETE FROM memory_units WHERE bank_ref = ?", (bank_ref,))
+        for table in (
+            "memory_invalidated_units",
+            "memory_entities",
+            "memory_chunks",
+            "memory_documents",
+            "memory_retain_ledger",
+            "memory_values",  # only units and documents reference shared values
+        ):
+            conn.execute(f"DELETE FROM {table} WHERE bank_ref = ?", (bank_ref,))
 
     def retain_ledger(self, bank_ref: str, key: str) -> list[LedgerEntry]:
         """See :meth:`heed.memory.store.MemoryStore.retain_ledger`."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,20 +36,15 @@ from heed.transfer.rows import (
 __all__ = ["SnapshotReader"]
 
 
+@dataclass(eq=False, slots=True)
 class SnapshotReader:
-    """A :class:`~heed.transfer.rows.BankReader` over an open snapshot *conn*."""
+    """A :class:`~heed.transfer.rows.BankReader` over an open snapshot *conn*: the rows of
+    bank *bank_ref* that *selection* names, read in *dialect*."""
 
-    def __init__(
-        self,
-        conn: Any,
-        bank_ref: str,
-        selection: BankSelection,
-        dialect: MemoryDialect,
-    ) -> None:
-        self.conn = conn
-        self.bank_ref = bank_ref
-        self.selection = selection
-        self.dialect = dialect
+    conn: Any
+    bank_ref: str
+    selection: BankSelection
+    dialect: MemoryDialect
 
     # -- the selection ---------------------------------------------------------------------
 

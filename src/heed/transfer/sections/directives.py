@@ -14,9 +14,11 @@ from heed.transfer.records import (
     NOT_BLANK,
     Id,
     InvalidArchive,
+    Name,
     Record,
+    ScopeTags,
     fields_of,
-    utc_time,
+    row_of,
     validate,
 )
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section
@@ -28,11 +30,11 @@ class DirectiveRecord(Record):
     """A rule of the bank, by the directive service's limits."""
 
     id: Id
-    name: Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+    name: Name
     content: Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS, pattern=NOT_BLANK)]
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
     is_active: bool
-    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=64)]
+    tags: ScopeTags
     created_at: str
     updated_at: str
 
@@ -42,18 +44,7 @@ def encode(row: Directive) -> dict[str, Any]:
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> Directive:
-    record = validate(DirectiveRecord, value, where)
-    return Directive(
-        id=record.id,
-        bank_ref="",
-        name=record.name,
-        content=record.content,
-        priority=record.priority,
-        is_active=record.is_active,
-        tags=list(record.tags),
-        created_at=utc_time(record.created_at, "created_at", where) or "",
-        updated_at=utc_time(record.updated_at, "updated_at", where) or "",
-    )
+    return row_of(validate(DirectiveRecord, value, where), Directive, where, bank_ref="")
 
 
 def read(ctx: ExportContext) -> Iterator[list[Directive]]:

@@ -17,7 +17,7 @@ from heed.transfer.records import (
     Record,
     Tags,
     fields_of,
-    utc_time,
+    row_of,
     validate,
 )
 from heed.transfer.rows import ChunkRow, DocumentRow, UnitRow
@@ -61,17 +61,8 @@ def encode(row: DocumentRow) -> dict[str, Any]:
 
 def decode(value: dict[str, Any], dim: int, where: str) -> DocumentRow:
     record = validate(DocumentRecord, value, where)
-    return DocumentRow(
-        document_id=record.document_id,
-        original_text=record.original_text,
-        content_hash=record.content_hash,
-        metadata=dict(record.metadata),
-        tags=list(record.tags),
-        created_at=utc_time(record.created_at, "created_at", where) or "",
-        updated_at=utc_time(record.updated_at, "updated_at", where) or "",
-        unit_count=record.unit_count,
-        chunks=[ChunkRow(c.id, c.chunk_index, c.text) for c in record.chunks],
-    )
+    chunks = [ChunkRow(c.id, c.chunk_index, c.text) for c in record.chunks]
+    return row_of(record, DocumentRow, where, chunks=chunks)
 
 
 def read(ctx: ExportContext) -> Iterator[list[DocumentRow]]:

@@ -6,19 +6,17 @@ bank's own and are kept; the tree is checked with the mental models
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any
 
 from heed.memory.models import InvalidInput
 from heed.mental_models.values import MAX_MENTAL_MODELS, KnowledgeFolder
 from heed.transfer.records import (
-    NOT_BLANK,
     Id,
     InvalidArchive,
+    Name,
     Record,
     fields_of,
-    utc_time,
+    row_of,
     validate,
 )
 from heed.transfer.sections.base import (
@@ -36,7 +34,7 @@ class FolderRecord(Record):
     """A knowledge-base folder."""
 
     id: Id
-    name: Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+    name: Name
     parent_id: Id | None
     managed: bool
     created_at: str
@@ -48,16 +46,7 @@ def encode(row: KnowledgeFolder) -> dict[str, Any]:
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> KnowledgeFolder:
-    record = validate(FolderRecord, value, where)
-    return KnowledgeFolder(
-        bank_ref="",
-        id=record.id,
-        name=record.name,
-        parent_id=record.parent_id,
-        managed=record.managed,
-        created_at=utc_time(record.created_at, "created_at", where) or "",
-        updated_at=utc_time(record.updated_at, "updated_at", where) or "",
-    )
+    return row_of(validate(FolderRecord, value, where), KnowledgeFolder, where, bank_ref="")
 
 
 def read(ctx: ExportContext) -> Iterator[list[KnowledgeFolder]]:

@@ -23,7 +23,9 @@ from heed.transfer.records import (
     NOT_BLANK,
     Id,
     InvalidArchive,
+    Name,
     Record,
+    ScopeTags,
     decode_vector,
     encode_vector,
     utc_time,
@@ -59,10 +61,10 @@ class MentalModelRecord(Record):
     vector it is ranked by."""
 
     id: Id
-    name: Annotated[str, Field(min_length=1, max_length=500, pattern=NOT_BLANK)]
+    name: Name
     source_query: Annotated[str, Field(min_length=1, pattern=NOT_BLANK)]
     content: str
-    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=64)]
+    tags: ScopeTags
     max_tokens: Annotated[int, Field(ge=1, le=8192)]
     trigger: dict[str, Any]
     parent_id: Id | None

@@ -34,10 +34,7 @@ export class DirectivesSection {
     });
     this.priorityInput = h("input", { id: "directive-priority", name: "priority", type: "number", step: 1, value: 0, inputmode: "numeric" });
     this.tagsInput = h("input", { id: "directive-tags", name: "tags", autocomplete: "off", placeholder: "tags, comma-separated (optional)" });
-    this.formStatus = h("p", { class: "form-status", role: "status", id: "directive-form-status" });
-    const form = h(
-      "form",
-      { id: "directive-form", onsubmit: (e) => this.create(e) },
+    const fields = [
       h("label", { for: "directive-name" }, "Name"),
       this.nameInput,
       h("label", { for: "directive-content" }, "Rule"),
@@ -50,31 +47,26 @@ export class DirectivesSection {
         h("label", { for: "directive-tags", class: "sr-only" }, "Tags"),
         this.tagsInput,
       ),
-      h("div", { class: "row" }, h("button", { type: "submit", id: "directive-create" }, "Create")),
-      this.formStatus,
-    );
-    this.count = h("span", { id: "directive-count", class: "muted" });
-    this.statusEl = h("p", { class: "form-status", role: "status", id: "directive-status" });
-    this.list = h("ol", { class: "directives", id: "directive-list", "aria-label": "directives" });
-    this.el = formBesideList({
+    ];
+    this.panel = formBesideList({
       formTitle: "New directive",
       hint: "Untagged directives always apply; tagged ones only to a reflect whose tags match them.",
-      form,
+      formName: "directive",
+      fields,
+      onCreate: (e) => this.create(e),
       listTitle: "Directives",
-      count: this.count,
-      statusEl: this.statusEl,
-      list: this.list,
+      name: "directive",
+      listClass: "directives",
+      listLabel: "directives",
       onReload: () => this.load(),
     });
+    ({ el: this.el, formStatus: this.formStatus, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
   }
 
   setBank(bankId) {
     if (bankId === this.bankId) return;
     this.bankId = bankId;
-    clear(this.list);
-    this.count.textContent = "";
-    setStatus(this.statusEl, "");
-    setStatus(this.formStatus, "");
+    this.panel.reset();
   }
 
   close() {}

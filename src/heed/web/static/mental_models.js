@@ -176,30 +176,25 @@ export class MentalModelsSection {
       required: true,
       placeholder: "The question whose answer this model keeps, e.g. “What pets does Alice have?”",
     });
-    this.formStatus = h("p", { class: "form-status", role: "status", id: "mm-form-status" });
-    const form = h(
-      "form",
-      { id: "mm-form", onsubmit: (e) => this.create(e) },
+    const fields = [
       h("label", { for: "mm-name" }, "Name"),
       this.nameInput,
       h("label", { for: "mm-query" }, "Source query"),
       this.queryInput,
-      h("div", { class: "row" }, h("button", { type: "submit", id: "mm-create" }, "Create")),
-      this.formStatus,
-    );
-    this.count = h("span", { id: "mental-model-count", class: "muted" });
-    this.statusEl = h("p", { class: "form-status", role: "status", id: "mental-model-status" });
-    this.list = h("ol", { class: "mental-models", id: "mental-model-list", "aria-label": "mental models" });
-    this.el = formBesideList({
+    ];
+    this.panel = formBesideList({
       formTitle: "New mental model",
       hint: "heed answers the question from the bank's memories and keeps the answer as the model's content; Refresh asks again.",
-      form,
+      formName: "mm",
+      fields,
+      onCreate: (e) => this.create(e),
       listTitle: "Mental models",
-      count: this.count,
-      statusEl: this.statusEl,
-      list: this.list,
+      name: "mental-model",
+      listClass: "mental-models",
+      listLabel: "mental models",
       onReload: () => this.load(),
     });
+    ({ el: this.el, formStatus: this.formStatus, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
   }
 
   setBank(bankId) {
@@ -207,10 +202,7 @@ export class MentalModelsSection {
     this.bankId = bankId;
     for (const view of this.views.values()) view.close();
     this.views.clear();
-    clear(this.list);
-    this.count.textContent = "";
-    setStatus(this.statusEl, "");
-    setStatus(this.formStatus, "");
+    this.panel.reset();
   }
 
   close() {

@@ -32,16 +32,40 @@ export function card(title, ...body) {
 
 /**
  * A learning tab's layout: a form card ("New …", a hint, the form) beside a list card (its
- * count and a Reload button, a status line, the list). Returns the tab's element.
+ * count and a Reload button, a status line, the list). The form (id `${formName}-form`)
+ * holds *fields*, then a Create button (`${formName}-create`) and its status line
+ * (`${formName}-form-status`); submitting it calls onCreate(event). The list card's parts
+ * have the ids `${name}-count`, `${name}-status` and `${name}-list` (the list of class
+ * listClass, labelled listLabel). Returns { el: the tab's element, formStatus, count,
+ * statusEl, list, reset: empties the list and blanks the count and both status lines
+ * (another bank chosen) }.
  */
-export function formBesideList({ formTitle, hint, form, listTitle, count, statusEl, list, onReload }) {
+export function formBesideList({ formTitle, hint, formName, fields, onCreate, listTitle, name, listClass, listLabel, onReload }) {
+  const formStatus = h("p", { class: "form-status", role: "status", id: `${formName}-form-status` });
+  const form = h(
+    "form",
+    { id: `${formName}-form`, onsubmit: onCreate },
+    ...fields,
+    h("div", { class: "row" }, h("button", { type: "submit", id: `${formName}-create` }, "Create")),
+    formStatus,
+  );
+  const count = h("span", { id: `${name}-count`, class: "muted" });
+  const statusEl = h("p", { class: "form-status", role: "status", id: `${name}-status` });
+  const list = h("ol", { class: listClass, id: `${name}-list`, "aria-label": listLabel });
   const header = h("div", { class: "row" }, count, h("span", { class: "spacer" }), h("button", { type: "button", class: "secondary", onclick: onReload }, "Reload"));
-  return h(
+  const el = h(
     "div",
     { class: "memory-grid learning-grid" },
     h("div", { class: "memory-column" }, card(formTitle, h("p", { class: "muted hint" }, hint), form)),
     h("div", { class: "memory-column wide" }, card(listTitle, header, statusEl, list)),
   );
+  const reset = () => {
+    clear(list);
+    count.textContent = "";
+    setStatus(statusEl, "");
+    setStatus(formStatus, "");
+  };
+  return { el, formStatus, count, statusEl, list, reset };
 }
 
 /** Set a status line (class form-status; its other classes stay): kind is "", "pending", "ok" or "error". */
