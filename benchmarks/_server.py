@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,11 +70,19 @@ class Server:
 
 
 @contextmanager
-def serve(data_dir: Path | str, env: Mapping[str, str] | None = None) -> Iterator[Server]:
-    """Start ``heed serve`` on a free loopback port with *data_dir*; stop it on exit."""
+def serve(
+    data_dir: Path | str,
+    env: Mapping[str, str] | None = None,
+    command: Sequence[str] | None = None,
+) -> Iterator[Server]:
+    """Start ``heed serve`` on a free loopback port with *data_dir*; stop it on exit.
+
+    *command* replaces ``python -m heed.cli serve`` (a script that serves heed as it does);
+    ``--port N --log-level warning`` is appended either way."""
     port = free_port()
     full_env = dict(os.environ, HEED_DATA_DIR=str(data_dir), **(env or {}))
-    cmd = [sys.executable, "-m", "heed.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    base = list(command or [sys.executable, "-m", "heed.cli", "serve"])
+    cmd = [*base, "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env=full_env)
     try:
         deadline = time.monotonic() + 60

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from heed.llm.base import ChatProvider
 from heed.llm.factory import Operation
@@ -67,6 +69,7 @@ from heed.runtime.offload import (
     preload_in_processes,
     start_process_server,
 )
+from heed.runtime.tracing import TracingState, configure_tracing, shutdown_tracing
 from heed.sessions.service import TASK, TURN, SessionService
 from heed.sessions.task import TaskRunner
 from heed.sessions.tools import TurnTools
@@ -87,6 +90,9 @@ from heed.transfer.service import BankTransfers
 from heed.transfer.store import ExportQuota
 from heed.webhooks import DeliveryWorker, Webhooks
 from heed.webhooks.worker import LogLimits, SendLimits
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 __all__ = ["LANE_NAMES", "Services", "build_lanes"]
 
@@ -165,9 +171,13 @@ class Services:
     """What a running server holds, built from settings (see the module docstring).
 
     ``start()`` runs at server start-up (migrations, recovery); ``close()`` at shutdown.
+    *span_exporters* replace the exporters ``OTEL_TRACES_EXPORTER`` names when tracing is
+    on (tests pass an in-memory one).
     """
 
     settings: Settings
+    span_exporters: Sequence[SpanExporter] | None = None
+    tracing: TracingState = field(init=False)
     lanes: Lanes = field(init=False)
     database: SqlDatabase = field(init=False)
     broker: Broker = field(init=False)
@@ -204,6 +214,12 @@ class Services:
 
     def __post_init__(self) -> None:
         settings = self.settings
+        # Traces first: everything built below may make spans (off: none, at no cost).
+        self.tracing = configure_tracing(
+            settings.tracing == "on",
+            record_content=settings.tracing_record_content,
+            exporters=self.span_exporters,
+        )
         configure_thread_pool(settings.offload_threads)
         # The modules children of heed.runtime.run_in_process run: reflect's response_schema
         # validation, archive checks, file parsing with its libraries (a child then starts
@@ -503,3 +519,4 @@ class Services:
         await self.observability.close()  # after the runs: their last calls are written
         self._observability_io.shutdown(wait=True)
         self.database.close()
+        await run_in_thread(shutdown_tracing, self.tracing)  # flushes what is still batched

@@ -289,6 +289,19 @@ class Settings(BaseSettings):
         description="Mount /v1/_diag (a CPU burner for benchmarks). Never in production.",
     )
 
+    # OpenTelemetry traces (heed.runtime.tracing, docs/tracing.md).
+    tracing: Literal["off", "on"] = Field(
+        default="off",
+        description="on: OpenTelemetry spans per request, run and stage, exported as the "
+        "standard OTEL_* variables say (OTEL_TRACES_EXPORTER, default otlp over HTTP; "
+        "OTEL_EXPORTER_OTLP_ENDPOINT...). off: no span is made.",
+    )
+    tracing_record_content: bool = Field(
+        default=False,
+        description="Put what callers wrote on spans (a recall's query as "
+        "gen_ai.memory.query.text). Off by default: traces leave the server.",
+    )
+
     # LLM providers (heed.llm). The llm_* fields are the defaults; reflect_llm_* and
     # turn_llm_* override them per operation (None: use the default).
     llm_provider: str = Field(default="local", description="local, openai or scripted.")

@@ -55,8 +55,10 @@ from heed.api.routing import HeedRoute
 from heed.api.run_metrics import install_run_metrics
 from heed.api.streams import StreamSlots
 from heed.api.throttle import FailureThrottle
+from heed.api.tracing import request_spans
 from heed.api.uploads import SpoolBudget, spool_collector
 from heed.mcp import build_mcp_server, http_endpoint
+from heed.runtime.tracing import TracingState
 from heed.services import Services
 from heed.settings import Settings
 from heed.version import __version__
@@ -74,12 +76,17 @@ class HeedApp(FastAPI):
     """
 
     lifecycle: RequestLifecycleMiddleware | None = None
+    tracing: TracingState | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
         inner = super().build_middleware_stack()
         if self.lifecycle is None:
             return inner
         self.lifecycle.app = inner
+        if self.tracing is not None and self.tracing.enabled:
+            # Outside the lifecycle middleware, so a request refused at the edge has its
+            # span too (heed.api.tracing); it passes receive through, hiding no disconnect.
+            return request_spans(self.lifecycle, self.tracing)
         return self.lifecycle
 
 
@@ -162,6 +169,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.router.routes.extend(mcp.routes)  # /mcp: heed's MCP server
     mount_web(app)
     install_openapi(app)
+    app.tracing = services.tracing
     app.lifecycle = RequestLifecycleMiddleware(
         app.router,  # replaced by the whole stack when Starlette builds it
         metrics=app.state.metrics,

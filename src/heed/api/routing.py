@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from heed.api.input_rules import OFFLOAD_BODY_BYTES
+from heed.api.tracing import name_request_span
 from heed.runtime import run_in_thread
 
 __all__ = ["HeedRoute", "OffloadedJsonRequest"]
@@ -56,12 +57,16 @@ class OffloadedJsonRequest(Request):
 
 
 class HeedRoute(APIRoute):
-    """An ``APIRoute`` whose handler gets an :class:`OffloadedJsonRequest`."""
+    """An ``APIRoute`` whose handler gets an :class:`OffloadedJsonRequest`, and which names
+    the request's span after its path template while tracing is on
+    (:func:`heed.api.tracing.name_request_span`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        route = self.path
 
         async def offloading_handler(request: Request) -> Response:
+            name_request_span(request.method, route)
             offloaded = OffloadedJsonRequest(request.scope, request.receive)
             await offloaded.parse_large_json()
             return await handler(offloaded)

@@ -373,7 +373,8 @@ async def complete(
     forward the reply while it streams). *json_schema* is passed to the provider
     (only when given, so a provider written before it existed still works); the
     text is returned as produced, unparsed. The call is measured
-    (:func:`heed.llm.metered.metered_stream`). Cancellation and provider errors
+    (:func:`heed.llm.metered.metered_stream`) and, while tracing is on, a ``chat {model}``
+    span (:mod:`heed.llm.spans`). Cancellation and provider errors
     propagate unchanged; the stream is always closed before this returns or
     raises.
     """
@@ -389,6 +390,9 @@ async def complete(
         temperature=temperature,
         json_schema=json_schema,
     )
+    from heed.llm.spans import traced  # spans.py builds on this module
+
+    stream = traced(provider, stream, max_tokens=max_tokens, temperature=temperature)
     async with contextlib.aclosing(stream) as events:
         async for event in events:
             if isinstance(event, TextDelta):

@@ -56,6 +56,7 @@ from heed.memory.retain.prepare import (
     plan_documents,
     split_documents,
 )
+from heed.memory.spans import MEMORY_RECORDS, memory_span
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
 from heed.memory.timeseries import (
     DEFAULT_PERIOD,
@@ -387,6 +388,14 @@ class MemoryEngine:
         Returns the number of units deleted.
         """
         bank = await self.get_bank(bank_id)
+        with memory_span("delete_memory", bank.bank_id) as span:
+            deleted = await self._delete_bank(bank)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, deleted)
+            return deleted
+
+    async def _delete_bank(self, bank: Bank) -> int:
+        """:meth:`delete_bank` inside its span."""
         self._closing.add(bank.ref)
         self._drop_cached(bank.ref)
         try:
@@ -459,6 +468,23 @@ class MemoryEngine:
         different request.
         """
         self.validate_items(items, document_tags or ())
+        with memory_span("update_memory", bank.bank_id) as span:
+            summary = await self._retain(bank, items, document_tags, progress, idempotency_key)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, summary.units)
+                span.set_attribute("heed.retain.items", summary.items)
+                span.set_attribute("heed.retain.documents", summary.documents)
+            return summary
+
+    async def _retain(
+        self,
+        bank: Bank,
+        items: list[RetainItem],
+        document_tags: list[str] | None,
+        progress: ProgressCallback | None,
+        idempotency_key: str | None,
+    ) -> RetainSummary:
+        """:meth:`retain` inside its span."""
         tags = document_tags or []
         plans = plan_documents(items, tags, idempotency_key)
         async with self.track(bank), self.retain_lane.slot(), self.bank_gone_is_not_found(bank):
@@ -553,12 +579,18 @@ class MemoryEngine:
         work (consolidation's) takes a recall slot only when no user's recall waits for
         one (:mod:`heed.runtime.slots`)."""
         self.validate_query(query)
-        async with self.track(bank), self.bank_gone_is_not_found(bank):
-            settings = self.settings(bank)
-            outcome = await run_recall(
-                self.recall_deps, bank, query, settings, background=background
-            )
-            return await self._provenance(bank, query, outcome, settings)
+        with memory_span("search_memory", bank.bank_id, query=query.query) as span:
+            async with self.track(bank), self.bank_gone_is_not_found(bank):
+                settings = self.settings(bank)
+                outcome = await run_recall(
+                    self.recall_deps, bank, query, settings, background=background
+                )
+                outcome = await self._provenance(bank, query, outcome, settings)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, len(outcome.hits))
+                span.set_attribute("heed.recall.budget", query.budget)
+                span.set_attribute("heed.recall.background", background)
+            return outcome
 
     async def _provenance(
         self, bank: Bank, query: RecallQuery, outcome: RecallOutcome, settings: BankSettings
@@ -626,7 +658,8 @@ class MemoryEngine:
 
     async def delete_unit(self, bank: Bank, unit_id: str) -> None:
         refuse_nul(unit_id, "the memory id")
-        await self._delete(bank, f"memory {unit_id!r}", unit_id, self.store.delete_unit)
+        with memory_span("delete_memory", bank.bank_id, record_id=unit_id):
+            await self._delete(bank, f"memory {unit_id!r}", unit_id, self.store.delete_unit)
 
     async def list_documents(
         self, bank: Bank, search: str | None, limit: int, offset: int
@@ -642,7 +675,10 @@ class MemoryEngine:
     async def delete_document(self, bank: Bank, document_id: str) -> int:
         refuse_nul(document_id, "document_id")
         what = f"document {document_id!r}"
-        result = await self._delete(bank, what, document_id, self.store.delete_document)
+        with memory_span("delete_memory", bank.bank_id, record_id=document_id) as span:
+            result = await self._delete(bank, what, document_id, self.store.delete_document)
+            if span.is_recording():
+                span.set_attribute(MEMORY_RECORDS, len(result.removed))
         return len(result.removed)
 
 

@@ -72,6 +72,7 @@ from heed.runs.io import BlockingIO
 from heed.runs.journal import Journal
 from heed.runs.kinds import KindSpec, RunContext, TerminalHook
 from heed.runs.model import Phase, Run, Source, new_run_id, summary_json
+from heed.runs.spans import TRACE_LINK_KEY, run_span
 from heed.runs.state import (
     DEFAULT_UNWIND_WINDOW,
     is_lifecycle_busy,
@@ -90,6 +91,7 @@ from heed.runtime import (
     tallying,
     use_context,
 )
+from heed.runtime.tracing import link_carrier, link_from
 
 __all__ = [
     "AdmissionAborted",
@@ -342,6 +344,9 @@ class RunManager:
             summary=dict(summary or {}),
         )
         summary_json(run.summary)  # refuses an oversized summary before anything is written
+        carrier = link_carrier()  # the starting request's span, for the run's span to link
+        if carrier is not None:
+            payload = {**(payload or {}), TRACE_LINK_KEY: carrier}
         exclusive = spec.exclusive and session_id is not None
 
         def blocking(siblings: Any) -> Run | None:
@@ -506,7 +511,8 @@ class RunManager:
         try:
             payload = await self.io.call(self.store.payload, run.id)
             rc.payload = payload or {}
-            with use_context(ctx), tallying(run.id) as tally:
+            link = link_from(rc.payload.pop(TRACE_LINK_KEY, None))
+            with run_span(run, link), use_context(ctx), tallying(run.id) as tally:
                 if spec.lane is not None and self.lanes is not None:
                     async with self.lanes[spec.lane].slot(worker.token):
                         result = await spec.execute(rc)

@@ -59,6 +59,7 @@ from heed.llm.base import (
 )
 from heed.llm.grounding import GroundedAnswer, RecallPart, grounded_question
 from heed.llm.metered import metered_stream
+from heed.llm.spans import traced
 from heed.llm.usage import llm_work
 from heed.memory.directives.rules import Directive, rules_text
 from heed.memory.entities import query_entity_names
@@ -312,7 +313,11 @@ class TurnRunner:
         """One streamed model call: its text deltas (appended to *parts*) and tool calls go
         to the journal as they come; returns the tool calls."""
         calls: list[ToolCallEvent] = []
-        stream = metered_stream(provider, messages, tools=tools, max_tokens=self.max_tokens)
+        stream = traced(
+            provider,
+            metered_stream(provider, messages, tools=tools, max_tokens=self.max_tokens),
+            max_tokens=self.max_tokens,
+        )
         async with contextlib.aclosing(stream) as events:
             async for event in events:
                 rc.token.raise_if_cancelled()  # a provider that ignored the token

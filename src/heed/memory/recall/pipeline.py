@@ -53,6 +53,7 @@ from heed.memory.recall.ranking import RankingWeights, ranking_weights, speaks
 from heed.memory.recall.rerank import Candidate, Reranker
 from heed.memory.recall.vectors import VectorSearch
 from heed.memory.retain.units import speaker_of
+from heed.memory.spans import annotate, stage_span
 from heed.memory.store import MemoryStore
 from heed.memory.tags import tags_pass
 from heed.runtime import Lane, OperationCancelled, raise_if_cancelled, run_in_thread
@@ -64,6 +65,10 @@ StageHook = Callable[[str], None]
 
 #: How many of each arm's units ``trace: true`` lists.
 TRACE_ARM_TOP = 20
+#: A stage span's attribute: how many candidates the stage produced (an arm) or took (rerank).
+#: Spans are made for the stages worth a span's cost (about 20-40 us each): the query's
+#: embedding, each arm and the rerank; ``trace: true`` times every stage.
+CANDIDATES = "heed.recall.candidates"
 
 
 @dataclass
@@ -170,7 +175,11 @@ async def _gather_all(*aws: Awaitable[Any]) -> list[Any]:
 def _embed_query(deps: RecallDeps, query: str) -> np.ndarray:
     """The embedding of *query* (the analysed query's ``semantic_query``)."""
     _hook(deps, "embedding")
-    vector: np.ndarray = deps.embedder.embed([query])[0]
+    with stage_span("embeddings") as span:
+        if span.is_recording():
+            span.set_attribute("gen_ai.operation.name", "embeddings")
+            span.set_attribute("gen_ai.embeddings.dimension.count", deps.embedder.dim)
+        vector: np.ndarray = deps.embedder.embed([query])[0]
     return vector
 
 
@@ -233,7 +242,11 @@ def _embed_and_search(
     qvec = _embed_query(deps, text)
     embed_ms = (time.perf_counter() - start) * 1000
     raise_if_cancelled()
-    return qvec, _semantic_arm(deps, index, qvec, k, q), embed_ms
+    with stage_span("recall.arm.semantic") as span:
+        hits = _semantic_arm(deps, index, qvec, k, q)
+        if span.is_recording():
+            span.set_attribute(CANDIDATES, len(hits))
+    return qvec, hits, embed_ms
 
 
 def _lexical_arms(
@@ -248,12 +261,15 @@ def _lexical_arms(
     out: dict[str, list[tuple[int, float]]] = {}
     for name in names:
         raise_if_cancelled()
-        if name == "keyword":
-            out[name] = _keyword_arm(deps, bank, analysis, k, q)
-        elif name == "graph":
-            out[name] = _graph_arm(deps, bank, analysis, k)
-        else:
-            out[name] = _temporal_arm(deps, bank, analysis, k)
+        with stage_span(f"recall.arm.{name}") as span:
+            if name == "keyword":
+                out[name] = _keyword_arm(deps, bank, analysis, k, q)
+            elif name == "graph":
+                out[name] = _graph_arm(deps, bank, analysis, k)
+            else:
+                out[name] = _temporal_arm(deps, bank, analysis, k)
+            if span.is_recording():
+                span.set_attribute(CANDIDATES, len(out[name]))
     return out
 
 
@@ -345,7 +361,11 @@ def _rerank(
     weights: RankingWeights,
 ) -> list[float]:
     _hook(deps, "rerank")
-    return deps.reranker.score(query, qvec, candidates, semantic_weight=weights.semantic)
+    with stage_span("recall.rerank") as span:
+        if span.is_recording():
+            span.set_attribute(CANDIDATES, len(candidates))
+            span.set_attribute("heed.recall.reranker", deps.reranker.name)
+        return deps.reranker.score(query, qvec, candidates, semantic_weight=weights.semantic)
 
 
 def _parse_iso(value: str | None) -> datetime | None:
@@ -591,6 +611,7 @@ async def run_recall(
     slot = deps.lane.slot(background=True) if background else deps.lane.slot(cost=cost, dear=dear)
     async with slot:
         tracer.record("admission", queued_at)
+        annotate("heed.recall.admission_ms", tracer.stages[-1]["ms"])  # the lane's wait
         anchor = q.query_timestamp or datetime.now(UTC)
         analysis = analyze_query(q.query, anchor, q.temporal_window)
         weights = ranking_weights(settings)
