@@ -319,6 +319,8 @@ def _send(client: httpx.Client, attempt: Attempt, url: str) -> httpx.Response:
 
 BANK_T = "/v1/default/banks/{bank_id}"
 A_ALIAS = "a-alias"
+A_LOG_ID = "a-log-entry"
+"""An audit entry id under A's bank (B reaches no entry of A's, whatever its id)."""
 """An alias of A's bank (B may not see, promote or remove it)."""
 MEM_T = BANK_T + "/memories"
 DOC_T = BANK_T + "/documents"
@@ -397,8 +399,23 @@ def bank_attempts(objs: AObjects, *, bank_is_as: bool) -> list[Attempt]:
             Attempt("GET", BANK_T + "/aliases", bank, own),
             Attempt("POST", BANK_T + "/aliases", bank, own, body={"alias": "b-alias"}),
             Attempt("GET", BANK_T + "/export", bank, own),
+            Attempt("GET", BANK_T + "/audit-logs", bank, own),
+            Attempt("GET", BANK_T + "/audit-logs/stats", bank, own),
+            Attempt("GET", BANK_T + "/llm-requests", bank, own),
+            Attempt("GET", BANK_T + "/llm-requests/stats", bank, own),
+            Attempt(
+                "POST",
+                BANK_T + "/consolidation-strategies/preview",
+                bank,
+                own,
+                body={"strategies": []},
+            ),
+            Attempt("POST", BANK_T + "/health/llm", bank, own),
+            Attempt("POST", MEM_T + "/dry-run-extract", bank, own, body={"content": B_FACT}),
             Attempt("DELETE", BANK_T, bank, own),
         ]
+        log = {**bank, "log_id": A_LOG_ID}
+        out.append(Attempt("GET", BANK_T + "/audit-logs/{log_id}", log, (*own, "log_id")))
         alias = {**bank, "alias": A_ALIAS}
         out += [
             Attempt("PATCH", BANK_T + "/aliases/{alias}", alias, own, body={"primary": True}),

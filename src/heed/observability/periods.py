@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, WithJsonSchema
 
 from heed.errors import HeedError
 
@@ -66,14 +66,22 @@ def period_of(name: str | None, now: float) -> Period:
 _ISO_DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
+#: The longest ISO 8601 datetime text taken (``2026-01-31T12:00:00.123456+05:30`` is 32).
+_ISO_MAX_CHARS: Final = 64
+
+
 def _iso_text(value: Any) -> Any:
     """Only ISO 8601 text is a datetime here (pydantic alone also takes epoch numbers)."""
-    if isinstance(value, str) and not _ISO_DATE.match(value):
+    if isinstance(value, str) and (len(value) > _ISO_MAX_CHARS or not _ISO_DATE.match(value)):
         raise ValueError("an ISO 8601 datetime, e.g. 2026-01-31T12:00:00Z")
     return value
 
 
-IsoDateTime = Annotated[datetime, BeforeValidator(_iso_text)]
+IsoDateTime = Annotated[
+    datetime,
+    BeforeValidator(_iso_text),
+    WithJsonSchema({"type": "string", "format": "date-time", "maxLength": _ISO_MAX_CHARS}),
+]
 """A query parameter that is an ISO 8601 datetime (a 422 naming it otherwise)."""
 
 

@@ -298,16 +298,10 @@ class SqlObservabilityStore:
         self, tenant: str, bank_id: str, where: TraceFilter, limit: int, offset: int
     ) -> tuple[list[TraceRow], int]:
         clause, params = _trace_where(tenant, bank_id, where)
-        with self.db.read() as conn:
-            total = conn.execute(
-                f"SELECT COUNT(*) FROM llm_requests WHERE {clause}", params
-            ).fetchone()[0]
-            rows = conn.execute(
-                f"SELECT {_TRACE_COLUMNS} FROM llm_requests WHERE {clause}"
-                " ORDER BY started_at DESC, id LIMIT ? OFFSET ?",
-                [*params, limit, offset],
-            ).fetchall()
-        return [_trace(r) for r in rows], int(total)
+        rows, total = self._newest_first(
+            "llm_requests", _TRACE_COLUMNS, clause, params, limit, offset
+        )
+        return [_trace(r) for r in rows], total
 
     def trace_times(
         self, tenant: str, bank_id: str, where: TraceFilter
@@ -325,16 +319,31 @@ class SqlObservabilityStore:
         self, tenant: str, bank_id: str, where: AuditFilter, limit: int, offset: int
     ) -> tuple[list[AuditEntry], int]:
         clause, params = _audit_where(tenant, bank_id, where)
+        rows, total = self._newest_first(
+            "audit_logs", _AUDIT_COLUMNS, clause, params, limit, offset
+        )
+        return [_audit(r) for r in rows], total
+
+    def _newest_first(
+        self,
+        table: str,
+        columns: str,
+        clause: str,
+        params: list[Any],
+        limit: int,
+        offset: int,
+    ) -> tuple[list[Any], int]:
+        """A page of *table*'s rows matching *clause*, newest first, and how many match."""
         with self.db.read() as conn:
-            total = conn.execute(
-                f"SELECT COUNT(*) FROM audit_logs WHERE {clause}", params
-            ).fetchone()[0]
+            total = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {clause}", params).fetchone()[
+                0
+            ]
             rows = conn.execute(
-                f"SELECT {_AUDIT_COLUMNS} FROM audit_logs WHERE {clause}"
+                f"SELECT {columns} FROM {table} WHERE {clause}"
                 " ORDER BY started_at DESC, id LIMIT ? OFFSET ?",
                 [*params, limit, offset],
             ).fetchall()
-        return [_audit(r) for r in rows], int(total)
+        return list(rows), int(total)
 
     def audit(self, tenant: str, bank_id: str, log_id: str) -> AuditEntry | None:
         with self.db.read() as conn:

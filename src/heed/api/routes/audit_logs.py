@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, Offset
+from heed.api.input_rules import IdPath, Offset, QueryId
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.memory import NotFound
@@ -37,8 +37,8 @@ async def list_audit_logs(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
-    action: str | None = None,
-    transport: str | None = None,
+    action: QueryId | None = None,
+    transport: QueryId | None = None,
     start_date: IsoDateTime | None = None,
     end_date: IsoDateTime | None = None,
     limit: PageLimit = 50,
@@ -67,7 +67,7 @@ async def audit_log_stats(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
-    action: str | None = None,
+    action: QueryId | None = None,
     period: Literal["1d", "7d", "30d"] | None = None,
 ) -> wire.AuditLogStatsResponse:
     """The bank's audit entries by action, per time bucket of *period*."""

@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, Offset
+from heed.api.input_rules import IdPath, Offset, QueryId
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.observability import TraceFilter
@@ -41,14 +41,14 @@ async def list_llm_requests(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
-    status: str | None = None,
-    operation: str | None = None,
-    scope: str | None = None,
+    status: QueryId | None = None,
+    operation: QueryId | None = None,
+    scope: QueryId | None = None,
     call_type: CallType | None = None,
-    provider: str | None = None,
-    trace_id: str | None = None,
-    document_id: str | None = None,
-    memory_id: str | None = None,
+    provider: QueryId | None = None,
+    trace_id: QueryId | None = None,
+    document_id: QueryId | None = None,
+    memory_id: QueryId | None = None,
     group: bool = False,
     start_date: IsoDateTime | None = None,
     end_date: IsoDateTime | None = None,
@@ -96,7 +96,7 @@ async def llm_request_stats(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
-    operation: str | None = None,
+    operation: QueryId | None = None,
     call_type: CallType | None = None,
     period: Period | None = None,
 ) -> wire.LLMRequestStatsResponse:

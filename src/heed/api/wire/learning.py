@@ -152,7 +152,10 @@ class ConsolidationStrategiesPreviewRequest(RequestBody):
     """A draft ``consolidation_strategies`` value (checked as the setting is) and how many
     sample scopes to show per rule."""
 
-    strategies: Annotated[list[dict[str, Any]], Field(max_length=MAX_LIST_ITEMS)]
+    strategies: Annotated[
+        list[Annotated[dict[str, Any], Field(max_length=MAX_LIST_ITEMS)]],
+        Field(max_length=MAX_LIST_ITEMS),
+    ]
     sample_limit: Annotated[int, Field(ge=0, le=SAMPLE_LIMIT_MAX), JSON_INTEGER] = 5
 
 
