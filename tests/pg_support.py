@@ -16,12 +16,15 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import psycopg
 
-__all__ = ["fresh_schema", "postgres_url", "with_search_path"]
+from tests.support import LiveServer, live_server
+
+__all__ = ["DATABASES", "fresh_schema", "heed_server", "postgres_url", "with_search_path"]
 
 _lock = threading.Lock()
 _server: Any = None
@@ -65,3 +68,24 @@ def fresh_schema() -> Iterator[str]:
     finally:
         with psycopg.connect(base, autocommit=True, connect_timeout=10) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+DATABASES = ("sqlite", "postgresql")
+"""The databases a test module runs on, as its ``server`` fixture's params."""
+
+
+@contextmanager
+def heed_server(database: str, data_dir: Path, **settings: Any) -> Iterator[LiveServer[Any]]:
+    """A real heed server on *database* (``sqlite``: a file in *data_dir*; ``postgresql``:
+    a fresh schema) with *settings*, on a loopback socket."""
+    from heed.api.app import create_app
+    from heed.settings import Settings
+
+    if database == "sqlite":
+        with live_server(create_app(Settings(data_dir=data_dir, **settings))) as srv:
+            yield srv
+        return
+    with fresh_schema() as url:
+        app = create_app(Settings(data_dir=data_dir, database_url=url, **settings))
+        with live_server(app) as srv:
+            yield srv

@@ -17,11 +17,9 @@ import pytest
 from hindsight_client import Hindsight
 from hindsight_client_api.models.update_memory_request import UpdateMemoryRequest
 
-from heed.api.app import create_app
 from heed.llm import ScriptedProvider
-from heed.settings import Settings
-from tests.pg_support import fresh_schema
-from tests.support import LiveServer, live_server, wait_for
+from tests.pg_support import DATABASES, heed_server
+from tests.support import LiveServer, wait_for
 
 FACTS = [
     "Ivy moved to Porto in March.",
@@ -45,26 +43,19 @@ QUIET = {"when": "new facts:", "json": {"actions": []}}
 ANSWER = {"text": "Ivy lives in Porto."}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+@pytest.fixture(params=DATABASES, scope="module")
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
-    def settings(url: str | None) -> Settings:
-        return Settings(
-            data_dir=tmp_path_factory.mktemp("curation"),
-            database_url=url,
-            llm_provider="scripted",
-            retain_extraction="off",
-            observations="on",
-            consolidation_debounce_seconds=0.05,
-            mental_model_min_refresh_interval_seconds=0,
-        )
-
-    if request.param == "sqlite":
-        with live_server(create_app(settings(None))) as srv:
-            yield srv
-        return
-    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+    with heed_server(
+        request.param,
+        tmp_path_factory.mktemp("curation"),
+        llm_provider="scripted",
+        retain_extraction="off",
+        observations="on",
+        consolidation_debounce_seconds=0.05,
+        mental_model_min_refresh_interval_seconds=0,
+    ) as srv:
         yield srv
 
 

@@ -16,33 +16,18 @@ from hindsight_client import Hindsight
 from hindsight_client_api.api.bank_templates_api import BankTemplatesApi
 from hindsight_client_api.models.bank_template_manifest import BankTemplateManifest
 
-from heed.api.app import create_app
 from heed.llm import ScriptedProvider
-from heed.settings import Settings
-from tests.pg_support import fresh_schema
-from tests.support import LiveServer, live_server, wait_for
+from tests.pg_support import DATABASES, heed_server
+from tests.support import LiveServer, wait_for
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+@pytest.fixture(params=DATABASES, scope="module")
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
-    def settings(url: str | None) -> Settings:
-        return Settings(
-            data_dir=tmp_path_factory.mktemp("templates"),
-            database_url=url,
-            llm_provider="scripted",
-            mental_model_min_refresh_interval_seconds=0,
-        )
-
-    if request.param == "sqlite":
-        with live_server(create_app(settings(None))) as srv:
-            srv.app.state.services.reflect.provider = ScriptedProvider(
-                {"select": "turn", "replies": [{"text": "Ivy bakes."}]}
-            )
-            yield srv
-        return
-    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+    data_dir = tmp_path_factory.mktemp("templates")
+    settings = {"llm_provider": "scripted", "mental_model_min_refresh_interval_seconds": 0}
+    with heed_server(request.param, data_dir, **settings) as srv:
         srv.app.state.services.reflect.provider = ScriptedProvider(
             {"select": "turn", "replies": [{"text": "Ivy bakes."}]}
         )
