@@ -22,32 +22,23 @@ from hindsight_client_api.configuration import Configuration
 from hindsight_client_api.models.dry_run_extract_request import DryRunExtractRequest
 from hindsight_client_api.models.dry_run_extraction_result import DryRunExtractionResult
 
-from heed.api.app import create_app
 from heed.llm import ScriptedProvider
-from heed.settings import Settings
 from tests.memory.test_learning_http import EXTRACTION, TURNS
-from tests.pg_support import fresh_schema
-from tests.support import LiveServer, live_server, wait_for
+from tests.pg_support import DATABASES, heed_server
+from tests.support import LiveServer, wait_for
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+@pytest.fixture(params=DATABASES, scope="module")
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
-    def settings(url: str | None) -> Settings:
-        return Settings(
-            data_dir=tmp_path_factory.mktemp("dry-run"),
-            database_url=url,
-            llm_provider="scripted",
-            retain_extraction="concise",
-            observations="off",
-        )
-
-    if request.param == "sqlite":
-        with live_server(create_app(settings(None))) as srv:
-            yield srv
-        return
-    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+    with heed_server(
+        request.param,
+        tmp_path_factory.mktemp("dry-run"),
+        llm_provider="scripted",
+        retain_extraction="concise",
+        observations="off",
+    ) as srv:
         yield srv
 
 

@@ -25,12 +25,10 @@ from hindsight_client_api.models.consolidation_strategies_preview_request import
     ConsolidationStrategiesPreviewRequest,
 )
 
-from heed.api.app import create_app
 from heed.llm import ScriptedProvider
 from heed.memory.learning import strategy_preview
-from heed.settings import Settings
-from tests.pg_support import fresh_schema
-from tests.support import LiveServer, live_server, wait_for
+from tests.pg_support import DATABASES, heed_server
+from tests.support import LiveServer, wait_for
 
 #: (content, tags, observations the scripted consolidation creates for it)
 ITEMS: list[tuple[str, list[str], int]] = [
@@ -48,25 +46,18 @@ def _creates(content: str, n: int) -> dict[str, Any]:
     return {"when": content, "json": {"actions": actions}}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+@pytest.fixture(params=DATABASES, scope="module")
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
-    def settings(url: str | None) -> Settings:
-        return Settings(
-            data_dir=tmp_path_factory.mktemp("preview"),
-            database_url=url,
-            llm_provider="scripted",
-            retain_extraction="off",
-            observations="on",
-            consolidation_debounce_seconds=0.05,
-        )
-
-    if request.param == "sqlite":
-        with live_server(create_app(settings(None))) as srv:
-            yield srv
-        return
-    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+    with heed_server(
+        request.param,
+        tmp_path_factory.mktemp("preview"),
+        llm_provider="scripted",
+        retain_extraction="off",
+        observations="on",
+        consolidation_debounce_seconds=0.05,
+    ) as srv:
         yield srv
 
 
