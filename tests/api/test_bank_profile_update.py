@@ -18,24 +18,15 @@ from hindsight_client_api.exceptions import ApiException
 from hindsight_client_api.models.disposition_traits import DispositionTraits
 from hindsight_client_api.models.update_disposition_request import UpdateDispositionRequest
 
-from heed.api.app import create_app
-from heed.settings import Settings
-from tests.pg_support import fresh_schema
-from tests.support import LiveServer, live_server
+from tests.pg_support import DATABASES, heed_server
+from tests.support import LiveServer
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+@pytest.fixture(params=DATABASES, scope="module")
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
-    def settings(url: str | None) -> Settings:
-        return Settings(data_dir=tmp_path_factory.mktemp("profile"), database_url=url)
-
-    if request.param == "sqlite":
-        with live_server(create_app(settings(None))) as srv:
-            yield srv
-        return
-    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+    with heed_server(request.param, tmp_path_factory.mktemp("profile")) as srv:
         yield srv
 
 

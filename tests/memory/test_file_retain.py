@@ -24,22 +24,15 @@ from heed.settings import Settings
 from tests.memory import file_parsers as parsers
 from tests.memory import file_samples as samples
 from tests.memory.test_cancellation import BlockingEmbedder
-from tests.pg_support import fresh_schema
+from tests.pg_support import DATABASES, heed_server
 from tests.support import LiveServer, live_server, wait_for
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+@pytest.fixture(params=DATABASES, scope="module")
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
-    def settings(url: str | None) -> Settings:
-        return Settings(data_dir=tmp_path_factory.mktemp("files"), database_url=url)
-
-    if request.param == "sqlite":
-        with live_server(create_app(settings(None))) as srv:
-            yield srv
-        return
-    with fresh_schema() as url, live_server(create_app(settings(url))) as srv:
+    with heed_server(request.param, tmp_path_factory.mktemp("files")) as srv:
         yield srv
 
 
