@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from heed.llm.base import ChatProvider
+from heed.llm.budget import LEARNING_KINDS, Budget, LlmBudgets
 from heed.llm.factory import Operation
+from heed.llm.gate import ProviderGates
 from heed.llm.health import LlmHealth
 from heed.llm.slot import ProviderSlot
-from heed.llm.usage import use_token_counter
+from heed.llm.usage import add_call_admission, remove_call_admission, use_token_counter
 from heed.llm.warmup import ModelWarmup
 from heed.memory import (
     MemoryEngine,
@@ -42,7 +44,7 @@ from heed.memory.learning.consolidation import (
     Consolidation,
     ConsolidationLimits,
 )
-from heed.memory.models import Bank
+from heed.memory.models import Bank, NotFound
 from heed.memory.retain.operations import RetainOperations
 from heed.mental_models.knowledge import KnowledgeBase
 from heed.mental_models.lookup import MentalModelLookup
@@ -160,10 +162,10 @@ def _secrets(settings: Settings) -> list[str]:
     return [s for s in found if s]
 
 
-def _provider(settings: Settings, operation: Operation) -> ChatProvider:
+def _provider(settings: Settings, operation: Operation, gates: ProviderGates) -> ChatProvider:
     from heed.llm.factory import build_provider  # imports the provider's library on first use
 
-    return build_provider(settings, operation)
+    return build_provider(settings, operation, gates)
 
 
 @dataclass
@@ -179,6 +181,7 @@ class Services:
     span_exporters: Sequence[SpanExporter] | None = None
     tracing: TracingState = field(init=False)
     lanes: Lanes = field(init=False)
+    llm_gates: ProviderGates = field(init=False)
     database: SqlDatabase = field(init=False)
     broker: Broker = field(init=False)
     memory: MemoryEngine = field(init=False)
@@ -210,6 +213,7 @@ class Services:
     webhook_worker: DeliveryWorker = field(init=False)
     observability_store: SqlObservabilityStore = field(init=False)
     observability: Observability = field(init=False)
+    llm_budgets: LlmBudgets = field(init=False)
     _observability_io: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -226,6 +230,14 @@ class Services:
         # in a few ms).
         preload_in_processes("heed.reflect.schema", "heed.transfer.check", *FILE_PARSER_MODULES)
         self.lanes = build_lanes(settings)
+        # Remote LLM upstreams: their calls are network waits, bounded per upstream
+        # (HEED_LLM_CONCURRENCY), not by the CPU lanes (heed.llm.gate).
+        self.llm_gates = llm_gates = ProviderGates(
+            settings.llm_concurrency,
+            settings.llm_queue,
+            background_max_defer=settings.background_max_defer_seconds,
+            background_max_queue=settings.background_max_queue,
+        )
 
         # Storage: one SQL database, one store per domain: the embedded SQLite file, or
         # PostgreSQL (pgvector) when HEED_DATABASE_URL names it. Runs and sessions share it
@@ -278,13 +290,18 @@ class Services:
             secrets=_secrets(settings),
         )
         manager.terminal_hooks.append(self._audit_run)
+        # Banks' budgets of background LLM work, read from that usage (heed.llm.budget).
+        self.llm_budgets = LlmBudgets(self._budget_of, self._spent_since)
 
         # The domains.
         # Extraction and consolidation share the retain provider (HEED_RETAIN_LLM_*).
-        self.retain_provider = retain_provider = ProviderSlot(lambda: _provider(settings, "retain"))
+        self.retain_provider = retain_provider = ProviderSlot(
+            lambda: _provider(settings, "retain", llm_gates)
+        )
         learning = build_learning(settings, retain_provider.get)
         self.memory = build_memory_engine(settings, memory_store, self.lanes, embedder, learning)
         self.memory.before_delete.append(self._forget_bank)
+        self.memory.after_bank_change.append(lambda bank: self.llm_budgets.poke())
         self.bank_config = BankConfigService(self.memory)  # a bank's settings
         self.directives = DirectiveService(self.memory)  # a bank's rules for its agents
         self.aliases = BankAliases(self.memory, memory_store)  # extra ids of a bank
@@ -292,7 +309,7 @@ class Services:
         # above it); refreshes and the knowledge base search and embed through the same lookup.
         lookup = MentalModelLookup(memory_store, embedder)
         self.reflect = ReflectService(
-            settings, self.memory, self.lanes["reflect"], mental_models=lookup
+            settings, self.memory, self.lanes["reflect"], mental_models=lookup, gates=llm_gates
         )
         self.reflect_runs = ReflectRuns(manager, self.reflect)
         self.retain_operations = RetainOperations(manager, self.memory)
@@ -350,7 +367,9 @@ class Services:
         )
         self.sessions = sessions = SessionService(session_store, manager, self.memory)
         tools = TurnTools(self.memory, sessions.start_task)
-        self.turn_provider = turn_provider = ProviderSlot(lambda: _provider(settings, "turn"))
+        self.turn_provider = turn_provider = ProviderSlot(
+            lambda: _provider(settings, "turn", llm_gates)
+        )
         # Background LLM calls take reflect slots, behind every user's (heed.runtime.slots).
         self.consolidation = Consolidation(
             manager,
@@ -456,6 +475,7 @@ class Services:
         await run_in_thread(self._migrate)
         use_token_counter(shared_token_counter().count)  # for providers reporting no usage
         self.observability.start()
+        add_call_admission(self.llm_budgets.admit)
         # After the other domains: recovery may start their runs.
         await recover(self.manager, await self.sessions.sessions_with_pending_wakeups())
         await self.consolidation.resume()  # banks whose facts a restart left pending
@@ -497,6 +517,18 @@ class Services:
             metadata={"run_id": run.id, "kind": run.kind, "source": run.source},
         )
 
+    async def _budget_of(self, tenant: str, bank_id: str) -> Budget | None:
+        """A bank's LLM budgets as its settings say (``None``: the bank is gone)."""
+        try:
+            bank = await self.memory.get_bank(bank_id, tenant=tenant)
+        except NotFound:
+            return None
+        settings = self.memory.settings(bank)
+        return Budget(settings.llm_budget_tokens_per_hour, settings.llm_budget_tokens_per_day)
+
+    async def _spent_since(self, tenant: str, bank_id: str, since: float) -> int:
+        return await self.observability.spent(tenant, bank_id, LEARNING_KINDS, since)
+
     async def _forget_bank(self, bank: Bank) -> None:
         """The engine's ``before_delete`` hook: the bank's usage and traces go with it."""
         await self.observability.forget_bank(bank.tenant, bank.bank_id)
@@ -516,6 +548,7 @@ class Services:
         await self.retain_provider.aclose()
         await self.reflect.close()
         await self.broker.aclose()
+        remove_call_admission(self.llm_budgets.admit)
         await self.observability.close()  # after the runs: their last calls are written
         self._observability_io.shutdown(wait=True)
         self.database.close()

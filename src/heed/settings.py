@@ -321,6 +321,31 @@ class Settings(BaseSettings):
         default=2, ge=0, description="Retries of 429/5xx/unreachable before the first token."
     )
     llm_max_tokens: int = Field(default=512, ge=1, description="Default cap on reply tokens.")
+    llm_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description="Calls in flight at once to one remote (openai) upstream, shared by every "
+        "operation; background calls hold at most all but one and yield to users' "
+        "(heed.llm.gate). The embedded model is bounded by the CPU lanes instead.",
+    )
+    llm_queue: int = Field(
+        default=256,
+        ge=0,
+        description="Users' calls that may wait for a remote upstream's slot; more: 503.",
+    )
+    llm_budget_tokens_per_hour: int | None = Field(
+        default=None,
+        ge=1,
+        description="Default per-bank budget of background LLM tokens (extraction of "
+        "asynchronous retains, consolidation, mental-model refreshes) per clock hour (UTC); "
+        "a bank's llm_budget_tokens_per_hour overrides it. Unset: no budget.",
+    )
+    llm_budget_tokens_per_day: int | None = Field(
+        default=None,
+        ge=1,
+        description="The same per UTC day; a bank's llm_budget_tokens_per_day overrides it.",
+    )
     llm_script: str | None = Field(
         default=None, description="Scripted provider's script: JSON text or a .json file path."
     )

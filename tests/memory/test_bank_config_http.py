@@ -61,6 +61,8 @@ DEFAULTS: dict[str, Any] = {
     "recall_temporal_weight": 0.2,
     "recall_max_tokens": None,
     "mental_model_min_refresh_interval_seconds": 0.0,
+    "llm_budget_tokens_per_hour": None,
+    "llm_budget_tokens_per_day": None,
     "mcp_enabled_tools": None,
 }
 

@@ -120,7 +120,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.router.route_class = HeedRoute  # routes the app adds itself (the UI's index) too
     app.state.services = services
-    app.state.metrics = Metrics(services.lanes)
+    app.state.metrics = Metrics(
+        services.lanes, lambda: [gate.lane for gate in services.llm_gates.all()]
+    )
     app.state.burn_records = OrderedDict()
     app.state.authenticator = authenticator_of(settings)
     app.state.drain = Drain()

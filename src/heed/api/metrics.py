@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -41,7 +41,7 @@ from heed.llm.observe import (
     remove_global_observer,
 )
 from heed.llm.usage import KINDS, STATUSES, LlmCall, add_call_sink, remove_call_sink
-from heed.runtime import Lanes
+from heed.runtime import Lane, Lanes
 
 __all__ = ["KNOWN_METHODS", "MAX_PROVIDERS", "MAX_REASONS", "Metrics"]
 
@@ -140,10 +140,13 @@ _LLM: Final = _LlmCounts()
 
 
 class _LaneCollector(Collector):
-    """Reads the lanes' live counters at scrape time."""
+    """Reads the lanes' live counters at scrape time: the server's lanes and the lanes of
+    its remote LLM upstreams (``llm:openai <base url>``, :mod:`heed.llm.gate`), built as
+    they are first used."""
 
-    def __init__(self, lanes: Lanes) -> None:
+    def __init__(self, lanes: Lanes, more: Callable[[], list[Lane]] | None = None) -> None:
         self._lanes = lanes
+        self._more = more or list
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         gauges = {
@@ -192,7 +195,7 @@ class _LaneCollector(Collector):
             "Work cancelled while queued (it never started)",
             labels=["lane"],
         )
-        for lane in self._lanes.all():
+        for lane in [*self._lanes.all(), *self._more()]:
             stats = lane.stats()
             gauges["capacity"].add_metric([stats.name], stats.capacity)
             gauges["in_use"].add_metric([stats.name], stats.in_use)
@@ -213,7 +216,7 @@ class _LaneCollector(Collector):
 class Metrics:
     """The metric objects the HTTP layer and the engine update."""
 
-    def __init__(self, lanes: Lanes) -> None:
+    def __init__(self, lanes: Lanes, more_lanes: Callable[[], list[Lane]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "heed_http_requests",
@@ -246,7 +249,7 @@ class Metrics:
             ["where"],
             registry=self.registry,
         )
-        self.registry.register(_LaneCollector(lanes))
+        self.registry.register(_LaneCollector(lanes, more_lanes))
         self.registry.register(_LLM.retries)
         self.registry.register(_LLM.failures)
         self.registry.register(_LLM.tokens)

@@ -9,6 +9,10 @@ while sharing, say, one base URL. The fields each operation may override:
 ``PROVIDER``, ``MODEL``, ``BASE_URL``, ``API_KEY``, ``TIMEOUT``, ``MAX_TOKENS``,
 ``SCRIPT``; retries, threads and the model cache are shared (``HEED_LLM_*``).
 
+With *gates* (the server's :class:`~heed.llm.gate.ProviderGates`), a remote provider is
+wrapped in the :class:`~heed.llm.gate.GatedProvider` of its upstream, so the operations that
+share an upstream share its concurrency (``HEED_LLM_CONCURRENCY``).
+
 Build a provider once per server and operation, and ``await provider.aclose()``
 at shutdown: the ``openai`` provider owns an HTTP connection pool, and the
 ``local`` provider's model is loaded once per process whatever the number of
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from heed.llm.base import ChatProvider, UnknownProvider
+from heed.llm.gate import GatedProvider, ProviderGates
 from heed.settings import Settings
 
 __all__ = [
@@ -88,8 +93,11 @@ def providers_of(settings: Settings, operations: tuple[Operation, ...]) -> set[s
     return {resolve(settings, operation).provider for operation in operations}
 
 
-def build_provider(settings: Settings, operation: Operation = "turn") -> ChatProvider:
-    """A provider for *operation* built from *settings*.
+def build_provider(
+    settings: Settings, operation: Operation = "turn", gates: ProviderGates | None = None
+) -> ChatProvider:
+    """A provider for *operation* built from *settings* (a remote one behind its upstream's
+    gate among *gates*, when given).
 
     Raises :class:`~heed.llm.base.UnknownProvider` naming the value when the
     provider is not one of ``local``, ``openai``, ``scripted``, and
@@ -104,7 +112,7 @@ def build_provider(settings: Settings, operation: Operation = "turn") -> ChatPro
     if config.provider == "openai":
         from heed.llm.openai import OpenAIProvider
 
-        return OpenAIProvider(
+        provider = OpenAIProvider(
             model=config.model,
             base_url=config.base_url,
             api_key=config.api_key,
@@ -112,6 +120,9 @@ def build_provider(settings: Settings, operation: Operation = "turn") -> ChatPro
             retries=config.retries,
             default_max_tokens=config.max_tokens,
         )
+        if gates is None:
+            return provider
+        return GatedProvider(provider, gates.for_upstream(f"openai {config.base_url}"))
     if config.provider == "local":
         from heed.llm.local import LocalProvider
 

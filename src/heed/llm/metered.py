@@ -34,7 +34,7 @@ from heed.llm.base import (
     ToolSpec,
     Usage,
 )
-from heed.llm.usage import LlmCall, count_tokens, current_work, notify_call
+from heed.llm.usage import LlmCall, admitted, count_tokens, current_work, notify_call
 from heed.runtime import OperationCancelled, current_context, current_tally
 
 __all__ = ["metered_stream"]
@@ -51,18 +51,22 @@ async def metered_stream(
 ) -> AsyncGenerator[StreamEvent, None]:
     """``provider.stream(...)``, measured (see the module docstring). *json_schema* is
     passed on only when given (a provider written before it existed still works)."""
-    if json_schema is None:
+    extra = {} if json_schema is None else {"json_schema": json_schema}
+    async with admitted(messages, max_tokens):  # a bank's budget may hold it (heed.llm.budget)
         stream = provider.stream(
-            messages, tools=tools, max_tokens=max_tokens, temperature=temperature
+            messages, tools=tools, max_tokens=max_tokens, temperature=temperature, **extra
         )
-    else:
-        stream = provider.stream(
-            messages,
-            tools=tools,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            json_schema=json_schema,
-        )
+        async with contextlib.aclosing(_measured(provider, messages, stream)) as events:
+            async for event in events:
+                yield event
+
+
+async def _measured(
+    provider: ChatProvider,
+    messages: Sequence[ChatMessage],
+    stream: AsyncGenerator[StreamEvent, None],
+) -> AsyncGenerator[StreamEvent, None]:
+    """*stream*'s events, recorded as one call once it ends however it ends."""
     started = time.time()
     usage: Usage | None = None
     parts: list[str] = []

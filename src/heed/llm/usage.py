@@ -7,7 +7,10 @@
 
 *kind* is one of :data:`KINDS`. Blocks nest; the **outermost kind wins** (a mental-model
 refresh is a reflect: its calls count as ``mental_model_refresh``), and an inner block
-fills a bank the outer one left out.
+fills a bank the outer one left out. ``background=True`` says nobody waits on the calls
+(a consolidation, a refresh, an asynchronous retain's extraction): they yield to users'
+calls at a provider's concurrency limit (:mod:`heed.llm.gate`) and count against the
+bank's budget (:mod:`heed.llm.budget`); a block inside background work is background too.
 
 **The record.** Every provider :func:`heed.llm.factory.build_provider` builds is wrapped
 in :class:`heed.llm.metered.MeteredProvider`, which turns each call into one
@@ -20,6 +23,11 @@ with ``usage_reported`` false. The call is also added to the context's run tally
 (:mod:`heed.runtime.tally`).
 
 A sink that raises is logged and ignored: recording a call never breaks it.
+
+**Admission.** Before a call starts, every admission added with :func:`add_call_admission`
+is entered (an async context manager given the work, the messages and the reply's cap) and
+held until the call has ended and been recorded: the composition root adds the banks'
+budgets (:mod:`heed.llm.budget`), which may hold a background call.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -41,11 +50,14 @@ __all__ = [
     "CallSink",
     "LlmCall",
     "LlmWork",
+    "add_call_admission",
     "add_call_sink",
+    "admitted",
     "count_tokens",
     "current_work",
     "llm_work",
     "notify_call",
+    "remove_call_admission",
     "remove_call_sink",
     "use_token_counter",
 ]
@@ -68,28 +80,33 @@ STATUSES: Final = ("success", "error", "cancelled")
 
 @dataclass(frozen=True, slots=True)
 class LlmWork:
-    """What the calls of a context are for: a tenant's bank (if any) and a kind of work."""
+    """What the calls of a context are for: a tenant's bank (if any), a kind of work, and
+    whether it is background work (nobody waits on it)."""
 
     tenant: str | None
     bank_id: str | None
     kind: str
+    background: bool = False
 
 
 _work: ContextVar[LlmWork | None] = ContextVar("heed_llm_work", default=None)
 
 
 @contextlib.contextmanager
-def llm_work(tenant: str | None, bank_id: str | None, kind: str) -> Iterator[LlmWork]:
+def llm_work(
+    tenant: str | None, bank_id: str | None, kind: str, *, background: bool = False
+) -> Iterator[LlmWork]:
     """Count the LLM calls of this block as *kind* of work for *bank_id* (module docstring)."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind of LLM work {kind!r}; expected one of {KINDS}")
     outer = _work.get()
-    work = LlmWork(tenant, bank_id, kind)
+    work = LlmWork(tenant, bank_id, kind, background)
     if outer is not None:
         work = LlmWork(
             outer.tenant or tenant,
             outer.bank_id or bank_id,
             outer.kind if outer.kind != "other" else kind,
+            outer.background or background,
         )
     reset = _work.set(work)
     try:
@@ -193,3 +210,35 @@ def count_tokens(text: str) -> int:
         reraise_cancellation(exc)
         log.exception("the token counter failed; estimating")
         return _estimate(text)
+
+
+CallAdmission = Callable[
+    [LlmWork | None, Sequence[ChatMessage], int | None], AbstractAsyncContextManager[None]
+]
+
+_admissions: list[CallAdmission] = []
+
+
+def add_call_admission(admission: CallAdmission) -> None:
+    """Enter *admission* around every LLM call of this process from now on."""
+    with _sinks_lock:
+        _admissions.append(admission)
+
+
+def remove_call_admission(admission: CallAdmission) -> None:
+    """Stop entering *admission*; no-op if it was not added."""
+    with _sinks_lock, contextlib.suppress(ValueError):
+        _admissions.remove(admission)
+
+
+@contextlib.asynccontextmanager
+async def admitted(messages: Sequence[ChatMessage], max_tokens: int | None) -> AsyncIterator[None]:
+    """Hold a call until every admission lets it start, and until it ended (see the module
+    docstring). Raises what an admission raises (a cancelled wait: ``OperationCancelled``)."""
+    with _sinks_lock:
+        admissions = tuple(_admissions)
+    work = _work.get()
+    async with contextlib.AsyncExitStack() as stack:
+        for admission in admissions:
+            await stack.enter_async_context(admission(work, messages, max_tokens))
+        yield

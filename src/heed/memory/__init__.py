@@ -80,7 +80,11 @@ def build_learning(settings: Settings, extractor: Callable[[], ChatProvider]) ->
         extraction = "concise" if remote else "off"
     observations = settings.observations == "on" or (settings.observations == "auto" and remote)
     return Learning(
-        extraction_default=extraction, observations_default=observations, extractor=extractor
+        extraction_default=extraction,
+        observations_default=observations,
+        extractor=extractor,
+        budget_per_hour=settings.llm_budget_tokens_per_hour,
+        budget_per_day=settings.llm_budget_tokens_per_day,
     )
 
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
+from heed.llm.gate import call_concurrency, model_slot
 from heed.llm.usage import llm_work
 from heed.memory.bank_config.view import BankSettings, settings_of
 from heed.memory.embeddings import Embedder, TokenCounter
-from heed.memory.learning.extraction import Extraction, Learning, extract_document_facts
+from heed.memory.learning.extraction import Extraction, Learning, extract_documents_facts
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -150,6 +151,9 @@ class MemoryEngine:
         #: Called with the bank after a retain wrote into it (consolidation's scheduler);
         #: must return at once.
         self.after_retain: list[Callable[[Bank], None]] = []
+        #: Called with the bank after its row (its settings) was saved (budgets look again);
+        #: must return at once.
+        self.after_bank_change: list[Callable[[Bank], None]] = []
         self.embedder = embedder
         self.tokens = tokens
         self.retain_lane = retain_lane
@@ -373,6 +377,8 @@ class MemoryEngine:
             return await run_in_thread(self.store.save_bank, bank)
         finally:
             self._drop_cached(bank.ref)
+            for hook in self.after_bank_change:
+                hook(bank)
 
     async def list_banks(
         self, limit: int, offset: int, search: str | None = None
@@ -455,13 +461,16 @@ class MemoryEngine:
         *,
         progress: ProgressCallback | None = None,
         idempotency_key: str | None = None,
+        background: bool = False,
     ) -> RetainSummary:
         """Retain *items* into *bank*: one transaction per document.
 
-        Cancellable while queued for a retain slot, while embedding (between
-        batches), and between documents; a document is written whole or not at
-        all. Under *idempotency_key* a retry writes only the documents an earlier
-        attempt did not (see :mod:`heed.memory.retain.idempotency`). Raises
+        Cancellable while queued for a retain slot, while extracting facts, while
+        embedding (between batches), and between documents; a document is written whole
+        or not at all. *background* says nobody waits on it (an asynchronous retain): its
+        model calls yield to users' and count against the bank's LLM budget. Under
+        *idempotency_key* a retry writes only the documents an earlier attempt did not
+        (see :mod:`heed.memory.retain.idempotency`). Raises
         ``OperationCancelled``, :class:`NotFound` if the bank was deleted meanwhile
         (here, or by another process: then by the first document's write, which
         writes nothing), ``IdempotencyConflict`` when the key was used for a
@@ -469,7 +478,9 @@ class MemoryEngine:
         """
         self.validate_items(items, document_tags or ())
         with memory_span("update_memory", bank.bank_id) as span:
-            summary = await self._retain(bank, items, document_tags, progress, idempotency_key)
+            summary = await self._retain(
+                bank, items, document_tags, progress, idempotency_key, background
+            )
             if span.is_recording():
                 span.set_attribute(MEMORY_RECORDS, summary.units)
                 span.set_attribute("heed.retain.items", summary.items)
@@ -483,30 +494,38 @@ class MemoryEngine:
         document_tags: list[str] | None,
         progress: ProgressCallback | None,
         idempotency_key: str | None,
+        background: bool,
     ) -> RetainSummary:
         """:meth:`retain` inside its span."""
         tags = document_tags or []
         plans = plan_documents(items, tags, idempotency_key)
-        async with self.track(bank), self.retain_lane.slot(), self.bank_gone_is_not_found(bank):
+        async with self.track(bank), self.bank_gone_is_not_found(bank):
             key: RetainKey | None = None
             recorded: dict[int, LedgerEntry] = {}
-            if idempotency_key:
-                # Hashing a large body is CPU work: it belongs in the offload, like the ledger read.
-                key = await run_in_thread(retain_key, idempotency_key, items, tags)
-                entries = await run_in_thread(self.store.retain_ledger, bank.ref, key.key)
-                recorded = check_ledger(key, entries)
-            todo = [i for i in range(len(plans)) if i not in recorded]
-            documents = await run_in_thread(split_documents, [plans[i] for i in todo])
-            extraction = await self._learn(bank, documents)
-            documents = await run_in_thread(embed_documents, documents, self.embedder, self.tokens)
-            units = sum(entry.units for entry in recorded.values())
-            for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
-                raise_if_cancelled()
-                ledger = (key, index) if key is not None else None
-                await run_in_thread(self.write_prepared, bank.ref, document, ledger)
-                units += len(document.units)
-                if progress is not None:
-                    progress(len(recorded) + done, len(plans))
+            async with self.retain_lane.slot():
+                if idempotency_key:
+                    # Hashing a large body is CPU work: it belongs in the offload, like the
+                    # ledger read.
+                    key = await run_in_thread(retain_key, idempotency_key, items, tags)
+                    entries = await run_in_thread(self.store.retain_ledger, bank.ref, key.key)
+                    recorded = check_ledger(key, entries)
+                todo = [i for i in range(len(plans)) if i not in recorded]
+                documents = await run_in_thread(split_documents, [plans[i] for i in todo])
+            # A remote model's calls are network waits: they hold no retain slot (its
+            # upstream's gate bounds them); the embedded model's hold one (CPU work).
+            extraction = await self._learn(bank, documents, background=background)
+            async with self.retain_lane.slot():
+                documents = await run_in_thread(
+                    embed_documents, documents, self.embedder, self.tokens
+                )
+                units = sum(entry.units for entry in recorded.values())
+                for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
+                    raise_if_cancelled()
+                    ledger = (key, index) if key is not None else None
+                    await run_in_thread(self.write_prepared, bank.ref, document, ledger)
+                    units += len(document.units)
+                    if progress is not None:
+                        progress(len(recorded) + done, len(plans))
         if documents:
             for hook in self.after_retain:
                 hook(bank)
@@ -518,10 +537,12 @@ class MemoryEngine:
             extraction=extraction,
         )
 
-    async def _learn(self, bank: Bank, documents: list[PreparedDocument]) -> Extraction | None:
-        """Extract the facts of *documents* into them when the bank extracts, and mark what
-        consolidation should take when it keeps observations: the facts, and the units no
-        fact cites (a chunk whose reply stayed malformed, or with extraction off, all)."""
+    async def _learn(
+        self, bank: Bank, documents: list[PreparedDocument], *, background: bool = False
+    ) -> Extraction | None:
+        """Extract the facts of *documents* into them when the bank extracts (*background*:
+        nobody waits on this retain, so its model calls yield to users'), and mark what
+        consolidation should take when it keeps observations."""
         settings = self.settings(bank)
         mode = settings.retain_extraction_mode
         extraction: Extraction | None = None
@@ -529,28 +550,39 @@ class MemoryEngine:
             provider = self.learning.extractor()
             extraction = Extraction()
             mission = settings.retain_mission or None
-            with llm_work(bank.tenant, bank.bank_id, "extraction"):
-                for document in documents:
-                    facts = await extract_document_facts(
-                        document, provider, mode, mission, extraction
+            concurrency = call_concurrency(provider, background=background)
+            with llm_work(bank.tenant, bank.bank_id, "extraction", background=background):
+                async with model_slot(provider, self.retain_lane, background=background):
+                    facts = await extract_documents_facts(
+                        documents, provider, mode, mission, extraction, concurrency=concurrency
                     )
-                    document.units.extend(facts)
-        self.mark_for_consolidation(bank, documents, settings)
+            for document, found in zip(documents, facts, strict=True):
+                document.units.extend(found)
+        self.mark_for_consolidation(bank, documents, settings, extraction)
         return extraction
 
     def mark_for_consolidation(
-        self, bank: Bank, documents: list[PreparedDocument], settings: BankSettings | None = None
+        self,
+        bank: Bank,
+        documents: list[PreparedDocument],
+        settings: BankSettings | None = None,
+        extraction: Extraction | None = None,
     ) -> None:
-        """When *bank* keeps observations, mark what consolidation should take: the facts,
-        and the units no fact cites (a chunk whose reply stayed malformed, or with
-        extraction off, all)."""
+        """When *bank* keeps observations, mark what consolidation should take. After an
+        *extraction*: its facts, and the verbatim units of chunks no fact could be read
+        from (a reply that stayed malformed); the other verbatim units stay retrievable but
+        are not consolidated beside the facts stated from them. Without one (extraction
+        off, an imported document): the facts, and the units no fact cites."""
         if not (settings or self.settings(bank)).enable_observations:
             return
         for document in documents:
-            cited = {i for u in document.units for i in u.source_ids}
-            for unit in document.units:
-                if unit.source_ids or unit.id not in cited:
-                    unit.consolidation_state = "pending"
+            if extraction is None:
+                cited = {i for u in document.units for i in u.source_ids}
+                take = [u for u in document.units if u.source_ids or u.id not in cited]
+            else:
+                take = [u for u in document.units if u.source_ids or u.id in extraction.unread]
+            for unit in take:
+                unit.consolidation_state = "pending"
 
     def write_prepared(
         self,

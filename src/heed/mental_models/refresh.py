@@ -294,7 +294,9 @@ class MentalModelRefreshes:
                         await rc.emit(event, data)
 
                 try:
-                    with llm_work(bank.tenant, bank.bank_id, "mental_model_refresh"):
+                    with llm_work(
+                        bank.tenant, bank.bank_id, "mental_model_refresh", background=True
+                    ):
                         outcome = await self.reflect.agent().run(
                             bank, request, to_journal, background=True
                         )

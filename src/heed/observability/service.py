@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Final
@@ -95,6 +95,8 @@ class Observability:
         self.dropped = 0
         self._lock = threading.Lock()
         self._usage: dict[tuple[str, str, str, int], list[int]] = {}
+        #: The usage a flush is writing (still counted by :meth:`spent` until it committed).
+        self._flushing: dict[tuple[str, str, str, int], list[int]] = {}
         self._traces: list[TraceRow] = []
         self._audits: list[AuditEntry] = []
         self._write_lock = asyncio.Lock()
@@ -213,6 +215,7 @@ class Observability:
         async with self._write_lock:
             with self._lock:
                 usage, self._usage = self._usage, {}
+                self._flushing = usage
                 traces, self._traces = self._traces, []
                 audits, self._audits = self._audits, []
             if not (usage or traces or audits):
@@ -226,6 +229,7 @@ class Observability:
             except Exception as exc:
                 reraise_cancellation(exc)
                 with self._lock:  # put them back: the next flush tries again
+                    self._flushing = {}
                     for row in rows:
                         key = (row.tenant, row.bank_id, row.kind, row.hour_start)
                         counts = self._usage.setdefault(key, [0, 0, 0])
@@ -235,6 +239,8 @@ class Observability:
                     self._traces[:0] = traces
                     self._audits[:0] = audits
                 raise
+            with self._lock:
+                self._flushing = {}
             banks = sorted(
                 {(t.tenant, t.bank_id) for t in traces}
                 | {(a.tenant, a.bank_id) for a in audits if a.bank_id is not None}
@@ -305,6 +311,23 @@ class Observability:
             "last_hour": total(hour),
             "last_24h": total(hour - 23 * 3600),
         }
+
+    async def spent(self, tenant: str, bank_id: str, kinds: Sequence[str], since: float) -> int:
+        """The tokens the bank's calls of *kinds* spent in the hours from *since* (epoch
+        seconds, an hour's start): what is written (every instance's) plus what this process
+        has not written yet (a budget's reading, :mod:`heed.llm.budget`; a moment may count
+        a flushed hour twice, never none)."""
+        hour = int(since // 3600 * 3600)
+        with self._lock:
+            buffered = sum(
+                c[1] + c[2]
+                for buffer in (self._usage, self._flushing)
+                for (t, b, kind, start), c in buffer.items()
+                if t == tenant and b == bank_id and kind in kinds and start >= hour
+            )
+        rows = await run_in_thread(self.store.usage, tenant, bank_id, hour)
+        written = sum(r.prompt_tokens + r.completion_tokens for r in rows if r.kind in kinds)
+        return buffered + written
 
     async def traces(
         self, tenant: str, bank_id: str, where: TraceFilter, limit: int, offset: int

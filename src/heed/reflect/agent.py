@@ -252,7 +252,7 @@ class ReflectAgent:
     ) -> ReflectOutcome:
         """:meth:`run` for a caller that already holds a reflect lane slot (the worker of a
         reflect run takes it, as for every run kind with a lane)."""
-        with llm_work(bank.tenant, bank.bank_id, "reflect"):
+        with llm_work(bank.tenant, bank.bank_id, "reflect", background=background):
             return await _Loop(self, bank, request, listener, background).run()
 
 

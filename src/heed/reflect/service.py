@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from heed.llm.base import ChatProvider
+from heed.llm.gate import ProviderGates
 from heed.llm.slot import ProviderSlot
 from heed.memory import MemoryEngine
 from heed.memory.models import Bank
@@ -32,8 +33,10 @@ class ReflectService:
         engine: MemoryEngine,
         lane: Lane,
         mental_models: MentalModelSource | None = None,
+        gates: ProviderGates | None = None,
     ) -> None:
         self.settings = settings
+        self.gates = gates  # a remote provider's concurrency (heed.llm.gate)
         self.engine = engine
         self.lane = lane
         #: How reflects consult the bank's mental models first (``None``: they do not).
@@ -43,7 +46,7 @@ class ReflectService:
     def _build(self) -> ChatProvider:
         from heed.llm.factory import build_provider  # the provider's library loads on first use
 
-        return build_provider(self.settings, "reflect")
+        return build_provider(self.settings, "reflect", self.gates)
 
     @property
     def provider(self) -> ChatProvider:

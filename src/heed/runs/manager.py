@@ -55,6 +55,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from heed.errors import HeedError
@@ -512,7 +513,8 @@ class RunManager:
             payload = await self.io.call(self.store.payload, run.id)
             rc.payload = payload or {}
             link = link_from(rc.payload.pop(TRACE_LINK_KEY, None))
-            with run_span(run, link), use_context(ctx), tallying(run.id) as tally:
+            told = partial(rc.emit, EventType.PROGRESS)  # a budget holds its model calls
+            with run_span(run, link), use_context(ctx), tallying(run.id, told) as tally:
                 if spec.lane is not None and self.lanes is not None:
                     async with self.lanes[spec.lane].slot(worker.token):
                         result = await spec.execute(rc)

@@ -35,7 +35,7 @@ from heed.runtime.offload import (
 from heed.runtime.retry import retry_async
 from heed.runtime.slots import CpuBudget, Lane, LaneFull, Lanes, LaneStats
 from heed.runtime.tally import TokenTally, current_tally, tallying
-from heed.runtime.tasks import settle
+from heed.runtime.tasks import run_all, settle
 
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -61,6 +61,7 @@ __all__ = [
     "raise_if_cancelled",
     "reraise_cancellation",
     "retry_async",
+    "run_all",
     "run_blocking",
     "run_concurrently",
     "run_in_process",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -24,9 +24,14 @@ __all__ = ["TokenTally", "current_tally", "tallying"]
 class TokenTally:
     """Prompt and completion tokens and calls, by kind of work; thread-safe."""
 
-    def __init__(self, run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str | None = None,
+        on_wait: Callable[[dict[str, Any]], Awaitable[object]] | None = None,
+    ) -> None:
         #: The run whose calls these are (a trace id for the calls' records), if any.
         self.run_id = run_id
+        self._on_wait = on_wait
         self._lock = threading.Lock()
         self._by_kind: dict[str, list[int]] = {}
 
@@ -37,6 +42,12 @@ class TokenTally:
             counts[0] += prompt_tokens
             counts[1] += completion_tokens
             counts[2] += 1
+
+    async def waiting(self, why: dict[str, Any]) -> None:
+        """Tell the work's owner its calls wait (*why*: a budget's reason, as JSON); the run
+        manager journals it as a ``progress`` event. Without an owner: nothing."""
+        if self._on_wait is not None:
+            await self._on_wait(why)
 
     @property
     def calls(self) -> int:
@@ -71,9 +82,13 @@ _current: ContextVar[TokenTally | None] = ContextVar("heed_token_tally", default
 
 
 @contextlib.contextmanager
-def tallying(run_id: str | None = None) -> Iterator[TokenTally]:
-    """Count the LLM calls made in this context, until the block ends, in a fresh tally."""
-    tally = TokenTally(run_id)
+def tallying(
+    run_id: str | None = None,
+    on_wait: Callable[[dict[str, Any]], Awaitable[object]] | None = None,
+) -> Iterator[TokenTally]:
+    """Count the LLM calls made in this context, until the block ends, in a fresh tally
+    (told with *on_wait* when they wait: :meth:`TokenTally.waiting`)."""
+    tally = TokenTally(run_id, on_wait)
     reset = _current.set(tally)
     try:
         yield tally

@@ -1,4 +1,5 @@
-"""Waiting for a child task to settle: the one idiom for "stop it, and wait until it stopped".
+"""Child tasks that always settle: the one idiom for "stop it, and wait until it stopped",
+and for running pieces of work side by side (:func:`run_all`).
 
 A stream that hands work to a child task (an upstream pump, a generation thread, an agent
 loop) must not return, or raise, before the child has finished: the child may hold a lane
@@ -11,10 +12,12 @@ abandoned while it still runs. :func:`settle` closes the hole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
-__all__ = ["settle"]
+__all__ = ["run_all", "settle"]
+
+T = TypeVar("T")
 
 
 async def settle(child: asyncio.Future[Any], stop: Callable[[], object] | None = None) -> None:
@@ -41,3 +44,49 @@ async def settle(child: asyncio.Future[Any], stop: Callable[[], object] | None =
         child.exception()  # retrieved, so asyncio never logs it as unhandled
     if interrupted is not None:
         raise interrupted
+
+
+async def run_all(work: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Await every ``work[i]()``, at most *limit* at once, and return their results in order.
+
+    Each piece runs in a child task of the caller's context (its token, tenant, LLM work and
+    tally). The first failure stops the others (they are cancelled), and it is re-raised
+    itself, not wrapped in an ``ExceptionGroup``, once every child has finished: a caller
+    handles an ``OperationCancelled`` or a provider error as if the work had run one piece
+    after another. Cancelling the caller cancels every child and returns only once they
+    stopped (``asyncio.TaskGroup``'s promise). With *limit* 1, or one piece, nothing runs
+    concurrently.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    if len(work) <= 1 or limit == 1:
+        return [await piece() for piece in work]
+    gate = asyncio.Semaphore(limit)
+
+    async def bounded(piece: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await piece()
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(bounded(piece)) for piece in work]
+    except BaseExceptionGroup as group_error:
+        raise _first_cause(group_error) from None
+    return [task.result() for task in tasks]
+
+
+def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The failure that stopped a group: its first exception that is not a child's
+    ``CancelledError`` (the siblings it cancelled), else the first one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            pending[:0] = list(exc.exceptions)
+        else:
+            leaves.append(exc)
+    for exc in leaves:
+        if not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return leaves[0]

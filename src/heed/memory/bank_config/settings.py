@@ -25,10 +25,12 @@ What reads them: recall its retrieval switches (``enable_*``), ``recall_prefer_o
 (:mod:`heed.memory.learning.scopes`);
 reflect the mission, the disposition and ``recall_max_tokens`` (the token budget of each
 recall its agent makes); mental-model refreshes
-``mental_model_min_refresh_interval_seconds`` (:mod:`heed.mental_models.refresh`); the MCP
-tools ``mcp_enabled_tools`` (:func:`check_mcp_tool`). Three defaults are the server's
-(``HEED_RETAIN_EXTRACTION``, ``HEED_OBSERVATIONS``,
-``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``): :class:`ServerDefaults`. Which value
+``mental_model_min_refresh_interval_seconds`` (:mod:`heed.mental_models.refresh`); the budgets
+of background LLM work ``llm_budget_tokens_per_hour`` and ``llm_budget_tokens_per_day``
+(:mod:`heed.llm.budget`); the MCP tools ``mcp_enabled_tools`` (:func:`check_mcp_tool`).
+Five defaults are the server's (``HEED_RETAIN_EXTRACTION``, ``HEED_OBSERVATIONS``,
+``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``, ``HEED_LLM_BUDGET_TOKENS_PER_HOUR`` and
+``_PER_DAY``): :class:`ServerDefaults`. Which value
 applies to a bank (its own, else the default) is :mod:`heed.memory.bank_config.view`'s one
 rule; everything above reads it there.
 """
@@ -263,6 +265,17 @@ SETTINGS: Final[Mapping[str, Setting]] = {
         None,
         help="least seconds between two refreshes of a mental model (its trigger may say)",
     ),
+    **{
+        f"llm_budget_tokens_per_{window}": Setting(
+            Annotated[int, Field(ge=1, le=10**12)] | None,
+            None,
+            help=f"background LLM tokens (extraction, consolidation, mental-model refreshes) "
+            f"the bank may spend per {'clock hour' if window == 'hour' else 'UTC day'}; "
+            "reached: background work waits for the next one (null: the server's default, "
+            "else no budget)",
+        )
+        for window in ("hour", "day")
+    },
     "mcp_enabled_tools": Setting(
         Annotated[list[Literal[MCP_TOOLS]], Field(max_length=LIST_ITEMS)] | None,  # type: ignore[valid-type]
         None,
@@ -351,6 +364,8 @@ class ServerDefaults:
     retain_extraction_mode: str = "off"
     enable_observations: bool = False
     mental_model_min_refresh_interval_seconds: float = 0.0
+    llm_budget_tokens_per_hour: int | None = None
+    llm_budget_tokens_per_day: int | None = None
 
 
 def _name(key: str) -> str:

@@ -63,6 +63,8 @@ class BankSettings:
     recall_temporal_weight: float
     recall_max_tokens: int | None
     mental_model_min_refresh_interval_seconds: float
+    llm_budget_tokens_per_hour: int | None
+    llm_budget_tokens_per_day: int | None
     mcp_enabled_tools: list[str] | None
 
     def as_dict(self) -> dict[str, Any]:

@@ -27,9 +27,16 @@ group (``bank:<ref>``, listed with the bank's operations):
   taking rounds until nothing is pending, so facts written meanwhile are taken too; at
   start-up every bank with pending facts is scheduled (:meth:`Consolidation.resume`), so a
   run that a shutdown ended ``interrupted`` is picked up again;
-- *it yields*: its recalls take recall slots and its LLM calls take reflect slots with
-  ``background=True`` (:mod:`heed.runtime.slots`): never a slot a user's request waits for,
-  at full speed when the server is idle, and never starved forever;
+- *side by side*: a run takes as many rounds at once as its provider lets background work
+  have in flight (:func:`heed.llm.gate.call_concurrency`: all but one of a remote
+  upstream's ``HEED_LLM_CONCURRENCY``; one on the embedded model), across scopes and
+  within one; a round never overwrites what another changed since it read
+  (:mod:`heed.memory.learning.observations`);
+- *it yields*: its recalls take recall slots with ``background=True``
+  (:mod:`heed.runtime.slots`), and its model calls wait behind users' at a remote
+  upstream's gate (:mod:`heed.llm.gate`), or take reflect slots with ``background=True``
+  on the embedded model: never a slot a user's request waits for, at full speed when the
+  server is idle, and never starved forever;
 - *it stops*: its token is the run's, so ``POST /v1/runs/{id}/cancel``, ``DELETE
   .../operations/{id}``, the wall-clock ceiling (:attr:`ConsolidationLimits.max_seconds`)
   and a bank delete stop it mid-LLM-call; the bank's work registry
@@ -49,13 +56,13 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final
 
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
+from heed.llm.gate import call_concurrency, model_slot
 from heed.llm.observe import LlmObserver, observing
 from heed.llm.structured import complete_json, index_list
 from heed.llm.usage import llm_work
@@ -69,7 +76,7 @@ from heed.memory.bank_runs import (
     cancel_on_delete,
 )
 from heed.memory.engine import MemoryEngine
-from heed.memory.entities import extract_entities
+from heed.memory.learning.observations import HISTORY_LIMIT, ObservationVersions, plan_actions
 from heed.memory.learning.scopes import Scope, ScopeRule, mission_for, scope_rule, scopes_of
 from heed.memory.models import (
     Bank,
@@ -80,7 +87,6 @@ from heed.memory.models import (
     loose_units,
 )
 from heed.memory.retain.prepare import embed_documents
-from heed.memory.retain.units import index_text
 from heed.memory.store import ObservationChanges
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
@@ -91,6 +97,7 @@ from heed.runtime import (
     OperationCancelled,
     raise_if_cancelled,
     reraise_cancellation,
+    run_all,
     run_in_thread,
 )
 
@@ -105,8 +112,6 @@ __all__ = [
 
 #: Worker deaths while processing after which a consolidation is quarantined.
 MAX_ATTEMPTS: Final = 3
-#: Earlier versions an observation keeps.
-HISTORY_LIMIT: Final = 20
 #: The most recalls a scope's round makes for its related observations.
 RELATED_QUERIES: Final = 4
 #: The longest query text of one of those recalls.
@@ -170,6 +175,8 @@ class _Counters:
     created: int = 0
     updated: int = 0
     merged: int = 0
+    #: Updates written as new observations: another round changed theirs meanwhile.
+    conflicts: int = 0
     llm_retries: int = 0
     llm_failures: int = 0
     errors: list[str] = field(default_factory=list)
@@ -184,10 +191,33 @@ class _Counters:
             "observations_created": self.created,
             "observations_updated": self.updated,
             "observations_merged": self.merged,
+            "observation_conflicts": self.conflicts,
             "llm_retries": self.llm_retries,
             "llm_failures": self.llm_failures,
             "errors": self.errors[-5:],
         }
+
+
+@dataclass(slots=True)
+class _Rounds:
+    """A batch's rounds: ``(scope, facts)`` pieces, and the seqs of facts in no scope."""
+
+    work: list[tuple[Scope, list[StoredUnit]]]
+    unscoped: list[int]
+
+
+@dataclass(slots=True)
+class _RunState:
+    """What the rounds of one run share."""
+
+    bank: Bank
+    settings: BankSettings
+    rule: ScopeRule
+    provider: ChatProvider
+    counters: _Counters
+    versions: ObservationVersions = field(default_factory=ObservationVersions)
+    #: Held around a round's settle and write, so rounds' writes never interleave.
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _counting(counters: _Counters) -> LlmObserver:
@@ -331,17 +361,34 @@ class Consolidation:
             settings = self.engine.settings(bank)
             rule = scope_rule(rc.payload.get("observation_scopes"), settings)
             counters = _Counters()
+            provider = self.provider()
+            width = call_concurrency(provider, background=True)
+            run = _RunState(bank, settings, rule, provider, counters)
             async with self.engine.track(bank):
-                with observing(_counting(counters)):
+                with (
+                    observing(_counting(counters)),
+                    llm_work(bank.tenant, bank.bank_id, "consolidation", background=True),
+                ):
                     while True:
                         raise_if_cancelled()
                         batch = await run_in_thread(
-                            self.engine.store.pending_units, bank.ref, self.limits.batch
+                            self.engine.store.pending_units, bank.ref, self.limits.batch * width
                         )
                         if not batch:
                             break
-                        await self._round(bank, settings, batch, rule, counters)
-                        counters.rounds += 1
+                        rounds = self._rounds(batch, rule)
+                        if rounds.unscoped:  # in no scope of the rule: nothing to observe
+                            changes = ObservationChanges(done=rounds.unscoped)
+                            await run_in_thread(self._write, bank, changes, [])
+                            counters.facts += len(rounds.unscoped)
+                        await run_all(
+                            [
+                                partial(self._round, run, scope, facts)
+                                for scope, facts in rounds.work
+                            ],
+                            width,
+                        )
+                        counters.rounds += len(rounds.work)
                         await rc.emit(
                             EventType.PROGRESS,
                             {"processed": counters.facts + counters.failed, **counters.result()},
@@ -352,14 +399,10 @@ class Consolidation:
                 hook(bank, scopes)
         return counters.result()
 
-    async def _round(
-        self,
-        bank: Bank,
-        settings: BankSettings,
-        batch: list[StoredUnit],
-        rule: ScopeRule,
-        counters: _Counters,
-    ) -> None:
+    def _rounds(self, batch: list[StoredUnit], rule: ScopeRule) -> _Rounds:
+        """*batch* cut into rounds: each scope's facts in pieces of at most
+        :attr:`ConsolidationLimits.batch`, oldest first, and the facts in no scope of the
+        rule (consolidated, with nothing to observe)."""
         groups: dict[Scope, list[StoredUnit]] = {}
         unscoped: list[int] = []
         for unit in batch:
@@ -368,29 +411,44 @@ class Consolidation:
                 groups.setdefault(scope, []).append(unit)
             if not scopes:
                 unscoped.append(unit.seq)
-        if unscoped:  # in no scope of the rule: consolidated, with nothing to observe
-            await run_in_thread(self._write, bank, ObservationChanges(done=unscoped), [])
-            counters.facts += len(unscoped)
-        for scope, facts in groups.items():
-            related = await self._related(bank, facts, list(scope))
-            messages = _prompt(facts, related, mission_for(scope, settings))
-            try:
-                async with self.llm_lane.slot(background=True):
-                    with llm_work(bank.tenant, bank.bank_id, "consolidation"):
-                        reply = await complete_json(self.provider(), messages, _FORMAT)
-            except BadModelOutput as exc:
-                counters.failed += len(facts)
-                counters.errors.append(str(exc)[:300])
-                await run_in_thread(
-                    self._write, bank, ObservationChanges(failed=[f.seq for f in facts]), []
-                )
-                continue
-            changes, fresh = _plan(reply.value, scope, facts, related, counters)
-            await run_in_thread(embed_documents, [loose_units(fresh)], self.engine.embedder)
-            await run_in_thread(self._write, bank, changes, fresh)
-            counters.facts += len(facts)
-            if changes.created or changes.replaced or changes.removed:
-                counters.touched.add(scope)
+        size = self.limits.batch
+        work = [
+            (scope, facts[i : i + size])
+            for scope, facts in groups.items()
+            for i in range(0, len(facts), size)
+        ]
+        return _Rounds(work, unscoped)
+
+    async def _round(self, run: _RunState, scope: Scope, facts: list[StoredUnit]) -> None:
+        """One scope's round: its related observations, one model call, one write. Runs
+        beside the run's other rounds (:mod:`heed.memory.learning.observations`)."""
+        bank, counters = run.bank, run.counters
+        since = run.versions.mark()
+        related = await self._related(bank, facts, list(scope))
+        messages = _prompt(facts, related, mission_for(scope, run.settings))
+        try:
+            async with model_slot(run.provider, self.llm_lane, background=True):
+                reply = await complete_json(run.provider, messages, _FORMAT)
+        except BadModelOutput as exc:
+            counters.failed += len(facts)
+            counters.errors.append(str(exc)[:300])
+            await run_in_thread(
+                self._write, bank, ObservationChanges(failed=[f.seq for f in facts]), []
+            )
+            return
+        actions = plan_actions(reply.value, scope, facts, related)
+        fresh = [action.unit for action in actions]
+        await run_in_thread(embed_documents, [loose_units(fresh)], self.engine.embedder)
+        async with run.writing:
+            settled = run.versions.settle(actions, since, [f.seq for f in facts])
+            await run_in_thread(self._write, bank, settled.changes, settled.fresh)
+        counters.facts += len(facts)
+        counters.created += settled.created
+        counters.updated += settled.updated
+        counters.merged += settled.merged
+        counters.conflicts += settled.conflicts
+        if actions:
+            counters.touched.add(scope)
 
     async def _related(
         self, bank: Bank, facts: list[StoredUnit], tags: list[str]
@@ -439,105 +497,3 @@ def _prompt(
     for number, observation in enumerate(related):
         lines.append(f"O{number}: {observation.text}")
     return [ChatMessage.system(system), ChatMessage.user("\n".join(lines))]
-
-
-def _plan(
-    reply: dict[str, Any],
-    scope: Scope,
-    facts: list[StoredUnit],
-    related: list[StoredUnit],
-    counters: _Counters,
-) -> tuple[ObservationChanges, list[PreparedUnit]]:
-    """The writes of *scope*'s part of a round from the model's *reply* (observations carry
-    the scope's tags): actions naming no valid observation
-    (an update or merge) are taken as creations; an observation named twice is changed by
-    the first action only."""
-    now = datetime.now(UTC)
-    created: list[PreparedUnit] = []
-    replaced: list[PreparedUnit] = []
-    removed: list[str] = []
-    touched: set[str] = set()
-    for action in reply.get("actions", []):
-        cited = [facts[n] for n in action.get("facts", []) if 0 <= n < len(facts)]
-        named = [
-            related[n]
-            for n in action.get("observations", [])
-            if 0 <= n < len(related) and related[n].id not in touched
-        ]
-        text = str(action["text"]).strip()
-        if action["action"] == "create" or not named:
-            created.append(_observation(str(uuid.uuid4()), text, scope, cited, [], [], now))
-            counters.created += 1
-            continue
-        survivor, others = named[0], named[1:] if action["action"] == "merge" else []
-        history = [
-            *survivor.history,
-            _version(survivor.text, survivor.proof_count, now, "updated"),
-            *(_version(o.text, o.proof_count, now, f"merged {o.id}") for o in others),
-        ][-HISTORY_LIMIT:]
-        earlier = [s for o in (survivor, *others) for s in o.source_ids]
-        replaced.append(_observation(survivor.id, text, scope, cited, earlier, history, now))
-        removed.extend(o.id for o in others)
-        touched.update(o.id for o in (survivor, *others))
-        if others:
-            counters.merged += 1
-        else:
-            counters.updated += 1
-    changes = ObservationChanges(
-        created=created, replaced=replaced, removed=removed, done=[f.seq for f in facts]
-    )
-    return changes, [*created, *replaced]
-
-
-def _version(text: str, proof_count: int | None, now: datetime, reason: str) -> dict[str, Any]:
-    return {
-        "text": text,
-        "proof_count": proof_count,
-        "changed_at": now.isoformat(),
-        "reason": reason,
-        "state": "invalidated",
-    }
-
-
-def _iso_date(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _observation(
-    unit_id: str,
-    text: str,
-    scope: Scope,
-    facts: list[StoredUnit],
-    earlier_sources: list[str],
-    history: list[dict[str, Any]],
-    now: datetime,
-) -> PreparedUnit:
-    """An observation unit of *scope* resting on *facts* (and the sources of what it
-    replaces)."""
-    sources = list(dict.fromkeys([*earlier_sources, *(f.id for f in facts)]))
-    starts = [d for d in (_iso_date(f.occurred_start) for f in facts) if d is not None]
-    ends = [d for d in (_iso_date(f.occurred_end) for f in facts) if d is not None]
-    mentioned = [d for d in (_iso_date(f.mentioned_at) for f in facts) if d is not None]
-    return PreparedUnit(
-        id=unit_id,
-        text=text,
-        index_text=index_text(text, None, None),
-        fact_type="observation",
-        context=None,
-        chunk_index=0,
-        occurred_start=min(starts) if starts else None,
-        occurred_end=max(ends) if ends else (max(starts) if starts else None),
-        mentioned_at=max(mentioned) if mentioned else now,
-        metadata={},
-        tags=list(scope),
-        entities=extract_entities(text, [], None),
-        source_ids=sources,
-        proof_count=len(sources),
-        history=history,
-    )

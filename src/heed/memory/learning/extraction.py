@@ -15,8 +15,12 @@ verbatim ones, which stay retrievable:
   bank's by canonical name when written (:mod:`heed.memory.retain.links`);
 - a cause becomes a ``causal`` link between the two facts.
 
-A chunk whose reply stays malformed keeps only its verbatim units, and is counted
-(:attr:`Extraction.failed_chunks`). Upstream failures (unreachable, 429 after the
+A retain's chunks (of all its documents) are extracted concurrently, as many at once as the
+provider lets such work have in flight (:func:`heed.llm.gate.call_concurrency`: a remote
+upstream's ``HEED_LLM_CONCURRENCY``; one at a time on the embedded model, which is CPU
+work); the facts
+keep the chunks' order. A chunk whose reply stays malformed keeps only its verbatim units,
+and is counted (:attr:`Extraction.failed_chunks`). Upstream failures (unreachable, 429 after the
 provider's retries) propagate: the retain fails, nothing of the document is written, and the
 caller retries the whole retain. The calls run under the active context's token (a sync
 retain's request, an async retain's run), so a client that leaves stops them mid-call.
@@ -30,7 +34,7 @@ facts that help recall: see the README and ``benchmarks/extraction_quality.py``)
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -41,7 +45,7 @@ from heed.memory.bank_config.settings import ServerDefaults
 from heed.memory.entities import extract_entities
 from heed.memory.models import EntityRef, PreparedDocument, PreparedUnit
 from heed.memory.retain.units import index_text
-from heed.runtime import raise_if_cancelled
+from heed.runtime import raise_if_cancelled, run_all
 
 __all__ = [
     "CHUNK_CHARS",
@@ -52,7 +56,7 @@ __all__ = [
     "Learning",
     "chunk_units",
     "extract_chunk",
-    "extract_document_facts",
+    "extract_documents_facts",
     "facts_prompt",
 ]
 
@@ -124,6 +128,9 @@ class Learning:
     extraction_default: str = "off"
     observations_default: bool = False
     extractor: Callable[[], ChatProvider] | None = None
+    #: ``HEED_LLM_BUDGET_TOKENS_PER_HOUR`` / ``_PER_DAY`` (:mod:`heed.llm.budget`).
+    budget_per_hour: int | None = None
+    budget_per_day: int | None = None
 
     def defaults(self, min_refresh_interval: float) -> ServerDefaults:
         """The server's defaults of the bank settings that have one (extraction is ``off``
@@ -133,6 +140,8 @@ class Learning:
             retain_extraction_mode=self.extraction_default if self.extractor else "off",
             enable_observations=self.observations_default,
             mental_model_min_refresh_interval_seconds=min_refresh_interval,
+            llm_budget_tokens_per_hour=self.budget_per_hour,
+            llm_budget_tokens_per_day=self.budget_per_day,
         )
 
 
@@ -144,6 +153,9 @@ class Extraction:
     chunks: int = 0
     failed_chunks: int = 0
     failures: list[str] = field(default_factory=list)
+    #: The ids of the units no fact was extracted from because their chunk's reply stayed
+    #: malformed (consolidation takes them verbatim).
+    unread: set[str] = field(default_factory=set)
 
     def report(self) -> dict[str, int]:
         """The counts a retain reports (its response, its run's result)."""
@@ -254,26 +266,46 @@ async def extract_chunk(
     return ChunkFacts([unit for unit, _ in chunk_facts], reply.usage)
 
 
-async def extract_document_facts(
-    document: PreparedDocument,
+async def extract_documents_facts(
+    documents: Sequence[PreparedDocument],
     provider: ChatProvider,
     mode: str,
     mission: str | None,
     outcome: Extraction,
-) -> list[PreparedUnit]:
-    """Extract *document*'s facts, chunk by chunk (see the module docstring): the fact
-    units in order (``caused_by`` naming the facts of their chunk that caused them).
-    Records counts in *outcome*. Raises ``OperationCancelled`` (the token) and upstream
-    ``ProviderError``s; a malformed reply only costs its chunk's facts."""
-    facts: list[PreparedUnit] = []
-    for positions in chunk_units(document.units):
-        outcome.chunks += 1
-        try:
-            found = await extract_chunk(document.units, positions, provider, mode, mission)
-        except BadModelOutput as exc:
-            outcome.failed_chunks += 1
-            outcome.failures.append(str(exc)[:300])
-            continue
-        facts.extend(found.facts)
-        outcome.facts += len(found.facts)
+    *,
+    concurrency: int = 1,
+) -> list[list[PreparedUnit]]:
+    """Extract the facts of *documents* (see the module docstring), at most *concurrency*
+    chunks at once across them: per document, its fact units in chunk order (``caused_by``
+    naming the facts of their chunk that caused them). Records counts in *outcome*, and the
+    ids of the units of chunks whose reply stayed malformed in ``outcome.unread``. Raises
+    ``OperationCancelled`` (the token) and upstream ``ProviderError``s (the first one; the
+    other chunks' calls are stopped); a malformed reply only costs its chunk's facts."""
+    chunks = [
+        (index, positions)
+        for index, document in enumerate(documents)
+        for positions in chunk_units(document.units)
+    ]
+
+    def extract(index: int, positions: list[int]) -> Callable[[], Awaitable[ChunkFacts | None]]:
+        units = documents[index].units
+
+        async def one() -> ChunkFacts | None:
+            try:
+                return await extract_chunk(units, positions, provider, mode, mission)
+            except BadModelOutput as exc:
+                outcome.failures.append(str(exc)[:300])
+                outcome.unread.update(units[p].id for p in positions)
+                return None
+
+        return one
+
+    found = await run_all([extract(*chunk) for chunk in chunks], concurrency)
+    outcome.chunks += len(chunks)
+    outcome.failed_chunks += sum(1 for chunk in found if chunk is None)
+    facts: list[list[PreparedUnit]] = [[] for _ in documents]
+    for (index, _), chunk in zip(chunks, found, strict=True):
+        if chunk is not None:
+            facts[index].extend(chunk.facts)
+            outcome.facts += len(chunk.facts)
     return facts

@@ -218,6 +218,7 @@ class RetainOperations:
                     payload.get("document_tags") or [],
                     progress=progress,
                     idempotency_key=payload.get("idempotency_key"),
+                    background=True,  # nobody waits on an operation's model calls
                 )
         finally:
             if pending:

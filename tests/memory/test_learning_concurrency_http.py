@@ -1,0 +1,255 @@
+"""Learning at a remote provider's pace, on SQLite and PostgreSQL: heed as an operator runs
+it (``HEED_LLM_PROVIDER=openai``) against the fake OpenAI-compatible upstream on loopback,
+which holds every answer a moment, as a remote model does.
+
+- a retain's chunks are extracted side by side, the facts in chunk order;
+- consolidation rounds run side by side (within one scope), and no round overwrites what
+  another wrote: every fact ends cited by an observation;
+- a bank's daily budget of background tokens holds its consolidation, which says why it
+  waits and resumes once the budget allows, nothing lost or failed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from heed.api.app import create_app
+from heed.settings import Settings
+from tests.llm.fake_upstream import Behaviour, Record, RunningUpstream, serve_fake_upstream
+from tests.memory.test_bank_learning_settings import _streamed, _user_text
+from tests.pg_support import fresh_schema
+from tests.support import LiveServer, live_server, wait_for
+
+#: How long the upstream holds each answer.
+LATENCY = 1.0
+#: Facts one consolidation round takes (HEED_CONSOLIDATION_BATCH): several rounds per retain.
+BATCH = 3
+
+_UNIT = re.compile(r"^\[(\d+)\] \([^)]*\) (.*)$", re.M)
+_FACT = re.compile(r"^F(\d+)(?: \([^)]*\))?: (.*)$", re.M)
+_OBSERVATION = re.compile(r"^O(\d+): ", re.M)
+
+
+def respond(body: dict[str, Any]) -> Behaviour | None:
+    """Extraction: one fact per unit. Consolidation: update the first related observation
+    with every new fact (so rounds side by side want the same one), else create one."""
+    user = _user_text(body)
+    if user.startswith("[0] ("):
+        facts = [
+            {"text": f"Stated: {text}", "fact_type": "world", "sources": [int(n)]}
+            for n, text in _UNIT.findall(user)
+        ]
+        reply = _streamed({"facts": facts})
+    elif user.startswith("New facts:"):
+        cited = [int(n) for n, _ in _FACT.findall(user)]
+        if _OBSERVATION.search(user):
+            action = {
+                "action": "update",
+                "observations": [0],
+                "text": "Speakers share news.",
+                "facts": cited,
+            }
+        else:
+            action = {"action": "create", "text": "Speakers share news.", "facts": cited}
+        reply = _streamed({"actions": [action]})
+    else:
+        return None
+    reply.header_delay = LATENCY
+    return reply
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[RunningUpstream]:
+    with serve_fake_upstream() as running:
+        running.app.responder = respond
+        yield running
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+def server(
+    request: pytest.FixtureRequest,
+    upstream: RunningUpstream,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LiveServer]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HEED_DATA_DIR", str(tmp_path_factory.mktemp("learning-concurrency")))
+        env.setenv("HEED_LLM_PROVIDER", "openai")
+        env.setenv("HEED_LLM_BASE_URL", upstream.base_url)
+        env.setenv("HEED_LLM_MODEL", "fake-chat-model")
+        env.setenv("HEED_LLM_API_KEY", "sk-test")
+        env.setenv("HEED_LLM_CONCURRENCY", "6")
+        env.setenv("HEED_CONSOLIDATION_BATCH", str(BATCH))
+        env.setenv("HEED_CONSOLIDATION_DEBOUNCE_SECONDS", "0.05")
+        for name in ("HEED_RETAIN_EXTRACTION", "HEED_OBSERVATIONS", "HEED_DATABASE_URL"):
+            env.delenv(name, raising=False)
+        if request.param == "sqlite":
+            with live_server(create_app(Settings())) as srv:
+                yield srv
+            return
+        with fresh_schema() as url:
+            env.setenv("HEED_DATABASE_URL", url)
+            with live_server(create_app(Settings())) as srv:
+                yield srv
+
+
+def most_at_once(records: list[Record]) -> int:
+    """The most of *records*' requests the upstream was serving at one instant."""
+    edges = sorted(
+        [(r.started_at, 1) for r in records]
+        + [(r.completed_at or time.monotonic(), -1) for r in records]
+    )
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def records_of(upstream: RunningUpstream, marker: str, start: str) -> list[Record]:
+    return [
+        r
+        for r in list(upstream.app.records)
+        if _user_text(r.body).startswith(start) and marker in _user_text(r.body)
+    ]
+
+
+def new_bank(server: LiveServer, **config: Any) -> str:
+    bank = "conc-" + uuid.uuid4().hex[:8]
+    response = httpx.put(f"{server.url}/v1/default/banks/{bank}", json=config, timeout=30)
+    assert response.status_code in (200, 201), response.text
+    return bank
+
+
+def turns(marker: str, count: int) -> str:
+    """*count* turns of about 400 characters: a few extraction chunks' worth."""
+    filler = "and then we talked for a long while about the garden, the weather and the trip. "
+    return "\n".join(f"{marker} turn {n}: {filler * 5}" for n in range(count))
+
+
+def memories(server: LiveServer, bank: str, **params: str) -> list[dict[str, Any]]:
+    response = httpx.get(
+        f"{server.url}/v1/default/banks/{bank}/memories/list",
+        params={"limit": "500", **params},
+        timeout=30,
+    )
+    response.raise_for_status()
+    items: list[dict[str, Any]] = response.json()["items"]
+    return items
+
+
+def retain(server: LiveServer, bank: str, content: str) -> dict[str, Any]:
+    response = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/memories",
+        json={"items": [{"content": content}]},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_a_retains_chunks_are_extracted_side_by_side(
+    server: LiveServer, upstream: RunningUpstream
+) -> None:
+    marker = "Zk" + uuid.uuid4().hex[:8]
+    bank = new_bank(server, retain_extraction_mode="concise", enable_observations=False)
+    summary = retain(server, bank, turns(marker, 30))
+    extraction = summary["extraction"]
+    assert extraction["chunks"] >= 4 and extraction["failed_chunks"] == 0
+    calls = records_of(upstream, marker, "[0] (")
+    assert len(calls) == extraction["chunks"]
+    assert most_at_once(calls) >= 3  # one at a time before: each waited for the last
+    facts = [m for m in memories(server, bank) if m["text"].startswith("Stated: ")]
+    assert len(facts) == 30 == extraction["facts"]
+
+
+def test_consolidation_rounds_run_side_by_side_and_lose_no_fact(
+    server: LiveServer, upstream: RunningUpstream
+) -> None:
+    marker = "Zk" + uuid.uuid4().hex[:8]
+    bank = new_bank(server, retain_extraction_mode="concise", enable_observations=True)
+    retain(server, bank, turns(marker, 18))  # 18 facts: 6 rounds of 3
+    facts = {m["id"] for m in memories(server, bank) if m["text"].startswith("Stated: ")}
+    assert len(facts) == 18
+    wait_for(
+        lambda: (
+            not memories(server, bank, consolidation_state="pending")
+            and len(memories(server, bank, consolidation_state="done")) == 18
+        ),
+        seconds=60,
+    )
+    rounds = records_of(upstream, marker, "New facts:")
+    assert len(rounds) == 6
+    # Side by side (one at a time before); how many overlap depends on how fast each
+    # round's related recalls pass (background CPU work, one at a time beside users').
+    assert most_at_once(rounds) >= 2
+    # The verbatim turns the facts were stated from were not consolidated beside them.
+    for r in rounds:
+        assert all(text.startswith("Stated: ") for _, text in _FACT.findall(_user_text(r.body)))
+    # Every round wanted the same observation; none overwrote another's: every fact is
+    # still cited by an observation.
+    cited: set[str] = set()
+    for observation in memories(server, bank, type="observation"):
+        detail = httpx.get(
+            f"{server.url}/v1/default/banks/{bank}/memories/{observation['id']}", timeout=30
+        ).json()
+        cited.update(detail["source_memory_ids"] or [])
+    assert facts <= cited
+    ops = httpx.get(f"{server.url}/v1/default/banks/{bank}/operations", timeout=30).json()
+    [run] = [o for o in ops["operations"] if o["operation_type"] == "consolidation"]
+    assert run["status"] == "completed"
+
+
+def test_a_daily_budget_holds_consolidation_which_says_why_and_resumes(
+    server: LiveServer, upstream: RunningUpstream
+) -> None:
+    marker = "Zk" + uuid.uuid4().hex[:8]
+    bank = new_bank(
+        server,
+        retain_extraction_mode="concise",
+        enable_observations=True,
+        llm_budget_tokens_per_day=1,  # the retain's own extraction already spends it
+    )
+    retain(server, bank, turns(marker, 6))
+    ops_url = f"{server.url}/v1/default/banks/{bank}/operations"
+
+    def consolidation() -> dict[str, Any] | None:
+        ops = httpx.get(ops_url, timeout=30).json()["operations"]
+        return next((o for o in ops if o["operation_type"] == "consolidation"), None)
+
+    run = wait_for(consolidation, seconds=30)
+    told: dict[str, Any] | None = None
+    with httpx.stream(
+        "GET", f"{server.url}/v1/runs/{run['id']}/stream", timeout=30
+    ) as stream:  # the journal, until the run says why it waits
+        for line in stream.iter_lines():
+            if line.startswith("data:") and "llm_budget" in line:
+                told = json.loads(line[5:])["data"]
+                break
+    assert told is not None, "the run never said it waits"
+    assert told["waiting"] == "llm_budget"
+    assert "1 tokens per day is spent" in told["reason"]
+    assert told["resumes_at"].endswith("T00:00:00+00:00")
+    time.sleep(2 * LATENCY)
+    assert records_of(upstream, marker, "New facts:") == []  # no call while held
+    assert len(memories(server, bank, consolidation_state="pending")) == 6
+    assert consolidation()["status"] == "processing"  # type: ignore[index]
+
+    # The budget raised: the waiting run resumes at once and consolidates everything.
+    patch = httpx.patch(
+        f"{server.url}/v1/default/banks/{bank}/config",
+        json={"updates": {"llm_budget_tokens_per_day": 10_000_000}},
+        timeout=30,
+    )
+    assert patch.status_code == 200, patch.text
+    wait_for(lambda: len(memories(server, bank, consolidation_state="done")) == 6, seconds=30)
+    assert memories(server, bank, consolidation_state="failed") == []
+    assert consolidation()["status"] == "completed"  # type: ignore[index]
