@@ -126,21 +126,24 @@ def sessions_of(turns: list[Turn]) -> list[dict[str, Any]]:
 async def learn(
     http: httpx.AsyncClient, bank: str, items: list[dict[str, Any]], count: Any
 ) -> dict[str, Any]:
-    """Retain *items* asynchronously into a fresh *bank*; wait until it has learned."""
+    """Retain *items* asynchronously into a fresh *bank*; wait until it has learned. *count*
+    gives the upstream's calls by kind since the call began."""
     await http.put(f"/v1/default/banks/{bank}", json={"name": bank})
-    before = count()
     started = time.monotonic()
     response = await http.post(
         f"/v1/default/banks/{bank}/memories", json={"items": items, "async": True}
     )
     response.raise_for_status()
     operation = response.json()["operation_id"]
+    retained_at: float | None = None
     while True:
         ops = (await http.get(f"/v1/default/banks/{bank}/operations")).json()["operations"]
         retain = next(o for o in ops if o["id"] == operation)
         consolidations = [o for o in ops if o["operation_type"] == "consolidation"]
         if retain["status"] == "failed":
             raise SystemExit(f"the retain failed: {retain}")
+        if retain["status"] == "completed" and retained_at is None:
+            retained_at = time.monotonic() - started
         pending = (
             await http.get(
                 f"/v1/default/banks/{bank}/memories/list",
@@ -156,8 +159,11 @@ async def learn(
             break
         await asyncio.sleep(0.05)
     seconds = time.monotonic() - started
-    calls = count() - before
-    return {"seconds": round(seconds, 2), **calls}
+    return {
+        "seconds": round(seconds, 2),
+        "retain_completed_after_seconds": round(retained_at or seconds, 2),
+        **count(),
+    }
 
 
 async def recall_clients(
@@ -200,8 +206,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         upstream = stack.enter_context(serve_fake_upstream())
         upstream.app.responder = responder(args.latency, args.fact_chars)
 
-        def count() -> dict[str, int]:
-            kinds = {"extraction_calls": 0, "consolidation_calls": 0, "other_calls": 0}
+        def count() -> dict[str, Any]:
+            kinds: dict[str, Any] = {
+                "extraction_calls": 0,
+                "consolidation_calls": 0,
+                "other_calls": 0,
+            }
             for record in list(upstream.app.records):
                 user = _user_text(record.body)
                 kind = (
@@ -212,10 +222,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     else "other_calls"
                 )
                 kinds[kind] += 1
+                kinds.setdefault(kind.replace("_calls", "_starts"), []).append(record.started_at)
             return kinds
 
-        def delta(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-            return {k: now[k] - before[k] for k in now}
+        def delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+            """The calls since *before*, and when each kind's began (seconds after the first)."""
+            out = {k: now[k] - before[k] for k in now if k.endswith("_calls")}
+            starts = {
+                k: sorted(now[k])[len(before.get(k, [])) :] for k in now if k.endswith("_starts")
+            }
+            first = min((t for ts in starts.values() for t in ts), default=0.0)
+            out["timeline"] = {
+                k: [round(t - first, 2) for t in ts] for k, ts in starts.items() if ts
+            }
+            return out
 
         env = {
             "HEED_LLM_PROVIDER": "openai",
@@ -232,6 +252,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             def counted() -> Any:
                 start = count()
                 return lambda: delta(count(), start)
+
+            # 0. warm-up: the embedding and reranking models load on first use
+            await http.put("/v1/default/banks/warm-up", json={"name": "warm-up"})
+            await http.patch(
+                "/v1/default/banks/warm-up/config",
+                json={"updates": {"retain_extraction_mode": "off", "enable_observations": False}},
+            )
+            warm = {"items": [{"content": "A warm-up line about gardens and trips."}]}
+            (await http.post("/v1/default/banks/warm-up/memories", json=warm)).raise_for_status()
+            recall = {"query": "gardens", "budget": "mid"}
+            await http.post("/v1/default/banks/warm-up/memories/recall", json=recall)
 
             # 1. alone
             alone = await learn(http, "learn-alone", items, counted())

@@ -39,6 +39,7 @@ from heed.memory.models import (
     InvalidInput,
     NotFound,
     PreparedDocument,
+    PreparedUnit,
     RecallHit,
     RecallOutcome,
     RecallQuery,
@@ -53,7 +54,7 @@ from heed.memory.recall.vectors import BankIndexes, CurrentIndex, StoreVectors, 
 from heed.memory.retain.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
 from heed.memory.retain.prepare import (
     check_items,
-    embed_documents,
+    embed_units,
     plan_documents,
     split_documents,
 )
@@ -74,6 +75,7 @@ from heed.runtime import (
     OperationCancelled,
     current_context,
     raise_if_cancelled,
+    run_all,
     run_in_thread,
     use_context,
 )
@@ -511,13 +513,17 @@ class MemoryEngine:
                     recorded = check_ledger(key, entries)
                 todo = [i for i in range(len(plans)) if i not in recorded]
                 documents = await run_in_thread(split_documents, [plans[i] for i in todo])
-            # A remote model's calls are network waits: they hold no retain slot (its
-            # upstream's gate bounds them); the embedded model's hold one (CPU work).
-            extraction = await self._learn(bank, documents, background=background)
+            # The turns are embedded while the model states their facts (a remote model's
+            # calls are network waits: they hold no retain slot, its upstream's gate bounds
+            # them; the embedded model's hold one: CPU work); then the facts.
+            verbatim = [u for d in documents for u in d.units]
+            both: list[Callable[[], Awaitable[Any]]] = [
+                functools.partial(self._learn, bank, documents, background=background),
+                functools.partial(self._embed, verbatim),
+            ]
+            extraction: Extraction | None = (await run_all(both, 2))[0]
+            await self._embed([u for d in documents for u in d.units if u.embedding is None])
             async with self.retain_lane.slot():
-                documents = await run_in_thread(
-                    embed_documents, documents, self.embedder, self.tokens
-                )
                 units = sum(entry.units for entry in recorded.values())
                 for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
                     raise_if_cancelled()
@@ -536,6 +542,12 @@ class MemoryEngine:
             document_ids=[p.document_id for p in plans],
             extraction=extraction,
         )
+
+    async def _embed(self, units: list[PreparedUnit]) -> None:
+        """Embed and count *units* in place, in a retain slot (CPU work)."""
+        if units:
+            async with self.retain_lane.slot():
+                await run_in_thread(embed_units, units, self.embedder, self.tokens)
 
     async def _learn(
         self, bank: Bank, documents: list[PreparedDocument], *, background: bool = False

@@ -38,6 +38,7 @@ __all__ = [
     "DocumentPlan",
     "check_items",
     "embed_documents",
+    "embed_units",
     "plan_documents",
     "prepare_documents",
     "split_documents",
@@ -159,7 +160,17 @@ def embed_documents(
 ) -> list[PreparedDocument]:
     """Embed (and count the tokens of) every unit of *documents*, in place; returns them.
     Blocking; the embedder checks the token between batches."""
-    all_units = [u for d in documents for u in d.units]
+    embed_units([u for d in documents for u in d.units], embedder, tokens)
+    return documents
+
+
+def embed_units(
+    all_units: Sequence[PreparedUnit], embedder: Embedder, tokens: TokenCounter | None = None
+) -> None:
+    """Embed (and count the tokens of) *all_units*, in place. Blocking; the embedder checks
+    the token between batches."""
+    if not all_units:
+        return
     vectors = embedder.embed([u.text for u in all_units])
     for unit, vector in zip(all_units, vectors, strict=True):
         unit.embedding = vector
@@ -168,7 +179,6 @@ def embed_documents(
         counts = tokens.count_many([u.text for u in all_units])
         for unit, count in zip(all_units, counts, strict=True):
             unit.token_count = count
-    return documents
 
 
 def prepare_documents(
