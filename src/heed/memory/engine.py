@@ -566,7 +566,13 @@ class MemoryEngine:
             with llm_work(bank.tenant, bank.bank_id, "extraction", background=background):
                 async with model_slot(provider, self.retain_lane, background=background):
                     facts = await extract_documents_facts(
-                        documents, provider, mode, mission, extraction, concurrency=concurrency
+                        documents,
+                        provider,
+                        mode,
+                        mission,
+                        extraction,
+                        concurrency=concurrency,
+                        on_facts=self._embed,  # while the other chunks' calls wait
                     )
             for document, found in zip(documents, facts, strict=True):
                 document.units.extend(found)

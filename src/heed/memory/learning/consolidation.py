@@ -112,6 +112,9 @@ __all__ = [
 
 #: Worker deaths while processing after which a consolidation is quarantined.
 MAX_ATTEMPTS: Final = 3
+#: How many rounds per concurrent model call one read of the pending facts feeds (progress
+#: is journalled after each such set).
+ROUNDS_PER_SLOT: Final = 4
 #: The most recalls a scope's round makes for its related observations.
 RELATED_QUERIES: Final = 4
 #: The longest query text of one of those recalls.
@@ -371,8 +374,12 @@ class Consolidation:
                 ):
                     while True:
                         raise_if_cancelled()
+                        # Enough for a few rounds per slot: rounds start as slots free
+                        # up, with no barrier between one set of rounds and the next.
                         batch = await run_in_thread(
-                            self.engine.store.pending_units, bank.ref, self.limits.batch * width
+                            self.engine.store.pending_units,
+                            bank.ref,
+                            self.limits.batch * (width * ROUNDS_PER_SLOT if width > 1 else 1),
                         )
                         if not batch:
                             break
