@@ -24,6 +24,7 @@ from heed.api.input_rules import (
 )
 from heed.api.wire.memory import Message
 from heed.api.wire.memory_convert import content_text, timestamp_of
+from heed.api.wire.reflect import TokenUsage
 from heed.memory.learning.dry_run import DryRun
 from heed.memory.learning.strategy_preview import (
     SAMPLE_LIMIT_MAX,
@@ -89,14 +90,6 @@ def dry_run_item(body: DryRunExtractRequest) -> RetainItem:
         timestamp_unset=unset,
         context=body.context or None,
     )
-
-
-class TokenUsage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
-    cached_tokens: int = 0
-    thoughts_tokens: int = 0
 
 
 class ExtractedFact(BaseModel):

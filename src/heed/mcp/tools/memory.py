@@ -4,7 +4,6 @@ cancel), ``retain`` (one transaction per document, a progress notification per d
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
@@ -89,8 +88,7 @@ class ReflectAnswer(BaseModel):
 class MemoryTools(ToolGroup):
     """A bank's memories: recall, retain, reflect."""
 
-    def tools(self) -> tuple[Callable[..., Awaitable[Any]], ...]:
-        return (self.recall, self.retain, self.reflect)
+    tool_names = ("recall", "retain", "reflect")
 
     async def recall(
         self,

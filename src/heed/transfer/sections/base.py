@@ -25,10 +25,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
 
-from heed.memory.models import Bank
+from heed.memory.models import Bank, InvalidInput
 from heed.memory.store import MemoryStore
 from heed.mental_models.store import MentalModelStore
-from heed.mental_models.values import MAX_NODE_DEPTH, KnowledgeFolder, MentalModelRow
+from heed.mental_models.values import (
+    MAX_MENTAL_MODELS,
+    MAX_NODE_DEPTH,
+    KnowledgeFolder,
+    MentalModelRow,
+)
 from heed.runtime import raise_if_cancelled
 from heed.transfer.ids import IdDigests, NewIds
 from heed.transfer.records import MANIFEST, InvalidArchive
@@ -55,6 +60,7 @@ __all__ = [
     "check_knowledge",
     "exported",
     "imported",
+    "knowledge_store",
     "pages",
 ]
 
@@ -185,6 +191,15 @@ class ImportContext:
     progress: Progress
 
 
+def knowledge_store(ctx: ImportContext, section: str) -> MentalModelStore | None:
+    """The store an import writes the knowledge base's *section* into; ``None`` when this
+    server has none and the archive holds none of *section* (when it holds some, refused)."""
+    store = ctx.stores.knowledge
+    if store is None and ctx.reader.manifest.records(section):
+        raise InvalidInput("this server cannot import mental models")
+    return store
+
+
 @dataclass(frozen=True, slots=True)
 class Section:
     """An archive section (see the module docstring). *single*: the section is one JSON
@@ -287,6 +302,21 @@ class Checker:
                 raise InvalidArchive(f"more than {limit} {what} {limit}")
             add_unique(row.id, seen, f"{section[:-1]} id")
         self.counted(section, len(seen))
+
+    def knowledge_nodes(
+        self, section: str, node: Callable[[Any], KnowledgeNode], what: str
+    ) -> None:
+        """Count *section*, a part of the knowledge base (at most ``MAX_MENTAL_MODELS``
+        records, else refused naming *what*), gathering its rows' nodes in
+        :attr:`knowledge` for :func:`check_knowledge`."""
+        n = 0
+        for n, row in enumerate(self.rows(section), 1):
+            if n > MAX_MENTAL_MODELS:
+                raise InvalidArchive(
+                    f"more than {MAX_MENTAL_MODELS} {what}; a bank holds at most that"
+                )
+            self.knowledge.append(node(row))
+        self.counted(section, n)
 
     def references(
         self,

@@ -13,7 +13,6 @@ from pydantic import Field
 from heed.memory.models import InvalidInput
 from heed.mental_models.values import (
     HISTORY_LIMIT,
-    MAX_MENTAL_MODELS,
     HistoryEntry,
     MentalModel,
     MentalModelRow,
@@ -38,6 +37,7 @@ from heed.transfer.sections.base import (
     KnowledgeNode,
     Section,
     check_knowledge,
+    knowledge_store,
     pages,
 )
 
@@ -158,10 +158,8 @@ def read(ctx: ExportContext) -> Iterator[list[MentalModelRow]]:
 
 
 def write(ctx: ImportContext) -> dict[str, int]:
-    store, ref = ctx.stores.knowledge, ctx.staging.ref
+    store, ref = knowledge_store(ctx, "mental_models"), ctx.staging.ref
     if store is None:
-        if ctx.reader.manifest.records("mental_models"):
-            raise InvalidInput("this server cannot import mental models")
         return {}
     n = 0
     for page in pages(ctx.reader.rows("mental_models"), _PAGE):
@@ -172,14 +170,7 @@ def write(ctx: ImportContext) -> dict[str, int]:
 
 
 def check(checker: Checker) -> None:
-    n = 0
-    for n, row in enumerate(checker.rows("mental_models"), 1):
-        if n > MAX_MENTAL_MODELS:
-            raise InvalidArchive(
-                f"more than {MAX_MENTAL_MODELS} mental models; a bank holds at most that"
-            )
-        checker.knowledge.append(KnowledgeNode.of_model(row))
-    checker.counted("mental_models", n)
+    checker.knowledge_nodes("mental_models", KnowledgeNode.of_model, "mental models")
     check_knowledge(checker.knowledge)
 
 
