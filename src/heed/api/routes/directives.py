@@ -41,14 +41,7 @@ async def create_directive(
     bank_id: IdPath, body: wire.DirectiveCreate, directives: DirectivesDep
 ) -> wire.DirectiveResponse:
     """Create a directive: a rule reflect and the bank's chat turns say to the model."""
-    made = await directives.create(
-        bank_id,
-        name=body.name,
-        content=body.content,
-        priority=body.priority,
-        is_active=body.is_active,
-        tags=body.tags,
-    )
+    made = await directives.create(bank_id, **body.model_dump())
     return wire.directive_response(bank_id, made)
 
 
@@ -88,13 +81,7 @@ async def update_directive(
     bank_id: IdPath, directive_id: IdPath, body: wire.DirectiveUpdate, directives: DirectivesDep
 ) -> wire.DirectiveResponse:
     """Change the fields sent (``null`` keeps a field; ``tags: []`` clears the tags)."""
-    patch = DirectivePatch(
-        name=body.name,
-        content=body.content,
-        priority=body.priority,
-        is_active=body.is_active,
-        tags=body.tags,
-    )
+    patch = DirectivePatch(**body.model_dump())
     return wire.directive_response(bank_id, await directives.update(bank_id, directive_id, patch))
 
 

@@ -194,12 +194,5 @@ async def mental_model_history(
 ) -> list[wire.MentalModelHistoryEntry]:
     """The model's earlier contents, newest first (bounded)."""
     bank = await engine.get_bank(bank_id)
-    return [
-        wire.MentalModelHistoryEntry(
-            version=e.version,
-            previous_content=e.previous_content,
-            changed_at=e.changed_at,
-            reason=e.reason,
-        )
-        for e in await models.history(bank, mental_model_id)
-    ]
+    entries = await models.history(bank, mental_model_id)
+    return [wire.MentalModelHistoryEntry.model_validate(e, from_attributes=True) for e in entries]

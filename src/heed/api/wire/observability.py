@@ -10,8 +10,9 @@ heed keeps no span ids, cached or reasoning ("thoughts") token counts: ``span_id
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel
 
@@ -58,11 +59,25 @@ class LLMRequestEntry(BaseModel):
     metadata: dict[str, Any]
 
 
-class LLMRequestListResponse(BaseModel):
+class _BankPage(BaseModel):
+    # A page of a bank's entries (``items`` in the subclass): ``total`` counts every entry
+    # the filters pass, ``limit`` and ``offset`` are the request's.
     bank_id: str
     total: int
     limit: int
     offset: int
+
+    @classmethod
+    def page(
+        cls, bank_id: str, items: Sequence[BaseModel], total: int, limit: int, offset: int
+    ) -> Self:
+        """The page of *items* (already converted) of bank *bank_id*."""
+        return cls.model_validate(
+            {"bank_id": bank_id, "total": total, "limit": limit, "offset": offset, "items": items}
+        )
+
+
+class LLMRequestListResponse(_BankPage):
     items: list[LLMRequestEntry]
 
 
@@ -105,11 +120,7 @@ class AuditLogEntry(AuditLogSummary):
     response: dict[str, Any] | None
 
 
-class AuditLogListResponse(BaseModel):
-    bank_id: str
-    total: int
-    limit: int
-    offset: int
+class AuditLogListResponse(_BankPage):
     items: list[AuditLogSummary]
 
 

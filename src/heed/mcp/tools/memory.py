@@ -147,12 +147,7 @@ class MemoryTools(ToolGroup):
                 )
 
             summary = await engine.on_bank(bank_id, retain_in)
-        return RetainResult(
-            items=summary.items,
-            documents=summary.documents,
-            units=summary.units,
-            document_ids=summary.document_ids,
-        )
+        return RetainResult.model_validate(summary, from_attributes=True)
 
     async def reflect(
         self,
