@@ -152,24 +152,16 @@ def llm_request(row: TraceRow) -> LLMRequestEntry:
     )
 
 
-def _summary_fields(entry: AuditEntry) -> dict[str, Any]:
-    return {
-        "id": entry.id,
-        "action": entry.action,
-        "transport": entry.transport,
-        "bank_id": entry.bank_id,
-        "started_at": iso(entry.started_at),
-        "ended_at": iso(entry.ended_at),
-        "duration_ms": entry.duration_ms,
-        "metadata": entry.metadata,
-    }
+def _audit_fields(entry: AuditEntry) -> dict[str, Any]:
+    # The entry's fields by name, its times as ISO text: a model takes the ones it has.
+    return {**asdict(entry), "started_at": iso(entry.started_at), "ended_at": iso(entry.ended_at)}
 
 
 def audit_summary(entry: AuditEntry) -> AuditLogSummary:
     """An audit entry without its request and response, as the list gives it."""
-    return AuditLogSummary(**_summary_fields(entry))
+    return AuditLogSummary.model_validate(_audit_fields(entry))
 
 
 def audit_entry(entry: AuditEntry) -> AuditLogEntry:
     """One audit entry with what it keeps of its request and response."""
-    return AuditLogEntry(**_summary_fields(entry), request=entry.request, response=entry.response)
+    return AuditLogEntry.model_validate(_audit_fields(entry))

@@ -27,6 +27,7 @@ from heed.transfer.records import (
     ScopeTags,
     decode_vector,
     encode_vector,
+    fields_of,
     utc_time,
     validate,
 )
@@ -79,33 +80,12 @@ class MentalModelRecord(Record):
 
 
 def encode(row: MentalModelRow) -> dict[str, Any]:
-    model = row.model
-    return {
-        "id": model.id,
-        "name": model.name,
-        "source_query": model.source_query,
-        "content": model.content,
-        "tags": model.tags,
-        "max_tokens": model.max_tokens,
-        "trigger": model.trigger,
-        "parent_id": model.parent_id,
-        "is_page": model.is_page,
-        "reflect_response": model.reflect_response,
-        "created_at": model.created_at,
-        "updated_at": model.updated_at,
-        "last_refreshed_at": model.last_refreshed_at,
-        "last_refresh_failed_at": model.last_refresh_failed_at,
-        "history": [
-            {
-                "version": h.version,
-                "previous_content": h.previous_content,
-                "changed_at": h.changed_at,
-                "reason": h.reason,
-            }
-            for h in row.history
-        ],
-        "vector": encode_vector(model.embedding),
-    }
+    return fields_of(
+        row.model,
+        MentalModelRecord,
+        history=[fields_of(h, ModelHistoryRecord) for h in row.history],
+        vector=encode_vector(row.model.embedding),
+    )
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> MentalModelRow:

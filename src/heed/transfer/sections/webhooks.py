@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field
 
 from heed.memory.models import InvalidInput
-from heed.transfer.records import Id, Record, epoch, epoch_iso, validate
+from heed.transfer.records import Id, Record, epoch, epoch_iso, fields_of, validate
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section
 from heed.webhooks.models import HttpConfig, Webhook
 
@@ -48,22 +48,13 @@ class WebhookRecord(Record):
 
 
 def encode(webhook: Webhook) -> dict[str, Any]:
-    config = webhook.http_config
-    return {
-        "id": webhook.id,
-        "url": webhook.url,
-        "secret": webhook.secret,
-        "event_types": webhook.event_types,
-        "enabled": webhook.enabled,
-        "http_config": {
-            "method": config.method,
-            "timeout_seconds": config.timeout_seconds,
-            "headers": config.headers,
-            "params": config.params,
-        },
-        "created_at": epoch_iso(webhook.created_at),
-        "updated_at": epoch_iso(webhook.updated_at),
-    }
+    return fields_of(
+        webhook,
+        WebhookRecord,
+        http_config=fields_of(webhook.http_config, HttpConfigRecord),
+        created_at=epoch_iso(webhook.created_at),
+        updated_at=epoch_iso(webhook.updated_at),
+    )
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> Webhook:
