@@ -60,22 +60,12 @@ def encode(webhook: Webhook) -> dict[str, Any]:
 def decode(value: dict[str, Any], dim: int, where: str) -> Webhook:
     """A carried webhook: no tenant or bank yet (the import stages it as the new bank's)."""
     record = validate(WebhookRecord, value, where)
-    config = record.http_config
     return Webhook(
-        id=record.id,
+        **record.model_dump(exclude={"http_config", "created_at", "updated_at"}),
         tenant="",
         bank_ref="",
         bank_id="",
-        url=record.url,
-        secret=record.secret,
-        event_types=list(record.event_types),
-        enabled=record.enabled,
-        http_config=HttpConfig(
-            method=config.method,
-            timeout_seconds=config.timeout_seconds,
-            headers=dict(config.headers),
-            params=dict(config.params),
-        ),
+        http_config=HttpConfig(**record.http_config.model_dump()),
         created_at=epoch(record.created_at, "created_at", where),
         updated_at=epoch(record.updated_at, "updated_at", where),
     )
