@@ -17,7 +17,7 @@ from heed.api.deps import DirectivesDep
 from heed.api.input_rules import MAX_LIST_ITEMS, MAX_TAG_CHARS, IdPath, Limit, Offset
 from heed.api.routing import HeedRoute
 from heed.api.wire import directives as wire
-from heed.api.wire.memory import DeleteResponse
+from heed.api.wire.memory import DeleteResponse, deleted
 from heed.memory.directives.rules import DirectivePatch, DirectiveScope
 
 __all__ = ["router"]
@@ -91,6 +91,4 @@ async def delete_directive(
 ) -> DeleteResponse:
     """Delete a directive."""
     await directives.delete(bank_id, directive_id)
-    return DeleteResponse(
-        success=True, message=f"directive {directive_id!r} deleted", deleted_count=1
-    )
+    return deleted(f"directive {directive_id!r} deleted", 1)

@@ -149,9 +149,7 @@ async def delete_mental_model(
     """Delete a model (its running refresh stops first) and its history."""
     bank = await engine.get_bank(bank_id)
     await models.delete(bank, mental_model_id)
-    return memory_wire.DeleteResponse(
-        success=True, message=f"mental model {mental_model_id!r} deleted", deleted_count=1
-    )
+    return memory_wire.deleted(f"mental model {mental_model_id!r} deleted", 1)
 
 
 @router.post("/{mental_model_id}/refresh", responses={**CONFLICT, **UPSTREAM})

@@ -67,6 +67,7 @@ __all__ = [
     "UpdateDocumentRequest",
     "UpdateDocumentResponse",
     "UpdateMemoryRequest",
+    "deleted",
 ]
 
 
@@ -193,6 +194,11 @@ class DeleteResponse(BaseModel):
     success: bool
     message: str | None = None
     deleted_count: int | None = None
+
+
+def deleted(message: str, count: int) -> DeleteResponse:
+    """A delete that succeeded: *message* says what went, *count* how many."""
+    return DeleteResponse(success=True, message=message, deleted_count=count)
 
 
 # -- retain -------------------------------------------------------------------------------
