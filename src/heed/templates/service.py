@@ -16,6 +16,7 @@ after the checks and says what it would create and update.
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from heed.memory.bank_config import settings as bank_config
 from heed.memory.directives.rules import DirectivePatch
@@ -133,7 +134,7 @@ class BankTemplates:
     async def _put_model(
         self, bank: Bank, model: TemplateModel, known: bool, summary: ImportSummary
     ) -> None:
-        fields = {
+        fields: dict[str, Any] = {
             "name": model.name,
             "source_query": model.source_query,
             "tags": model.tags,
