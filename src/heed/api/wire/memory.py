@@ -455,14 +455,8 @@ class UpdateMemoryRequest(_In):
             name: "" if name in sent and sent[name] is None else sent.get(name)
             for name in ("context", "occurred_start", "occurred_end", "mentioned_at")
         }
-        return MemoryEdit(
-            text=self.text,
-            fact_type=self.fact_type,
-            entities=self.entities,
-            state=self.state,
-            reason=self.reason,
-            **clearable,
-        )
+        kept = self.model_dump(include={"text", "fact_type", "entities", "state", "reason"})
+        return MemoryEdit(**kept, **clearable)
 
 
 class ConsolidationRequest(_In):

@@ -18,7 +18,6 @@ export function parseTags(text) {
 /** The directives tab: setBank(id), load(), close(). */
 export class DirectivesSection extends FormListSection {
   build() {
-    this.nameInput = h("input", { id: "directive-name", name: "name", required: true, maxlength: 256, autocomplete: "off", placeholder: "e.g. Be brief" });
     this.contentInput = h("textarea", {
       id: "directive-content",
       name: "content",
@@ -30,8 +29,7 @@ export class DirectivesSection extends FormListSection {
     this.priorityInput = h("input", { id: "directive-priority", name: "priority", type: "number", step: 1, value: 0, inputmode: "numeric" });
     this.tagsInput = h("input", { id: "directive-tags", name: "tags", autocomplete: "off", placeholder: "tags, comma-separated (optional)" });
     const fields = [
-      h("label", { for: "directive-name" }, "Name"),
-      this.nameInput,
+      ...this.nameField("directive", "e.g. Be brief"),
       h("label", { for: "directive-content" }, "Rule"),
       this.contentInput,
       h(

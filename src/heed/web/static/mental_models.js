@@ -167,7 +167,6 @@ export class MentalModelsSection extends FormListSection {
   }
 
   build() {
-    this.nameInput = h("input", { id: "mm-name", name: "name", required: true, maxlength: 256, autocomplete: "off", placeholder: "e.g. Alice's pets" });
     this.queryInput = h("textarea", {
       id: "mm-query",
       name: "source_query",
@@ -176,8 +175,7 @@ export class MentalModelsSection extends FormListSection {
       placeholder: "The question whose answer this model keeps, e.g. “What pets does Alice have?”",
     });
     const fields = [
-      h("label", { for: "mm-name" }, "Name"),
-      this.nameInput,
+      ...this.nameField("mm", "e.g. Alice's pets"),
       h("label", { for: "mm-query" }, "Source query"),
       this.queryInput,
     ];

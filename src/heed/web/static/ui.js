@@ -97,6 +97,14 @@ export class FormListSection {
 
   close() {}
 
+  /** The form's Name field, its label and its input (id `${formName}-name`, required, at
+   * most 256 characters), the input kept as this.nameInput. */
+  nameField(formName, placeholder) {
+    const id = `${formName}-name`;
+    this.nameInput = h("input", { id, name: "name", required: true, maxlength: 256, autocomplete: "off", placeholder });
+    return [h("label", { for: id }, "Name"), this.nameInput];
+  }
+
   /** The form's create: send(bankId) (the API call); unless another bank was chosen
    * meanwhile, *inputs* back to their defaults, *okText* in the form's status line, the list
    * reloaded and after(the answer). An error is said in the form's status line. */
