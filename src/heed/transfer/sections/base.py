@@ -60,7 +60,6 @@ __all__ = [
     "check_knowledge",
     "exported",
     "imported",
-    "knowledge_store",
     "pages",
 ]
 
@@ -190,14 +189,14 @@ class ImportContext:
     batch: int
     progress: Progress
 
-
-def knowledge_store(ctx: ImportContext, section: str) -> MentalModelStore | None:
-    """The store an import writes the knowledge base's *section* into; ``None`` when this
-    server has none and the archive holds none of *section* (when it holds some, refused)."""
-    store = ctx.stores.knowledge
-    if store is None and ctx.reader.manifest.records(section):
-        raise InvalidInput("this server cannot import mental models")
-    return store
+    def knowledge_store(self, section: str) -> MentalModelStore | None:
+        """The store the knowledge base's *section* is written into; ``None`` when this
+        server has none and the archive holds none of *section* (when it holds some,
+        refused)."""
+        store = self.stores.knowledge
+        if store is None and self.reader.manifest.records(section):
+            raise InvalidInput("this server cannot import mental models")
+        return store
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ from heed.transfer.sections.base import (
     ImportContext,
     KnowledgeNode,
     Section,
-    knowledge_store,
 )
 
 __all__ = ["SECTION", "FolderRecord"]
@@ -54,7 +53,7 @@ def read(ctx: ExportContext) -> Iterator[list[KnowledgeFolder]]:
 
 
 def write(ctx: ImportContext) -> dict[str, int]:
-    store = knowledge_store(ctx, "knowledge_folders")
+    store = ctx.knowledge_store("knowledge_folders")
     if store is None:
         return {}
     folders: list[KnowledgeFolder] = list(ctx.reader.rows("knowledge_folders"))

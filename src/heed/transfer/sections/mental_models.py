@@ -38,7 +38,6 @@ from heed.transfer.sections.base import (
     KnowledgeNode,
     Section,
     check_knowledge,
-    knowledge_store,
     pages,
 )
 
@@ -138,7 +137,7 @@ def read(ctx: ExportContext) -> Iterator[list[MentalModelRow]]:
 
 
 def write(ctx: ImportContext) -> dict[str, int]:
-    store, ref = knowledge_store(ctx, "mental_models"), ctx.staging.ref
+    store, ref = ctx.knowledge_store("mental_models"), ctx.staging.ref
     if store is None:
         return {}
     n = 0
