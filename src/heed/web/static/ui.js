@@ -1,4 +1,5 @@
-// ui.js: tiny DOM helpers and the page-wide notice banner. No state of its own beyond the banner.
+// ui.js: tiny DOM helpers, the learning tabs' base (FormListSection) and the page-wide notice
+// banner. No state of its own beyond the banner.
 
 /** Build an element: h("button", {class: "x", onclick: fn}, "text", child). */
 export function h(tag, attrs = {}, ...children) {
