@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from heed.cli.options import data_dir_option, settings_of
+
 __all__ = ["mcp"]
 
 
@@ -25,12 +27,7 @@ __all__ = ["mcp"]
     help="Serve the tenant this key maps to in HEED_API_KEYS (or HEED_MCP_API_KEY).",
 )
 @click.option("--tenant", default=None, help="Serve this tenant (default: 'default').")
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the database and files live (default: per-user data dir, HEED_DATA_DIR).",
-)
+@data_dir_option
 @click.option("--log-level", default=None, help="debug, info, warning or error (to stderr).")
 def mcp(
     api_key: str | None, tenant: str | None, data_dir: Path | None, log_level: str | None
@@ -38,13 +35,9 @@ def mcp(
     """Serve heed's MCP tools (recall, retain, reflect, start_turn, ...) over stdio."""
     from heed.logs import configure_logging
     from heed.mcp import serve_stdio
-    from heed.settings import InvalidSettings, load_settings
 
     overrides = {k: v for k, v in {"data_dir": data_dir, "log_level": log_level}.items() if v}
-    try:
-        settings = load_settings(**overrides)
-    except InvalidSettings as exc:
-        raise click.ClickException(str(exc)) from None
+    settings = settings_of(**overrides)
     if api_key is not None and tenant is not None:
         raise click.UsageError("give --api-key or --tenant, not both")
     if api_key is not None:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from heed.cli.options import settings_of
 from heed.redact import redact, secrets_of
-from heed.settings import InvalidSettings, load_settings
 
 if TYPE_CHECKING:
     from heed.migrate import MigrationSummary, Verification
@@ -180,10 +180,7 @@ def migrate(
     from heed.migrate import migrate as run_migration
     from heed.migrate import verify as run_verification
 
-    try:
-        settings = load_settings()
-    except InvalidSettings as exc:
-        raise click.ClickException(str(exc)) from None
+    settings = settings_of()
     source_value = source or str(settings.database_path())
     target_value = target or settings.database_url
     if not target_value:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from heed.cli.options import data_dir_option, settings_of
 from heed.version import __version__
 
 __all__ = ["serve", "version"]
@@ -16,19 +17,13 @@ __all__ = ["serve", "version"]
 @click.command()
 @click.option("--host", default=None, help="Address to bind (default 127.0.0.1, HEED_HOST).")
 @click.option("--port", type=int, default=None, help="Port to bind (default 8700, HEED_PORT).")
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the database and files live (default: per-user data dir, HEED_DATA_DIR).",
-)
+@data_dir_option
 @click.option("--log-level", default=None, help="debug, info, warning or error.")
 def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: str | None) -> None:
     """Run the heed server."""
     from heed.api.app import create_app
     from heed.api.server import HeedServer, server_config
     from heed.logs import configure_logging
-    from heed.settings import InvalidSettings, load_settings
 
     given: dict[str, Any] = {
         "host": host,
@@ -36,11 +31,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None, log_level: 
         "data_dir": data_dir,
         "log_level": log_level,
     }
-    overrides = {k: v for k, v in given.items() if v is not None}
-    try:
-        settings = load_settings(**overrides)
-    except InvalidSettings as exc:
-        raise click.ClickException(str(exc)) from None
+    settings = settings_of(**{k: v for k, v in given.items() if v is not None})
     configure_logging(settings.log_level)
     if not settings.api_keys and settings.host not in {"127.0.0.1", "::1", "localhost"}:
         click.echo(

@@ -15,6 +15,9 @@ after the checks and says what it would create and update.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from typing import Any
+
 from heed.memory.bank_config import settings as bank_config
 from heed.memory.directives.rules import DirectivePatch
 from heed.memory.directives.service import DirectiveService, check_patch
@@ -131,7 +134,7 @@ class BankTemplates:
     async def _put_model(
         self, bank: Bank, model: TemplateModel, known: bool, summary: ImportSummary
     ) -> None:
-        fields = {
+        fields: dict[str, Any] = {
             "name": model.name,
             "source_query": model.source_query,
             "tags": model.tags,
@@ -144,38 +147,17 @@ class BankTemplates:
                 return
             except NotFound:  # deleted since it was read: create it as the template says
                 pass
-        _, run = await self.mental_models.create(
-            bank,
-            model_id=model.id,
-            name=model.name,
-            source_query=model.source_query,
-            tags=model.tags,
-            max_tokens=model.max_tokens,
-            trigger=model.trigger,
-        )
+        _, run = await self.mental_models.create(bank, model_id=model.id, **fields)
         summary.operation_ids.append(run.id)
 
     async def _put_directive(
         self, bank: Bank, directive: TemplateDirective, directive_id: str | None
     ) -> None:
+        fields = asdict(directive)
         if directive_id is not None:
-            patch = DirectivePatch(
-                directive.name,
-                directive.content,
-                directive.priority,
-                directive.is_active,
-                directive.tags,
-            )
             try:
-                await self.directives.update(bank.bank_id, directive_id, patch)
+                await self.directives.update(bank.bank_id, directive_id, DirectivePatch(**fields))
                 return
             except NotFound:
                 pass
-        await self.directives.create(
-            bank.bank_id,
-            name=directive.name,
-            content=directive.content,
-            priority=directive.priority,
-            is_active=directive.is_active,
-            tags=directive.tags,
-        )
+        await self.directives.create(bank.bank_id, **fields)

@@ -185,10 +185,13 @@ ScopeTags = Annotated[
 ]
 
 
-def fields_of(row: Any, record: type[Record]) -> dict[str, Any]:
+def fields_of(row: Any, record: type[Record], **turned: Any) -> dict[str, Any]:
     """*row*'s attributes named as *record*'s fields, in their order: the record of a row
-    whose attributes are the record's (a section's encoding, before what it turns)."""
-    return {name: getattr(row, name) for name in record.model_fields}
+    whose attributes are the record's (a section's encoding), but for the fields *turned*
+    gives (what the section turns itself; *row* need not have them)."""
+    return {
+        name: turned[name] if name in turned else getattr(row, name) for name in record.model_fields
+    }
 
 
 def row_of(record: Record, row: Callable[..., T], where: str, **fields: Any) -> T:

@@ -53,13 +53,8 @@ async def list_audit_logs(
     )
     bank = await engine.get_bank(bank_id)
     entries, total = await observability.audits(bank.tenant, bank.bank_id, where, limit, offset)
-    return wire.AuditLogListResponse(
-        bank_id=bank.bank_id,
-        total=total,
-        limit=limit,
-        offset=offset,
-        items=[wire.audit_summary(e) for e in entries],
-    )
+    items = [wire.audit_summary(e) for e in entries]
+    return wire.AuditLogListResponse.page(bank.bank_id, items, total, limit, offset)
 
 
 @router.get("/{bank_id}/audit-logs/stats")

@@ -146,9 +146,7 @@ async def delete_bank(bank_id: IdPath, engine: MemoryDep) -> wire.DeleteResponse
     leave a bank whose work was cancelled but whose data is still there.
     """
     deleted = await engine.delete_bank(bank_id)
-    return wire.DeleteResponse(
-        success=True, message=f"bank {bank_id!r} deleted", deleted_count=deleted
-    )
+    return wire.deleted(f"bank {bank_id!r} deleted", deleted)
 
 
 @router.get("/{bank_id}/stats")

@@ -17,7 +17,7 @@ from heed.api.deps import DirectivesDep
 from heed.api.input_rules import MAX_LIST_ITEMS, MAX_TAG_CHARS, IdPath, Limit, Offset
 from heed.api.routing import HeedRoute
 from heed.api.wire import directives as wire
-from heed.api.wire.memory import DeleteResponse
+from heed.api.wire.memory import DeleteResponse, deleted
 from heed.memory.directives.rules import DirectivePatch, DirectiveScope
 
 __all__ = ["router"]
@@ -41,14 +41,7 @@ async def create_directive(
     bank_id: IdPath, body: wire.DirectiveCreate, directives: DirectivesDep
 ) -> wire.DirectiveResponse:
     """Create a directive: a rule reflect and the bank's chat turns say to the model."""
-    made = await directives.create(
-        bank_id,
-        name=body.name,
-        content=body.content,
-        priority=body.priority,
-        is_active=body.is_active,
-        tags=body.tags,
-    )
+    made = await directives.create(bank_id, **body.model_dump())
     return wire.directive_response(bank_id, made)
 
 
@@ -88,13 +81,7 @@ async def update_directive(
     bank_id: IdPath, directive_id: IdPath, body: wire.DirectiveUpdate, directives: DirectivesDep
 ) -> wire.DirectiveResponse:
     """Change the fields sent (``null`` keeps a field; ``tags: []`` clears the tags)."""
-    patch = DirectivePatch(
-        name=body.name,
-        content=body.content,
-        priority=body.priority,
-        is_active=body.is_active,
-        tags=body.tags,
-    )
+    patch = DirectivePatch(**body.model_dump())
     return wire.directive_response(bank_id, await directives.update(bank_id, directive_id, patch))
 
 
@@ -104,6 +91,4 @@ async def delete_directive(
 ) -> DeleteResponse:
     """Delete a directive."""
     await directives.delete(bank_id, directive_id)
-    return DeleteResponse(
-        success=True, message=f"directive {directive_id!r} deleted", deleted_count=1
-    )
+    return deleted(f"directive {directive_id!r} deleted", 1)

@@ -197,8 +197,6 @@ async def delete_knowledge_node(
     """Delete a page, or a folder with its whole subtree."""
     bank = await engine.get_bank(bank_id)
     pages = await knowledge.delete_node(bank, node_id)
-    return memory_wire.DeleteResponse(
-        success=True,
-        message=f"knowledge-base node {node_id!r} deleted with {len(pages)} page(s)",
-        deleted_count=len(pages),
+    return memory_wire.deleted(
+        f"knowledge-base node {node_id!r} deleted with {len(pages)} page(s)", len(pages)
     )

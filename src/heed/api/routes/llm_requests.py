@@ -73,22 +73,15 @@ async def list_llm_requests(
     )
     bank = await engine.get_bank(bank_id)
     if call_type not in (None, "llm"):  # heed traces LLM calls only
-        return wire.LLMRequestListResponse(
-            bank_id=bank.bank_id, total=0, limit=limit, offset=offset, items=[]
-        )
+        return wire.LLMRequestListResponse.page(bank.bank_id, [], 0, limit, offset)
     if group:
         rows, total = await observability.trace_groups(
             bank.tenant, bank.bank_id, where, limit, offset
         )
     else:
         rows, total = await observability.traces(bank.tenant, bank.bank_id, where, limit, offset)
-    return wire.LLMRequestListResponse(
-        bank_id=bank.bank_id,
-        total=total,
-        limit=limit,
-        offset=offset,
-        items=[wire.llm_request(r) for r in rows],
-    )
+    items = [wire.llm_request(r) for r in rows]
+    return wire.LLMRequestListResponse.page(bank.bank_id, items, total, limit, offset)
 
 
 @router.get("/{bank_id}/llm-requests/stats")

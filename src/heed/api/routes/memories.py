@@ -174,9 +174,7 @@ async def clear_memories(
     settings, directives and mental models stay. One transaction: a client that leaves
     before it commits leaves everything as it was."""
     deleted = await engine.on_bank(bank_id, lambda bank: curation.clear(bank, type))
-    return wire.DeleteResponse(
-        success=True, message=f"deleted {deleted} memories", deleted_count=deleted
-    )
+    return wire.deleted(f"deleted {deleted} memories", deleted)
 
 
 @router.get("/{memory_id}")
@@ -212,6 +210,4 @@ async def delete_memory(
 ) -> wire.DeleteResponse:
     """Delete one memory unit (and its keyword, vector and link entries)."""
     await engine.on_bank(bank_id, lambda bank: engine.delete_unit(bank, memory_id))
-    return wire.DeleteResponse(
-        success=True, message=f"memory {memory_id!r} deleted", deleted_count=1
-    )
+    return wire.deleted(f"memory {memory_id!r} deleted", 1)

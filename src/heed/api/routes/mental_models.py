@@ -149,9 +149,7 @@ async def delete_mental_model(
     """Delete a model (its running refresh stops first) and its history."""
     bank = await engine.get_bank(bank_id)
     await models.delete(bank, mental_model_id)
-    return memory_wire.DeleteResponse(
-        success=True, message=f"mental model {mental_model_id!r} deleted", deleted_count=1
-    )
+    return memory_wire.deleted(f"mental model {mental_model_id!r} deleted", 1)
 
 
 @router.post("/{mental_model_id}/refresh", responses={**CONFLICT, **UPSTREAM})
@@ -194,12 +192,5 @@ async def mental_model_history(
 ) -> list[wire.MentalModelHistoryEntry]:
     """The model's earlier contents, newest first (bounded)."""
     bank = await engine.get_bank(bank_id)
-    return [
-        wire.MentalModelHistoryEntry(
-            version=e.version,
-            previous_content=e.previous_content,
-            changed_at=e.changed_at,
-            reason=e.reason,
-        )
-        for e in await models.history(bank, mental_model_id)
-    ]
+    entries = await models.history(bank, mental_model_id)
+    return [wire.MentalModelHistoryEntry.model_validate(e, from_attributes=True) for e in entries]

@@ -65,9 +65,7 @@ async def clear_observations(
     """Delete every observation of the bank; their facts are consolidated again."""
     bank = await engine.get_bank(bank_id)
     deleted = await consolidation.clear(bank)
-    return wire.DeleteResponse(
-        success=True, message=f"deleted {deleted} observations", deleted_count=deleted
-    )
+    return wire.deleted(f"deleted {deleted} observations", deleted)
 
 
 @router.delete("/memories/{memory_id}/observations")

@@ -35,7 +35,9 @@ from heed.api.routing import HeedRoute
 from heed.api.uploads import receive_archive
 from heed.api.wire import transfer as wire
 from heed.memory.engine import BANK_ID_RE
-from heed.transfer.service import ImportOptions
+from heed.memory.models import Bank
+from heed.runs.model import Run
+from heed.transfer.service import BankTransfers, ImportOptions
 
 router = APIRouter(tags=["transfer"], route_class=HeedRoute)
 
@@ -130,9 +132,7 @@ async def import_bank(
         include_bank_config=include_bank_config,
         include_history=include_history,
     )
-    await transfers.check_import(bank, options)
-    upload = await receive_archive(request)
-    run = await transfers.submit_import(bank, upload.file, upload.filename, options)
+    run = await _submit_import(bank, request, transfers, options)
     return wire.BankTransferSubmitResponse(operation_id=run.id)
 
 
@@ -156,10 +156,18 @@ async def import_documents(
     ``mode=merge`` (hindsight-client's deprecated ``import_documents``)."""
     bank = await engine.get_bank(bank_id)
     options = ImportOptions(mode="merge", document_conflict=on_conflict)
+    run = await _submit_import(bank, request, transfers, options)
+    return wire.DocumentImportSubmitResponse(operation_id=run.id)
+
+
+async def _submit_import(
+    bank: Bank, request: Request, transfers: BankTransfers, options: ImportOptions
+) -> Run:
+    """Check *options* for *bank* (before the body is read), then spool the upload and
+    submit its import."""
     await transfers.check_import(bank, options)
     upload = await receive_archive(request)
-    run = await transfers.submit_import(bank, upload.file, upload.filename, options)
-    return wire.DocumentImportSubmitResponse(operation_id=run.id)
+    return await transfers.submit_import(bank, upload.file, upload.filename, options)
 
 
 @router.post(f"{BANK}/clone", status_code=202, responses=CONFLICT)

@@ -15,7 +15,7 @@ from heed.api.deps import MemoryDep, WebhooksDep
 from heed.api.input_rules import IdPath, Offset, QueryId
 from heed.api.routing import HeedRoute
 from heed.api.wire import webhooks as wire
-from heed.api.wire.memory import DeleteResponse
+from heed.api.wire.memory import DeleteResponse, deleted
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/webhooks", tags=["webhooks"], route_class=HeedRoute
@@ -81,7 +81,7 @@ async def delete_webhook(
     """Delete the webhook and its delivery log."""
     bank = await engine.get_bank(bank_id)
     await webhooks.delete(bank, webhook_id)
-    return DeleteResponse(success=True, message=f"webhook {webhook_id!r} deleted", deleted_count=1)
+    return deleted(f"webhook {webhook_id!r} deleted", 1)
 
 
 @router.get("/{webhook_id}/deliveries")

@@ -11,6 +11,7 @@ beyond JSON types (a blank name, the per-bank count) are the domain's
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -77,14 +78,4 @@ class DirectiveListResponse(BaseModel):
 
 
 def directive_response(bank_id: str, directive: Directive) -> DirectiveResponse:
-    return DirectiveResponse(
-        id=directive.id,
-        bank_id=bank_id,
-        name=directive.name,
-        content=directive.content,
-        priority=directive.priority,
-        is_active=directive.is_active,
-        tags=directive.tags,
-        created_at=directive.created_at,
-        updated_at=directive.updated_at,
-    )
+    return DirectiveResponse.model_validate({**asdict(directive), "bank_id": bank_id})

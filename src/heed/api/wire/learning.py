@@ -24,10 +24,10 @@ from heed.api.input_rules import (
 )
 from heed.api.wire.memory import Message
 from heed.api.wire.memory_convert import content_text, timestamp_of
+from heed.api.wire.reflect import TokenUsage
 from heed.memory.learning.dry_run import DryRun
 from heed.memory.learning.strategy_preview import (
     SAMPLE_LIMIT_MAX,
-    ScopeSample,
     StrategiesPreview,
 )
 from heed.memory.models import InvalidInput, RetainItem
@@ -91,14 +91,6 @@ def dry_run_item(body: DryRunExtractRequest) -> RetainItem:
     )
 
 
-class TokenUsage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
-    cached_tokens: int = 0
-    thoughts_tokens: int = 0
-
-
 class ExtractedFact(BaseModel):
     text: str
     fact_type: str
@@ -127,18 +119,8 @@ class DryRunExtractionResult(BaseModel):
 def dry_run_result(found: DryRun) -> DryRunExtractionResult:
     """The wire form of a dry run."""
     return DryRunExtractionResult(
-        facts=[
-            ExtractedFact(
-                text=f.text,
-                fact_type=f.fact_type,
-                occurred_start=f.occurred_start,
-                occurred_end=f.occurred_end,
-                entities=f.entities,
-                chunk_index=f.chunk_index,
-            )
-            for f in found.facts
-        ],
-        chunks=[ExtractionChunk(text=c.text, fact_count=c.fact_count) for c in found.chunks],
+        facts=[ExtractedFact.model_validate(f, from_attributes=True) for f in found.facts],
+        chunks=[ExtractionChunk.model_validate(c, from_attributes=True) for c in found.chunks],
         usage=TokenUsage(
             input_tokens=found.usage.prompt_tokens,
             output_tokens=found.usage.completion_tokens,
@@ -191,36 +173,6 @@ class ConsolidationStrategiesPreview(BaseModel):
     complete: bool
 
 
-def _samples(samples: list[ScopeSample]) -> list[StrategyScopePreview]:
-    return [
-        StrategyScopePreview(tags=s.tags, count=s.count, handled_by=s.handled_by) for s in samples
-    ]
-
-
 def strategies_preview(found: StrategiesPreview) -> ConsolidationStrategiesPreview:
-    """The wire form of a preview."""
-    return ConsolidationStrategiesPreview(
-        strategies=[
-            StrategyPreview(
-                active=s.active,
-                claimed_count=s.claimed_count,
-                rules=[
-                    StrategyRulePreview(
-                        match_count=r.match_count,
-                        taken_count=r.taken_count,
-                        observation_count=r.observation_count,
-                        samples=_samples(r.samples),
-                    )
-                    for r in s.rules
-                ],
-            )
-            for s in found.strategies
-        ],
-        default=DefaultScopesPreview(
-            match_count=found.default.match_count,
-            observation_count=found.default.observation_count,
-            samples=_samples(found.default.samples),
-        ),
-        scopes_scanned=found.scopes_scanned,
-        complete=found.complete,
-    )
+    """The wire form of a preview (its fields are the preview's, by name)."""
+    return ConsolidationStrategiesPreview.model_validate(found, from_attributes=True)

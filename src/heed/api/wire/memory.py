@@ -67,6 +67,7 @@ __all__ = [
     "UpdateDocumentRequest",
     "UpdateDocumentResponse",
     "UpdateMemoryRequest",
+    "deleted",
 ]
 
 
@@ -193,6 +194,11 @@ class DeleteResponse(BaseModel):
     success: bool
     message: str | None = None
     deleted_count: int | None = None
+
+
+def deleted(message: str, count: int) -> DeleteResponse:
+    """A delete that succeeded: *message* says what went, *count* how many."""
+    return DeleteResponse(success=True, message=message, deleted_count=count)
 
 
 # -- retain -------------------------------------------------------------------------------
@@ -449,14 +455,8 @@ class UpdateMemoryRequest(_In):
             name: "" if name in sent and sent[name] is None else sent.get(name)
             for name in ("context", "occurred_start", "occurred_end", "mentioned_at")
         }
-        return MemoryEdit(
-            text=self.text,
-            fact_type=self.fact_type,
-            entities=self.entities,
-            state=self.state,
-            reason=self.reason,
-            **clearable,
-        )
+        kept = self.model_dump(include={"text", "fact_type", "entities", "state", "reason"})
+        return MemoryEdit(**kept, **clearable)
 
 
 class ConsolidationRequest(_In):

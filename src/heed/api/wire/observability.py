@@ -10,8 +10,9 @@ heed keeps no span ids, cached or reasoning ("thoughts") token counts: ``span_id
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel
 
@@ -58,11 +59,25 @@ class LLMRequestEntry(BaseModel):
     metadata: dict[str, Any]
 
 
-class LLMRequestListResponse(BaseModel):
+class _BankPage(BaseModel):
+    # A page of a bank's entries (``items`` in the subclass): ``total`` counts every entry
+    # the filters pass, ``limit`` and ``offset`` are the request's.
     bank_id: str
     total: int
     limit: int
     offset: int
+
+    @classmethod
+    def page(
+        cls, bank_id: str, items: Sequence[BaseModel], total: int, limit: int, offset: int
+    ) -> Self:
+        """The page of *items* (already converted) of bank *bank_id*."""
+        return cls.model_validate(
+            {"bank_id": bank_id, "total": total, "limit": limit, "offset": offset, "items": items}
+        )
+
+
+class LLMRequestListResponse(_BankPage):
     items: list[LLMRequestEntry]
 
 
@@ -105,11 +120,7 @@ class AuditLogEntry(AuditLogSummary):
     response: dict[str, Any] | None
 
 
-class AuditLogListResponse(BaseModel):
-    bank_id: str
-    total: int
-    limit: int
-    offset: int
+class AuditLogListResponse(_BankPage):
     items: list[AuditLogSummary]
 
 
@@ -141,24 +152,16 @@ def llm_request(row: TraceRow) -> LLMRequestEntry:
     )
 
 
-def _summary_fields(entry: AuditEntry) -> dict[str, Any]:
-    return {
-        "id": entry.id,
-        "action": entry.action,
-        "transport": entry.transport,
-        "bank_id": entry.bank_id,
-        "started_at": iso(entry.started_at),
-        "ended_at": iso(entry.ended_at),
-        "duration_ms": entry.duration_ms,
-        "metadata": entry.metadata,
-    }
+def _audit_fields(entry: AuditEntry) -> dict[str, Any]:
+    # The entry's fields by name, its times as ISO text: a model takes the ones it has.
+    return {**asdict(entry), "started_at": iso(entry.started_at), "ended_at": iso(entry.ended_at)}
 
 
 def audit_summary(entry: AuditEntry) -> AuditLogSummary:
     """An audit entry without its request and response, as the list gives it."""
-    return AuditLogSummary(**_summary_fields(entry))
+    return AuditLogSummary.model_validate(_audit_fields(entry))
 
 
 def audit_entry(entry: AuditEntry) -> AuditLogEntry:
     """One audit entry with what it keeps of its request and response."""
-    return AuditLogEntry(**_summary_fields(entry), request=entry.request, response=entry.response)
+    return AuditLogEntry.model_validate(_audit_fields(entry))

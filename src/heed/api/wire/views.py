@@ -8,6 +8,7 @@ them."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -193,15 +194,11 @@ class ListChunksResponse(BaseModel):
 
 
 def entity_item(entity: EntityCount) -> EntityListItem:
-    """An entity as a list item; its ``metadata`` holds its type when it has one."""
-    return EntityListItem(
-        id=entity.id,
-        canonical_name=entity.name,
-        mention_count=entity.mention_count,
-        first_seen=entity.first_seen,
-        last_seen=entity.last_seen,
-        metadata={"type": entity.type} if entity.type else None,
-    )
+    """An entity as a list item, its fields by name (``canonical_name`` is its name); its
+    ``metadata`` holds its type when it has one."""
+    metadata = {"type": entity.type} if entity.type else None
+    fields = {**asdict(entity), "canonical_name": entity.name, "metadata": metadata}
+    return EntityListItem.model_validate(fields)
 
 
 def entity_detail(detail: EntityDetail) -> EntityDetailResponse:
@@ -310,13 +307,7 @@ def memory_graph(graph: MemoryGraph, limit: int) -> GraphDataResponse:
 
 
 def chunk_response(chunk: ChunkRow) -> ChunkResponse:
-    """A stored chunk as the client's ``ChunkResponse`` (heed keeps no attachments)."""
-    return ChunkResponse(
-        chunk_id=chunk.id,
-        document_id=chunk.document_id,
-        bank_id=chunk.bank_id,
-        chunk_index=chunk.chunk_index,
-        chunk_text=chunk.text,
-        created_at=chunk.created_at,
-        attachments=[],
-    )
+    """A stored chunk as the client's ``ChunkResponse``, its fields by name (``chunk_id``
+    and ``chunk_text`` its id and text; heed keeps no attachments)."""
+    fields = {**asdict(chunk), "chunk_id": chunk.id, "chunk_text": chunk.text, "attachments": []}
+    return ChunkResponse.model_validate(fields)

@@ -8,6 +8,7 @@ ignore them. Times are ISO 8601 strings.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
@@ -168,40 +169,28 @@ def _iso(ts: float | None) -> str | None:
 
 
 def webhook_out(webhook: Webhook, *, with_secret: bool = False) -> WebhookResponse:
-    config = webhook.http_config
-    return WebhookResponse(
-        id=webhook.id,
-        bank_id=webhook.bank_id,
-        url=webhook.url,
-        secret=webhook.secret if with_secret else None,
-        event_types=list(webhook.event_types),
-        enabled=webhook.enabled,
-        http_config=WebhookHttpConfigOut(
-            method=config.method,
-            timeout_seconds=config.timeout_seconds,
-            headers=dict(config.headers),
-            params=dict(config.params),
-        ),
-        created_at=_iso(webhook.created_at),
-        updated_at=_iso(webhook.updated_at),
+    """A webhook as the client reads it: its fields by name (``secret`` only *with_secret*),
+    its times as ISO text."""
+    return WebhookResponse.model_validate(
+        {
+            **asdict(webhook),
+            "secret": webhook.secret if with_secret else None,
+            "created_at": _iso(webhook.created_at),
+            "updated_at": _iso(webhook.updated_at),
+        }
     )
 
 
 def delivery_out(delivery: Delivery) -> WebhookDeliveryResponse:
-    fields: dict[str, Any] = {
-        "id": delivery.id,
-        "event_id": delivery.event_id,
-        "webhook_id": delivery.webhook_id,
-        "url": delivery.url,
-        "event_type": delivery.event_type,
-        "status": delivery.status,
-        "attempts": delivery.attempts,
-        "next_retry_at": _iso(delivery.next_attempt_at) if delivery.status == "pending" else None,
-        "last_error": delivery.last_error,
-        "last_response_status": delivery.last_response_status,
-        "last_response_body": delivery.last_response_body,
-        "last_attempt_at": _iso(delivery.last_attempt_at),
-        "created_at": _iso(delivery.created_at),
-        "updated_at": _iso(delivery.updated_at),
-    }
-    return WebhookDeliveryResponse(**fields)
+    """A delivery as the client reads it: its fields by name, its times as ISO text (the
+    next try's only while it is pending)."""
+    pending = delivery.status == "pending"
+    return WebhookDeliveryResponse.model_validate(
+        {
+            **asdict(delivery),
+            "next_retry_at": _iso(delivery.next_attempt_at) if pending else None,
+            "last_attempt_at": _iso(delivery.last_attempt_at),
+            "created_at": _iso(delivery.created_at),
+            "updated_at": _iso(delivery.updated_at),
+        }
+    )

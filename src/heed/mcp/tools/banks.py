@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from heed.errors import HeedError
 from heed.mcp.calls import identity_of
-from heed.mcp.tools.base import BankId, Name, Text, ToolGroup
+from heed.mcp.tools.base import BankId, Limit, Name, Offset, Text, ToolGroup
 from heed.runtime import use_context
 
 __all__ = ["BankInfo", "BankList", "BankTools"]
@@ -35,8 +34,7 @@ class BankList(BaseModel):
 class BankTools(ToolGroup):
     """The caller's tenant's banks."""
 
-    def tools(self) -> tuple[Callable[..., Awaitable[Any]], ...]:
-        return (self.list_banks, self.create_bank)
+    tool_names = ("list_banks", "create_bank")
 
     def register(self, server: MCPServer) -> None:
         super().register(server)
@@ -50,8 +48,8 @@ class BankTools(ToolGroup):
     async def list_banks(
         self,
         ctx: Context[Any],
-        limit: Annotated[int, Field(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 100,
+        offset: Offset = 0,
     ) -> BankList:
         """List your memory banks with how many memories each holds."""
         async with self._call(ctx):

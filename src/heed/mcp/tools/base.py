@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -36,8 +36,10 @@ __all__ = [
     "TEXT_CHARS",
     "BankId",
     "Budget",
+    "Limit",
     "Name",
     "Names",
+    "Offset",
     "OnDisconnect",
     "Tags",
     "Text",
@@ -71,6 +73,9 @@ TAG_CHARS = 256
 Tags = Annotated[
     list[Annotated[str, Field(min_length=1, max_length=TAG_CHARS)]], Field(max_length=LIST_ITEMS)
 ]
+#: A list tool's page: how many at the most, and how many to skip.
+Limit = Annotated[int, Field(ge=1, le=1000)]
+Offset = Annotated[int, Field(ge=0)]
 
 
 class ToolGroup:
@@ -85,10 +90,13 @@ class ToolGroup:
         self.services = services
         self.stdio_context = stdio_context
 
+    #: The names of this group's tool methods, in the order a client lists them.
+    tool_names: ClassVar[tuple[str, ...]] = ()
+
     def tools(self) -> tuple[Callable[..., Awaitable[Any]], ...]:
-        """This group's tools, in the order a client lists them (a tool's name is its
-        method's, its description its docstring)."""
-        return ()
+        """This group's tools (:attr:`tool_names`), in the order a client lists them (a
+        tool's name is its method's, its description its docstring)."""
+        return tuple(getattr(self, name) for name in self.tool_names)
 
     def register(self, server: MCPServer) -> None:
         """Add :meth:`tools` (and any resource of the group) to *server*."""

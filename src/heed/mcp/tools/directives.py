@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from pydantic import BaseModel, Field
 
-from heed.mcp.tools.base import BankId, Name, Tags, ToolGroup
+from heed.mcp.tools.base import BankId, Limit, Name, Offset, Tags, ToolGroup
 from heed.memory.directives.rules import (
     MAX_CONTENT_CHARS,
     Directive,
@@ -51,13 +50,7 @@ class Deleted(BaseModel):
 class DirectiveTools(ToolGroup):
     """A bank's directives."""
 
-    def tools(self) -> tuple[Callable[..., Awaitable[Any]], ...]:
-        return (
-            self.list_directives,
-            self.create_directive,
-            self.update_directive,
-            self.delete_directive,
-        )
+    tool_names = ("list_directives", "create_directive", "update_directive", "delete_directive")
 
     async def list_directives(
         self,
@@ -66,8 +59,8 @@ class DirectiveTools(ToolGroup):
         tags: Tags | None = None,
         tags_match: TagsMatch = "any",
         active_only: bool = True,
-        limit: Annotated[int, Field(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 100,
+        offset: Offset = 0,
     ) -> DirectiveList:
         """List a bank's directives (standing rules that reflect and the bank's chat turns
         follow) in the order they are applied, highest priority first; with tags, only those
@@ -144,13 +137,4 @@ class DirectiveTools(ToolGroup):
 
 
 def _directive(found: Directive) -> DirectiveInfo:
-    return DirectiveInfo(
-        id=found.id,
-        name=found.name,
-        content=found.content,
-        priority=found.priority,
-        is_active=found.is_active,
-        tags=found.tags,
-        created_at=found.created_at,
-        updated_at=found.updated_at,
-    )
+    return DirectiveInfo.model_validate(found, from_attributes=True)

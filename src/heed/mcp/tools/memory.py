@@ -4,7 +4,6 @@ cancel), ``retain`` (one transaction per document, a progress notification per d
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
@@ -89,8 +88,7 @@ class ReflectAnswer(BaseModel):
 class MemoryTools(ToolGroup):
     """A bank's memories: recall, retain, reflect."""
 
-    def tools(self) -> tuple[Callable[..., Awaitable[Any]], ...]:
-        return (self.recall, self.retain, self.reflect)
+    tool_names = ("recall", "retain", "reflect")
 
     async def recall(
         self,
@@ -149,12 +147,7 @@ class MemoryTools(ToolGroup):
                 )
 
             summary = await engine.on_bank(bank_id, retain_in)
-        return RetainResult(
-            items=summary.items,
-            documents=summary.documents,
-            units=summary.units,
-            document_ids=summary.document_ids,
-        )
+        return RetainResult.model_validate(summary, from_attributes=True)
 
     async def reflect(
         self,

@@ -11,14 +11,23 @@ the reflect provider a refresh needs.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
 from pydantic import BaseModel, ConfigDict, Field
 
 from heed.mcp.calls import progress_reporter
-from heed.mcp.tools.base import BankId, Budget, Name, OnDisconnect, Tags, Text, ToolGroup
+from heed.mcp.tools.base import (
+    BankId,
+    Budget,
+    Limit,
+    Name,
+    Offset,
+    OnDisconnect,
+    Tags,
+    Text,
+    ToolGroup,
+)
 from heed.memory.models import TagsMatch
 from heed.mental_models.values import MentalModel
 from heed.runs.model import Run
@@ -91,13 +100,12 @@ class MentalModelRefresh(BaseModel):
 class MentalModelTools(ToolGroup):
     """A bank's mental models."""
 
-    def tools(self) -> tuple[Callable[..., Awaitable[Any]], ...]:
-        return (
-            self.list_mental_models,
-            self.get_mental_model,
-            self.create_mental_model,
-            self.refresh_mental_model,
-        )
+    tool_names = (
+        "list_mental_models",
+        "get_mental_model",
+        "create_mental_model",
+        "refresh_mental_model",
+    )
 
     async def list_mental_models(
         self,
@@ -107,8 +115,8 @@ class MentalModelTools(ToolGroup):
         tags_match: TagsMatch = "any",
         include_content: bool = False,
         exclude_knowledge_pages: bool = False,
-        limit: Annotated[int, Field(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Limit = 100,
+        offset: Offset = 0,
     ) -> MentalModelList:
         """List a bank's mental models (named questions whose answers heed writes and keeps
         fresh), oldest first; with include_content, their current answers too."""

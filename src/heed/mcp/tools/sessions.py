@@ -3,7 +3,6 @@ returns its text."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
@@ -25,8 +24,7 @@ class TurnAnswer(BaseModel):
 class SessionTools(ToolGroup):
     """Chat sessions."""
 
-    def tools(self) -> tuple[Callable[..., Awaitable[Any]], ...]:
-        return (self.start_turn,)
+    tool_names = ("start_turn",)
 
     async def start_turn(
         self,

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from heed.memory.bank_config import settings as bank_config
 from heed.memory.models import Bank, InvalidInput, default_disposition
-from heed.transfer.records import Id, InvalidArchive, Record, utc_time, validate
+from heed.transfer.records import Id, InvalidArchive, Record, fields_of, utc_time, validate
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section
 
 __all__ = ["SECTION", "BankRecord", "bank_settings"]
@@ -53,15 +53,7 @@ def bank_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def encode(bank: Bank) -> dict[str, Any]:
-    return {
-        "bank_id": bank.bank_id,
-        "name": bank.name,
-        "mission": bank.mission,
-        "background": bank.background,
-        "disposition": bank.disposition,
-        "config": bank.config,
-        "created_at": bank.created_at,
-    }
+    return fields_of(bank, BankRecord)
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> BankRecord:

@@ -25,10 +25,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
 
-from heed.memory.models import Bank
+from heed.memory.models import Bank, InvalidInput
 from heed.memory.store import MemoryStore
 from heed.mental_models.store import MentalModelStore
-from heed.mental_models.values import MAX_NODE_DEPTH, KnowledgeFolder, MentalModelRow
+from heed.mental_models.values import (
+    MAX_MENTAL_MODELS,
+    MAX_NODE_DEPTH,
+    KnowledgeFolder,
+    MentalModelRow,
+)
 from heed.runtime import raise_if_cancelled
 from heed.transfer.ids import IdDigests, NewIds
 from heed.transfer.records import MANIFEST, InvalidArchive
@@ -184,6 +189,15 @@ class ImportContext:
     batch: int
     progress: Progress
 
+    def knowledge_store(self, section: str) -> MentalModelStore | None:
+        """The store the knowledge base's *section* is written into; ``None`` when this
+        server has none and the archive holds none of *section* (when it holds some,
+        refused)."""
+        store = self.stores.knowledge
+        if store is None and self.reader.manifest.records(section):
+            raise InvalidInput("this server cannot import mental models")
+        return store
+
 
 @dataclass(frozen=True, slots=True)
 class Section:
@@ -287,6 +301,21 @@ class Checker:
                 raise InvalidArchive(f"more than {limit} {what} {limit}")
             add_unique(row.id, seen, f"{section[:-1]} id")
         self.counted(section, len(seen))
+
+    def knowledge_nodes(
+        self, section: str, node: Callable[[Any], KnowledgeNode], what: str
+    ) -> None:
+        """Count *section*, a part of the knowledge base (at most ``MAX_MENTAL_MODELS``
+        records, else refused naming *what*), gathering its rows' nodes in
+        :attr:`knowledge` for :func:`check_knowledge`."""
+        n = 0
+        for n, row in enumerate(self.rows(section), 1):
+            if n > MAX_MENTAL_MODELS:
+                raise InvalidArchive(
+                    f"more than {MAX_MENTAL_MODELS} {what}; a bank holds at most that"
+                )
+            self.knowledge.append(node(row))
+        self.counted(section, n)
 
     def references(
         self,

@@ -8,11 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from heed.memory.models import InvalidInput
-from heed.mental_models.values import MAX_MENTAL_MODELS, KnowledgeFolder
+from heed.mental_models.values import KnowledgeFolder
 from heed.transfer.records import (
     Id,
-    InvalidArchive,
     Name,
     Record,
     fields_of,
@@ -55,10 +53,8 @@ def read(ctx: ExportContext) -> Iterator[list[KnowledgeFolder]]:
 
 
 def write(ctx: ImportContext) -> dict[str, int]:
-    store = ctx.stores.knowledge
+    store = ctx.knowledge_store("knowledge_folders")
     if store is None:
-        if ctx.reader.manifest.records("knowledge_folders"):
-            raise InvalidInput("this server cannot import mental models")
         return {}
     folders: list[KnowledgeFolder] = list(ctx.reader.rows("knowledge_folders"))
     for folder in folders:
@@ -67,14 +63,7 @@ def write(ctx: ImportContext) -> dict[str, int]:
 
 
 def check(checker: Checker) -> None:
-    n = 0
-    for n, row in enumerate(checker.rows("knowledge_folders"), 1):
-        if n > MAX_MENTAL_MODELS:
-            raise InvalidArchive(
-                f"more than {MAX_MENTAL_MODELS} knowledge folders; a bank holds at most that"
-            )
-        checker.knowledge.append(KnowledgeNode.of_folder(row))
-    checker.counted("knowledge_folders", n)
+    checker.knowledge_nodes("knowledge_folders", KnowledgeNode.of_folder, "knowledge folders")
 
 
 SECTION = Section("knowledge_folders", 2, "knowledge", encode, decode, read, write, check)

@@ -13,7 +13,6 @@ from pydantic import Field
 from heed.memory.models import InvalidInput
 from heed.mental_models.values import (
     HISTORY_LIMIT,
-    MAX_MENTAL_MODELS,
     HistoryEntry,
     MentalModel,
     MentalModelRow,
@@ -28,6 +27,7 @@ from heed.transfer.records import (
     ScopeTags,
     decode_vector,
     encode_vector,
+    fields_of,
     utc_time,
     validate,
 )
@@ -79,33 +79,12 @@ class MentalModelRecord(Record):
 
 
 def encode(row: MentalModelRow) -> dict[str, Any]:
-    model = row.model
-    return {
-        "id": model.id,
-        "name": model.name,
-        "source_query": model.source_query,
-        "content": model.content,
-        "tags": model.tags,
-        "max_tokens": model.max_tokens,
-        "trigger": model.trigger,
-        "parent_id": model.parent_id,
-        "is_page": model.is_page,
-        "reflect_response": model.reflect_response,
-        "created_at": model.created_at,
-        "updated_at": model.updated_at,
-        "last_refreshed_at": model.last_refreshed_at,
-        "last_refresh_failed_at": model.last_refresh_failed_at,
-        "history": [
-            {
-                "version": h.version,
-                "previous_content": h.previous_content,
-                "changed_at": h.changed_at,
-                "reason": h.reason,
-            }
-            for h in row.history
-        ],
-        "vector": encode_vector(model.embedding),
-    }
+    return fields_of(
+        row.model,
+        MentalModelRecord,
+        history=[fields_of(h, ModelHistoryRecord) for h in row.history],
+        vector=encode_vector(row.model.embedding),
+    )
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> MentalModelRow:
@@ -158,10 +137,8 @@ def read(ctx: ExportContext) -> Iterator[list[MentalModelRow]]:
 
 
 def write(ctx: ImportContext) -> dict[str, int]:
-    store, ref = ctx.stores.knowledge, ctx.staging.ref
+    store, ref = ctx.knowledge_store("mental_models"), ctx.staging.ref
     if store is None:
-        if ctx.reader.manifest.records("mental_models"):
-            raise InvalidInput("this server cannot import mental models")
         return {}
     n = 0
     for page in pages(ctx.reader.rows("mental_models"), _PAGE):
@@ -172,14 +149,7 @@ def write(ctx: ImportContext) -> dict[str, int]:
 
 
 def check(checker: Checker) -> None:
-    n = 0
-    for n, row in enumerate(checker.rows("mental_models"), 1):
-        if n > MAX_MENTAL_MODELS:
-            raise InvalidArchive(
-                f"more than {MAX_MENTAL_MODELS} mental models; a bank holds at most that"
-            )
-        checker.knowledge.append(KnowledgeNode.of_model(row))
-    checker.counted("mental_models", n)
+    checker.knowledge_nodes("mental_models", KnowledgeNode.of_model, "mental models")
     check_knowledge(checker.knowledge)
 
 

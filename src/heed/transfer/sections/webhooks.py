@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field
 
 from heed.memory.models import InvalidInput
-from heed.transfer.records import Id, Record, epoch, epoch_iso, validate
+from heed.transfer.records import Id, Record, epoch, epoch_iso, fields_of, validate
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section
 from heed.webhooks.models import HttpConfig, Webhook
 
@@ -48,43 +48,24 @@ class WebhookRecord(Record):
 
 
 def encode(webhook: Webhook) -> dict[str, Any]:
-    config = webhook.http_config
-    return {
-        "id": webhook.id,
-        "url": webhook.url,
-        "secret": webhook.secret,
-        "event_types": webhook.event_types,
-        "enabled": webhook.enabled,
-        "http_config": {
-            "method": config.method,
-            "timeout_seconds": config.timeout_seconds,
-            "headers": config.headers,
-            "params": config.params,
-        },
-        "created_at": epoch_iso(webhook.created_at),
-        "updated_at": epoch_iso(webhook.updated_at),
-    }
+    return fields_of(
+        webhook,
+        WebhookRecord,
+        http_config=fields_of(webhook.http_config, HttpConfigRecord),
+        created_at=epoch_iso(webhook.created_at),
+        updated_at=epoch_iso(webhook.updated_at),
+    )
 
 
 def decode(value: dict[str, Any], dim: int, where: str) -> Webhook:
     """A carried webhook: no tenant or bank yet (the import stages it as the new bank's)."""
     record = validate(WebhookRecord, value, where)
-    config = record.http_config
     return Webhook(
-        id=record.id,
+        **record.model_dump(exclude={"http_config", "created_at", "updated_at"}),
         tenant="",
         bank_ref="",
         bank_id="",
-        url=record.url,
-        secret=record.secret,
-        event_types=list(record.event_types),
-        enabled=record.enabled,
-        http_config=HttpConfig(
-            method=config.method,
-            timeout_seconds=config.timeout_seconds,
-            headers=dict(config.headers),
-            params=dict(config.params),
-        ),
+        http_config=HttpConfig(**record.http_config.model_dump()),
         created_at=epoch(record.created_at, "created_at", where),
         updated_at=epoch(record.updated_at, "updated_at", where),
     )

@@ -2,7 +2,7 @@
 // the model, in the order they are said (priority first). Create, switch on and off, delete.
 
 import { directives as api } from "./api.js";
-import { askFirst, clear, describeError, formBesideList, h, setStatus } from "./ui.js";
+import { FormListSection, askFirst, clear, describeError, h, setStatus } from "./ui.js";
 
 const MAX_CONTENT = 5000; // heed.memory.directives.MAX_CONTENT_CHARS
 
@@ -16,14 +16,8 @@ export function parseTags(text) {
 }
 
 /** The directives tab: setBank(id), load(), close(). */
-export class DirectivesSection {
-  constructor() {
-    this.bankId = null;
-    this.build();
-  }
-
+export class DirectivesSection extends FormListSection {
   build() {
-    this.nameInput = h("input", { id: "directive-name", name: "name", required: true, maxlength: 256, autocomplete: "off", placeholder: "e.g. Be brief" });
     this.contentInput = h("textarea", {
       id: "directive-content",
       name: "content",
@@ -35,8 +29,7 @@ export class DirectivesSection {
     this.priorityInput = h("input", { id: "directive-priority", name: "priority", type: "number", step: 1, value: 0, inputmode: "numeric" });
     this.tagsInput = h("input", { id: "directive-tags", name: "tags", autocomplete: "off", placeholder: "tags, comma-separated (optional)" });
     const fields = [
-      h("label", { for: "directive-name" }, "Name"),
-      this.nameInput,
+      ...this.nameField("directive", "e.g. Be brief"),
       h("label", { for: "directive-content" }, "Rule"),
       this.contentInput,
       h(
@@ -48,28 +41,17 @@ export class DirectivesSection {
         this.tagsInput,
       ),
     ];
-    this.panel = formBesideList({
+    this.mount({
       formTitle: "New directive",
       hint: "Untagged directives always apply; tagged ones only to a reflect whose tags match them.",
       formName: "directive",
       fields,
-      onCreate: (e) => this.create(e),
       listTitle: "Directives",
       name: "directive",
       listClass: "directives",
       listLabel: "directives",
-      onReload: () => this.load(),
     });
-    ({ el: this.el, formStatus: this.formStatus, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
   }
-
-  setBank(bankId) {
-    if (bankId === this.bankId) return;
-    this.bankId = bankId;
-    this.panel.reset();
-  }
-
-  close() {}
 
   async load() {
     const bankId = this.bankId;
@@ -156,31 +138,15 @@ export class DirectivesSection {
     if (!name || !content) return setStatus(this.formStatus, "Give it a name and a rule.", "error");
     const priority = Number(this.priorityInput.value || 0);
     if (!Number.isInteger(priority)) return setStatus(this.formStatus, "The priority is a whole number.", "error");
-    const bankId = this.bankId;
-    setStatus(this.formStatus, "Creating…", "pending");
-    try {
-      await api.create(bankId, { name, content, priority, tags: parseTags(this.tagsInput.value) });
-      if (bankId !== this.bankId) return;
-      this.nameInput.value = "";
-      this.contentInput.value = "";
-      this.tagsInput.value = "";
-      this.priorityInput.value = "0";
-      setStatus(this.formStatus, `Created “${name}”.`, "ok");
-      await this.load();
-    } catch (error) {
-      setStatus(this.formStatus, describeError(error), "error");
-    }
+    const tags = parseTags(this.tagsInput.value);
+    await this.createWith(
+      (bankId) => api.create(bankId, { name, content, priority, tags }),
+      [this.nameInput, this.contentInput, this.tagsInput, this.priorityInput],
+      `Created “${name}”.`,
+    );
   }
 
   async remove(directive) {
-    const bankId = this.bankId;
-    try {
-      await api.remove(bankId, directive.id);
-      if (bankId !== this.bankId) return;
-      await this.load();
-      setStatus(this.statusEl, `Deleted “${directive.name}”.`, "ok");
-    } catch (error) {
-      setStatus(this.statusEl, describeError(error), "error");
-    }
+    await this.removeWith((bankId) => api.remove(bankId, directive.id), directive.name);
   }
 }

@@ -5,7 +5,7 @@
 import { mentalModels as api } from "./api.js";
 import { EVENT } from "./events.js";
 import { RunProgress, activeRuns } from "./progress.js";
-import { askFirst, clear, describeError, formBesideList, formatTime, h, setStatus } from "./ui.js";
+import { FormListSection, askFirst, clear, describeError, formatTime, h, setStatus } from "./ui.js";
 
 const REFRESH_KIND = "mental_model_refresh";
 
@@ -160,15 +160,13 @@ class ModelView {
 }
 
 /** The mental models tab: setBank(id), load(), close(). */
-export class MentalModelsSection {
+export class MentalModelsSection extends FormListSection {
   constructor() {
-    this.bankId = null;
+    super();
     this.views = new Map(); // model id -> ModelView
-    this.build();
   }
 
   build() {
-    this.nameInput = h("input", { id: "mm-name", name: "name", required: true, maxlength: 256, autocomplete: "off", placeholder: "e.g. Alice's pets" });
     this.queryInput = h("textarea", {
       id: "mm-query",
       name: "source_query",
@@ -177,32 +175,25 @@ export class MentalModelsSection {
       placeholder: "The question whose answer this model keeps, e.g. “What pets does Alice have?”",
     });
     const fields = [
-      h("label", { for: "mm-name" }, "Name"),
-      this.nameInput,
+      ...this.nameField("mm", "e.g. Alice's pets"),
       h("label", { for: "mm-query" }, "Source query"),
       this.queryInput,
     ];
-    this.panel = formBesideList({
+    this.mount({
       formTitle: "New mental model",
       hint: "heed answers the question from the bank's memories and keeps the answer as the model's content; Refresh asks again.",
       formName: "mm",
       fields,
-      onCreate: (e) => this.create(e),
       listTitle: "Mental models",
       name: "mental-model",
       listClass: "mental-models",
       listLabel: "mental models",
-      onReload: () => this.load(),
     });
-    ({ el: this.el, formStatus: this.formStatus, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
   }
 
-  setBank(bankId) {
-    if (bankId === this.bankId) return;
-    this.bankId = bankId;
+  forget() {
     for (const view of this.views.values()) view.close();
     this.views.clear();
-    this.panel.reset();
   }
 
   close() {
@@ -265,34 +256,26 @@ export class MentalModelsSection {
     const name = this.nameInput.value.trim();
     const source_query = this.queryInput.value.trim();
     if (!name || !source_query) return setStatus(this.formStatus, "Give it a name and a question.", "error");
-    const bankId = this.bankId;
-    setStatus(this.formStatus, "Creating…", "pending");
-    try {
-      const body = await api.create(bankId, { name, source_query });
-      if (bankId !== this.bankId) return;
-      this.nameInput.value = "";
-      this.queryInput.value = "";
-      setStatus(this.formStatus, `Created “${name}”: its first refresh is running.`, "ok");
-      await this.load();
-      const view = this.views.get(body.mental_model_id);
-      if (view && body.operation_id) view.follow(body.operation_id);
-    } catch (error) {
-      setStatus(this.formStatus, describeError(error), "error");
-    }
+    await this.createWith(
+      (bankId) => api.create(bankId, { name, source_query }),
+      [this.nameInput, this.queryInput],
+      `Created “${name}”: its first refresh is running.`,
+      (body) => {
+        const view = this.views.get(body.mental_model_id);
+        if (view && body.operation_id) view.follow(body.operation_id);
+      },
+    );
   }
 
   async remove(view) {
-    const bankId = this.bankId;
-    try {
-      await api.remove(bankId, view.id);
-      if (bankId !== this.bankId) return;
-      view.close();
-      view.el.remove();
-      this.views.delete(view.id);
-      await this.load();
-      setStatus(this.statusEl, `Deleted “${view.model.name}”.`, "ok");
-    } catch (error) {
-      setStatus(this.statusEl, describeError(error), "error");
-    }
+    await this.removeWith(
+      (bankId) => api.remove(bankId, view.id),
+      view.model.name,
+      () => {
+        view.close();
+        view.el.remove();
+        this.views.delete(view.id);
+      },
+    );
   }
 }

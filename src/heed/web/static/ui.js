@@ -1,4 +1,5 @@
-// ui.js: tiny DOM helpers and the page-wide notice banner. No state of its own beyond the banner.
+// ui.js: tiny DOM helpers, the learning tabs' base (FormListSection) and the page-wide notice
+// banner. No state of its own beyond the banner.
 
 /** Build an element: h("button", {class: "x", onclick: fn}, "text", child). */
 export function h(tag, attrs = {}, ...children) {
@@ -66,6 +67,78 @@ export function formBesideList({ formTitle, hint, formName, fields, onCreate, li
     setStatus(formStatus, "");
   };
   return { el, formStatus, count, statusEl, list, reset };
+}
+
+/**
+ * A bank's learning tab built by formBesideList (the directives and mental models tabs): a
+ * subclass builds its fields in build() and hands them to mount() with the layout's other
+ * options; submitting the form calls its create(event), Reload its load(). setBank(id) empties
+ * the tab for another bank, after forget() (what the subclass holds of the last one).
+ */
+export class FormListSection {
+  constructor() {
+    this.bankId = null;
+    this.build();
+  }
+
+  /** Lay the tab out (formBesideList's options but onCreate and onReload) and keep its parts. */
+  mount(options) {
+    this.panel = formBesideList({ ...options, onCreate: (e) => this.create(e), onReload: () => this.load() });
+    ({ el: this.el, formStatus: this.formStatus, count: this.count, statusEl: this.statusEl, list: this.list } = this.panel);
+  }
+
+  setBank(bankId) {
+    if (bankId === this.bankId) return;
+    this.bankId = bankId;
+    this.forget();
+    this.panel.reset();
+  }
+
+  forget() {}
+
+  close() {}
+
+  /** The form's Name field, its label and its input (id `${formName}-name`, required, at
+   * most 256 characters), the input kept as this.nameInput. */
+  nameField(formName, placeholder) {
+    const id = `${formName}-name`;
+    this.nameInput = h("input", { id, name: "name", required: true, maxlength: 256, autocomplete: "off", placeholder });
+    return [h("label", { for: id }, "Name"), this.nameInput];
+  }
+
+  /** The form's create: send(bankId) (the API call); unless another bank was chosen
+   * meanwhile, *inputs* back to their defaults, *okText* in the form's status line, the list
+   * reloaded and after(the answer). An error is said in the form's status line. */
+  async createWith(send, inputs, okText, after = () => {}) {
+    const bankId = this.bankId;
+    setStatus(this.formStatus, "Creating…", "pending");
+    try {
+      const body = await send(bankId);
+      if (bankId !== this.bankId) return;
+      for (const input of inputs) input.value = input.defaultValue;
+      setStatus(this.formStatus, okText, "ok");
+      await this.load();
+      after(body);
+    } catch (error) {
+      setStatus(this.formStatus, describeError(error), "error");
+    }
+  }
+
+  /** An item's delete: send(bankId) (the API call); unless another bank was chosen
+   * meanwhile, drop() (what the tab holds of it), the list reloaded and “Deleted name” said
+   * in the list's status line, as an error is. */
+  async removeWith(send, name, drop = () => {}) {
+    const bankId = this.bankId;
+    try {
+      await send(bankId);
+      if (bankId !== this.bankId) return;
+      drop();
+      await this.load();
+      setStatus(this.statusEl, `Deleted “${name}”.`, "ok");
+    } catch (error) {
+      setStatus(this.statusEl, describeError(error), "error");
+    }
+  }
 }
 
 /** Set a status line (class form-status; its other classes stay): kind is "", "pending", "ok" or "error". */
