@@ -188,6 +188,8 @@ class _Backoff:
         self.retries += 1
         nominal = min(_MAX_RETRY_DELAY, self.base_delay * 2 ** (self.retries - 1))
         self.pending = nominal * (0.5 + random.random() / 2)
+        if isinstance(exc, UpstreamRateLimited):  # its Retry-After is a floor, not a hint
+            self.pending = max(self.pending, float(exc.retry_after))
         notify_retry(
             NAME, exc.upstream_status, _opening_reason(exc), self.pending, detail=exc.message
         )
