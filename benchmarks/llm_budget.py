@@ -134,15 +134,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             windows: list[dict[str, Any]] = []
             seen = 0
             while True:
-                # Until the run waits: no new call for a while (or nothing pending).
-                quiet_since = time.monotonic()
-                count = len(calls())
+                # Until the run waits (the budget held a call) and its calls in flight have
+                # ended, or nothing is pending.
                 waits_before = budgets.waits
+                deadline = time.monotonic() + args.window_timeout
+                while budgets.waits == waits_before and pending() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                count, quiet_since = len(calls()), time.monotonic()
                 while time.monotonic() - quiet_since < args.quiet:
                     time.sleep(0.1)
-                    now_count = len(calls())
-                    if now_count != count:
-                        count, quiet_since = now_count, time.monotonic()
+                    if len(calls()) != count:
+                        count, quiet_since = len(calls()), time.monotonic()
                 made = calls()[seen:]
                 seen += len(made)
                 left = pending()
@@ -196,7 +198,10 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=50_000, help="tokens per day")
     parser.add_argument("--latency", type=float, default=0.05, help="seconds per model call")
     parser.add_argument(
-        "--quiet", type=float, default=3.0, help="seconds without a call that mean it waits"
+        "--quiet", type=float, default=2.0, help="seconds without a call once it waits"
+    )
+    parser.add_argument(
+        "--window-timeout", type=float, default=900.0, help="the longest one window may take"
     )
     parser.add_argument("--max-windows", type=int, default=20, help="days at the most")
     parser.add_argument("--name", default="llm_budget", help="results file name")

@@ -96,6 +96,20 @@ class Record:
         return True
 
 
+def most_at_once(records: list[Record]) -> int:
+    """The most of *records*' requests the upstream was serving at one instant (a request
+    ends when it completed, or when the client closed it)."""
+    edges = sorted(
+        [(r.started_at, 1) for r in records]
+        + [(r.completed_at or r.disconnected_at or time.monotonic(), -1) for r in records]
+    )
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
 class FakeUpstream:
     """The ASGI app plus its plan and records (thread-safe enough for tests)."""
 

@@ -14,7 +14,7 @@ from heed.llm.gate import GatedProvider, ProviderGate, ProviderGates, call_concu
 from heed.llm.openai import OpenAIProvider
 from heed.llm.usage import llm_work
 from heed.runtime import CancellationToken, OperationCancelled, RequestContext, use_context
-from tests.llm.fake_upstream import Behaviour, Record, RunningUpstream, text_chunks
+from tests.llm.fake_upstream import Behaviour, RunningUpstream, most_at_once, text_chunks
 
 HELLO = [ChatMessage.user("hello")]
 MakeProvider = Callable[..., OpenAIProvider]
@@ -22,19 +22,6 @@ MakeProvider = Callable[..., OpenAIProvider]
 
 def slow(seconds: float) -> Behaviour:
     return Behaviour(header_delay=seconds, chunks=text_chunks(["ok"]))
-
-
-def most_at_once(records: list[Record]) -> int:
-    """The most requests the upstream was serving at one instant."""
-    edges = sorted(
-        [(r.started_at, 1) for r in records]
-        + [(r.completed_at or r.disconnected_at or time.monotonic(), -1) for r in records]
-    )
-    running = most = 0
-    for _, step in edges:
-        running += step
-        most = max(most, running)
-    return most
 
 
 async def call(provider: GatedProvider, *, background: bool, label: str = "") -> str:

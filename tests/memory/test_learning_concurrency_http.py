@@ -23,10 +23,16 @@ import pytest
 
 from heed.api.app import create_app
 from heed.settings import Settings
-from tests.llm.fake_upstream import Behaviour, Record, RunningUpstream, serve_fake_upstream
+from tests.llm.fake_upstream import (
+    Behaviour,
+    Record,
+    RunningUpstream,
+    most_at_once,
+    serve_fake_upstream,
+)
 from tests.memory.test_bank_learning_settings import _streamed, _user_text
 from tests.pg_support import fresh_schema
-from tests.support import LiveServer, live_server, wait_for
+from tests.support import LiveServer, live_server, metric_value, wait_for
 
 #: How long the upstream holds each answer.
 LATENCY = 1.0
@@ -100,19 +106,6 @@ def server(
                 yield srv
 
 
-def most_at_once(records: list[Record]) -> int:
-    """The most of *records*' requests the upstream was serving at one instant."""
-    edges = sorted(
-        [(r.started_at, 1) for r in records]
-        + [(r.completed_at or time.monotonic(), -1) for r in records]
-    )
-    running = most = 0
-    for _, step in edges:
-        running += step
-        most = max(most, running)
-    return most
-
-
 def records_of(upstream: RunningUpstream, marker: str, start: str) -> list[Record]:
     return [
         r
@@ -169,6 +162,11 @@ def test_a_retains_chunks_are_extracted_side_by_side(
     assert most_at_once(calls) >= 3  # one at a time before: each waited for the last
     facts = [m for m in memories(server, bank) if m["text"].startswith("Stated: ")]
     assert len(facts) == 30 == extraction["facts"]
+    # The upstream's gate shows in /metrics as a lane of its own, idle again.
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    lane = f"llm:openai {upstream.base_url}"
+    assert metric_value(metrics, "heed_lane_capacity", lane=lane) == 6
+    assert metric_value(metrics, "heed_lane_in_use", lane=lane) == 0
 
 
 def test_consolidation_rounds_run_side_by_side_and_lose_no_fact(
