@@ -21,8 +21,6 @@ from typing import Any
 import httpx
 import pytest
 
-from heed.api.app import create_app
-from heed.settings import Settings
 from tests.llm.fake_upstream import (
     Behaviour,
     Record,
@@ -31,8 +29,8 @@ from tests.llm.fake_upstream import (
     serve_fake_upstream,
 )
 from tests.memory.test_bank_learning_settings import _streamed, _user_text
-from tests.pg_support import fresh_schema
-from tests.support import LiveServer, live_server, metric_value, wait_for
+from tests.pg_support import DATABASES, heed_server
+from tests.support import LiveServer, metric_value, wait_for
 
 #: How long the upstream holds each answer.
 LATENCY = 1.0
@@ -79,31 +77,27 @@ def upstream() -> Iterator[RunningUpstream]:
         yield running
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+@pytest.fixture(params=DATABASES, scope="module")
 def server(
     request: pytest.FixtureRequest,
     upstream: RunningUpstream,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LiveServer]:
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("HEED_DATA_DIR", str(tmp_path_factory.mktemp("learning-concurrency")))
-        env.setenv("HEED_LLM_PROVIDER", "openai")
-        env.setenv("HEED_LLM_BASE_URL", upstream.base_url)
-        env.setenv("HEED_LLM_MODEL", "fake-chat-model")
-        env.setenv("HEED_LLM_API_KEY", "sk-test")
-        env.setenv("HEED_LLM_CONCURRENCY", "6")
-        env.setenv("HEED_CONSOLIDATION_BATCH", str(BATCH))
-        env.setenv("HEED_CONSOLIDATION_DEBOUNCE_SECONDS", "0.05")
         for name in ("HEED_RETAIN_EXTRACTION", "HEED_OBSERVATIONS", "HEED_DATABASE_URL"):
             env.delenv(name, raising=False)
-        if request.param == "sqlite":
-            with live_server(create_app(Settings())) as srv:
-                yield srv
-            return
-        with fresh_schema() as url:
-            env.setenv("HEED_DATABASE_URL", url)
-            with live_server(create_app(Settings())) as srv:
-                yield srv
+        with heed_server(
+            request.param,
+            tmp_path_factory.mktemp("learning-concurrency"),
+            llm_provider="openai",
+            llm_base_url=upstream.base_url,
+            llm_model="fake-chat-model",
+            llm_api_key="sk-test",
+            llm_concurrency=6,
+            consolidation_batch=BATCH,
+            consolidation_debounce_seconds=0.05,
+        ) as srv:
+            yield srv
 
 
 def records_of(upstream: RunningUpstream, marker: str, start: str) -> list[Record]:
