@@ -2,8 +2,9 @@
 spends at most the budget plus one call, waits, and resumes in the next window; nothing lost
 or failed").
 
-heed is served in this process (a real server on a loopback socket, SQLite), so the budget's
-clock can be moved: a day passes when the benchmark says so, not in 24 hours. Every model call
+heed is served in this process (a real server on a loopback socket, SQLite), so the clock LLM
+calls are timed and budgets count by (``heed.llm.usage.use_wall_clock``) can be moved: a day
+passes when the benchmark says so, not in 24 hours. Every model call
 goes to the fake OpenAI-compatible upstream of ``tests/llm/fake_upstream.py``, which answers a
 consolidation round with one observation after ``--latency`` seconds and reports its usage
 (prompt characters / 4, reply characters / 4): the spend is counted where it is billed.
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tests.support import live_server
 
     from heed.api.app import create_app
+    from heed.llm.usage import use_wall_clock
     from heed.settings import Settings
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -98,7 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ):
             budgets = app.state.services.llm_budgets
             offset = [0.0]
-            budgets.clock = lambda: time.time() + offset[0]
+            # Calls are timed, and budgets count, by this clock: a day passes when we say.
+            use_wall_clock(lambda: time.time() + offset[0])
             bank_url = f"/v1/default/banks/{BANK}"
             http.put(bank_url, json={"name": BANK}).raise_for_status()
             config = {

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from heed.llm.base import ChatMessage
-from heed.llm.usage import LlmWork, count_tokens
+from heed.llm.usage import LlmWork, count_tokens, wall_clock
 from heed.runtime import current_tally, current_token
 
 __all__ = ["LEARNING_KINDS", "Budget", "BudgetWait", "LlmBudgets"]
@@ -98,14 +97,14 @@ class LlmBudgets:
     *budget_of(tenant, bank_id)* is the bank's :class:`Budget` (``None``: the bank is gone,
     no budget applies); *spent_since(tenant, bank_id, since)* the tokens of
     :data:`LEARNING_KINDS` the bank spent since the epoch second *since*; *clock* the
-    wall clock (epoch seconds; a benchmark moves it).
+    wall clock calls are timed by (:func:`heed.llm.usage.wall_clock`).
     """
 
     def __init__(
         self,
         budget_of: BudgetOf,
         spent_since: SpentSince,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall_clock,
     ) -> None:
         self.budget_of = budget_of
         self.spent_since = spent_since

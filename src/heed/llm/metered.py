@@ -17,7 +17,6 @@ error ends ``error`` with its message; a cancellation ``cancelled``.
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 
@@ -34,7 +33,14 @@ from heed.llm.base import (
     ToolSpec,
     Usage,
 )
-from heed.llm.usage import LlmCall, admitted, count_tokens, current_work, notify_call
+from heed.llm.usage import (
+    LlmCall,
+    admitted,
+    count_tokens,
+    current_work,
+    notify_call,
+    wall_clock,
+)
 from heed.runtime import OperationCancelled, current_context, current_tally
 
 __all__ = ["metered_stream"]
@@ -67,7 +73,7 @@ async def _measured(
     stream: AsyncGenerator[StreamEvent, None],
 ) -> AsyncGenerator[StreamEvent, None]:
     """*stream*'s events, recorded as one call once it ends however it ends."""
-    started = time.time()
+    started = wall_clock()
     usage: Usage | None = None
     parts: list[str] = []
     calls: list[ToolCall] = []
@@ -133,7 +139,7 @@ def _record(
             model=provider.model,
             status=status,
             started_at=started,
-            ended_at=time.time(),
+            ended_at=wall_clock(),
             prompt_tokens=prompt,
             completion_tokens=completion,
             usage_reported=reported,

@@ -22,7 +22,9 @@ composition root sets heed's tokenizer; without one, about four characters a tok
 with ``usage_reported`` false. The call is also added to the context's run tally
 (:mod:`heed.runtime.tally`).
 
-A sink that raises is logged and ignored: recording a call never breaks it.
+A sink that raises is logged and ignored: recording a call never breaks it. A call's times
+are read from :func:`wall_clock` (epoch seconds), the clock budgets count windows by too; a
+benchmark moves it with :func:`use_wall_clock`.
 
 **Admission.** Before a call starts, every admission added with :func:`add_call_admission`
 is entered (an async context manager given the work, the messages and the reply's cap) and
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
@@ -60,6 +63,8 @@ __all__ = [
     "remove_call_admission",
     "remove_call_sink",
     "use_token_counter",
+    "use_wall_clock",
+    "wall_clock",
 ]
 
 log = logging.getLogger("heed.llm")
@@ -242,3 +247,18 @@ async def admitted(messages: Sequence[ChatMessage], max_tokens: int | None) -> A
         for admission in admissions:
             await stack.enter_async_context(admission(work, messages, max_tokens))
         yield
+
+
+_clock: list[Callable[[], float]] = [time.time]
+
+
+def wall_clock() -> float:
+    """Now, in epoch seconds, as LLM calls are timed and budgets count (``time.time``
+    unless :func:`use_wall_clock` set another)."""
+    return _clock[0]()
+
+
+def use_wall_clock(clock: Callable[[], float] | None) -> None:
+    """Time calls and budgets by *clock* (``None``: ``time.time`` again). For benchmarks
+    that let a day pass in a minute; the server never calls it."""
+    _clock[0] = clock or time.time

@@ -451,7 +451,7 @@ class UpdateMemoryRequest(_In):
         """The edit this body asks for: ``context`` and the dates given as ``null`` clear
         (``""``), as ``""`` does; an omitted field is left as it is."""
         sent = self.model_dump(include=self.model_fields_set)
-        clearable = {
+        clearable: dict[str, Any] = {
             name: "" if name in sent and sent[name] is None else sent.get(name)
             for name in ("context", "occurred_start", "occurred_end", "mentioned_at")
         }
