@@ -126,9 +126,11 @@ async def test_a_call_waiting_for_a_slot_leaves_when_cancelled(
 
 def test_one_gate_per_upstream() -> None:
     gates = ProviderGates(8, 64)
-    assert gates.for_upstream("openai http://a") is gates.for_upstream("openai http://a")
-    assert gates.for_upstream("openai http://a") is not gates.for_upstream("openai http://b")
-    assert gates.for_upstream("openai http://a").concurrency == 8
+    assert gates.for_upstream("http://a") is gates.for_upstream("http://a")
+    assert gates.for_upstream("http://a") is not gates.for_upstream("http://b")
+    assert gates.for_upstream("http://a").concurrency == 8
+    # Named after the provider, never the URL (it shows in /metrics and 503 messages).
+    assert [g.lane.name for g in gates.all()] == ["llm:openai", "llm:openai#2"]
 
 
 def test_the_factory_gates_remote_providers_only() -> None:

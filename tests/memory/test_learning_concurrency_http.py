@@ -158,7 +158,7 @@ def test_a_retains_chunks_are_extracted_side_by_side(
     assert len(facts) == 30 == extraction["facts"]
     # The upstream's gate shows in /metrics as a lane of its own, idle again.
     metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
-    lane = f"llm:openai {upstream.base_url}"
+    lane = "llm:openai"
     assert metric_value(metrics, "heed_lane_capacity", lane=lane) == 6
     assert metric_value(metrics, "heed_lane_in_use", lane=lane) == 0
 

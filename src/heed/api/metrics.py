@@ -141,7 +141,7 @@ _LLM: Final = _LlmCounts()
 
 class _LaneCollector(Collector):
     """Reads the lanes' live counters at scrape time: the server's lanes and the lanes of
-    its remote LLM upstreams (``llm:openai <base url>``, :mod:`heed.llm.gate`), built as
+    its remote LLM upstreams (``llm:openai``, :mod:`heed.llm.gate`), built as
     they are first used."""
 
     def __init__(self, lanes: Lanes, more: Callable[[], list[Lane]] | None = None) -> None:

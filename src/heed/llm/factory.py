@@ -122,7 +122,7 @@ def build_provider(
         )
         if gates is None:
             return provider
-        return GatedProvider(provider, gates.for_upstream(f"openai {config.base_url}"))
+        return GatedProvider(provider, gates.for_upstream(config.base_url, "openai"))
     if config.provider == "local":
         from heed.llm.local import LocalProvider
 

@@ -85,6 +85,7 @@ class ProviderGate:
         background_max_queue: int = 64,
     ) -> None:
         self.name = name
+        self.provider = name.split("#")[0]
         self.lane = Lane(
             f"llm:{name}",
             concurrency,
@@ -155,11 +156,15 @@ class ProviderGates:
         self.background_max_queue = background_max_queue
         self._gates: dict[str, ProviderGate] = {}
 
-    def for_upstream(self, name: str) -> ProviderGate:
-        """The gate of the upstream named *name* (``"openai https://..."``)."""
-        gate = self._gates.get(name)
+    def for_upstream(self, upstream: str, provider: str = "openai") -> ProviderGate:
+        """The gate of *upstream* (its base URL), built on first use and named after its
+        *provider* (``openai``; ``openai#2`` for a second upstream, and so on): the name
+        shows in ``/metrics`` and in a 503's message, the URL never does."""
+        gate = self._gates.get(upstream)
         if gate is None:
-            gate = self._gates[name] = ProviderGate(
+            same = sum(1 for g in self._gates.values() if g.provider == provider)
+            name = provider if not same else f"{provider}#{same + 1}"
+            gate = self._gates[upstream] = ProviderGate(
                 name,
                 self.concurrency,
                 self.max_queue,
