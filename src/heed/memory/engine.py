@@ -53,6 +53,7 @@ from heed.memory.recall.rerank import Reranker
 from heed.memory.recall.vectors import BankIndexes, CurrentIndex, StoreVectors, VectorSearch
 from heed.memory.retain.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
 from heed.memory.retain.prepare import (
+    EmbedFeed,
     check_items,
     embed_units,
     plan_documents,
@@ -513,16 +514,23 @@ class MemoryEngine:
                     recorded = check_ledger(key, entries)
                 todo = [i for i in range(len(plans)) if i not in recorded]
                 documents = await run_in_thread(split_documents, [plans[i] for i in todo])
-            # The turns are embedded while the model states their facts (a remote model's
-            # calls are network waits: they hold no retain slot, its upstream's gate bounds
-            # them; the embedded model's hold one: CPU work); then the facts.
-            verbatim = [u for d in documents for u in d.units]
-            both: list[Callable[[], Awaitable[Any]]] = [
-                functools.partial(self._learn, bank, documents, background=background),
-                functools.partial(self._embed, verbatim),
-            ]
+            # The turns are embedded while the model states their facts, and each chunk's
+            # facts as soon as they are read (a remote model's calls are network waits: they
+            # hold no retain slot, its upstream's gate bounds them; the embedded model's
+            # hold one: CPU work).
+            feed = EmbedFeed(self._embed)
+            feed.put([u for d in documents for u in d.units])
+
+            async def learn() -> Extraction | None:
+                try:
+                    return await self._learn(
+                        bank, documents, background=background, on_facts=feed.put
+                    )
+                finally:
+                    feed.close()
+
+            both: list[Callable[[], Awaitable[Any]]] = [learn, feed.run]
             extraction: Extraction | None = (await run_all(both, 2))[0]
-            await self._embed([u for d in documents for u in d.units if u.embedding is None])
             async with self.retain_lane.slot():
                 units = sum(entry.units for entry in recorded.values())
                 for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
@@ -550,11 +558,17 @@ class MemoryEngine:
                 await run_in_thread(embed_units, units, self.embedder, self.tokens)
 
     async def _learn(
-        self, bank: Bank, documents: list[PreparedDocument], *, background: bool = False
+        self,
+        bank: Bank,
+        documents: list[PreparedDocument],
+        *,
+        background: bool = False,
+        on_facts: Callable[[list[PreparedUnit]], object] | None = None,
     ) -> Extraction | None:
         """Extract the facts of *documents* into them when the bank extracts (*background*:
-        nobody waits on this retain, so its model calls yield to users'), and mark what
-        consolidation should take when it keeps observations."""
+        nobody waits on this retain, so its model calls yield to users'; *on_facts* is
+        told each chunk's facts as they are read), and mark what consolidation should take
+        when it keeps observations."""
         settings = self.settings(bank)
         mode = settings.retain_extraction_mode
         extraction: Extraction | None = None
@@ -572,7 +586,7 @@ class MemoryEngine:
                         mission,
                         extraction,
                         concurrency=concurrency,
-                        on_facts=self._embed,  # while the other chunks' calls wait
+                        on_facts=on_facts,
                     )
             for document, found in zip(documents, facts, strict=True):
                 document.units.extend(found)

@@ -274,14 +274,14 @@ async def extract_documents_facts(
     outcome: Extraction,
     *,
     concurrency: int = 1,
-    on_facts: Callable[[list[PreparedUnit]], Awaitable[None]] | None = None,
+    on_facts: Callable[[list[PreparedUnit]], object] | None = None,
 ) -> list[list[PreparedUnit]]:
     """Extract the facts of *documents* (see the module docstring), at most *concurrency*
     chunks at once across them: per document, its fact units in chunk order (``caused_by``
     naming the facts of their chunk that caused them). Records counts in *outcome*, and the
     ids of the units of chunks whose reply stayed malformed in ``outcome.unread``.
-    *on_facts*, when given, is awaited with each chunk's facts as soon as they are read (the
-    engine embeds them while other chunks' calls wait). Raises
+    *on_facts*, when given, is called with each chunk's facts as soon as they are read (the
+    engine has them embedded while other chunks' calls wait; it must return at once). Raises
     ``OperationCancelled`` (the token) and upstream ``ProviderError``s (the first one; the
     other chunks' calls are stopped); a malformed reply only costs its chunk's facts."""
     chunks = [
@@ -301,7 +301,7 @@ async def extract_documents_facts(
                 outcome.unread.update(units[p].id for p in positions)
                 return None
             if on_facts is not None:
-                await on_facts(found.facts)
+                on_facts(found.facts)
             return found
 
         return one

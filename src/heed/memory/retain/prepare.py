@@ -14,8 +14,9 @@ idempotency key, an id derived from the key and the item's position (see
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,6 +37,7 @@ from heed.runtime import raise_if_cancelled
 
 __all__ = [
     "DocumentPlan",
+    "EmbedFeed",
     "check_items",
     "embed_documents",
     "embed_units",
@@ -222,3 +224,38 @@ def check_items(
                 f"the limit is {max_item_chars}"
             )
         _refuse_nul_in_item(item, f"items[{i}]")
+
+
+class EmbedFeed:
+    """Units to embed as they come (a retain's turns, then each chunk's facts as the model
+    states them), embedded in batches by one consumer, :meth:`run`, while the rest of the
+    retain waits on the network. Whoever feeds it calls :meth:`close` when nothing more will
+    come; :meth:`run` returns once everything fed is embedded, and raises what *embed*
+    raises (``OperationCancelled`` included). Used from one event loop."""
+
+    def __init__(self, embed: Callable[[list[PreparedUnit]], Awaitable[None]]) -> None:
+        self._embed = embed
+        self._queued: list[PreparedUnit] = []
+        self._more = asyncio.Event()
+        self._closed = False
+
+    def put(self, units: Sequence[PreparedUnit]) -> None:
+        """Embed *units* too (returns at once)."""
+        self._queued.extend(units)
+        self._more.set()
+
+    def close(self) -> None:
+        """Nothing more will be put."""
+        self._closed = True
+        self._more.set()
+
+    async def run(self) -> None:
+        """Embed what is put, in batches, until closed and drained."""
+        while True:
+            await self._more.wait()
+            self._more.clear()
+            while self._queued:
+                batch, self._queued = self._queued, []
+                await self._embed(batch)
+            if self._closed and not self._queued:
+                return
