@@ -4,12 +4,13 @@ Three servers on one data dir (a bank of realistic conversational English, built
 bulk retain as benchmarks/recall_latency.py builds it): two with tracing off (``off`` and
 ``off_again``: how far two identical servers differ is the noise) and one with
 ``HEED_TRACING=on`` whose spans go to an in-memory exporter (benchmarks/_traced_serve.py:
-the cost of making every span, without a collector's network). All three are served by the
-same script. The recalls go in interleaved rounds (each round measures every server with the
-same queries, in a rotating order), so a change in the machine's load falls on all three
-alike: first one client, then 8 concurrent clients. Besides each server's p50 / p95 over all
-its recalls, ``round_p50_ratio`` is the median over rounds of a server's p50 over ``off``'s
-(robust to a machine whose load drifts).
+the cost of making every span, without a collector's network; behind the
+``BatchSpanProcessor`` heed gives every configured exporter, unless ``--processor simple``).
+All three are served by the same script. The recalls go in interleaved rounds (each round
+measures every server with the same queries, in a rotating order), so a change in the
+machine's load falls on all three alike: first one client, then 8 concurrent clients.
+Besides each server's p50 / p95 over all its recalls, ``round_p50_ratio`` is the median over
+rounds of a server's p50 over ``off``'s (robust to a machine whose load drifts).
 
 ``--baseline-src DIR`` adds a fourth server, ``baseline``: heed from another checkout's
 ``src`` (one from before tracing), served by ``heed serve``, so ``off`` can be compared with
@@ -133,6 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             env = {
                 "HEED_TRACING": "on" if name == "on" else "off",
                 "BENCH_SPAN_COUNT_FILE": str(counts[name]),
+                "BENCH_SPAN_PROCESSOR": args.processor,
             }
             servers[name] = stack.enter_context(serve(args.data_dir, env, TRACED_SERVE))
         if args.baseline_src is not None:  # heed before tracing, served by `heed serve`
@@ -151,7 +153,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await _recalls(http, bank, qs[:20], 1)
 
             cycle = itertools.cycle(qs)
-            out: dict[str, Any] = {"bank_units": args.size, "rounds": args.rounds}
+            out: dict[str, Any] = {
+                "bank_units": args.size,
+                "rounds": args.rounds,
+                "span_processor": args.processor,
+                "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+            }
             for mode, total, n_clients in (
                 ("single", args.requests, 1),
                 ("concurrent", args.concurrent_requests, args.clients),
@@ -220,9 +227,19 @@ def main() -> None:
         type=Path,
         help="also serve heed from this src dir (a checkout without tracing) as 'baseline'",
     )
+    parser.add_argument(
+        "--processor",
+        choices=("batch", "simple"),
+        default="batch",
+        help="the span processor in front of the in-memory exporter (batch: what a deployment "
+        "runs; simple: what the tests use, export on the span's thread)",
+    )
+    parser.add_argument(
+        "--name", default="tracing_overhead", help="results file: benchmarks/results/NAME.json"
+    )
     args = parser.parse_args()
     os.environ.pop("OTEL_SDK_DISABLED", None)
-    print("wrote", write_result("tracing_overhead", asyncio.run(run(args))))
+    print("wrote", write_result(args.name, asyncio.run(run(args))))
 
 
 if __name__ == "__main__":
