@@ -11,10 +11,10 @@ middleware: a request refused at the edge (401, 413, 503) has its span too. It p
 middleware, and makes no per-message span (a stream would make one per event).
 
 It replaces the official ASGI instrumentation (``opentelemetry-instrumentation-asgi``), which
-a profile of a traced recall showed costing about as much as the recall's five other spans
-together: it decoded every header about eight times a request, built each attribute twice (old
-and new conventions, then set again one by one), and fed metric instruments heed gives a no-op
-meter. This one decodes only the headers the propagators read (and ``user-agent``), sets its
+a profile of traced recalls showed costing a request as much as several spans: each of its
+eight header look-ups a request decoded every header, it built each attribute for the old and
+the new conventions and set it again one by one, and fed metric instruments heed gives a
+no-op meter. This one decodes only the headers the propagators read (and ``user-agent``), sets its
 attributes once, at the span's start, and records only the status after.
 
 The span is first named by the method alone (the path holds ids: a name must not); once the
