@@ -3,7 +3,10 @@
 Serves exactly as ``heed serve`` does (settings from ``HEED_*``, the switch interval, the
 SIGTERM drain), except that with ``HEED_TRACING=on`` the spans are counted in memory instead
 of being sent anywhere: the benchmark measures what making them costs, not a collector's
-network.
+network. The exporter sits behind the span processor ``$BENCH_SPAN_PROCESSOR`` names:
+``batch`` (the default; the ``BatchSpanProcessor`` heed puts every ``OTEL_TRACES_EXPORTER``
+exporter behind, so what a deployment runs) or ``simple`` (the ``SimpleSpanProcessor`` heed
+gives exporters passed in code, the tests' in-memory one: export on the span's own thread).
 As it stops it writes how many spans it kept to ``$BENCH_SPAN_COUNT_FILE`` (when set).
 """
 
@@ -16,8 +19,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from heed.api.app import create_app
 from heed.api.server import HeedServer, server_config
@@ -61,7 +64,17 @@ def main() -> None:
     sys.setswitchinterval(settings.switch_interval_ms / 1000)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     exporter = CountingExporter(os.environ.get("BENCH_SPAN_COUNT_FILE"))
-    app = create_app(settings, Services(settings, span_exporters=[exporter]))
+    processor = os.environ.get("BENCH_SPAN_PROCESSOR", "batch")
+    if processor not in ("batch", "simple"):
+        raise SystemExit(f"BENCH_SPAN_PROCESSOR must be batch or simple, not {processor!r}")
+    # simple: heed puts an exporter passed in code behind a SimpleSpanProcessor; batch: no
+    # exporter passed, the counting one added behind a BatchSpanProcessor, as
+    # heed.runtime.tracing.configure_tracing does for OTEL_TRACES_EXPORTER's.
+    services = Services(settings, span_exporters=[exporter] if processor == "simple" else [])
+    provider = services.tracing.tracer_provider
+    if processor == "batch" and isinstance(provider, TracerProvider):
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    app = create_app(settings, services)
     HeedServer(server_config(app, settings), app).run()
 
 

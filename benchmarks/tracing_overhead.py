@@ -4,16 +4,20 @@ Three servers on one data dir (a bank of realistic conversational English, built
 bulk retain as benchmarks/recall_latency.py builds it): two with tracing off (``off`` and
 ``off_again``: how far two identical servers differ is the noise) and one with
 ``HEED_TRACING=on`` whose spans go to an in-memory exporter (benchmarks/_traced_serve.py:
-the cost of making every span, without a collector's network). All three are served by the
-same script. The recalls go in interleaved rounds (each round measures every server with the
-same queries, in a rotating order), so a change in the machine's load falls on all three
-alike: first one client, then 8 concurrent clients. Besides each server's p50 / p95 over all
-its recalls, ``round_p50_ratio`` is the median over rounds of a server's p50 over ``off``'s
-(robust to a machine whose load drifts).
+the cost of making every span, without a collector's network; behind the
+``BatchSpanProcessor`` heed gives every configured exporter, unless ``--processor simple``).
+All three are served by the same script. The recalls go in interleaved rounds (each round
+measures every server with the same queries, in a rotating order), so a change in the
+machine's load falls on all three alike: first one client, then 8 concurrent clients.
+Besides each server's p50 / p95 over all its recalls, ``round_p50_ratio`` is the median over
+rounds of a server's p50 over ``off``'s (robust to a machine whose load drifts).
 
 ``--baseline-src DIR`` adds a fourth server, ``baseline``: heed from another checkout's
 ``src`` (one from before tracing), served by ``heed serve``, so ``off`` can be compared with
-the code that had no tracing at all.
+the code that had no tracing at all. ``--before-src DIR`` adds ``on_before``: tracing on
+with heed from another checkout's ``src`` (an earlier version of the tracing code), behind
+the ``--before-processor`` span processor, in the same rounds as ``on``: a before/after
+comparison that a change in the machine's load cannot skew.
 
 Target (issue 41): tracing off, recall p50 unchanged within noise; on, at most +5%.
 """
@@ -126,14 +130,19 @@ def _change(value: float, base: float) -> float:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     qs = queries()
     bank = f"bench-{args.size}"
-    counts = {name: Path(tempfile.mkstemp(prefix=f"spans-{name}-")[1]) for name in CONFIGS}
+    configs = CONFIGS if args.before_src is None else (*CONFIGS, "on_before")
+    counts = {name: Path(tempfile.mkstemp(prefix=f"spans-{name}-")[1]) for name in configs}
     with ExitStack() as stack:
         servers: dict[str, Server] = {}
-        for name in CONFIGS:
+        for name in configs:
             env = {
-                "HEED_TRACING": "on" if name == "on" else "off",
+                "HEED_TRACING": "on" if name.startswith("on") else "off",
                 "BENCH_SPAN_COUNT_FILE": str(counts[name]),
+                "BENCH_SPAN_PROCESSOR": args.processor,
             }
+            if name == "on_before":
+                env["PYTHONPATH"] = str(args.before_src)
+                env["BENCH_SPAN_PROCESSOR"] = args.before_processor
             servers[name] = stack.enter_context(serve(args.data_dir, env, TRACED_SERVE))
         if args.baseline_src is not None:  # heed before tracing, served by `heed serve`
             env = {"PYTHONPATH": str(args.baseline_src)}
@@ -151,7 +160,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await _recalls(http, bank, qs[:20], 1)
 
             cycle = itertools.cycle(qs)
-            out: dict[str, Any] = {"bank_units": args.size, "rounds": args.rounds}
+            out: dict[str, Any] = {
+                "bank_units": args.size,
+                "rounds": args.rounds,
+                "span_processor": args.processor,
+                **(
+                    {}
+                    if args.before_src is None
+                    else {
+                        "on_before_src": str(args.before_src),
+                        "on_before_span_processor": args.before_processor,
+                    }
+                ),
+                "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+            }
             for mode, total, n_clients in (
                 ("single", args.requests, 1),
                 ("concurrent", args.concurrent_requests, args.clients),
@@ -162,12 +184,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for http in clients.values():
                 await http.aclose()
-    spans = {name: int(counts[name].read_text() or 0) for name in CONFIGS}
+    spans = {name: int(counts[name].read_text() or 0) for name in configs}
     for path in counts.values():
         path.unlink(missing_ok=True)
     recalls = (args.requests + args.concurrent_requests) // args.rounds * args.rounds + 20
     out["spans_kept"] = spans
     out["spans_per_recall_on"] = round(spans["on"] / recalls, 1)
+    if "on_before" in spans:
+        out["spans_per_recall_on_before"] = round(spans["on_before"] / recalls, 1)
 
     base = out["single"]["off"]
     out["change_percent"] = {
@@ -220,9 +244,31 @@ def main() -> None:
         type=Path,
         help="also serve heed from this src dir (a checkout without tracing) as 'baseline'",
     )
+    parser.add_argument(
+        "--processor",
+        choices=("batch", "simple"),
+        default="batch",
+        help="the span processor in front of the in-memory exporter (batch: what a deployment "
+        "runs; simple: what the tests use, export on the span's thread)",
+    )
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        help="also serve heed with tracing on from this src dir (an earlier tracing) as "
+        "'on_before'",
+    )
+    parser.add_argument(
+        "--before-processor",
+        choices=("batch", "simple"),
+        default="simple",
+        help="on_before's span processor (simple: what the earlier runs measured)",
+    )
+    parser.add_argument(
+        "--name", default="tracing_overhead", help="results file: benchmarks/results/NAME.json"
+    )
     args = parser.parse_args()
     os.environ.pop("OTEL_SDK_DISABLED", None)
-    print("wrote", write_result("tracing_overhead", asyncio.run(run(args))))
+    print("wrote", write_result(args.name, asyncio.run(run(args))))
 
 
 if __name__ == "__main__":

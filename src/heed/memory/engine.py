@@ -650,10 +650,14 @@ class MemoryEngine:
                     self.recall_deps, bank, query, settings, background=background
                 )
                 outcome = await self._provenance(bank, query, outcome, settings)
-            if span.is_recording():
-                span.set_attribute(MEMORY_RECORDS, len(outcome.hits))
-                span.set_attribute("heed.recall.budget", query.budget)
-                span.set_attribute("heed.recall.background", background)
+            if span.is_recording():  # one call: each takes the span's lock
+                span.set_attributes(
+                    {
+                        MEMORY_RECORDS: len(outcome.hits),
+                        "heed.recall.budget": query.budget,
+                        "heed.recall.background": background,
+                    }
+                )
             return outcome
 
     async def _provenance(

@@ -177,8 +177,12 @@ def _embed_query(deps: RecallDeps, query: str) -> np.ndarray:
     _hook(deps, "embedding")
     with stage_span("embeddings") as span:
         if span.is_recording():
-            span.set_attribute("gen_ai.operation.name", "embeddings")
-            span.set_attribute("gen_ai.embeddings.dimension.count", deps.embedder.dim)
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "embeddings",
+                    "gen_ai.embeddings.dimension.count": deps.embedder.dim,
+                }
+            )
         vector: np.ndarray = deps.embedder.embed([query])[0]
     return vector
 
@@ -363,8 +367,9 @@ def _rerank(
     _hook(deps, "rerank")
     with stage_span("recall.rerank") as span:
         if span.is_recording():
-            span.set_attribute(CANDIDATES, len(candidates))
-            span.set_attribute("heed.recall.reranker", deps.reranker.name)
+            span.set_attributes(
+                {CANDIDATES: len(candidates), "heed.recall.reranker": deps.reranker.name}
+            )
         return deps.reranker.score(query, qvec, candidates, semantic_weight=weights.semantic)
 
 
