@@ -6,8 +6,8 @@ stays within 1.2x of idle").
 A real ``heed serve`` (SQLite) whose every model call goes to the fake OpenAI-compatible
 upstream of ``tests/llm/fake_upstream.py``, which holds each answer ``--latency`` seconds
 (1 s: a remote model's structured reply) and answers what a model would: an extraction call
-with one fact per turn that carries information (turns of at least ``--fact-chars``
-characters), each citing its turn; a consolidation call with one new observation per round
+with one fact per two turns that carry information (turns of at least ``--fact-chars``
+characters), each citing both; a consolidation call with one new observation per round
 and an update of the first related observation, citing the round's facts. The calls are
 counted where they would be billed: at the upstream.
 
@@ -78,10 +78,11 @@ def responder(latency: float, fact_chars: int) -> Any:
     def respond(body: dict[str, Any]) -> Behaviour | None:
         user = _user_text(body)
         if user.startswith("[0] ("):
-            facts = [
-                {"text": f"{said}", "fact_type": "experience", "sources": [int(n)]}
-                for n, said in _UNIT.findall(user)
-                if len(said) >= fact_chars
+            told = [(int(n), said) for n, said in _UNIT.findall(user) if len(said) >= fact_chars]
+            pairs = [told[i : i + 2] for i in range(0, len(told), 2)]
+            facts = [  # one fact per two informative turns, citing both
+                {"text": pair[0][1], "fact_type": "experience", "sources": [n for n, _ in pair]}
+                for pair in pairs
             ]
             return reply({"facts": facts}, user)
         if user.startswith("New facts:"):
@@ -277,6 +278,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             alone["ratio_to_minimum"] = round(alone["seconds"] / minimum, 3)
             out["alone"] = alone
 
+            if args.alone_only:
+                return out
+
             # 2. idle recall, against a bank holding the same turns
             await http.put("/v1/default/banks/recall-target", json={"name": "recall-target"})
             await http.patch(
@@ -318,20 +322,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             out["contended"] = contended
 
+    return out
+
+
+def targets(out: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets, from a full run's figures."""
     idle_p95 = out["idle_recall"]["p95_ms"]
-    out["targets"] = {
+    return {
         "learning_ratio_to_minimum": out["alone"]["ratio_to_minimum"],
         "learning_ratio_target": 1.3,
         "learning_ratio_met": out["alone"]["ratio_to_minimum"] <= 1.3,
         "calls": out["alone"]["extraction_calls"] + out["alone"]["consolidation_calls"],
-        "calls_before_issue": 45,
         "recall_p95_ratio_during_learning": round(
             out["contended"]["recall"]["p95_ms"] / idle_p95, 3
         ),
         "recall_p95_ratio_target": 1.2,
         "recall_p95_ratio_met": out["contended"]["recall"]["p95_ms"] <= 1.2 * idle_p95,
     }
-    return out
 
 
 def main() -> None:
@@ -348,10 +355,15 @@ def main() -> None:
         "--debounce", type=float, default=0.5, help="HEED_CONSOLIDATION_DEBOUNCE_SECONDS"
     )
     parser.add_argument("--name", default="learning_throughput", help="results file name")
+    parser.add_argument(
+        "--alone-only", action="store_true", help="measure the learning alone (a baseline)"
+    )
     args = parser.parse_args()
     result = asyncio.run(run(args))
+    if "idle_recall" in result:
+        result["targets"] = targets(result)
     path = write_result(args.name, result)
-    print(json.dumps({k: result[k] for k in ("alone", "targets")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("alone", "targets") if k in result}, indent=2))
     print(f"wrote {path}")
 
 
