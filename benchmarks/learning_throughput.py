@@ -22,6 +22,8 @@ Measured:
    wall time from the retain's submission until no fact is pending and the consolidation
    run ended, its calls by kind, and the LLM-bound minimum: ``calls / C x latency``, where C
    is the concurrency background work may use (all but one of ``HEED_LLM_CONCURRENCY``);
+   and the server's CPU seconds meanwhile (embedding the turns and facts, recalls, writes),
+   whose share per core is a second floor: on a small machine the learning is CPU-bound;
 2. **idle recall**: 8 recall clients for ``--seconds`` against a second bank holding the
    same turns, with nothing else running;
 3. **contended**: the same learning into a fresh bank while the 8 recall clients run, their
@@ -37,6 +39,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -266,7 +269,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await http.post("/v1/default/banks/warm-up/memories/recall", json=recall)
 
             # 1. alone
+            cpu = server.cpu_seconds()
             alone = await learn(http, "learn-alone", items, counted())
+            alone["server_cpu_seconds"] = round(server.cpu_seconds() - cpu, 2)
+            cores = os.cpu_count() or 1
+            alone["cpu_bound_minimum_seconds"] = round(alone["server_cpu_seconds"] / cores, 2)
             calls = alone["extraction_calls"] + alone["consolidation_calls"]
             minimum = calls / background * args.latency
             alone["llm_bound_minimum_seconds"] = round(minimum, 2)
@@ -276,6 +283,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ) * args.latency
             alone["llm_bound_minimum_in_waves_seconds"] = round(waves, 2)
             alone["ratio_to_minimum"] = round(alone["seconds"] / minimum, 3)
+            floor = max(minimum, alone["cpu_bound_minimum_seconds"])
+            alone["ratio_to_llm_or_cpu_minimum"] = round(alone["seconds"] / floor, 3)
             out["alone"] = alone
 
             if args.alone_only:

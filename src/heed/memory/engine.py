@@ -471,7 +471,8 @@ class MemoryEngine:
         Cancellable while queued for a retain slot, while extracting facts, while
         embedding (between batches), and between documents; a document is written whole
         or not at all. *background* says nobody waits on it (an asynchronous retain): its
-        model calls yield to users' and count against the bank's LLM budget. Under
+        model calls and its CPU work (embedding, writing) yield to users' and its model
+        calls count against the bank's LLM budget. Under
         *idempotency_key* a retry writes only the documents an earlier attempt did not
         (see :mod:`heed.memory.retain.idempotency`). Raises
         ``OperationCancelled``, :class:`NotFound` if the bank was deleted meanwhile
@@ -505,7 +506,7 @@ class MemoryEngine:
         async with self.track(bank), self.bank_gone_is_not_found(bank):
             key: RetainKey | None = None
             recorded: dict[int, LedgerEntry] = {}
-            async with self.retain_lane.slot():
+            async with self.retain_lane.slot(background=background):
                 if idempotency_key:
                     # Hashing a large body is CPU work: it belongs in the offload, like the
                     # ledger read.
@@ -518,7 +519,8 @@ class MemoryEngine:
             # facts as soon as they are read (a remote model's calls are network waits: they
             # hold no retain slot, its upstream's gate bounds them; the embedded model's
             # hold one: CPU work).
-            feed = EmbedFeed(self._embed)
+            embed = functools.partial(self._embed, background=background)
+            feed = EmbedFeed(embed, parallel=self.retain_lane.capacity)
             feed.put([u for d in documents for u in d.units])
 
             async def learn() -> Extraction | None:
@@ -531,7 +533,7 @@ class MemoryEngine:
 
             both: list[Callable[[], Awaitable[Any]]] = [learn, feed.run]
             extraction: Extraction | None = (await run_all(both, 2))[0]
-            async with self.retain_lane.slot():
+            async with self.retain_lane.slot(background=background):
                 units = sum(entry.units for entry in recorded.values())
                 for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
                     raise_if_cancelled()
@@ -551,10 +553,11 @@ class MemoryEngine:
             extraction=extraction,
         )
 
-    async def _embed(self, units: list[PreparedUnit]) -> None:
-        """Embed and count *units* in place, in a retain slot (CPU work)."""
+    async def _embed(self, units: list[PreparedUnit], *, background: bool = False) -> None:
+        """Embed and count *units* in place, in a retain slot (CPU work; *background*: one
+        that yields to users' work)."""
         if units:
-            async with self.retain_lane.slot():
+            async with self.retain_lane.slot(background=background):
                 await run_in_thread(embed_units, units, self.embedder, self.tokens)
 
     async def _learn(

@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
+from typing import Final
 
 from heed.memory.dates import find_dates
 from heed.memory.embeddings import Embedder, TokenCounter
@@ -33,7 +35,7 @@ from heed.memory.models import (
 )
 from heed.memory.retain.idempotency import document_id_for
 from heed.memory.retain.units import index_text, neighbour_texts, split_units, with_neighbours
-from heed.runtime import raise_if_cancelled
+from heed.runtime import raise_if_cancelled, run_all
 
 __all__ = [
     "DocumentPlan",
@@ -226,15 +228,24 @@ def check_items(
         _refuse_nul_in_item(item, f"items[{i}]")
 
 
+#: The fewest units :class:`EmbedFeed` embeds in one piece (smaller batches cost more each).
+FEED_PIECE: Final = 64
+
+
 class EmbedFeed:
     """Units to embed as they come (a retain's turns, then each chunk's facts as the model
-    states them), embedded in batches by one consumer, :meth:`run`, while the rest of the
-    retain waits on the network. Whoever feeds it calls :meth:`close` when nothing more will
-    come; :meth:`run` returns once everything fed is embedded, and raises what *embed*
-    raises (``OperationCancelled`` included). Used from one event loop."""
+    states them), embedded in batches by :meth:`run` while the rest of the retain waits on
+    the network: what is queued is cut into at most *parallel* pieces (of at least
+    :data:`FEED_PIECE` units) embedded side by side, each in its own CPU slot (*embed*
+    takes one). Whoever feeds it calls :meth:`close` when nothing more will come;
+    :meth:`run` returns once everything fed is embedded, and raises what *embed* raises
+    (``OperationCancelled`` included). Used from one event loop."""
 
-    def __init__(self, embed: Callable[[list[PreparedUnit]], Awaitable[None]]) -> None:
+    def __init__(
+        self, embed: Callable[[list[PreparedUnit]], Awaitable[None]], parallel: int = 1
+    ) -> None:
         self._embed = embed
+        self._parallel = max(1, parallel)
         self._queued: list[PreparedUnit] = []
         self._more = asyncio.Event()
         self._closed = False
@@ -256,6 +267,8 @@ class EmbedFeed:
             self._more.clear()
             while self._queued:
                 batch, self._queued = self._queued, []
-                await self._embed(batch)
+                size = max(FEED_PIECE, -(-len(batch) // self._parallel))
+                pieces = [batch[i : i + size] for i in range(0, len(batch), size)]
+                await run_all([partial(self._embed, piece) for piece in pieces], self._parallel)
             if self._closed and not self._queued:
                 return
