@@ -20,7 +20,7 @@ from heed.observability.records import (
     TraceRow,
     UsageRow,
 )
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
 
 __all__ = ["MIGRATIONS", "SqlObservabilityStore"]
 
@@ -98,49 +98,43 @@ def _loads(text: str | None) -> Any:
 
 
 def _trace(row: Any) -> TraceRow:
-    return TraceRow(
-        id=row[0],
-        tenant=row[1],
-        bank_id=row[2],
-        operation=row[3],
-        scope=row[4],
-        trace_id=row[5],
-        provider=row[6],
-        model=row[7],
-        status=row[8],
-        started_at=float(row[9]),
-        ended_at=float(row[10]),
-        duration_ms=int(row[11]),
-        input_tokens=int(row[12]),
-        output_tokens=int(row[13]),
-        input=_loads(row[14]),
-        output=_loads(row[15]),
-        error=row[16],
-        metadata=_loads(row[17]) or {},
+    return from_row(
+        TraceRow,
+        row,
+        started_at=float(row["started_at"]),
+        ended_at=float(row["ended_at"]),
+        duration_ms=int(row["duration_ms"]),
+        input_tokens=int(row["input_tokens"]),
+        output_tokens=int(row["output_tokens"]),
+        input=_loads(row["input"]),
+        output=_loads(row["output"]),
+        metadata=_loads(row["metadata"]) or {},
     )
 
 
 def _audit(row: Any) -> AuditEntry:
-    return AuditEntry(
-        id=row[0],
-        tenant=row[1],
-        bank_id=row[2],
-        action=row[3],
-        transport=row[4],
-        started_at=float(row[5]),
-        ended_at=None if row[6] is None else float(row[6]),
-        duration_ms=None if row[7] is None else int(row[7]),
-        principal=row[8],
-        request=_loads(row[9]),
-        response=_loads(row[10]),
-        metadata=_loads(row[11]) or {},
+    ended_at, duration_ms = row["ended_at"], row["duration_ms"]
+    return from_row(
+        AuditEntry,
+        row,
+        started_at=float(row["started_at"]),
+        ended_at=None if ended_at is None else float(ended_at),
+        duration_ms=None if duration_ms is None else int(duration_ms),
+        request=_loads(row["request"]),
+        response=_loads(row["response"]),
+        metadata=_loads(row["metadata"]) or {},
     )
 
 
-def _trace_where(tenant: str, bank_id: str, where: TraceFilter) -> tuple[str, list[Any]]:
+def _where(
+    tenant: str, bank_id: str, where: TraceFilter | AuditFilter, columns: tuple[str, ...]
+) -> tuple[str, list[Any]]:
+    """The SQL condition and its parameters for *where*'s rows of one bank: each of
+    *columns* (fields of *where* named as their column) equal when given, ``started_at``
+    within ``[since, until)``."""
     clauses: list[str] = ["tenant = ?", "bank_id = ?"]
     params: list[Any] = [tenant, bank_id]
-    for column in ("status", "operation", "scope", "provider", "trace_id"):
+    for column in columns:
         value = getattr(where, column)
         if value is not None:
             clauses.append(f"{column} = ?")
@@ -152,23 +146,14 @@ def _trace_where(tenant: str, bank_id: str, where: TraceFilter) -> tuple[str, li
         clauses.append("started_at < ?")
         params.append(where.until)
     return " AND ".join(clauses), params
+
+
+def _trace_where(tenant: str, bank_id: str, where: TraceFilter) -> tuple[str, list[Any]]:
+    return _where(tenant, bank_id, where, ("status", "operation", "scope", "provider", "trace_id"))
 
 
 def _audit_where(tenant: str, bank_id: str, where: AuditFilter) -> tuple[str, list[Any]]:
-    clauses: list[str] = ["tenant = ?", "bank_id = ?"]
-    params: list[Any] = [tenant, bank_id]
-    for column in ("action", "transport"):
-        value = getattr(where, column)
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    if where.since is not None:
-        clauses.append("started_at >= ?")
-        params.append(where.since)
-    if where.until is not None:
-        clauses.append("started_at < ?")
-        params.append(where.until)
-    return " AND ".join(clauses), params
+    return _where(tenant, bank_id, where, ("action", "transport"))
 
 
 class SqlObservabilityStore:

@@ -35,7 +35,7 @@ import re
 import secrets
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
@@ -67,22 +67,16 @@ _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 _UNSET: Final[Any] = object()
 
 
+# No generated repr: it would show the secret.
+@dataclass(eq=False, repr=False)
 class WebhookChanges:
     """The fields an update names (each ``_UNSET`` when not given)."""
 
-    def __init__(
-        self,
-        url: str | None = _UNSET,
-        secret: str | None = _UNSET,
-        event_types: list[str] | None = _UNSET,
-        enabled: bool | None = _UNSET,
-        http_config: HttpConfig | None = _UNSET,
-    ) -> None:
-        self.url = url
-        self.secret = secret
-        self.event_types = event_types
-        self.enabled = enabled
-        self.http_config = http_config
+    url: str | None = _UNSET
+    secret: str | None = _UNSET
+    event_types: list[str] | None = _UNSET
+    enabled: bool | None = _UNSET
+    http_config: HttpConfig | None = _UNSET
 
 
 def given(value: object) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from heed.runtime import raise_if_cancelled
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
 from heed.transfer.store import (
     PART_BYTES,
     ExportQuota,
@@ -78,17 +78,12 @@ MIGRATIONS: Final = [
 
 
 def _archive(row: Any) -> StoredArchive:
-    return StoredArchive(
-        id=row["id"],
-        tenant=row["tenant"],
-        kind=row["kind"],
-        bank_id=row["bank_id"],
-        filename=row["filename"],
+    return from_row(
+        StoredArchive,
+        row,
         byte_size=int(row["byte_size"]),
-        sha256=row["sha256"],
         created_at=float(row["created_at"]),
         expires_at=float(row["expires_at"]),
-        reuse_key=row["reuse_key"],
     )
 
 

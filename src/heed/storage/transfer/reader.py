@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from heed.runtime import raise_if_cancelled
+from heed.storage.database import from_row
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.rows import DOCUMENT_VALUES, UNIT_COLUMNS, unit_from_row
 from heed.transfer.rows import (
@@ -91,14 +92,11 @@ class SnapshotReader:
             if not rows:
                 return
             page = {
-                r["document_id"]: DocumentRow(
-                    document_id=r["document_id"],
-                    original_text=r["original_text"],
-                    content_hash=r["content_hash"],
+                r["document_id"]: from_row(
+                    DocumentRow,
+                    r,
                     metadata=json.loads(r["metadata_json"]),
                     tags=json.loads(r["tags_json"]),
-                    created_at=r["created_at"],
-                    updated_at=r["updated_at"],
                     unit_count=int(r["n"]),
                 )
                 for r in rows
