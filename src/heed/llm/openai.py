@@ -56,8 +56,10 @@ from heed.llm.base import (
     ChatMessage,
     Finish,
     JsonSchemaFormat,
+    ProviderBase,
     ProviderError,
     StreamEvent,
+    StreamOptions,
     TextDelta,
     ToolCallEvent,
     ToolSpec,
@@ -305,7 +307,7 @@ async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
-class OpenAIProvider:
+class OpenAIProvider(ProviderBase):
     """A :class:`~heed.llm.base.ChatProvider` for an OpenAI-compatible endpoint.
 
     *base_url* is the API root (``https://api.openai.com/v1``,
@@ -394,17 +396,13 @@ class OpenAIProvider:
             }
         return payload
 
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: JsonSchemaFormat | None = None,
+    async def _stream(
+        self, messages: Sequence[ChatMessage], options: StreamOptions
     ) -> AsyncGenerator[StreamEvent, None]:
         """Stream the reply; see the module docstring for cancellation and errors."""
-        payload = self._payload(messages, tools, max_tokens, temperature, json_schema)
+        payload = self._payload(
+            messages, options.tools, options.max_tokens, options.temperature, options.json_schema
+        )
         watch = CancelWatch()
         watch.check()
         channel: asyncio.Queue[StreamEvent | _End | Exception] = asyncio.Queue(_QUEUE_SIZE)

@@ -58,8 +58,10 @@ from heed.llm.base import (
     ChatMessage,
     Finish,
     JsonSchemaFormat,
+    ProviderBase,
     ProviderError,
     StreamEvent,
+    StreamOptions,
     TextDelta,
     ToolCallEvent,
     ToolSpec,
@@ -209,7 +211,7 @@ def _last_user_text(messages: Sequence[ChatMessage]) -> str:
     return ""
 
 
-class ScriptedProvider:
+class ScriptedProvider(ProviderBase):
     """A :class:`~heed.llm.base.ChatProvider` that plays a :class:`Script`."""
 
     def __init__(self, script: Script | dict[str, Any] | str | None = None) -> None:
@@ -259,16 +261,11 @@ class ScriptedProvider:
             k = sum(1 for m in messages if m.role == "assistant")
         return plain[min(k, len(plain) - 1)]
 
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: JsonSchemaFormat | None = None,
+    async def _stream(
+        self, messages: Sequence[ChatMessage], options: StreamOptions
     ) -> AsyncGenerator[StreamEvent, None]:
         """Play the chosen reply; see the module docstring."""
+        max_tokens = options.max_tokens
         watch = CancelWatch()
         try:
             watch.check()
@@ -276,11 +273,11 @@ class ScriptedProvider:
             self.requests.append(
                 ScriptedRequest(
                     tuple(messages),
-                    tuple(tools or ()),
+                    tuple(options.tools or ()),
                     max_tokens,
-                    temperature,
+                    options.temperature,
                     index,
-                    json_schema,
+                    options.json_schema,
                 )
             )
             delay = reply.token_delay if reply.token_delay is not None else self._script.token_delay
