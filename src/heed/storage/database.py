@@ -34,6 +34,7 @@ __all__ = [
     "Migration",
     "SqlDatabase",
     "apply_migrations",
+    "read_page",
     "schema_version",
     "split_statements",
 ]
@@ -194,6 +195,27 @@ def schema_version(db: SqlDatabase, component: str) -> int:
             "SELECT MAX(version) FROM schema_migrations WHERE component = ?", (component,)
         ).fetchone()
     return int(row[0] or 0) if row is not None else 0
+
+
+def read_page(
+    db: SqlDatabase,
+    columns: str,
+    source: str,
+    params: Sequence[Any],
+    order: str,
+    limit: int,
+    offset: int,
+) -> tuple[list[Any], int]:
+    """One page of ``SELECT {columns} FROM {source}`` (*source*: the tables and their
+    ``WHERE``, whose placeholders *params* fill) in *order*: at most *limit* rows after the
+    first *offset*, and how many rows there are in all (both read on one connection)."""
+    with db.read() as conn:
+        total = conn.execute(f"SELECT COUNT(*) FROM {source}", params).fetchone()[0]
+        rows = conn.execute(
+            f"SELECT {columns} FROM {source} ORDER BY {order} LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        ).fetchall()
+    return list(rows), int(total)
 
 
 def split_statements(sql: str) -> list[str]:

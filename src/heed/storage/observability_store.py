@@ -11,7 +11,9 @@ oldest row to keep, which both databases answer from that index.
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
 
 from heed.observability.records import (
     AuditEntry,
@@ -20,7 +22,13 @@ from heed.observability.records import (
     TraceRow,
     UsageRow,
 )
-from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
+from heed.storage.database import (
+    Migration,
+    SqlDatabase,
+    apply_migrations,
+    from_row,
+    read_page,
+)
 
 __all__ = ["MIGRATIONS", "SqlObservabilityStore"]
 
@@ -126,34 +134,44 @@ def _audit(row: Any) -> AuditEntry:
     )
 
 
-def _where(
-    tenant: str, bank_id: str, where: TraceFilter | AuditFilter, columns: tuple[str, ...]
-) -> tuple[str, list[Any]]:
-    """The SQL condition and its parameters for *where*'s rows of one bank: each of
-    *columns* (fields of *where* named as their column) equal when given, ``started_at``
-    within ``[since, until)``."""
-    clauses: list[str] = ["tenant = ?", "bank_id = ?"]
-    params: list[Any] = [tenant, bank_id]
-    for column in columns:
-        value = getattr(where, column)
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    if where.since is not None:
-        clauses.append("started_at >= ?")
-        params.append(where.since)
-    if where.until is not None:
-        clauses.append("started_at < ?")
-        params.append(where.until)
-    return " AND ".join(clauses), params
+_Row = TypeVar("_Row")
 
 
-def _trace_where(tenant: str, bank_id: str, where: TraceFilter) -> tuple[str, list[Any]]:
-    return _where(tenant, bank_id, where, ("status", "operation", "scope", "provider", "trace_id"))
+@dataclass(frozen=True, slots=True)
+class _Rows(Generic[_Row]):
+    """One kind of a bank's rows: its table, the columns read and how a row of them reads,
+    and the fields of its filter that name a column to equal."""
+
+    table: str
+    columns: str
+    read: Callable[[Any], _Row]
+    equal: tuple[str, ...]
+
+    def where(
+        self, tenant: str, bank_id: str, where: TraceFilter | AuditFilter
+    ) -> tuple[str, list[Any]]:
+        """The SQL condition and its parameters for the bank's rows *where* takes: each
+        field of :attr:`equal` equal when given, ``started_at`` within ``[since, until)``."""
+        clauses: list[str] = ["tenant = ?", "bank_id = ?"]
+        params: list[Any] = [tenant, bank_id]
+        for column in self.equal:
+            value = getattr(where, column)
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if where.since is not None:
+            clauses.append("started_at >= ?")
+            params.append(where.since)
+        if where.until is not None:
+            clauses.append("started_at < ?")
+            params.append(where.until)
+        return " AND ".join(clauses), params
 
 
-def _audit_where(tenant: str, bank_id: str, where: AuditFilter) -> tuple[str, list[Any]]:
-    return _where(tenant, bank_id, where, ("action", "transport"))
+_TRACES: Final = _Rows(
+    "llm_requests", _TRACE_COLUMNS, _trace, ("status", "operation", "scope", "provider", "trace_id")
+)
+_AUDITS: Final = _Rows("audit_logs", _AUDIT_COLUMNS, _audit, ("action", "transport"))
 
 
 class SqlObservabilityStore:
@@ -282,16 +300,12 @@ class SqlObservabilityStore:
     def traces(
         self, tenant: str, bank_id: str, where: TraceFilter, limit: int, offset: int
     ) -> tuple[list[TraceRow], int]:
-        clause, params = _trace_where(tenant, bank_id, where)
-        rows, total = self._newest_first(
-            "llm_requests", _TRACE_COLUMNS, clause, params, limit, offset
-        )
-        return [_trace(r) for r in rows], total
+        return self._newest_first(_TRACES, tenant, bank_id, where, limit, offset)
 
     def trace_times(
         self, tenant: str, bank_id: str, where: TraceFilter
     ) -> list[tuple[float, str, int, int]]:
-        clause, params = _trace_where(tenant, bank_id, where)
+        clause, params = _TRACES.where(tenant, bank_id, where)
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT started_at, status, input_tokens, output_tokens FROM llm_requests"
@@ -303,32 +317,30 @@ class SqlObservabilityStore:
     def audits(
         self, tenant: str, bank_id: str, where: AuditFilter, limit: int, offset: int
     ) -> tuple[list[AuditEntry], int]:
-        clause, params = _audit_where(tenant, bank_id, where)
-        rows, total = self._newest_first(
-            "audit_logs", _AUDIT_COLUMNS, clause, params, limit, offset
-        )
-        return [_audit(r) for r in rows], total
+        return self._newest_first(_AUDITS, tenant, bank_id, where, limit, offset)
 
     def _newest_first(
         self,
-        table: str,
-        columns: str,
-        clause: str,
-        params: list[Any],
+        rows: _Rows[_Row],
+        tenant: str,
+        bank_id: str,
+        where: TraceFilter | AuditFilter,
         limit: int,
         offset: int,
-    ) -> tuple[list[Any], int]:
-        """A page of *table*'s rows matching *clause*, newest first, and how many match."""
-        with self.db.read() as conn:
-            total = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {clause}", params).fetchone()[
-                0
-            ]
-            rows = conn.execute(
-                f"SELECT {columns} FROM {table} WHERE {clause}"
-                " ORDER BY started_at DESC, id LIMIT ? OFFSET ?",
-                [*params, limit, offset],
-            ).fetchall()
-        return list(rows), int(total)
+    ) -> tuple[list[_Row], int]:
+        """A page of the bank's *rows* that *where* takes, newest first, and how many it
+        takes."""
+        clause, params = rows.where(tenant, bank_id, where)
+        page, total = read_page(
+            self.db,
+            rows.columns,
+            f"{rows.table} WHERE {clause}",
+            params,
+            "started_at DESC, id",
+            limit,
+            offset,
+        )
+        return [rows.read(row) for row in page], total
 
     def audit(self, tenant: str, bank_id: str, log_id: str) -> AuditEntry | None:
         with self.db.read() as conn:
@@ -340,7 +352,7 @@ class SqlObservabilityStore:
         return None if row is None else _audit(row)
 
     def audit_times(self, tenant: str, bank_id: str, where: AuditFilter) -> list[tuple[float, str]]:
-        clause, params = _audit_where(tenant, bank_id, where)
+        clause, params = _AUDITS.where(tenant, bank_id, where)
         with self.db.read() as conn:
             rows = conn.execute(
                 f"SELECT started_at, action FROM audit_logs WHERE {clause}", params

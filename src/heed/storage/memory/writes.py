@@ -23,7 +23,8 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Final
 
 import numpy as np
@@ -98,6 +99,13 @@ class DocumentWrites:
         """Hold the bank's lock until the write transaction ends."""
         self.db.lock(conn, BANK_LOCK + bank_ref)
 
+    @contextmanager
+    def bank_write(self, bank_ref: str) -> Iterator[Any]:
+        """A write transaction holding the bank's lock (:meth:`lock_bank`) from its start."""
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            yield conn
+
     def write_document(
         self,
         bank_ref: str,
@@ -116,8 +124,7 @@ class DocumentWrites:
         ]
         first = first_mentions(document.units)
         released: list[str | None] = []  # shared values of rows replaced or overwritten
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             generation = touch_bank(conn, bank_ref, now)
             if ledger is not None:
                 self._record_ledger(conn, bank_ref, document, *ledger)
@@ -380,8 +387,7 @@ class DocumentWrites:
         """See :meth:`heed.memory.store.MemoryStore.delete_document`."""
         if holds_nul(document_id):
             return None
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
                 (bank_ref, document_id),
@@ -397,8 +403,7 @@ class DocumentWrites:
         """See :meth:`heed.memory.store.MemoryStore.delete_unit`."""
         if holds_nul(unit_id):
             return None
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             row = conn.execute(
                 "DELETE FROM memory_units WHERE bank_ref = ? AND id = ?"
                 " RETURNING seq, tags_ref, metadata_ref, context_ref",
@@ -474,8 +479,7 @@ class DocumentWrites:
 
     def delete_bank(self, bank_ref: str) -> int:
         """See :meth:`heed.memory.store.MemoryStore.delete_bank`."""
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             count = int(
                 conn.execute(
                     "SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,)
