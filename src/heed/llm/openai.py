@@ -55,7 +55,6 @@ from heed.llm.base import (
     BadModelOutput,
     ChatMessage,
     Finish,
-    JsonSchemaFormat,
     ProviderBase,
     ProviderError,
     StreamEvent,
@@ -364,27 +363,23 @@ class OpenAIProvider(ProviderBase):
     async def load(self) -> None:
         """Nothing to load: the model lives behind the API."""
 
-    def _payload(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] | None,
-        max_tokens: int | None,
-        temperature: float | None,
-        json_schema: JsonSchemaFormat | None = None,
-    ) -> dict[str, Any]:
+    def _payload(self, messages: Sequence[ChatMessage], options: StreamOptions) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": self._model,
             "messages": [message_to_openai(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        max_tokens = max_tokens if max_tokens is not None else self.default_max_tokens
+        max_tokens = options.max_tokens
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens
         if max_tokens is not None:
             payload["max_tokens"] = max_tokens
-        if temperature is not None:
-            payload["temperature"] = temperature
-        if tools:
-            payload["tools"] = [tool_to_openai(t) for t in tools]
+        if options.temperature is not None:
+            payload["temperature"] = options.temperature
+        if options.tools:
+            payload["tools"] = [tool_to_openai(t) for t in options.tools]
+        json_schema = options.json_schema
         if json_schema is not None:
             payload["response_format"] = {
                 "type": "json_schema",
@@ -400,9 +395,7 @@ class OpenAIProvider(ProviderBase):
         self, messages: Sequence[ChatMessage], options: StreamOptions
     ) -> AsyncGenerator[StreamEvent, None]:
         """Stream the reply; see the module docstring for cancellation and errors."""
-        payload = self._payload(
-            messages, options.tools, options.max_tokens, options.temperature, options.json_schema
-        )
+        payload = self._payload(messages, options)
         watch = CancelWatch()
         watch.check()
         channel: asyncio.Queue[StreamEvent | _End | Exception] = asyncio.Queue(_QUEUE_SIZE)
