@@ -196,25 +196,13 @@ class DocumentWrites:
         generation: int,
         first: dict[str, tuple[str, str | None]],
     ) -> list[tuple[int, str]]:
-        """:meth:`_insert_units`, then their links (:meth:`_link`; *first*: each entity's
-        first mention, :func:`~heed.memory.retain.links.first_mentions`), in the caller's
-        transaction: the (seq, id) added."""
-        seqs = self._insert_units(conn, bank_ref, units, rows, generation)
-        self._link(conn, bank_ref, seqs, units, first)
-        return [(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)]
-
-    def _insert_units(
-        self,
-        conn: Any,
-        bank_ref: str,
-        units: Sequence[PreparedUnit],
-        rows: Sequence[tuple[Any, ...]],
-        generation: int,
-    ) -> list[int]:
-        """Insert *units* (their *rows* from :meth:`_unit_row`) with their keyword index in
-        the caller's transaction, in batches that each check the token first (a cancel
-        rolls back everything): the seqs allocated, in order."""
-        [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
+        """Insert *units* (their *rows* from :meth:`_unit_row`) with their keyword index,
+        then their links (:meth:`_link`; *first*: each entity's first mention,
+        :func:`~heed.memory.retain.links.first_mentions`), in the caller's transaction, in
+        batches that each check the token first (a cancel rolls back everything): the
+        (seq, id) added, in order."""
+        [allocated] = self.dialect.allocate_seqs(conn, [len(units)])
+        seqs = list(allocated)
         token = bank_token(bank_ref)
         batch = self.dialect.unit_batch
         for start in range(0, len(units), batch):
@@ -229,7 +217,8 @@ class DocumentWrites:
                 [(token, unit.index_text) for unit in units[start:end]],
             )
         raise_if_cancelled()
-        return list(seqs)
+        self._link(conn, bank_ref, seqs, units, first)
+        return [(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)]
 
     def _check_vectors(self, units: Sequence[PreparedUnit]) -> None:
         for unit in units:
