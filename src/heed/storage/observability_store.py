@@ -24,8 +24,7 @@ from heed.observability.records import (
 )
 from heed.storage.database import (
     Migration,
-    SqlDatabase,
-    apply_migrations,
+    SqlStore,
     from_row,
     read_page,
 )
@@ -174,15 +173,10 @@ _TRACES: Final = _Rows(
 _AUDITS: Final = _Rows("audit_logs", _AUDIT_COLUMNS, _audit, ("action", "transport"))
 
 
-class SqlObservabilityStore:
+class SqlObservabilityStore(SqlStore):
     """See the module docstring. Calls block (short statements)."""
 
-    def __init__(self, db: SqlDatabase) -> None:
-        self.db = db
-
-    def migrate(self) -> None:
-        """Apply the ``observability`` component's migrations (in the database's dialect)."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     def write(
         self, usage: list[UsageRow], traces: list[TraceRow], audits: list[AuditEntry]

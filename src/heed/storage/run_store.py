@@ -44,7 +44,7 @@ from heed.runs.model import (
 )
 from heed.runs.state import is_queued
 from heed.runs.store import BlockingCheck, ClaimCheck, Transition
-from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
+from heed.storage.database import Migration, SqlStore, from_row
 
 __all__ = ["MIGRATIONS", "SqlRunStore"]
 
@@ -192,15 +192,10 @@ def _row_to_event(row: Any) -> RunEvent:
     return RunEvent(run_id, seq, type_, ts=ts, data_json=data)
 
 
-class SqlRunStore:
+class SqlRunStore(SqlStore):
     """The run registry and journal on a :class:`~heed.storage.database.SqlDatabase`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
-        self.db = database
-
-    def migrate(self) -> None:
-        """Apply the ``runs`` component's migrations (in the database's dialect)."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:

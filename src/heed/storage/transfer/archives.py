@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from heed.runtime import raise_if_cancelled
-from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
+from heed.storage.database import Migration, SqlStore, from_row
 from heed.transfer.store import (
     PART_BYTES,
     ExportQuota,
@@ -87,15 +87,10 @@ def _archive(row: Any) -> StoredArchive:
     )
 
 
-class SqlArchiveStore:
+class SqlArchiveStore(SqlStore):
     """Archives in parts (see the module docstring). Calls block."""
 
-    def __init__(self, db: SqlDatabase) -> None:
-        self.db = db
-
-    def migrate(self) -> None:
-        """Apply the ``transfer_archives`` component's migrations."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     def put_archive(
         self,
