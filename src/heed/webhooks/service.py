@@ -35,7 +35,7 @@ import re
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
@@ -84,22 +84,18 @@ def given(value: object) -> bool:
     return value is not _UNSET
 
 
+@dataclass(eq=False)
 class Webhooks:
     """A bank's webhooks and their deliveries (see the module docstring)."""
 
-    def __init__(
-        self,
-        store: WebhookStore,
-        engine: MemoryEngine,
-        *,
-        allow_private: bool,
-        max_per_bank: int = 100,
-    ) -> None:
-        self.store = store
-        self.engine = engine
-        self.allow_private = allow_private
-        self.max_per_bank = max_per_bank
-        engine.before_delete.append(self._delete_bank)
+    store: WebhookStore
+    engine: MemoryEngine
+    _: KW_ONLY
+    allow_private: bool
+    max_per_bank: int = 100
+
+    def __post_init__(self) -> None:
+        self.engine.before_delete.append(self._delete_bank)
 
     # -- subscriptions --------------------------------------------------------------
 
