@@ -439,6 +439,10 @@ class LocalProvider(ProviderBase):
     0.2, repeat penalty 1.1, a fixed seed (replies are reproducible).
     """
 
+    name: Final = NAME
+    #: 135M parameters: its tool calls are too often broken or beside the point.
+    follows_tools: Final = False
+
     def __init__(
         self,
         *,
@@ -468,16 +472,8 @@ class LocalProvider(ProviderBase):
         self.last_stop_at: float | None = None
 
     @property
-    def name(self) -> str:
-        return NAME
-
-    @property
     def model(self) -> str:
         return self._model
-
-    @property
-    def follows_tools(self) -> bool:
-        return False  # 135M parameters: its tool calls are too often broken or beside the point
 
     @property
     def model_path(self) -> Path:

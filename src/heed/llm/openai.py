@@ -315,6 +315,10 @@ class OpenAIProvider(ProviderBase):
     extra attempts are made for 429/5xx/unreachable before any output.
     """
 
+    name: Final = NAME
+    #: Whatever serves the API is trusted with tools; pick a model that can.
+    follows_tools: Final = True
+
     def __init__(
         self,
         *,
@@ -349,16 +353,8 @@ class OpenAIProvider(ProviderBase):
         )
 
     @property
-    def name(self) -> str:
-        return NAME
-
-    @property
     def model(self) -> str:
         return self._model
-
-    @property
-    def follows_tools(self) -> bool:
-        return True  # whatever serves the API is trusted with tools; pick a model that can
 
     async def load(self) -> None:
         """Nothing to load: the model lives behind the API."""

@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -214,16 +214,14 @@ def _last_user_text(messages: Sequence[ChatMessage]) -> str:
 class ScriptedProvider(ProviderBase):
     """A :class:`~heed.llm.base.ChatProvider` that plays a :class:`Script`."""
 
+    name: Final = NAME
+
     def __init__(self, script: Script | dict[str, Any] | str | None = None) -> None:
         self._script = load_script(script)
         self._sequence = 0
         self.requests: deque[ScriptedRequest] = deque(maxlen=256)
         #: ``time.monotonic()`` when the last token (of any stream) was produced.
         self.last_token_at: float | None = None
-
-    @property
-    def name(self) -> str:
-        return NAME
 
     @property
     def model(self) -> str:
