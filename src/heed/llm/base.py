@@ -70,9 +70,11 @@ __all__ = [
     "Completion",
     "Finish",
     "JsonSchemaFormat",
+    "ProviderBase",
     "ProviderError",
     "Role",
     "StreamEvent",
+    "StreamOptions",
     "TextDelta",
     "ToolCall",
     "ToolCallEvent",
@@ -341,6 +343,43 @@ class ChatProvider(Protocol):
     async def aclose(self) -> None:
         """Release the provider's resources (HTTP connections); idempotent."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """What a :meth:`ChatProvider.stream` call asks besides its messages (``None``: the
+    provider's default)."""
+
+    tools: Sequence[ToolSpec] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ProviderBase:
+    """The :meth:`ChatProvider.stream` of heed's own providers: the call's options go to
+    :meth:`_stream` as one :class:`StreamOptions`, so each provider states the interface's
+    signature once, here. The generator is returned as :meth:`_stream` makes it (nothing
+    runs before iteration starts)."""
+
+    def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        json_schema: JsonSchemaFormat | None = None,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """See :meth:`ChatProvider.stream`."""
+        return self._stream(messages, StreamOptions(tools, max_tokens, temperature, json_schema))
+
+    def _stream(
+        self, messages: Sequence[ChatMessage], options: StreamOptions
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """The provider's reply stream (an async generator keeping the contract of the
+        module docstring)."""
+        raise NotImplementedError
 
 
 @dataclass(slots=True)

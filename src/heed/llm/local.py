@@ -70,8 +70,10 @@ from heed.llm.base import (
     ChatMessage,
     Finish,
     JsonSchemaFormat,
+    ProviderBase,
     ProviderError,
     StreamEvent,
+    StreamOptions,
     TextDelta,
     ToolCallEvent,
     ToolSpec,
@@ -430,12 +432,16 @@ def _parse_tool_call(text: str, turn: int) -> ToolCallEvent | None:
     return ToolCallEvent(f"call_{turn}_0", str(name), arguments)
 
 
-class LocalProvider:
+class LocalProvider(ProviderBase):
     """A :class:`~heed.llm.base.ChatProvider` running a GGUF model in-process.
 
     Defaults for sampling favour stable output from a tiny model: temperature
     0.2, repeat penalty 1.1, a fixed seed (replies are reproducible).
     """
+
+    name: Final = NAME
+    #: 135M parameters: its tool calls are too often broken or beside the point.
+    follows_tools: Final = False
 
     def __init__(
         self,
@@ -466,16 +472,8 @@ class LocalProvider:
         self.last_stop_at: float | None = None
 
     @property
-    def name(self) -> str:
-        return NAME
-
-    @property
     def model(self) -> str:
         return self._model
-
-    @property
-    def follows_tools(self) -> bool:
-        return False  # 135M parameters: its tool calls are too often broken or beside the point
 
     @property
     def model_path(self) -> Path:
@@ -498,14 +496,8 @@ class LocalProvider:
         """Load the model now (it otherwise loads on the first request)."""
         await run_in_thread(_load, self._spec)
 
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: JsonSchemaFormat | None = None,
+    async def _stream(
+        self, messages: Sequence[ChatMessage], options: StreamOptions
     ) -> AsyncGenerator[StreamEvent, None]:
         """Generate the reply in a worker thread; see the module docstring."""
         ctx = current_context()
@@ -518,13 +510,17 @@ class LocalProvider:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
         job = _Generation(
-            turns=_render(messages, tools or (), json_schema),
-            tools=tuple(tools or ()),
-            max_tokens=max_tokens if max_tokens is not None else self.default_max_tokens,
-            temperature=temperature if temperature is not None else self.default_temperature,
+            turns=_render(messages, options.tools or (), options.json_schema),
+            tools=tuple(options.tools or ()),
+            max_tokens=(
+                options.max_tokens if options.max_tokens is not None else self.default_max_tokens
+            ),
+            temperature=(
+                options.temperature if options.temperature is not None else self.default_temperature
+            ),
             turn=sum(1 for m in messages if m.role == "assistant"),
             emit=emit,
-            json_schema=json_schema,
+            json_schema=options.json_schema,
         )
         with use_context(ctx.with_token(stream_token)):
             worker = asyncio.create_task(

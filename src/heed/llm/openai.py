@@ -55,9 +55,10 @@ from heed.llm.base import (
     BadModelOutput,
     ChatMessage,
     Finish,
-    JsonSchemaFormat,
+    ProviderBase,
     ProviderError,
     StreamEvent,
+    StreamOptions,
     TextDelta,
     ToolCallEvent,
     ToolSpec,
@@ -305,7 +306,7 @@ async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
-class OpenAIProvider:
+class OpenAIProvider(ProviderBase):
     """A :class:`~heed.llm.base.ChatProvider` for an OpenAI-compatible endpoint.
 
     *base_url* is the API root (``https://api.openai.com/v1``,
@@ -313,6 +314,10 @@ class OpenAIProvider:
     *timeout* bounds connecting and each wait for the next chunk. *retries*
     extra attempts are made for 429/5xx/unreachable before any output.
     """
+
+    name: Final = NAME
+    #: Whatever serves the API is trusted with tools; pick a model that can.
+    follows_tools: Final = True
 
     def __init__(
         self,
@@ -348,41 +353,29 @@ class OpenAIProvider:
         )
 
     @property
-    def name(self) -> str:
-        return NAME
-
-    @property
     def model(self) -> str:
         return self._model
-
-    @property
-    def follows_tools(self) -> bool:
-        return True  # whatever serves the API is trusted with tools; pick a model that can
 
     async def load(self) -> None:
         """Nothing to load: the model lives behind the API."""
 
-    def _payload(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] | None,
-        max_tokens: int | None,
-        temperature: float | None,
-        json_schema: JsonSchemaFormat | None = None,
-    ) -> dict[str, Any]:
+    def _payload(self, messages: Sequence[ChatMessage], options: StreamOptions) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": self._model,
             "messages": [message_to_openai(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        max_tokens = max_tokens if max_tokens is not None else self.default_max_tokens
+        max_tokens = options.max_tokens
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens
         if max_tokens is not None:
             payload["max_tokens"] = max_tokens
-        if temperature is not None:
-            payload["temperature"] = temperature
-        if tools:
-            payload["tools"] = [tool_to_openai(t) for t in tools]
+        if options.temperature is not None:
+            payload["temperature"] = options.temperature
+        if options.tools:
+            payload["tools"] = [tool_to_openai(t) for t in options.tools]
+        json_schema = options.json_schema
         if json_schema is not None:
             payload["response_format"] = {
                 "type": "json_schema",
@@ -394,17 +387,11 @@ class OpenAIProvider:
             }
         return payload
 
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: JsonSchemaFormat | None = None,
+    async def _stream(
+        self, messages: Sequence[ChatMessage], options: StreamOptions
     ) -> AsyncGenerator[StreamEvent, None]:
         """Stream the reply; see the module docstring for cancellation and errors."""
-        payload = self._payload(messages, tools, max_tokens, temperature, json_schema)
+        payload = self._payload(messages, options)
         watch = CancelWatch()
         watch.check()
         channel: asyncio.Queue[StreamEvent | _End | Exception] = asyncio.Queue(_QUEUE_SIZE)

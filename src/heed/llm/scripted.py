@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -58,8 +58,10 @@ from heed.llm.base import (
     ChatMessage,
     Finish,
     JsonSchemaFormat,
+    ProviderBase,
     ProviderError,
     StreamEvent,
+    StreamOptions,
     TextDelta,
     ToolCallEvent,
     ToolSpec,
@@ -209,8 +211,10 @@ def _last_user_text(messages: Sequence[ChatMessage]) -> str:
     return ""
 
 
-class ScriptedProvider:
+class ScriptedProvider(ProviderBase):
     """A :class:`~heed.llm.base.ChatProvider` that plays a :class:`Script`."""
+
+    name: Final = NAME
 
     def __init__(self, script: Script | dict[str, Any] | str | None = None) -> None:
         self._script = load_script(script)
@@ -218,10 +222,6 @@ class ScriptedProvider:
         self.requests: deque[ScriptedRequest] = deque(maxlen=256)
         #: ``time.monotonic()`` when the last token (of any stream) was produced.
         self.last_token_at: float | None = None
-
-    @property
-    def name(self) -> str:
-        return NAME
 
     @property
     def model(self) -> str:
@@ -259,16 +259,11 @@ class ScriptedProvider:
             k = sum(1 for m in messages if m.role == "assistant")
         return plain[min(k, len(plain) - 1)]
 
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: JsonSchemaFormat | None = None,
+    async def _stream(
+        self, messages: Sequence[ChatMessage], options: StreamOptions
     ) -> AsyncGenerator[StreamEvent, None]:
         """Play the chosen reply; see the module docstring."""
+        max_tokens = options.max_tokens
         watch = CancelWatch()
         try:
             watch.check()
@@ -276,11 +271,11 @@ class ScriptedProvider:
             self.requests.append(
                 ScriptedRequest(
                     tuple(messages),
-                    tuple(tools or ()),
+                    tuple(options.tools or ()),
                     max_tokens,
-                    temperature,
+                    options.temperature,
                     index,
-                    json_schema,
+                    options.json_schema,
                 )
             )
             delay = reply.token_delay if reply.token_delay is not None else self._script.token_delay

@@ -97,13 +97,13 @@ def _slug(name: str, taken: set[str]) -> str:
     return slug
 
 
+@dataclass(eq=False)
 class KnowledgeBase:
     """See the module docstring."""
 
-    def __init__(self, engine: MemoryEngine, store: MentalModelStore, models: MentalModels) -> None:
-        self.engine = engine
-        self.store = store
-        self.models = models
+    engine: MemoryEngine
+    store: MentalModelStore
+    models: MentalModels
 
     async def _all(self, bank: Bank) -> tuple[list[KnowledgeFolder], list[MentalModel]]:
         folders = await run_in_thread(self.store.knowledge_folders, bank.ref)

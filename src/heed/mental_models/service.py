@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
@@ -51,15 +52,13 @@ def check_model_id(model_id: str) -> None:
 _FIELDS: Final = ("name", "source_query", "tags", "max_tokens", "trigger")
 
 
+@dataclass(eq=False)
 class MentalModels:
     """See the module docstring."""
 
-    def __init__(
-        self, engine: MemoryEngine, store: MentalModelStore, refreshes: MentalModelRefreshes
-    ) -> None:
-        self.engine = engine
-        self.store = store
-        self.refreshes = refreshes
+    engine: MemoryEngine
+    store: MentalModelStore
+    refreshes: MentalModelRefreshes
 
     # -- rules ---------------------------------------------------------------------------
 

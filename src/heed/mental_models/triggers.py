@@ -47,25 +47,21 @@ class _Pending:
     scopes: list[list[str]] = field(default_factory=list)
 
 
+@dataclass(eq=False)
 class RefreshTriggers:
     """Debounced triggered refreshes (see the module docstring)."""
 
-    def __init__(
-        self,
-        refreshes: MentalModelRefreshes,
-        engine: MemoryEngine,
-        store: MentalModelStore,
-        debounce: float,
-    ) -> None:
-        self.refreshes = refreshes
-        self.engine = engine
-        self.store = store
-        self.debounce = debounce
+    refreshes: MentalModelRefreshes
+    engine: MemoryEngine
+    store: MentalModelStore
+    debounce: float
+
+    def __post_init__(self) -> None:
         self._pending: dict[str, _Pending] = {}
-        self._timers = BankTimers(engine)  # one per bank
-        self._waits = BankTimers(engine)  # one per model, keyed by its id
-        engine.after_retain.append(self.after_retain)
-        engine.before_delete.append(self._forget)
+        self._timers = BankTimers(self.engine)  # one per bank
+        self._waits = BankTimers(self.engine)  # one per model, keyed by its id
+        self.engine.after_retain.append(self.after_retain)
+        self.engine.before_delete.append(self._forget)
 
     def after_retain(self, bank: Bank) -> None:
         """A retain wrote into *bank* (returns at once)."""

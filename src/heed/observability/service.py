@@ -195,20 +195,20 @@ class Observability:
         if self._task is not None:
             await settle(self._task)
             self._task = None
-        try:
-            await self.flush()
-        except Exception as exc:
-            reraise_cancellation(exc)
-            log.exception("could not write the last usage, traces and audit entries")
+        await self._flush_or_log("could not write the last usage, traces and audit entries")
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.limits.flush_seconds)
-            try:
-                await self.flush()
-            except Exception as exc:
-                reraise_cancellation(exc)
-                log.exception("could not write usage, traces and audit entries; retrying")
+            await self._flush_or_log("could not write usage, traces and audit entries; retrying")
+
+    async def _flush_or_log(self, failure: str) -> None:
+        """:meth:`flush`; an error is logged as *failure* (cancellation propagates)."""
+        try:
+            await self.flush()
+        except Exception as exc:
+            reraise_cancellation(exc)
+            log.exception(failure)
 
     async def flush(self) -> None:
         """Write what is buffered (one transaction), then keep each bank written in bounds."""

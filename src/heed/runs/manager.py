@@ -54,7 +54,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -166,47 +166,37 @@ class _Worker:
     task: asyncio.Task[None] | None = None
 
 
+@dataclass(eq=False, repr=False)
 class RunManager:
     """See the module docstring."""
 
-    def __init__(
-        self,
-        store: RunStore,
-        broker: Broker,
-        *,
-        lanes: Lanes | None = None,
-        unwind_window: float = DEFAULT_UNWIND_WINDOW,
-        lease_seconds: float = 15.0,
-        reaper_interval: float = 2.0,
-        poll_interval: float = 20.0,
-        watch_interval: float = 0.0,
-        cancel_watch_interval: float = 0.0,
-        journal_retention: float = 0.0,
-        max_queued_per_session: int = 32,
-        queue_sweep_interval: float = 30.0,
-        io: BlockingIO | None = None,
-    ) -> None:
-        self.store = store
-        self.broker = broker
-        self.lanes = lanes
-        self.unwind_window = unwind_window
-        self.lease_seconds = lease_seconds
-        self.reaper_interval = reaper_interval
-        #: Seconds between the cancel watch's queries (0: no watch; see the module docstring).
-        self.cancel_watch_interval = cancel_watch_interval
+    store: RunStore
+    broker: Broker
+    _: KW_ONLY
+    lanes: Lanes | None = None
+    unwind_window: float = DEFAULT_UNWIND_WINDOW
+    lease_seconds: float = 15.0
+    reaper_interval: float = 2.0
+    #: The journal's poll and watch intervals (:class:`~heed.runs.journal.Journal`).
+    poll_interval: InitVar[float] = 20.0
+    watch_interval: InitVar[float] = 0.0
+    #: Seconds between the cancel watch's queries (0: no watch; see the module docstring).
+    cancel_watch_interval: float = 0.0
+    #: Seconds after which a finished run's journal keeps only its terminal event (0: keep).
+    journal_retention: float = 0.0
+    #: Queued runs of exclusive kinds one session may hold (``enqueue`` past it: 429).
+    max_queued_per_session: int = 32
+    #: Seconds between the reaper's sweeps for queued runs nobody started (a safety net:
+    #: every path that frees a session dispatches it at once).
+    queue_sweep_interval: float = 30.0
+    io: BlockingIO = field(default_factory=BlockingIO)
+
+    def __post_init__(self, poll_interval: float, watch_interval: float) -> None:
         self._cancel_watch: asyncio.Task[None] | None = None
-        #: Seconds after which a finished run's journal keeps only its terminal event (0: keep).
-        self.journal_retention = journal_retention
-        #: Queued runs of exclusive kinds one session may hold (``enqueue`` past it: 429).
-        self.max_queued_per_session = max_queued_per_session
-        #: Seconds between the reaper's sweeps for queued runs nobody started (a safety net:
-        #: every path that frees a session dispatches it at once).
-        self.queue_sweep_interval = queue_sweep_interval
-        self.io = io or BlockingIO()
         self.read_io = BlockingIO(4, name="heed-runs-read")
         self.journal = Journal(
-            store,
-            broker,
+            self.store,
+            self.broker,
             self.io,
             poll_interval=poll_interval,
             watch_interval=watch_interval,

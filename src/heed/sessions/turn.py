@@ -47,6 +47,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final
 
 from heed.llm.base import (
@@ -134,29 +135,19 @@ def to_chat(messages: Sequence[Message]) -> list[ChatMessage]:
     return chat
 
 
+@dataclass(eq=False)
 class TurnRunner:
     """Executes ``turn`` runs; register :meth:`execute` and :meth:`on_interrupted`."""
 
-    def __init__(
-        self,
-        sessions: SessionStore,
-        runs: RunStore,
-        io: BlockingIO,
-        provider: Callable[[], ChatProvider],
-        tools: TurnTools,
-        *,
-        max_steps: int = 6,
-        max_tokens: int | None = None,
-        directives: DirectiveLookup | None = None,
-    ) -> None:
-        self.sessions = sessions
-        self.runs = runs
-        self.io = io
-        self.provider = provider
-        self.tools = tools
-        self.max_steps = max_steps
-        self.max_tokens = max_tokens
-        self.directives = directives
+    sessions: SessionStore
+    runs: RunStore
+    io: BlockingIO
+    provider: Callable[[], ChatProvider]
+    tools: TurnTools
+    _: KW_ONLY
+    max_steps: int = 6
+    max_tokens: int | None = None
+    directives: DirectiveLookup | None = None
 
     async def _store(self, run: Run, role: str, content: str, **fields: Any) -> Message:
         assert run.session_id is not None

@@ -26,14 +26,16 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Protocol, TypeVar
 
 __all__ = [
     "DIALECTS",
     "TYPE_WORDS",
     "Migration",
     "SqlDatabase",
+    "SqlStore",
     "apply_migrations",
+    "read_page",
     "schema_version",
     "split_statements",
 ]
@@ -194,6 +196,42 @@ def schema_version(db: SqlDatabase, component: str) -> int:
             "SELECT MAX(version) FROM schema_migrations WHERE component = ?", (component,)
         ).fetchone()
     return int(row[0] or 0) if row is not None else 0
+
+
+class SqlStore:
+    """The part every domain store shares: the :class:`SqlDatabase` it is given, and
+    :meth:`migrate`, which applies its component's :attr:`migrations`."""
+
+    #: The store's component's schema steps (a subclass names its module's list).
+    migrations: ClassVar[Sequence[Migration]] = ()
+
+    def __init__(self, db: SqlDatabase) -> None:
+        self.db = db
+
+    def migrate(self) -> None:
+        """Apply the component's migrations not yet applied (in the database's dialect)."""
+        apply_migrations(self.db, self.migrations)
+
+
+def read_page(
+    db: SqlDatabase,
+    columns: str,
+    source: str,
+    params: Sequence[Any],
+    order: str,
+    limit: int,
+    offset: int,
+) -> tuple[list[Any], int]:
+    """One page of ``SELECT {columns} FROM {source}`` (*source*: the tables and their
+    ``WHERE``, whose placeholders *params* fill) in *order*: at most *limit* rows after the
+    first *offset*, and how many rows there are in all (both read on one connection)."""
+    with db.read() as conn:
+        total = conn.execute(f"SELECT COUNT(*) FROM {source}", params).fetchone()[0]
+        rows = conn.execute(
+            f"SELECT {columns} FROM {source} ORDER BY {order} LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        ).fetchall()
+    return list(rows), int(total)
 
 
 def split_statements(sql: str) -> list[str]:

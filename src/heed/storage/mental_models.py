@@ -38,7 +38,7 @@ from heed.mental_models.values import (
     MentalModel,
     MentalModelRow,
 )
-from heed.storage.database import SqlDatabase
+from heed.storage.database import SqlDatabase, from_row
 from heed.storage.memory.rows import holds_nul, loads, now_iso
 from heed.storage.memory.writes import BANK_LOCK
 
@@ -59,37 +59,21 @@ def _model(row: Any, embedding: bool) -> MentalModel:
     if embedding and row["embedding"] is not None:
         vector = np.frombuffer(bytes(row["embedding"]), dtype=np.float32).copy()
     response = row["reflect_response"]
-    return MentalModel(
-        bank_ref=row["bank_ref"],
-        id=row["id"],
-        name=row["name"],
-        source_query=row["source_query"],
-        content=row["content"],
+    return from_row(
+        MentalModel,
+        row,
         tags=list(loads(row["tags"]) or []),
         max_tokens=int(row["max_tokens"]),
         trigger=dict(loads(row["trigger_settings"])),
-        parent_id=row["parent_id"],
         is_page=bool(row["is_page"]),
         reflect_response=json.loads(response) if response else None,
         embedding=vector,
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        last_refreshed_at=row["last_refreshed_at"],
-        last_refresh_failed_at=row["last_refresh_failed_at"],
         is_stale=bool(row["is_stale"]),
     )
 
 
 def _folder(row: Any) -> KnowledgeFolder:
-    return KnowledgeFolder(
-        bank_ref=row["bank_ref"],
-        id=row["id"],
-        name=row["name"],
-        parent_id=row["parent_id"],
-        managed=bool(row["managed"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    return from_row(KnowledgeFolder, row, managed=bool(row["managed"]))
 
 
 def _vector(value: np.ndarray | None) -> bytes | None:

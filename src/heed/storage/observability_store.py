@@ -11,7 +11,9 @@ oldest row to keep, which both databases answer from that index.
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
 
 from heed.observability.records import (
     AuditEntry,
@@ -20,7 +22,12 @@ from heed.observability.records import (
     TraceRow,
     UsageRow,
 )
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import (
+    Migration,
+    SqlStore,
+    from_row,
+    read_page,
+)
 
 __all__ = ["MIGRATIONS", "SqlObservabilityStore"]
 
@@ -98,88 +105,78 @@ def _loads(text: str | None) -> Any:
 
 
 def _trace(row: Any) -> TraceRow:
-    return TraceRow(
-        id=row[0],
-        tenant=row[1],
-        bank_id=row[2],
-        operation=row[3],
-        scope=row[4],
-        trace_id=row[5],
-        provider=row[6],
-        model=row[7],
-        status=row[8],
-        started_at=float(row[9]),
-        ended_at=float(row[10]),
-        duration_ms=int(row[11]),
-        input_tokens=int(row[12]),
-        output_tokens=int(row[13]),
-        input=_loads(row[14]),
-        output=_loads(row[15]),
-        error=row[16],
-        metadata=_loads(row[17]) or {},
+    return from_row(
+        TraceRow,
+        row,
+        started_at=float(row["started_at"]),
+        ended_at=float(row["ended_at"]),
+        duration_ms=int(row["duration_ms"]),
+        input_tokens=int(row["input_tokens"]),
+        output_tokens=int(row["output_tokens"]),
+        input=_loads(row["input"]),
+        output=_loads(row["output"]),
+        metadata=_loads(row["metadata"]) or {},
     )
 
 
 def _audit(row: Any) -> AuditEntry:
-    return AuditEntry(
-        id=row[0],
-        tenant=row[1],
-        bank_id=row[2],
-        action=row[3],
-        transport=row[4],
-        started_at=float(row[5]),
-        ended_at=None if row[6] is None else float(row[6]),
-        duration_ms=None if row[7] is None else int(row[7]),
-        principal=row[8],
-        request=_loads(row[9]),
-        response=_loads(row[10]),
-        metadata=_loads(row[11]) or {},
+    ended_at, duration_ms = row["ended_at"], row["duration_ms"]
+    return from_row(
+        AuditEntry,
+        row,
+        started_at=float(row["started_at"]),
+        ended_at=None if ended_at is None else float(ended_at),
+        duration_ms=None if duration_ms is None else int(duration_ms),
+        request=_loads(row["request"]),
+        response=_loads(row["response"]),
+        metadata=_loads(row["metadata"]) or {},
     )
 
 
-def _trace_where(tenant: str, bank_id: str, where: TraceFilter) -> tuple[str, list[Any]]:
-    clauses: list[str] = ["tenant = ?", "bank_id = ?"]
-    params: list[Any] = [tenant, bank_id]
-    for column in ("status", "operation", "scope", "provider", "trace_id"):
-        value = getattr(where, column)
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    if where.since is not None:
-        clauses.append("started_at >= ?")
-        params.append(where.since)
-    if where.until is not None:
-        clauses.append("started_at < ?")
-        params.append(where.until)
-    return " AND ".join(clauses), params
+_Row = TypeVar("_Row")
 
 
-def _audit_where(tenant: str, bank_id: str, where: AuditFilter) -> tuple[str, list[Any]]:
-    clauses: list[str] = ["tenant = ?", "bank_id = ?"]
-    params: list[Any] = [tenant, bank_id]
-    for column in ("action", "transport"):
-        value = getattr(where, column)
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    if where.since is not None:
-        clauses.append("started_at >= ?")
-        params.append(where.since)
-    if where.until is not None:
-        clauses.append("started_at < ?")
-        params.append(where.until)
-    return " AND ".join(clauses), params
+@dataclass(frozen=True, slots=True)
+class _Rows(Generic[_Row]):
+    """One kind of a bank's rows: its table, the columns read and how a row of them reads,
+    and the fields of its filter that name a column to equal."""
+
+    table: str
+    columns: str
+    read: Callable[[Any], _Row]
+    equal: tuple[str, ...]
+
+    def where(
+        self, tenant: str, bank_id: str, where: TraceFilter | AuditFilter
+    ) -> tuple[str, list[Any]]:
+        """The SQL condition and its parameters for the bank's rows *where* takes: each
+        field of :attr:`equal` equal when given, ``started_at`` within ``[since, until)``."""
+        clauses: list[str] = ["tenant = ?", "bank_id = ?"]
+        params: list[Any] = [tenant, bank_id]
+        for column in self.equal:
+            value = getattr(where, column)
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if where.since is not None:
+            clauses.append("started_at >= ?")
+            params.append(where.since)
+        if where.until is not None:
+            clauses.append("started_at < ?")
+            params.append(where.until)
+        return " AND ".join(clauses), params
 
 
-class SqlObservabilityStore:
+_TRACES: Final = _Rows(
+    "llm_requests", _TRACE_COLUMNS, _trace, ("status", "operation", "scope", "provider", "trace_id")
+)
+_AUDITS: Final = _Rows("audit_logs", _AUDIT_COLUMNS, _audit, ("action", "transport"))
+
+
+class SqlObservabilityStore(SqlStore):
     """See the module docstring. Calls block (short statements)."""
 
-    def __init__(self, db: SqlDatabase) -> None:
-        self.db = db
-
-    def migrate(self) -> None:
-        """Apply the ``observability`` component's migrations (in the database's dialect)."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     def write(
         self, usage: list[UsageRow], traces: list[TraceRow], audits: list[AuditEntry]
@@ -297,16 +294,12 @@ class SqlObservabilityStore:
     def traces(
         self, tenant: str, bank_id: str, where: TraceFilter, limit: int, offset: int
     ) -> tuple[list[TraceRow], int]:
-        clause, params = _trace_where(tenant, bank_id, where)
-        rows, total = self._newest_first(
-            "llm_requests", _TRACE_COLUMNS, clause, params, limit, offset
-        )
-        return [_trace(r) for r in rows], total
+        return self._newest_first(_TRACES, tenant, bank_id, where, limit, offset)
 
     def trace_times(
         self, tenant: str, bank_id: str, where: TraceFilter
     ) -> list[tuple[float, str, int, int]]:
-        clause, params = _trace_where(tenant, bank_id, where)
+        clause, params = _TRACES.where(tenant, bank_id, where)
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT started_at, status, input_tokens, output_tokens FROM llm_requests"
@@ -318,32 +311,30 @@ class SqlObservabilityStore:
     def audits(
         self, tenant: str, bank_id: str, where: AuditFilter, limit: int, offset: int
     ) -> tuple[list[AuditEntry], int]:
-        clause, params = _audit_where(tenant, bank_id, where)
-        rows, total = self._newest_first(
-            "audit_logs", _AUDIT_COLUMNS, clause, params, limit, offset
-        )
-        return [_audit(r) for r in rows], total
+        return self._newest_first(_AUDITS, tenant, bank_id, where, limit, offset)
 
     def _newest_first(
         self,
-        table: str,
-        columns: str,
-        clause: str,
-        params: list[Any],
+        rows: _Rows[_Row],
+        tenant: str,
+        bank_id: str,
+        where: TraceFilter | AuditFilter,
         limit: int,
         offset: int,
-    ) -> tuple[list[Any], int]:
-        """A page of *table*'s rows matching *clause*, newest first, and how many match."""
-        with self.db.read() as conn:
-            total = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {clause}", params).fetchone()[
-                0
-            ]
-            rows = conn.execute(
-                f"SELECT {columns} FROM {table} WHERE {clause}"
-                " ORDER BY started_at DESC, id LIMIT ? OFFSET ?",
-                [*params, limit, offset],
-            ).fetchall()
-        return list(rows), int(total)
+    ) -> tuple[list[_Row], int]:
+        """A page of the bank's *rows* that *where* takes, newest first, and how many it
+        takes."""
+        clause, params = rows.where(tenant, bank_id, where)
+        page, total = read_page(
+            self.db,
+            rows.columns,
+            f"{rows.table} WHERE {clause}",
+            params,
+            "started_at DESC, id",
+            limit,
+            offset,
+        )
+        return [rows.read(row) for row in page], total
 
     def audit(self, tenant: str, bank_id: str, log_id: str) -> AuditEntry | None:
         with self.db.read() as conn:
@@ -355,7 +346,7 @@ class SqlObservabilityStore:
         return None if row is None else _audit(row)
 
     def audit_times(self, tenant: str, bank_id: str, where: AuditFilter) -> list[tuple[float, str]]:
-        clause, params = _audit_where(tenant, bank_id, where)
+        clause, params = _AUDITS.where(tenant, bank_id, where)
         with self.db.read() as conn:
             rows = conn.execute(
                 f"SELECT started_at, action FROM audit_logs WHERE {clause}", params

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import Migration, SqlStore
 
 __all__ = ["MIGRATIONS", "SqlRevocationStore"]
 
@@ -23,15 +23,10 @@ MIGRATIONS: Final = [
 ]
 
 
-class SqlRevocationStore:
+class SqlRevocationStore(SqlStore):
     """Session ids logged out of, until they expire. Calls block (primary-key statements)."""
 
-    def __init__(self, db: SqlDatabase) -> None:
-        self.db = db
-
-    def migrate(self) -> None:
-        """Apply the ``ui_revocations`` component's migrations (in the database's dialect)."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     def revoke(self, session_id: str, expires_at: float) -> None:
         """Refuse *session_id* from now on; forget ids whose cookies have expired."""

@@ -44,7 +44,7 @@ from heed.runs.model import (
 )
 from heed.runs.state import is_queued
 from heed.runs.store import BlockingCheck, ClaimCheck, Transition
-from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
+from heed.storage.database import Migration, SqlStore, from_row
 
 __all__ = ["MIGRATIONS", "SqlRunStore"]
 
@@ -169,6 +169,13 @@ _SETTABLE: Final = frozenset(
 )
 
 
+def _equal_to(**columns: str | None) -> tuple[list[str], list[Any]]:
+    """SQL conditions that each of *columns* given (not ``None``) equals its value, and
+    their arguments."""
+    given = {column: value for column, value in columns.items() if value is not None}
+    return [f"{column} = ?" for column in given], list(given.values())
+
+
 def _row_to_run(row: Any) -> Run:
     return from_row(
         Run,
@@ -185,15 +192,10 @@ def _row_to_event(row: Any) -> RunEvent:
     return RunEvent(run_id, seq, type_, ts=ts, data_json=data)
 
 
-class SqlRunStore:
+class SqlRunStore(SqlStore):
     """The run registry and journal on a :class:`~heed.storage.database.SqlDatabase`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
-        self.db = database
-
-    def migrate(self) -> None:
-        """Apply the ``runs`` component's migrations (in the database's dialect)."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
@@ -288,54 +290,7 @@ class SqlRunStore:
             return []
         if any(NUL in value for value in (summary_equals or {}).values()):
             return []  # a key a client sent (an operation id): nothing holds NUL
-        with self.db.read() as conn:
-            return self._list(
-                conn,
-                tenant=tenant,
-                session_id=session_id,
-                kinds=None if kind is None else [kind],
-                phases=phases,
-                non_terminal=non_terminal,
-                summary_equals=summary_equals,
-                newest_first=newest_first,
-                offset=offset,
-                limit=limit,
-                with_result=with_result,
-            )
-
-    def _summary_field(self, key: str) -> str:
-        """SQL for the string value of the summary's *key* (a fixed identifier)."""
-        if not _SUMMARY_KEY.fullmatch(key):
-            raise ValueError(f"not a summary key: {key!r}")
-        return self.db.json_text("summary", key)
-
-    def _list(
-        self,
-        conn: Any,
-        *,
-        tenant: str | None = None,
-        session_id: str | None = None,
-        kinds: Iterable[str] | None = None,
-        phases: Iterable[str] | None = None,
-        non_terminal: bool = False,
-        summary_equals: Mapping[str, str] | None = None,
-        newest_first: bool = False,
-        offset: int = 0,
-        limit: int = 1000,
-        with_result: bool = True,
-    ) -> list[Run]:
-        where: list[str] = []
-        args: list[Any] = []
-        if tenant is not None:
-            where.append("tenant = ?")
-            args.append(tenant)
-        if session_id is not None:
-            where.append("session_id = ?")
-            args.append(session_id)
-        if kinds is not None:
-            kind_list = list(kinds)
-            where.append(f"kind IN ({', '.join('?' * len(kind_list))})")
-            args.extend(kind_list)
+        where, args = _equal_to(tenant=tenant, session_id=session_id, kind=kind)
         if phases is not None:
             phase_list = [str(p) for p in phases]
             if not phase_list:
@@ -353,7 +308,27 @@ class SqlRunStore:
         sql += " ORDER BY created_at DESC, id DESC" if newest_first else " ORDER BY created_at, id"
         sql += " LIMIT ? OFFSET ?"
         args.extend((limit, max(0, offset)))
-        return [_row_to_run(row) for row in conn.execute(sql, args)]
+        with self.db.read() as conn:
+            return [_row_to_run(row) for row in conn.execute(sql, args)]
+
+    def _summary_field(self, key: str) -> str:
+        """SQL for the string value of the summary's *key* (a fixed identifier)."""
+        if not _SUMMARY_KEY.fullmatch(key):
+            raise ValueError(f"not a summary key: {key!r}")
+        return self.db.json_text("summary", key)
+
+    @staticmethod
+    def _open_siblings(conn: Any, session_id: str, kinds: Iterable[str]) -> list[Run]:
+        """The session's runs of *kinds* whose phase is not terminal (including unknown or
+        blank phases), oldest first, at most 1000."""
+        kind_list = list(kinds)
+        rows = conn.execute(
+            f"SELECT {_COLUMNS} FROM runs WHERE session_id = ?"
+            f" AND kind IN ({', '.join('?' * len(kind_list))})"
+            f" AND phase NOT IN ({_TERMINAL_SQL}) ORDER BY created_at, id LIMIT 1000",
+            (session_id, *kind_list),
+        )
+        return [_row_to_run(row) for row in rows]
 
     def runs_in_phases(
         self, phases: Iterable[str], *, after_id: str = "", limit: int = 500
@@ -372,12 +347,7 @@ class SqlRunStore:
     def count_runs(
         self, *, tenant: str | None = None, session_id: str | None = None, kind: str | None = None
     ) -> dict[str, int]:
-        where: list[str] = []
-        args: list[Any] = []
-        for column, value in (("tenant", tenant), ("session_id", session_id), ("kind", kind)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
+        where, args = _equal_to(tenant=tenant, session_id=session_id, kind=kind)
         sql = "SELECT phase, COUNT(*) FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -441,7 +411,7 @@ class SqlRunStore:
             if run.session_id is not None:
                 self.db.lock(conn, f"session:{run.session_id}")
             siblings = (
-                self._list(conn, session_id=run.session_id, kinds=scope_kinds, non_terminal=True)
+                self._open_siblings(conn, run.session_id, scope_kinds)
                 if run.session_id is not None
                 else []
             )
@@ -476,9 +446,7 @@ class SqlRunStore:
             siblings = (
                 [
                     r
-                    for r in self._list(
-                        conn, session_id=run.session_id, kinds=scope_kinds, non_terminal=True
-                    )
+                    for r in self._open_siblings(conn, run.session_id, scope_kinds)
                     if r.id != run.id
                 ]
                 if run.session_id is not None

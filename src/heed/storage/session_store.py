@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from heed.errors import NUL, refuse_nul
 from heed.sessions.store import Message, Session, Wakeup
-from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
+from heed.storage.database import Migration, SqlStore, from_row
 
 __all__ = ["MIGRATIONS", "SqlSessionStore"]
 
@@ -84,15 +84,10 @@ def _wakeup(row: Any) -> Wakeup:
     return from_row(Wakeup, row, summary=json.loads(row["summary"]))
 
 
-class SqlSessionStore:
+class SqlSessionStore(SqlStore):
     """Sessions, transcripts and wakeups on a :class:`~heed.storage.database.SqlDatabase`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
-        self.db = database
-
-    def migrate(self) -> None:
-        """Apply the ``sessions`` component's migrations (in the database's dialect)."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     def create(self, session: Session) -> Session:
         refuse_nul(session.id, "the session id")

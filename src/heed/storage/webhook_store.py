@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
-from heed.storage.database import Migration, SqlDatabase, apply_migrations, from_row
+from heed.storage.database import Migration, SqlStore, from_row
 from heed.webhooks.models import PENDING, Delivery, Event, HttpConfig, Webhook
 
 __all__ = ["MIGRATIONS", "SqlWebhookStore"]
@@ -177,14 +177,10 @@ def _marks(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
-class SqlWebhookStore:
+class SqlWebhookStore(SqlStore):
     """Webhooks and their deliveries on a :class:`~heed.storage.database.SqlDatabase`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
-        self.db = database
-
-    def migrate(self) -> None:
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     # -- webhooks --------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ import re
 import secrets
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Final
 
 from heed.memory.engine import MemoryEngine
@@ -67,22 +67,16 @@ _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 _UNSET: Final[Any] = object()
 
 
+# No generated repr: it would show the secret.
+@dataclass(eq=False, repr=False)
 class WebhookChanges:
     """The fields an update names (each ``_UNSET`` when not given)."""
 
-    def __init__(
-        self,
-        url: str | None = _UNSET,
-        secret: str | None = _UNSET,
-        event_types: list[str] | None = _UNSET,
-        enabled: bool | None = _UNSET,
-        http_config: HttpConfig | None = _UNSET,
-    ) -> None:
-        self.url = url
-        self.secret = secret
-        self.event_types = event_types
-        self.enabled = enabled
-        self.http_config = http_config
+    url: str | None = _UNSET
+    secret: str | None = _UNSET
+    event_types: list[str] | None = _UNSET
+    enabled: bool | None = _UNSET
+    http_config: HttpConfig | None = _UNSET
 
 
 def given(value: object) -> bool:
@@ -90,22 +84,18 @@ def given(value: object) -> bool:
     return value is not _UNSET
 
 
+@dataclass(eq=False)
 class Webhooks:
     """A bank's webhooks and their deliveries (see the module docstring)."""
 
-    def __init__(
-        self,
-        store: WebhookStore,
-        engine: MemoryEngine,
-        *,
-        allow_private: bool,
-        max_per_bank: int = 100,
-    ) -> None:
-        self.store = store
-        self.engine = engine
-        self.allow_private = allow_private
-        self.max_per_bank = max_per_bank
-        engine.before_delete.append(self._delete_bank)
+    store: WebhookStore
+    engine: MemoryEngine
+    _: KW_ONLY
+    allow_private: bool
+    max_per_bank: int = 100
+
+    def __post_init__(self) -> None:
+        self.engine.before_delete.append(self._delete_bank)
 
     # -- subscriptions --------------------------------------------------------------
 

@@ -69,7 +69,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final
 
 import httpx
@@ -146,33 +146,23 @@ class _Failed(Exception):
         self.body = body
 
 
+@dataclass(eq=False)
 class DeliveryWorker:
     """Fans out events and sends their deliveries (see the module docstring)."""
 
-    def __init__(
-        self,
-        store: WebhookStore,
-        owner: str,
-        *,
-        allow_private: bool,
-        max_attempts: int,
-        backoff_seconds: float,
-        poll_seconds: float,
-        lease_seconds: float,
-        limits: SendLimits | None = None,
-        log_limits: LogLimits | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.store = store
-        self.owner = owner
-        self.allow_private = allow_private
-        self.max_attempts = max_attempts
-        self.backoff_seconds = backoff_seconds
-        self.poll_seconds = poll_seconds
-        self.lease_seconds = lease_seconds
-        self.limits = limits or SendLimits()
-        self.log_limits = log_limits or LogLimits()
-        self.clock = clock
+    store: WebhookStore
+    owner: str
+    _: KW_ONLY
+    allow_private: bool
+    max_attempts: int
+    backoff_seconds: float
+    poll_seconds: float
+    lease_seconds: float
+    limits: SendLimits = field(default_factory=SendLimits)
+    log_limits: LogLimits = field(default_factory=LogLimits)
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
         self.io = BlockingIO(4, name="heed-webhooks")
         # One thread per sender: a resolution never waits behind another tenant's.
         self._resolver = BlockingIO(self.limits.concurrency, name="heed-webhooks-dns")

@@ -44,15 +44,13 @@ class CurationResult:
     invalidated: bool
 
 
+@dataclass(eq=False)
 class MemoryCuration:
     """Curation of one server's banks (module docstring)."""
 
-    def __init__(
-        self, engine: MemoryEngine, store: CurationStore, operations: RetainOperations
-    ) -> None:
-        self.engine = engine
-        self.store = store
-        self.operations = operations
+    engine: MemoryEngine
+    store: CurationStore
+    operations: RetainOperations
 
     async def find(self, bank: Bank, unit_id: str) -> CurationResult:
         """The memory *unit_id*, live or invalidated; :class:`NotFound` when neither."""

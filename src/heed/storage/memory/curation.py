@@ -59,8 +59,7 @@ class CurationWrites(LearningWrites):
         unit.history = [*stored.history, entry]
         values = ValueWriter()
         row = self._fact_row(bank_ref, stored, unit, now, values)
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             generation = touch_bank(conn, bank_ref, now)
             removed, released = self._remove_fact(conn, bank_ref, unit.id)
             if not removed:
@@ -81,8 +80,7 @@ class CurationWrites(LearningWrites):
         if holds_nul(unit_id):
             return None
         now = now_iso()
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             found = self._units(conn, "bank_ref = ? AND id = ?", (bank_ref, unit_id))
             if not found or found[0].fact_type == OBSERVATION:
                 return None
@@ -141,8 +139,7 @@ class CurationWrites(LearningWrites):
         unit.history = [*stored.history[:-1], {**stored.history[-1], "reverted_at": now}]
         values = ValueWriter()
         row = self._fact_row(bank_ref, stored, unit, now, values)
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             generation = touch_bank(conn, bank_ref, now)
             moved = conn.execute(
                 "DELETE FROM memory_invalidated_units WHERE bank_ref = ? AND id = ?",
@@ -168,8 +165,7 @@ class CurationWrites(LearningWrites):
         """Delete the bank's memories (see :meth:`heed.memory.curation.store.CurationStore
         .clear_units`): the write and the number of memories deleted."""
         now = now_iso()
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             generation = touch_bank(conn, bank_ref, now)
             if fact_type is None:
                 return WriteResult([], [], generation), self._clear_all(conn, bank_ref)
@@ -214,8 +210,7 @@ class CurationWrites(LearningWrites):
         now = now_iso()
         values = ValueWriter()
         tags_value = values.encode(tags)
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             row = conn.execute(
                 "SELECT tags_ref, tags FROM memory_documents"
                 " WHERE bank_ref = ? AND document_id = ?",

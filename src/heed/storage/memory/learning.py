@@ -72,8 +72,7 @@ class LearningWrites(DocumentWrites):
         values = ValueWriter()
         rows = [self._unit_row(bank_ref, None, unit, {}, now, values) for unit in units]
         first = first_mentions(units)
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             generation = touch_bank(conn, bank_ref, now)
             gone = [u.id for u in changes.replaced] + list(changes.removed)
             removed, released = self._remove_units(conn, bank_ref, gone, OBSERVATION)
@@ -87,8 +86,7 @@ class LearningWrites(DocumentWrites):
     def delete_observations(self, bank_ref: str, source_id: str | None) -> WriteResult:
         if source_id is not None and holds_nul(source_id):
             return WriteResult([], [])
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             if source_id is not None:
                 removed, released = self.drop_derived(conn, bank_ref, [source_id])
                 if source_id and removed:

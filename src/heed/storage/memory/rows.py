@@ -264,17 +264,8 @@ def loads(text: str | None) -> Any:
 
 def bank_from_row(row: Any) -> Bank:
     """A ``memory_banks`` row."""
-    return Bank(
-        tenant=row["tenant"],
-        bank_id=row["bank_id"],
-        ref=row["ref"],
-        name=row["name"],
-        mission=row["mission"],
-        background=row["background"],
-        disposition=json.loads(row["disposition"]),
-        config=json.loads(row["config"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
+    return from_row(
+        Bank, row, disposition=json.loads(row["disposition"]), config=json.loads(row["config"])
     )
 
 
@@ -295,13 +286,11 @@ def unit_from_row(row: Any) -> StoredUnit:
 
 def document_from_row(row: Any, with_text: bool) -> DocumentInfo:
     """A ``memory_documents`` row with :data:`DOCUMENT_VALUES` and its unit count ``n``."""
-    return DocumentInfo(
-        document_id=row["document_id"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
+    return from_row(
+        DocumentInfo,
+        row,
         unit_count=int(row["n"]),
         text_length=len(row["original_text"]),
-        content_hash=row["content_hash"],
         metadata=json.loads(row["metadata_json"]),
         tags=json.loads(row["tags_json"]),
         original_text=row["original_text"] if with_text else None,

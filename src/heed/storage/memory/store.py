@@ -21,7 +21,7 @@ from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.memory.tags import filters_by_tags, tags_pass
 from heed.memory.timeseries import TIME_FIELDS
-from heed.storage.database import SqlDatabase, apply_migrations
+from heed.storage.database import SqlDatabase, apply_migrations, read_page
 from heed.storage.memory.aliases import AliasRows
 from heed.storage.memory.browse import BrowseReads
 from heed.storage.memory.curation import CurationWrites
@@ -124,16 +124,16 @@ class SqlMemoryStore(
                 " AND LOWER(a.alias) LIKE ? ESCAPE '\\'))"
             )
             params += (pattern, pattern, pattern)
-        with self.db.read() as conn:
-            total = conn.execute(
-                f"SELECT COUNT(*) FROM memory_banks b WHERE {where}", params
-            ).fetchone()[0]
-            rows = conn.execute(
-                "SELECT b.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = b.ref) AS n"
-                f" FROM memory_banks b WHERE {where} ORDER BY bank_id LIMIT ? OFFSET ?",
-                (*params, row_limit(limit), max(0, offset)),
-            ).fetchall()
-        return [(bank_from_row(r), int(r["n"])) for r in rows], int(total)
+        rows, total = read_page(
+            self.db,
+            "b.*, (SELECT COUNT(*) FROM memory_units u WHERE u.bank_ref = b.ref) AS n",
+            f"memory_banks b WHERE {where}",
+            params,
+            "bank_id",
+            row_limit(limit),
+            max(0, offset),
+        )
+        return [(bank_from_row(r), int(r["n"])) for r in rows], total
 
     def save_bank(self, bank: Bank) -> Bank:
         refuse_nul_in_bank(bank)
@@ -384,24 +384,22 @@ class SqlMemoryStore(
             return [], 0
         where = ["bank_ref = ?"]
         params: list[Any] = [bank_ref]
-        if flt.fact_type:
-            where.append("fact_type = ?")
-            params.append(flt.fact_type)
-        if flt.document_id:
-            where.append("document_id = ?")
-            params.append(flt.document_id)
-        if flt.consolidation_state:
-            where.append("consolidation_state = ?")
-            params.append(flt.consolidation_state)
-        if flt.search:
-            where.append("LOWER(text) LIKE ? ESCAPE '\\'")
-            params.append(_like(flt.search))
-        if flt.entity_id:
-            where.append("seq IN (SELECT unit_seq FROM memory_unit_entities WHERE entity_id = ?)")
-            params.append(flt.entity_id)
-        if flt.chunk_id:
-            where.append("chunk_id = ?")
-            params.append(flt.chunk_id)
+        # Each condition applies when its value is given (not empty).
+        conditions: list[tuple[str, str | None]] = [
+            ("fact_type = ?", flt.fact_type),
+            ("document_id = ?", flt.document_id),
+            ("consolidation_state = ?", flt.consolidation_state),
+            ("LOWER(text) LIKE ? ESCAPE '\\'", _like(flt.search) if flt.search else None),
+            (
+                "seq IN (SELECT unit_seq FROM memory_unit_entities WHERE entity_id = ?)",
+                flt.entity_id,
+            ),
+            ("chunk_id = ?", flt.chunk_id),
+        ]
+        for condition, value in conditions:
+            if value:
+                where.append(condition)
+                params.append(value)
         order = "seq DESC"
         if flt.time_field:
             if flt.time_field not in _TIME_COLUMNS:
@@ -493,16 +491,16 @@ class SqlMemoryStore(
                 " OR LOWER(d.original_text) LIKE ? ESCAPE '\\')"
             )
             params += [_like(search)] * 2
-        with self.db.read() as conn:
-            total = conn.execute(
-                f"SELECT COUNT(*) FROM memory_documents d WHERE {where}", params
-            ).fetchone()[0]
-            rows = conn.execute(
-                f"SELECT d.*, {DOCUMENT_VALUES}, {_UNIT_COUNT} FROM memory_documents d"
-                f" WHERE {where} ORDER BY d.updated_at DESC, d.document_id LIMIT ? OFFSET ?",
-                (*params, row_limit(limit), max(0, offset)),
-            ).fetchall()
-        return [document_from_row(r, False) for r in rows], int(total)
+        rows, total = read_page(
+            self.db,
+            f"d.*, {DOCUMENT_VALUES}, {_UNIT_COUNT}",
+            f"memory_documents d WHERE {where}",
+            params,
+            "d.updated_at DESC, d.document_id",
+            row_limit(limit),
+            max(0, offset),
+        )
+        return [document_from_row(r, False) for r in rows], total
 
     def get_document(self, bank_ref: str, document_id: str) -> DocumentInfo | None:
         if holds_nul(document_id):

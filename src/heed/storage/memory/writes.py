@@ -23,7 +23,8 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Final
 
 import numpy as np
@@ -98,6 +99,13 @@ class DocumentWrites:
         """Hold the bank's lock until the write transaction ends."""
         self.db.lock(conn, BANK_LOCK + bank_ref)
 
+    @contextmanager
+    def bank_write(self, bank_ref: str) -> Iterator[Any]:
+        """A write transaction holding the bank's lock (:meth:`lock_bank`) from its start."""
+        with self.db.write() as conn:
+            self.lock_bank(conn, bank_ref)
+            yield conn
+
     def write_document(
         self,
         bank_ref: str,
@@ -116,8 +124,7 @@ class DocumentWrites:
         ]
         first = first_mentions(document.units)
         released: list[str | None] = []  # shared values of rows replaced or overwritten
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             generation = touch_bank(conn, bank_ref, now)
             if ledger is not None:
                 self._record_ledger(conn, bank_ref, document, *ledger)
@@ -189,25 +196,13 @@ class DocumentWrites:
         generation: int,
         first: dict[str, tuple[str, str | None]],
     ) -> list[tuple[int, str]]:
-        """:meth:`_insert_units`, then their links (:meth:`_link`; *first*: each entity's
-        first mention, :func:`~heed.memory.retain.links.first_mentions`), in the caller's
-        transaction: the (seq, id) added."""
-        seqs = self._insert_units(conn, bank_ref, units, rows, generation)
-        self._link(conn, bank_ref, seqs, units, first)
-        return [(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)]
-
-    def _insert_units(
-        self,
-        conn: Any,
-        bank_ref: str,
-        units: Sequence[PreparedUnit],
-        rows: Sequence[tuple[Any, ...]],
-        generation: int,
-    ) -> list[int]:
-        """Insert *units* (their *rows* from :meth:`_unit_row`) with their keyword index in
-        the caller's transaction, in batches that each check the token first (a cancel
-        rolls back everything): the seqs allocated, in order."""
-        [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
+        """Insert *units* (their *rows* from :meth:`_unit_row`) with their keyword index,
+        then their links (:meth:`_link`; *first*: each entity's first mention,
+        :func:`~heed.memory.retain.links.first_mentions`), in the caller's transaction, in
+        batches that each check the token first (a cancel rolls back everything): the
+        (seq, id) added, in order."""
+        [allocated] = self.dialect.allocate_seqs(conn, [len(units)])
+        seqs = list(allocated)
         token = bank_token(bank_ref)
         batch = self.dialect.unit_batch
         for start in range(0, len(units), batch):
@@ -222,7 +217,8 @@ class DocumentWrites:
                 [(token, unit.index_text) for unit in units[start:end]],
             )
         raise_if_cancelled()
-        return list(seqs)
+        self._link(conn, bank_ref, seqs, units, first)
+        return [(seq, unit.id) for seq, unit in zip(seqs, units, strict=True)]
 
     def _check_vectors(self, units: Sequence[PreparedUnit]) -> None:
         for unit in units:
@@ -380,8 +376,7 @@ class DocumentWrites:
         """See :meth:`heed.memory.store.MemoryStore.delete_document`."""
         if holds_nul(document_id):
             return None
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
                 (bank_ref, document_id),
@@ -397,8 +392,7 @@ class DocumentWrites:
         """See :meth:`heed.memory.store.MemoryStore.delete_unit`."""
         if holds_nul(unit_id):
             return None
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             row = conn.execute(
                 "DELETE FROM memory_units WHERE bank_ref = ? AND id = ?"
                 " RETURNING seq, tags_ref, metadata_ref, context_ref",
@@ -474,8 +468,7 @@ class DocumentWrites:
 
     def delete_bank(self, bank_ref: str) -> int:
         """See :meth:`heed.memory.store.MemoryStore.delete_bank`."""
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             count = int(
                 conn.execute(
                     "SELECT COUNT(*) FROM memory_units WHERE bank_ref = ?", (bank_ref,)

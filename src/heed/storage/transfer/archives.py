@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from heed.runtime import raise_if_cancelled
-from heed.storage.database import Migration, SqlDatabase, apply_migrations
+from heed.storage.database import Migration, SqlStore, from_row
 from heed.transfer.store import (
     PART_BYTES,
     ExportQuota,
@@ -78,29 +78,19 @@ MIGRATIONS: Final = [
 
 
 def _archive(row: Any) -> StoredArchive:
-    return StoredArchive(
-        id=row["id"],
-        tenant=row["tenant"],
-        kind=row["kind"],
-        bank_id=row["bank_id"],
-        filename=row["filename"],
+    return from_row(
+        StoredArchive,
+        row,
         byte_size=int(row["byte_size"]),
-        sha256=row["sha256"],
         created_at=float(row["created_at"]),
         expires_at=float(row["expires_at"]),
-        reuse_key=row["reuse_key"],
     )
 
 
-class SqlArchiveStore:
+class SqlArchiveStore(SqlStore):
     """Archives in parts (see the module docstring). Calls block."""
 
-    def __init__(self, db: SqlDatabase) -> None:
-        self.db = db
-
-    def migrate(self) -> None:
-        """Apply the ``transfer_archives`` component's migrations."""
-        apply_migrations(self.db, MIGRATIONS)
+    migrations = MIGRATIONS
 
     def put_archive(
         self,

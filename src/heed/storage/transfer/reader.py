@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Final
 
 import numpy as np
 
 from heed.runtime import raise_if_cancelled
+from heed.storage.database import from_row
 from heed.storage.memory.dialect import MemoryDialect
 from heed.storage.memory.rows import DOCUMENT_VALUES, UNIT_COLUMNS, unit_from_row
 from heed.transfer.rows import (
@@ -34,6 +35,13 @@ from heed.transfer.rows import (
 )
 
 __all__ = ["SnapshotReader"]
+
+
+#: The fields of :class:`UnitRow` a stored unit gives as it is (the rest: the index text and
+#: the vector, read apart).
+_STORED_FIELDS: Final = tuple(
+    f.name for f in fields(UnitRow) if f.name not in ("index_text", "vector")
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -91,14 +99,11 @@ class SnapshotReader:
             if not rows:
                 return
             page = {
-                r["document_id"]: DocumentRow(
-                    document_id=r["document_id"],
-                    original_text=r["original_text"],
-                    content_hash=r["content_hash"],
+                r["document_id"]: from_row(
+                    DocumentRow,
+                    r,
                     metadata=json.loads(r["metadata_json"]),
                     tags=json.loads(r["tags_json"]),
-                    created_at=r["created_at"],
-                    updated_at=r["updated_at"],
                     unit_count=int(r["n"]),
                 )
                 for r in rows
@@ -145,25 +150,8 @@ class SnapshotReader:
             stored = unit_from_row(r)
             out.append(
                 UnitRow(
-                    id=stored.id,
-                    document_id=stored.document_id,
-                    chunk_id=stored.chunk_id,
-                    text=stored.text,
+                    **{name: getattr(stored, name) for name in _STORED_FIELDS},
                     index_text=r["index_text"],
-                    fact_type=stored.fact_type,
-                    context=stored.context,
-                    occurred_start=stored.occurred_start,
-                    occurred_end=stored.occurred_end,
-                    mentioned_at=stored.mentioned_at,
-                    metadata=stored.metadata,
-                    tags=stored.tags,
-                    created_at=stored.created_at,
-                    updated_at=stored.updated_at,
-                    token_count=stored.token_count,
-                    consolidation_state=stored.consolidation_state,
-                    source_ids=stored.source_ids,
-                    proof_count=stored.proof_count,
-                    history=stored.history,
                     vector=vectors.get(seq),
                 )
             )

@@ -249,8 +249,7 @@ class TransferRows(DocumentWrites):
         count = document.unit_count
         now = now_iso()
         values = ValueWriter()
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             generation = touch_bank(conn, bank_ref, now)
             taken = conn.execute(
                 "SELECT 1 FROM memory_documents WHERE bank_ref = ? AND document_id = ?",
@@ -315,8 +314,7 @@ class TransferRows(DocumentWrites):
                 raise_if_cancelled()
                 values = ValueWriter()
                 rows = self._rows(bank_ref, part, values)
-                with self.db.write() as conn:
-                    self.lock_bank(conn, bank_ref)
+                with self.bank_write(bank_ref) as conn:
                     generation = touch_bank(conn, bank_ref, now)
                     if written + len(part) == count:  # the last part takes the placeholder's
                         conn.execute("DELETE FROM memory_units WHERE seq = ?", (seqs[-1],))
@@ -345,8 +343,7 @@ class TransferRows(DocumentWrites):
         parallel = self.dialect.parallel_unit_writes()
         if parallel is not None:
             raise_if_cancelled()
-            with self.db.write() as conn:  # the seqs and the generation, then the parts
-                self.lock_bank(conn, bank_ref)
+            with self.bank_write(bank_ref) as conn:  # the seqs and the generation, then the parts
                 generation = touch_bank(conn, bank_ref, now_iso())
                 [seqs] = self.dialect.allocate_seqs(conn, [len(units)])
             parallel.write(self._rows, bank_ref, units, seqs, generation, None)
@@ -355,8 +352,7 @@ class TransferRows(DocumentWrites):
             raise_if_cancelled()
             values = ValueWriter()
             rows = self._rows(bank_ref, part, values)
-            with self.db.write() as conn:
-                self.lock_bank(conn, bank_ref)
+            with self.bank_write(bank_ref) as conn:
                 generation = touch_bank(conn, bank_ref, now_iso())
                 [seqs] = self.dialect.allocate_seqs(conn, [len(part)])
                 self._insert(conn, bank_ref, part, rows, seqs, generation)
@@ -374,8 +370,7 @@ class TransferRows(DocumentWrites):
             if not key:
                 raise ValueError(f"entity {entity.id} has no name to match by: {entity.name!r}")
             rows.append((entity.id, bank_ref, key, entity.name, entity.type))
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             touch_bank(conn, bank_ref)
             for start in range(0, len(rows), WRITE_BATCH):
                 raise_if_cancelled()
@@ -410,8 +405,7 @@ class TransferRows(DocumentWrites):
         """See :meth:`heed.transfer.store.TransferStore.write_membership_rows`."""
         if not memberships:
             return 0
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             touch_bank(conn, bank_ref)
             seqs = self._seqs_of(conn, bank_ref, (m.unit_id for m in memberships))
             self._missing(seqs, (m.unit_id for m in memberships), "an entity row")
@@ -444,8 +438,7 @@ class TransferRows(DocumentWrites):
         for link in links:
             refuse_nul(link.link_type, "a link type")
         ends = [i for link in links for i in (link.from_id, link.to_id)]
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank_ref)
+        with self.bank_write(bank_ref) as conn:
             touch_bank(conn, bank_ref)
             seqs = self._seqs_of(conn, bank_ref, ends)
             self._missing(seqs, ends, "a link")
@@ -460,8 +453,7 @@ class TransferRows(DocumentWrites):
         """See :meth:`heed.transfer.store.TransferStore.delete_bank_in_batches`."""
         deleted = 0
         while True:
-            with self.db.write() as conn:
-                self.lock_bank(conn, bank_ref)
+            with self.bank_write(bank_ref) as conn:
                 seqs = [
                     int(r[0])
                     for r in conn.execute(
@@ -488,8 +480,7 @@ class TransferRows(DocumentWrites):
         """See :meth:`heed.transfer.store.TransferStore.publish_bank`."""
         refuse_nul_in_bank(bank)
         now = now_iso()
-        with self.db.write() as conn:
-            self.lock_bank(conn, bank.ref)
+        with self.bank_write(bank.ref) as conn:
             row = conn.execute(
                 f"SELECT created_at FROM memory_banks WHERE ref = ?{self.db.for_update}",
                 (bank.ref,),
