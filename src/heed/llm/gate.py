@@ -45,9 +45,9 @@ from typing import Any, Final
 from heed.llm.base import (
     ChatMessage,
     ChatProvider,
-    JsonSchemaFormat,
+    ProviderBase,
     StreamEvent,
-    ToolSpec,
+    StreamOptions,
     UpstreamRateLimited,
 )
 from heed.llm.usage import current_work
@@ -177,7 +177,7 @@ class ProviderGates:
         return list(self._gates.values())
 
 
-class GatedProvider:
+class GatedProvider(ProviderBase):
     """*inner*, with every call passing *gate* (see the module docstring)."""
 
     def __init__(self, inner: ChatProvider, gate: ProviderGate) -> None:
@@ -202,20 +202,15 @@ class GatedProvider:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: JsonSchemaFormat | None = None,
+    async def _stream(
+        self, messages: Sequence[ChatMessage], options: StreamOptions
     ) -> AsyncGenerator[StreamEvent, None]:
         """The inner provider's stream, once the gate lets the call start; a background
         call refused with a 429 before its first event is tried again after the pause."""
         work = current_work()
         background = work is not None and work.background
-        extra: dict[str, Any] = {} if json_schema is None else {"json_schema": json_schema}
+        schema = options.json_schema
+        extra: dict[str, Any] = {} if schema is None else {"json_schema": schema}
         for attempt in range(1, RATE_LIMIT_ATTEMPTS + 1):
             await self.gate.wait_unpaused(background=background)
             started = False
@@ -223,9 +218,9 @@ class GatedProvider:
                 try:
                     events = self.inner.stream(
                         messages,
-                        tools=tools,
-                        max_tokens=max_tokens,
-                        temperature=temperature,
+                        tools=options.tools,
+                        max_tokens=options.max_tokens,
+                        temperature=options.temperature,
                         **extra,
                     )
                     async with contextlib.aclosing(events) as stream:
