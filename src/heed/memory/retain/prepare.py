@@ -228,18 +228,20 @@ def check_items(
         _refuse_nul_in_item(item, f"items[{i}]")
 
 
-#: The fewest units :class:`EmbedFeed` embeds in one piece (smaller batches cost more each).
+#: The units :class:`EmbedFeed` embeds in one CPU slot: a few tenths of a second of one
+#: core, so a user's request waiting for the slot (when it is background work) waits that
+#: long at most, and larger batches would save little (the embedder batches by 32).
 FEED_PIECE: Final = 64
 
 
 class EmbedFeed:
     """Units to embed as they come (a retain's turns, then each chunk's facts as the model
     states them), embedded in batches by :meth:`run` while the rest of the retain waits on
-    the network: what is queued is cut into at most *parallel* pieces (of at least
-    :data:`FEED_PIECE` units) embedded side by side, each in its own CPU slot (*embed*
-    takes one). Whoever feeds it calls :meth:`close` when nothing more will come;
-    :meth:`run` returns once everything fed is embedded, and raises what *embed* raises
-    (``OperationCancelled`` included). Used from one event loop."""
+    the network: what is queued is cut into pieces of :data:`FEED_PIECE` units, at most
+    *parallel* embedded side by side, each in its own CPU slot (*embed* takes one). Whoever
+    feeds it calls :meth:`close` when nothing more will come; :meth:`run` returns once
+    everything fed is embedded, and raises what *embed* raises (``OperationCancelled``
+    included). Used from one event loop."""
 
     def __init__(
         self, embed: Callable[[list[PreparedUnit]], Awaitable[None]], parallel: int = 1
@@ -267,8 +269,7 @@ class EmbedFeed:
             self._more.clear()
             while self._queued:
                 batch, self._queued = self._queued, []
-                size = max(FEED_PIECE, -(-len(batch) // self._parallel))
-                pieces = [batch[i : i + size] for i in range(0, len(batch), size)]
+                pieces = [batch[i : i + FEED_PIECE] for i in range(0, len(batch), FEED_PIECE)]
                 await run_all([partial(self._embed, piece) for piece in pieces], self._parallel)
             if self._closed and not self._queued:
                 return
