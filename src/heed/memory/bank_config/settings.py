@@ -267,7 +267,7 @@ SETTINGS: Final[Mapping[str, Setting]] = {
     ),
     **{
         f"llm_budget_tokens_per_{window}": Setting(
-            Annotated[int, Field(ge=1, le=10**12)] | None,
+            Annotated[int, Field(ge=1, le=10**12), BeforeValidator(_integral)] | None,
             None,
             help=f"background LLM tokens (extraction, consolidation, mental-model refreshes) "
             f"the bank may spend per {'clock hour' if window == 'hour' else 'UTC day'}; "
