@@ -34,11 +34,11 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 from heed.llm.base import ChatMessage
 from heed.llm.usage import LlmWork, count_tokens, wall_clock
-from heed.runtime import current_tally, current_token
+from heed.runtime import current_tally, wait_for_event
 
 __all__ = ["LEARNING_KINDS", "Budget", "BudgetWait", "LlmBudgets"]
 
@@ -178,14 +178,4 @@ class LlmBudgets:
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep *seconds*, waking early on :meth:`poke`; raises when the token is cancelled."""
-        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._changed.wait())}
-        token = current_token()
-        if token is not None:
-            waits.add(asyncio.ensure_future(token.wait()))
-        try:
-            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for future in waits:
-                future.cancel()
-        if token is not None:
-            token.raise_if_cancelled()
+        await wait_for_event(self._changed, seconds)

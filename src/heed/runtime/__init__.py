@@ -35,7 +35,7 @@ from heed.runtime.offload import (
 from heed.runtime.retry import retry_async
 from heed.runtime.slots import CpuBudget, Lane, LaneFull, Lanes, LaneStats
 from heed.runtime.tally import TokenTally, current_tally, tallying
-from heed.runtime.tasks import run_all, settle
+from heed.runtime.tasks import run_all, settle, wait_for_event
 
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -70,4 +70,5 @@ __all__ = [
     "settle",
     "tallying",
     "use_context",
+    "wait_for_event",
 ]

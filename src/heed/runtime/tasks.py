@@ -1,5 +1,6 @@
 """Child tasks that always settle: the one idiom for "stop it, and wait until it stopped",
-and for running pieces of work side by side (:func:`run_all`).
+for running pieces of work side by side (:func:`run_all`), and for waiting on an event as
+long as the work is wanted (:func:`wait_for_event`).
 
 A stream that hands work to a child task (an upstream pump, a generation thread, an agent
 loop) must not return, or raise, before the child has finished: the child may hold a lane
@@ -15,7 +16,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["run_all", "settle"]
+from heed.runtime.context import current_token
+
+__all__ = ["run_all", "settle", "wait_for_event"]
 
 T = TypeVar("T")
 
@@ -90,3 +93,21 @@ def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
         if not isinstance(exc, asyncio.CancelledError):
             return exc
     return leaves[0]
+
+
+async def wait_for_event(event: asyncio.Event, seconds: float | None) -> bool:
+    """Wait until *event* is set or *seconds* passed (``None``: no limit), and say
+    whether it was set. Raises ``OperationCancelled`` as soon as the active token is
+    cancelled: a wait for "something changed" never outlives the work that waits."""
+    waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(event.wait())}
+    token = current_token()
+    if token is not None:
+        waits.add(asyncio.ensure_future(token.wait()))
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in waits:
+            future.cancel()
+    if token is not None:
+        token.raise_if_cancelled()
+    return event.is_set()
