@@ -49,6 +49,11 @@ than a pool of its own:
   ``background_capacity`` slots at once (by default all but one: on a 2-slot lane one
   slot stays free for a user's request while background work runs); a background
   acquire that finds a free slot but the background limit reached queues.
+- **The reserve lent while unused.** Short pieces of background CPU work (a bulk
+  retain's embedding) may also take the reserved slot, without waiting, when nothing waits
+  in the lane and no interactive CPU work has held or waited for a slot for a while
+  (:meth:`Lane.lent_slot`): an idle machine's cores all work on a backlog, and a user
+  arriving meanwhile waits at most one such piece, once.
 - **Never starved forever.** A background waiter that has waited over
   ``background_max_defer`` seconds is served as if it were interactive (cheap) work: it
   takes the next freed slot unless an interactive waiter that may take it arrived
@@ -81,8 +86,8 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping, MutableSequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, MutableSequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -140,11 +145,20 @@ class CpuBudget:
             raise ValueError(f"a CPU budget needs cores >= 1, got {cores}")
         self.cores = cores
         self.held = 0
+        #: When interactive CPU work last held a slot (``monotonic``).
+        self.busy_at = -math.inf
         self._lanes: list[Lane] = []
 
     def full(self) -> bool:
         """Whether interactive CPU work uses every core: background work waits."""
         return self.held >= self.cores
+
+    def quiet(self, seconds: float) -> bool:
+        """Whether no interactive CPU work has held or waited for a slot of any lane for
+        *seconds*: the cores are idle of users' work (see :meth:`Lane.lent_slot`)."""
+        if self.held or any(lane._queued for lane in self._lanes):
+            return False
+        return time.monotonic() - self.busy_at >= seconds
 
     def _attach(self, lane: Lane) -> None:
         self._lanes.append(lane)
@@ -157,12 +171,17 @@ class CpuBudget:
 
 
 class _Slot:
-    __slots__ = ("background", "dear", "granted_at", "token")
+    __slots__ = ("background", "dear", "granted_at", "lent", "token")
 
-    def __init__(self, token: CancellationToken | None, dear: bool, background: bool) -> None:
+    def __init__(
+        self, token: CancellationToken | None, dear: bool, background: bool, lent: bool = False
+    ) -> None:
         self.token = token
         self.dear = dear
         self.background = background
+        #: Background work in the reserved slot (:meth:`Lane.lent_slot`): not counted in
+        #: ``background_capacity``, so it never keeps queued background work waiting.
+        self.lent = lent
         self.granted_at = time.monotonic()
 
 
@@ -486,14 +505,40 @@ class Lane:
     def _cpu_full(self) -> bool:
         return self._budget is not None and self._budget.full()
 
-    def _grant(self, token: CancellationToken | None, dear: bool, background: bool) -> _Slot:
-        slot = _Slot(token, dear, background)
+    def _grant(
+        self, token: CancellationToken | None, dear: bool, background: bool, lent: bool = False
+    ) -> _Slot:
+        slot = _Slot(token, dear, background, lent)
         self._held.add(slot)
         self._dear_held += dear
-        self._background_held += background
+        self._background_held += background and not lent
         if self._counts(slot) and self._budget is not None:
             self._budget.held += 1
         return slot
+
+    @contextmanager
+    def lent_slot(self, quiet: float) -> Iterator[bool]:
+        """Hold, for the block, the slot kept for interactive work while nobody uses it: when
+        a slot is free, nothing waits in this lane (background work included: a lent slot
+        never jumps its queue) and the CPU budget has been quiet for *quiet* seconds
+        (:meth:`CpuBudget.quiet`), background work may take it beyond
+        ``background_capacity`` (yields ``True``); otherwise it holds nothing (yields
+        ``False``). Never waits. A user's request arriving meanwhile waits for this slot or
+        another at most as long as the block runs, so the block must be short (a piece of
+        work of a few tenths of a second). The slot is released when the block exits."""
+        lendable = (
+            self._budget is not None
+            and len(self._held) < self.capacity
+            and not self._queued
+            and not self._background_queued
+            and self._budget.quiet(quiet)
+        )
+        slot = self._grant(None, False, True, lent=True) if lendable else None
+        try:
+            yield slot is not None
+        finally:
+            if slot is not None:
+                self._release(slot)
 
     def _counts(self, slot: _Slot) -> bool:
         """Whether *slot* counts in the CPU budget (interactive work of a CPU-bound lane)."""
@@ -504,10 +549,11 @@ class Lane:
             return
         self._held.discard(slot)
         self._dear_held -= slot.dear
-        self._background_held -= slot.background
+        self._background_held -= slot.background and not slot.lent
         budget = self._budget if self._counts(slot) else None
         if budget is not None:
             budget.held -= 1
+            budget.busy_at = time.monotonic()
         held = time.monotonic() - slot.granted_at
         self._hold_seconds = (
             held
