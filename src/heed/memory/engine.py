@@ -23,14 +23,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
-from heed.llm.gate import call_concurrency, model_slot
-from heed.llm.usage import llm_work
 from heed.memory.bank_config.view import BankSettings, settings_of
 from heed.memory.embeddings import Embedder, TokenCounter
-from heed.memory.learning.extraction import Extraction, Learning, extract_documents_facts
+from heed.memory.learning.extraction import Extraction, Learning
 from heed.memory.models import (
     Bank,
     BankStats,
@@ -39,8 +36,6 @@ from heed.memory.models import (
     InvalidInput,
     NotFound,
     PreparedDocument,
-    PreparedUnit,
-    RecallHit,
     RecallOutcome,
     RecallQuery,
     RetainItem,
@@ -48,35 +43,23 @@ from heed.memory.models import (
     refuse_nul,
 )
 from heed.memory.recall.pipeline import RecallDeps, StageHook, run_recall
+from heed.memory.recall.provenance import with_provenance
 from heed.memory.recall.query import check_query
 from heed.memory.recall.rerank import Reranker
 from heed.memory.recall.vectors import BankIndexes, CurrentIndex, StoreVectors, VectorSearch
-from heed.memory.retain.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
-from heed.memory.retain.prepare import (
-    EmbedFeed,
-    check_items,
-    embed_units,
-    plan_documents,
-    split_documents,
-)
+from heed.memory.retain.flow import ProgressCallback, RetainsInFlight, RetainSummary
+from heed.memory.retain.flow import retain as retain_flow
+from heed.memory.retain.idempotency import RetainKey
+from heed.memory.retain.prepare import check_items
 from heed.memory.spans import MEMORY_RECORDS, memory_span
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
-from heed.memory.timeseries import (
-    DEFAULT_PERIOD,
-    PERIODS,
-    PREFIX_CHARS,
-    Timeseries,
-    bucket_starts,
-    buckets_of,
-    time_field_of,
-)
+from heed.memory.timeseries import Timeseries, check_period, count_timeseries
 from heed.runtime import (
     CancellationToken,
     Lane,
     OperationCancelled,
     current_context,
     raise_if_cancelled,
-    run_all,
     run_in_thread,
     use_context,
 )
@@ -100,25 +83,12 @@ that creates a bank checks it here (:func:`is_bank_id`). Anchored for JSON Schem
 patterns are searched; in Python only ``fullmatch`` is right: with ``match``, ``$`` also
 matches before a final newline, so ``"abc\\n"`` would pass."""
 
-ProgressCallback = Callable[[int, int], None]
 T = TypeVar("T")
 
 
 def is_bank_id(value: str) -> bool:
     """Whether *value*, all of it, is a valid id for a new bank (:data:`BANK_ID_RE`)."""
     return BANK_ID_RE.fullmatch(value) is not None
-
-
-@dataclass(frozen=True, slots=True)
-class RetainSummary:
-    """What a retain wrote: items, documents and units (extracted facts included), and what
-    extraction did (``None`` when it did not run)."""
-
-    items: int
-    documents: int
-    units: int
-    document_ids: list[str]
-    extraction: Extraction | None = None
 
 
 @dataclass(eq=False)
@@ -154,6 +124,9 @@ class MemoryEngine:
         #: Called with the bank after a retain wrote into it (consolidation's scheduler);
         #: must return at once.
         self.after_retain: list[Callable[[Bank], None]] = []
+        #: The asynchronous retains writing into each bank (consolidation takes whole rounds
+        #: meanwhile).
+        self.retains = RetainsInFlight()
         #: Called with the bank after its row (its settings) was saved (budgets look again);
         #: must return at once.
         self.after_bank_change: list[Callable[[Bank], None]] = []
@@ -432,23 +405,10 @@ class MemoryEngine:
     ) -> tuple[Bank, Timeseries]:
         """The bank's units per time bucket over *period* (:mod:`heed.memory.timeseries`);
         :class:`InvalidInput` (400) naming an unknown period."""
-        period = period or DEFAULT_PERIOD
-        if period not in PERIODS:
-            raise InvalidInput(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+        period = check_period(period)
         bank = await self.get_bank(bank_id)
-        field = time_field_of(time_field)
-        trunc, starts = bucket_starts(period, datetime.now(UTC))
-        chars = PREFIX_CHARS[trunc]
-        counted = await run_in_thread(
-            functools.partial(
-                self.store.units_per_time_prefix,
-                bank.ref,
-                time_field=field,
-                chars=chars,
-                since=starts[0].isoformat()[:chars],
-            )
-        )
-        return bank, Timeseries(period, trunc, field, buckets_of(starts, trunc, counted))
+        count = functools.partial(self.store.units_per_time_prefix, bank.ref)
+        return bank, await run_in_thread(count_timeseries, period, time_field, count)
 
     # -- retain ------------------------------------------------------------------------
 
@@ -482,119 +442,14 @@ class MemoryEngine:
         """
         self.validate_items(items, document_tags or ())
         with memory_span("update_memory", bank.bank_id) as span:
-            summary = await self._retain(
-                bank, items, document_tags, progress, idempotency_key, background
+            summary = await retain_flow(
+                self, bank, items, document_tags or [], progress, idempotency_key, background
             )
             if span.is_recording():
                 span.set_attribute(MEMORY_RECORDS, summary.units)
                 span.set_attribute("heed.retain.items", summary.items)
                 span.set_attribute("heed.retain.documents", summary.documents)
             return summary
-
-    async def _retain(
-        self,
-        bank: Bank,
-        items: list[RetainItem],
-        document_tags: list[str] | None,
-        progress: ProgressCallback | None,
-        idempotency_key: str | None,
-        background: bool,
-    ) -> RetainSummary:
-        """:meth:`retain` inside its span."""
-        tags = document_tags or []
-        plans = plan_documents(items, tags, idempotency_key)
-        async with self.track(bank), self.bank_gone_is_not_found(bank):
-            key: RetainKey | None = None
-            recorded: dict[int, LedgerEntry] = {}
-            async with self.retain_lane.slot(background=background):
-                if idempotency_key:
-                    # Hashing a large body is CPU work: it belongs in the offload, like the
-                    # ledger read.
-                    key = await run_in_thread(retain_key, idempotency_key, items, tags)
-                    entries = await run_in_thread(self.store.retain_ledger, bank.ref, key.key)
-                    recorded = check_ledger(key, entries)
-                todo = [i for i in range(len(plans)) if i not in recorded]
-                documents = await run_in_thread(split_documents, [plans[i] for i in todo])
-            # The turns are embedded while the model states their facts, and each chunk's
-            # facts as soon as they are read (a remote model's calls are network waits: they
-            # hold no retain slot, its upstream's gate bounds them; the embedded model's
-            # hold one: CPU work).
-            embed = functools.partial(self._embed, background=background)
-            feed = EmbedFeed(embed, parallel=self.retain_lane.capacity)
-            feed.put([u for d in documents for u in d.units])
-
-            async def learn() -> Extraction | None:
-                try:
-                    return await self._learn(
-                        bank, documents, background=background, on_facts=feed.put
-                    )
-                finally:
-                    feed.close()
-
-            both: list[Callable[[], Awaitable[Any]]] = [learn, feed.run]
-            extraction: Extraction | None = (await run_all(both, 2))[0]
-            async with self.retain_lane.slot(background=background):
-                units = sum(entry.units for entry in recorded.values())
-                for done, (index, document) in enumerate(zip(todo, documents, strict=True), 1):
-                    raise_if_cancelled()
-                    ledger = (key, index) if key is not None else None
-                    await run_in_thread(self.write_prepared, bank.ref, document, ledger)
-                    units += len(document.units)
-                    if progress is not None:
-                        progress(len(recorded) + done, len(plans))
-        if documents:
-            for hook in self.after_retain:
-                hook(bank)
-        return RetainSummary(
-            items=len(items),
-            documents=len(plans),
-            units=units,
-            document_ids=[p.document_id for p in plans],
-            extraction=extraction,
-        )
-
-    async def _embed(self, units: list[PreparedUnit], *, background: bool = False) -> None:
-        """Embed and count *units* in place, in a retain slot (CPU work; *background*: one
-        that yields to users' work)."""
-        if units:
-            async with self.retain_lane.slot(background=background):
-                await run_in_thread(embed_units, units, self.embedder, self.tokens)
-
-    async def _learn(
-        self,
-        bank: Bank,
-        documents: list[PreparedDocument],
-        *,
-        background: bool = False,
-        on_facts: Callable[[list[PreparedUnit]], object] | None = None,
-    ) -> Extraction | None:
-        """Extract the facts of *documents* into them when the bank extracts (*background*:
-        nobody waits on this retain, so its model calls yield to users'; *on_facts* is
-        told each chunk's facts as they are read), and mark what consolidation should take
-        when it keeps observations."""
-        settings = self.settings(bank)
-        mode = settings.retain_extraction_mode
-        extraction: Extraction | None = None
-        if mode != "off" and self.learning.extractor is not None:
-            provider = self.learning.extractor()
-            extraction = Extraction()
-            mission = settings.retain_mission or None
-            concurrency = call_concurrency(provider, background=background)
-            with llm_work(bank.tenant, bank.bank_id, "extraction", background=background):
-                async with model_slot(provider, self.retain_lane, background=background):
-                    facts = await extract_documents_facts(
-                        documents,
-                        provider,
-                        mode,
-                        mission,
-                        extraction,
-                        concurrency=concurrency,
-                        on_facts=on_facts,
-                    )
-            for document, found in zip(documents, facts, strict=True):
-                document.units.extend(found)
-        self.mark_for_consolidation(bank, documents, settings, extraction)
-        return extraction
 
     def mark_for_consolidation(
         self,
@@ -652,7 +507,7 @@ class MemoryEngine:
                 outcome = await run_recall(
                     self.recall_deps, bank, query, settings, background=background
                 )
-                outcome = await self._provenance(bank, query, outcome, settings)
+                outcome = await with_provenance(self.store, bank, query, outcome, settings)
             if span.is_recording():  # one call: each takes the span's lock
                 span.set_attributes(
                     {
@@ -662,32 +517,6 @@ class MemoryEngine:
                     }
                 )
             return outcome
-
-    async def _provenance(
-        self, bank: Bank, query: RecallQuery, outcome: RecallOutcome, settings: BankSettings
-    ) -> RecallOutcome:
-        """Apply ``prefer_observations`` (the query's, else the bank's
-        ``recall_prefer_observations``: a raw fact a returned observation rests on is
-        dropped) and fill ``source_facts`` (the returned observations' facts, within
-        ``max_source_facts_tokens``)."""
-        cited = list(
-            dict.fromkeys(
-                i
-                for h in outcome.hits
-                if h.unit.fact_type == "observation"
-                for i in h.unit.source_ids
-            )
-        )
-        if not cited:
-            return outcome
-        prefer = query.prefer_observations
-        if settings.recall_prefer_observations if prefer is None else prefer:
-            drop = set(cited)
-            outcome.hits = [h for h in outcome.hits if h.unit.id not in drop]
-        if query.include_source_facts:
-            units = await run_in_thread(self.store.units_by_ids, bank.ref, cited)
-            outcome.source_facts = _source_facts(outcome.hits, units, query)
-        return outcome
 
     # -- memories and documents --------------------------------------------------------
 
@@ -751,33 +580,3 @@ class MemoryEngine:
             if span.is_recording():
                 span.set_attribute(MEMORY_RECORDS, len(result.removed))
         return len(result.removed)
-
-
-def _source_facts(
-    hits: list[RecallHit], units: list[StoredUnit], query: RecallQuery
-) -> dict[str, RecallHit]:
-    """The facts the returned observations rest on, observation by observation in rank
-    order, within ``max_source_facts_tokens`` in all and, when set,
-    ``max_source_facts_tokens_per_observation`` each (a fact counts once, for the first
-    observation citing it)."""
-    by_id = {unit.id: unit for unit in units}
-    facts: dict[str, RecallHit] = {}
-    budget = query.max_source_facts_tokens
-    for hit in hits:
-        if hit.unit.fact_type != "observation":
-            continue
-        own = query.max_source_facts_tokens_per_observation
-        for source in hit.unit.source_ids:
-            unit = by_id.get(source)
-            if unit is None or unit.id in facts:
-                continue
-            cost = unit.token_count or max(1, len(unit.text) // 4)
-            if cost > budget:
-                return facts
-            if own is not None and cost > own:
-                break
-            budget -= cost
-            if own is not None:
-                own -= cost
-            facts[unit.id] = RecallHit(unit=unit, final=0.0)
-    return facts

@@ -13,9 +13,12 @@ groups by it: :meth:`heed.memory.store.MemoryStore.units_per_time_prefix`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
+
+from heed.memory.models import InvalidInput
 
 __all__ = [
     "DEFAULT_PERIOD",
@@ -27,6 +30,8 @@ __all__ = [
     "Timeseries",
     "bucket_starts",
     "buckets_of",
+    "check_period",
+    "count_timeseries",
     "time_field_of",
 ]
 
@@ -115,3 +120,24 @@ def buckets_of(
         Bucket(time=start.isoformat(), counts=by_prefix[start.isoformat()[:chars]])
         for start in starts
     ]
+
+
+def check_period(period: str | None) -> str:
+    """*period*, or :data:`DEFAULT_PERIOD` when unset; :class:`InvalidInput` (400) naming an
+    unknown one."""
+    period = period or DEFAULT_PERIOD
+    if period not in PERIODS:
+        raise InvalidInput(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+    return period
+
+
+def count_timeseries(
+    period: str, time_field: str | None, count: Callable[..., list[tuple[str, str, int]]]
+) -> Timeseries:
+    """The buckets of *period* (checked) up to now, counted by *count* (a bank's
+    :meth:`~heed.memory.store.MemoryStore.units_per_time_prefix`). Blocking."""
+    field = time_field_of(time_field)
+    trunc, starts = bucket_starts(period, datetime.now(UTC))
+    chars = PREFIX_CHARS[trunc]
+    counted = count(time_field=field, chars=chars, since=starts[0].isoformat()[:chars])
+    return Timeseries(period, trunc, field, buckets_of(starts, trunc, counted))

@@ -27,6 +27,10 @@ group (``bank:<ref>``, listed with the bank's operations):
   taking rounds until nothing is pending, so facts written meanwhile are taken too; at
   start-up every bank with pending facts is scheduled (:meth:`Consolidation.resume`), so a
   run that a shutdown ended ``interrupted`` is picked up again;
+- *beside a long retain*: while an asynchronous retain still writes into the bank
+  (:class:`heed.memory.retain.flow.RetainsInFlight`: it writes each document when it is
+  ready), a run takes only whole rounds and waits for the next document for the rest, so
+  consolidating during an import makes no more model calls than after it;
 - *side by side*: a run takes as many rounds at once as its provider lets background work
   have in flight (:func:`heed.llm.gate.call_concurrency`: all but one of a remote
   upstream's ``HEED_LLM_CONCURRENCY``; one on the embedded model), across scopes and
@@ -119,6 +123,9 @@ ROUNDS_PER_SLOT: Final = 4
 RELATED_QUERIES: Final = 4
 #: The longest query text of one of those recalls.
 QUERY_CHARS: Final = 400
+#: The longest a run taking whole rounds waits for a retain's next document before it looks
+#: at the pending facts again.
+RETAIN_WAIT_SECONDS: Final = 1.0
 #: The most banks :meth:`Consolidation.resume` schedules at start-up.
 RESUME_LIMIT: Final = 10_000
 
@@ -374,6 +381,11 @@ class Consolidation:
                 ):
                     while True:
                         raise_if_cancelled()
+                        # While an asynchronous retain still writes into the bank, only
+                        # whole rounds: the rest waits for its next document.
+                        retains = self.engine.retains
+                        writes = retains.writes(bank.ref)
+                        whole = retains.writing(bank.ref)
                         # Enough for a few rounds per slot: rounds start as slots free
                         # up, with no barrier between one set of rounds and the next.
                         batch = await run_in_thread(
@@ -381,9 +393,12 @@ class Consolidation:
                             bank.ref,
                             self.limits.batch * (width * ROUNDS_PER_SLOT if width > 1 else 1),
                         )
-                        if not batch:
-                            break
-                        rounds = self._rounds(batch, rule)
+                        rounds = self._rounds(batch, rule, whole)
+                        if not rounds.work and not rounds.unscoped:
+                            if not whole:
+                                break
+                            await retains.wait(bank.ref, writes, RETAIN_WAIT_SECONDS)
+                            continue
                         if rounds.unscoped:  # in no scope of the rule: nothing to observe
                             changes = ObservationChanges(done=rounds.unscoped)
                             await run_in_thread(self._write, bank, changes, [])
@@ -406,10 +421,10 @@ class Consolidation:
                 hook(bank, scopes)
         return counters.result()
 
-    def _rounds(self, batch: list[StoredUnit], rule: ScopeRule) -> _Rounds:
+    def _rounds(self, batch: list[StoredUnit], rule: ScopeRule, whole: bool) -> _Rounds:
         """*batch* cut into rounds: each scope's facts in pieces of at most
-        :attr:`ConsolidationLimits.batch`, oldest first, and the facts in no scope of the
-        rule (consolidated, with nothing to observe)."""
+        :attr:`ConsolidationLimits.batch`, oldest first (only full pieces when *whole*), and
+        the facts in no scope of the rule (consolidated, with nothing to observe)."""
         groups: dict[Scope, list[StoredUnit]] = {}
         unscoped: list[int] = []
         for unit in batch:
@@ -423,6 +438,7 @@ class Consolidation:
             (scope, facts[i : i + size])
             for scope, facts in groups.items()
             for i in range(0, len(facts), size)
+            if not whole or i + size <= len(facts)
         ]
         return _Rounds(work, unscoped)
 

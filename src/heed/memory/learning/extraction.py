@@ -274,14 +274,18 @@ async def extract_documents_facts(
     outcome: Extraction,
     *,
     concurrency: int = 1,
-    on_facts: Callable[[list[PreparedUnit]], object] | None = None,
+    on_facts: Callable[[int, list[PreparedUnit]], object] | None = None,
+    on_document: Callable[[int, list[PreparedUnit]], object] | None = None,
 ) -> list[list[PreparedUnit]]:
     """Extract the facts of *documents* (see the module docstring), at most *concurrency*
     chunks at once across them: per document, its fact units in chunk order (``caused_by``
     naming the facts of their chunk that caused them). Records counts in *outcome*, and the
     ids of the units of chunks whose reply stayed malformed in ``outcome.unread``.
-    *on_facts*, when given, is called with each chunk's facts as soon as they are read (the
-    engine has them embedded while other chunks' calls wait; it must return at once). Raises
+    *on_facts*, when given, is called with a document's index and each of its chunks' facts
+    as soon as they are read (the engine has them embedded while other chunks' calls wait),
+    and *on_document* with a document's index and all its facts, in chunk order, once its
+    last chunk is read (the engine writes it when it is embedded too); both must return at
+    once. Raises
     ``OperationCancelled`` (the token) and upstream ``ProviderError``s (the first one; the
     other chunks' calls are stopped); a malformed reply only costs its chunk's facts."""
     chunks = [
@@ -290,28 +294,37 @@ async def extract_documents_facts(
         for positions in chunk_units(document.units)
     ]
 
-    def extract(index: int, positions: list[int]) -> Callable[[], Awaitable[ChunkFacts | None]]:
+    found: list[ChunkFacts | None] = [None] * len(chunks)
+    numbers: list[list[int]] = [[] for _ in documents]  # each document's chunks
+    for number, (index, _) in enumerate(chunks):
+        numbers[index].append(number)
+    left = [len(of) for of in numbers]  # each document's chunks not read yet
+
+    def facts_of(index: int) -> list[PreparedUnit]:
+        return [u for n in numbers[index] if (chunk := found[n]) is not None for u in chunk.facts]
+
+    def extract(number: int) -> Callable[[], Awaitable[None]]:
+        index, positions = chunks[number]
         units = documents[index].units
 
-        async def one() -> ChunkFacts | None:
+        async def one() -> None:
             try:
-                found = await extract_chunk(units, positions, provider, mode, mission)
+                found[number] = await extract_chunk(units, positions, provider, mode, mission)
             except BadModelOutput as exc:
                 outcome.failures.append(str(exc)[:300])
                 outcome.unread.update(units[p].id for p in positions)
-                return None
-            if on_facts is not None:
-                on_facts(found.facts)
-            return found
+            chunk = found[number]
+            if on_facts is not None and chunk is not None:
+                on_facts(index, chunk.facts)
+            left[index] -= 1
+            if on_document is not None and not left[index]:
+                on_document(index, facts_of(index))
 
         return one
 
-    found = await run_all([extract(*chunk) for chunk in chunks], concurrency)
+    await run_all([extract(number) for number in range(len(chunks))], concurrency)
     outcome.chunks += len(chunks)
     outcome.failed_chunks += sum(1 for chunk in found if chunk is None)
-    facts: list[list[PreparedUnit]] = [[] for _ in documents]
-    for (index, _), chunk in zip(chunks, found, strict=True):
-        if chunk is not None:
-            facts[index].extend(chunk.facts)
-            outcome.facts += len(chunk.facts)
+    facts = [facts_of(index) for index in range(len(documents))]
+    outcome.facts += sum(len(of) for of in facts)
     return facts

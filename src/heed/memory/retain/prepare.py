@@ -15,11 +15,11 @@ idempotency key, an id derived from the key and the item's position (see
 from __future__ import annotations
 
 import asyncio
+import heapq
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 from typing import Final
 
 from heed.memory.dates import find_dates
@@ -35,7 +35,7 @@ from heed.memory.models import (
 )
 from heed.memory.retain.idempotency import document_id_for
 from heed.memory.retain.units import index_text, neighbour_texts, split_units, with_neighbours
-from heed.runtime import raise_if_cancelled, run_all
+from heed.runtime import raise_if_cancelled, run_all, wait_for_event
 
 __all__ = [
     "DocumentPlan",
@@ -228,33 +228,47 @@ def check_items(
         _refuse_nul_in_item(item, f"items[{i}]")
 
 
-#: The units :class:`EmbedFeed` embeds in one CPU slot: a few tenths of a second of one
+#: The units :class:`EmbedFeed` embeds in one CPU slot: about a tenth of a second of one
 #: core, so a user's request waiting for the slot (when it is background work) waits that
-#: long at most, and larger batches would save little (the embedder batches by 32).
-FEED_PIECE: Final = 64
+#: long at most, and larger pieces would save little (one embedder batch).
+FEED_PIECE: Final = 32
 
 
 class EmbedFeed:
-    """Units to embed as they come (a retain's turns, then each chunk's facts as the model
-    states them), embedded in batches by :meth:`run` while the rest of the retain waits on
-    the network: what is queued is cut into pieces of :data:`FEED_PIECE` units, at most
-    *parallel* embedded side by side, each in its own CPU slot (*embed* takes one). Whoever
-    feeds it calls :meth:`close` when nothing more will come; :meth:`run` returns once
-    everything fed is embedded, and raises what *embed* raises (``OperationCancelled``
-    included). Used from one event loop."""
+    """Units to embed as they come (each document's turns, then its facts as the model
+    states them), embedded by :meth:`run` while the rest of the retain waits on the network.
+
+    The units of the lowest *key* queued go first (a retain's documents in order, so the
+    first ones are ready to write first), in pieces of at most :data:`FEED_PIECE` units of
+    one key, at most *parallel* pieces side by side, each in its own CPU slot (*embed*
+    takes one); *on_embedded* is told ``(key, count)`` after each piece. Whoever feeds it
+    calls :meth:`close` when nothing more will come; :meth:`run` returns once everything fed
+    is embedded, and raises what *embed* raises (``OperationCancelled`` included; it also
+    stops waiting for more when the token is cancelled). Used from one event loop."""
 
     def __init__(
-        self, embed: Callable[[list[PreparedUnit]], Awaitable[None]], parallel: int = 1
+        self,
+        embed: Callable[[list[PreparedUnit]], Awaitable[None]],
+        parallel: int = 1,
+        on_embedded: Callable[[int, int], object] | None = None,
     ) -> None:
         self._embed = embed
         self._parallel = max(1, parallel)
-        self._queued: list[PreparedUnit] = []
+        self._on_embedded = on_embedded
+        self._queued: dict[int, list[PreparedUnit]] = {}
+        self._keys: list[int] = []  # a heap of the keys with units queued
         self._more = asyncio.Event()
         self._closed = False
 
-    def put(self, units: Sequence[PreparedUnit]) -> None:
-        """Embed *units* too (returns at once)."""
-        self._queued.extend(units)
+    def put(self, units: Sequence[PreparedUnit], key: int = 0) -> None:
+        """Embed *units* too, in the order of *key* (returns at once)."""
+        if not units:
+            return
+        queue = self._queued.get(key)
+        if queue is None:
+            queue = self._queued[key] = []
+            heapq.heappush(self._keys, key)
+        queue.extend(units)
         self._more.set()
 
     def close(self) -> None:
@@ -263,13 +277,33 @@ class EmbedFeed:
         self._more.set()
 
     async def run(self) -> None:
-        """Embed what is put, in batches, until closed and drained."""
+        """Embed what is put until closed and drained."""
+        await run_all([self._work] * self._parallel, self._parallel)
+
+    def _next(self) -> tuple[int, list[PreparedUnit]] | None:
+        """The next piece to embed and its key, taken out of the queue, or ``None``."""
+        if not self._keys:
+            return None
+        key = self._keys[0]
+        queue = self._queued[key]
+        piece, rest = queue[:FEED_PIECE], queue[FEED_PIECE:]
+        if rest:
+            self._queued[key] = rest
+        else:
+            del self._queued[key]
+            heapq.heappop(self._keys)
+        return key, piece
+
+    async def _work(self) -> None:
         while True:
-            await self._more.wait()
-            self._more.clear()
-            while self._queued:
-                batch, self._queued = self._queued, []
-                pieces = [batch[i : i + FEED_PIECE] for i in range(0, len(batch), FEED_PIECE)]
-                await run_all([partial(self._embed, piece) for piece in pieces], self._parallel)
-            if self._closed and not self._queued:
-                return
+            taken = self._next()
+            if taken is None:
+                if self._closed:
+                    return
+                self._more.clear()
+                await wait_for_event(self._more, None)
+                continue
+            key, piece = taken
+            await self._embed(piece)
+            if self._on_embedded is not None:
+                self._on_embedded(key, len(piece))
