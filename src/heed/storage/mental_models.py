@@ -62,8 +62,8 @@ def _model(row: Any, embedding: bool) -> MentalModel:
     return from_row(
         MentalModel,
         row,
+        ints=("max_tokens",),
         tags=list(loads(row["tags"]) or []),
-        max_tokens=int(row["max_tokens"]),
         trigger=dict(loads(row["trigger_settings"])),
         is_page=bool(row["is_page"]),
         reflect_response=json.loads(response) if response else None,

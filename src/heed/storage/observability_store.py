@@ -109,11 +109,8 @@ def _trace(row: Any) -> TraceRow:
     return from_row(
         TraceRow,
         row,
-        started_at=float(row["started_at"]),
-        ended_at=float(row["ended_at"]),
-        duration_ms=int(row["duration_ms"]),
-        input_tokens=int(row["input_tokens"]),
-        output_tokens=int(row["output_tokens"]),
+        floats=("started_at", "ended_at"),
+        ints=("duration_ms", "input_tokens", "output_tokens"),
         input=_loads(row["input"]),
         output=_loads(row["output"]),
         metadata=_loads(row["metadata"]) or {},
@@ -121,13 +118,11 @@ def _trace(row: Any) -> TraceRow:
 
 
 def _audit(row: Any) -> AuditEntry:
-    ended_at, duration_ms = row["ended_at"], row["duration_ms"]
     return from_row(
         AuditEntry,
         row,
-        started_at=float(row["started_at"]),
-        ended_at=None if ended_at is None else float(ended_at),
-        duration_ms=None if duration_ms is None else int(duration_ms),
+        floats=("started_at", "ended_at"),
+        ints=("duration_ms",),
         request=_loads(row["request"]),
         response=_loads(row["response"]),
         metadata=_loads(row["metadata"]) or {},

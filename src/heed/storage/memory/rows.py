@@ -269,7 +269,7 @@ def unit_from_row(row: Any) -> StoredUnit:
     return from_row(
         StoredUnit,
         row,
-        seq=int(row["seq"]),
+        ints=("seq",),
         metadata=loads(row["metadata"]),
         tags=loads(row["tags"]),
         entities=[],
