@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from heed.observability import AuditEntry, AuditFilter, TraceFilter, TraceRow, UsageRow
+from heed.observability import AuditEntry, AuditFilter, Retention, TraceFilter, TraceRow, UsageRow
 from heed.storage import SqlDatabase
 from heed.storage.observability_store import SqlObservabilityStore
 
@@ -92,11 +92,13 @@ def test_each_bank_keeps_its_newest_rows_and_none_too_old(sql_database: SqlDatab
     )
     store.prune(
         [("t", "b")],
-        max_traces=4,
-        max_audits=2,
-        traces_before=0.0,
-        audits_before=0.0,
-        usage_before=0.0,
+        Retention(
+            max_traces=4,
+            max_audits=2,
+            traces_before=0.0,
+            audits_before=0.0,
+            usage_before=0.0,
+        ),
     )
     rows, total = store.traces("t", "b", TraceFilter(), 100, 0)
     assert total == 4 and [r.id for r in rows] == [f"t-b-{i}" for i in (9, 8, 7, 6)]
@@ -105,11 +107,13 @@ def test_each_bank_keeps_its_newest_rows_and_none_too_old(sql_database: SqlDatab
     assert total == 2 and [e.id for e in entries] == ["a-t-b-5", "a-t-b-4"]
     store.prune(
         [],
-        max_traces=100,
-        max_audits=100,
-        traces_before=1_000_008.0,
-        audits_before=1_000_005.0,
-        usage_before=0.0,
+        Retention(
+            max_traces=100,
+            max_audits=100,
+            traces_before=1_000_008.0,
+            audits_before=1_000_005.0,
+            usage_before=0.0,
+        ),
     )
     assert [r.id for r in store.traces("t", "b", TraceFilter(), 100, 0)[0]] == ["t-b-9", "t-b-8"]
     assert store.traces("t", "other", TraceFilter(), 100, 0)[1] == 0  # all older than the cut

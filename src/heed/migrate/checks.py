@@ -69,22 +69,20 @@ def _source_bank_counts(src: Snapshot) -> dict[str, dict[str, int]]:
     return counts
 
 
+#: The memory tables that :func:`_bank_count_queries` does not count by its shared
+#: ``bank_ref`` query: the banks themselves (one row a bank, counted by the caller), and the
+#: tables it counts by a query of their own (through their units; the embeddings too).
+_COUNTED_APART: Final = frozenset(
+    {"memory_banks", "memory_units", "memory_unit_entities", "memory_links"}
+)
+
+
 def _bank_count_queries(where: str) -> dict[str, str]:
     """``SELECT bank_ref, COUNT(*) ... GROUP BY bank_ref`` per table; *where* filters refs."""
     out = {}
-    for table in (
-        "memory_values",
-        "memory_documents",
-        "memory_chunks",
-        "memory_entities",
-        "memory_retain_ledger",
-        "memory_directives",
-        "memory_mental_models",
-        "memory_mental_model_history",
-        "memory_knowledge_folders",
-        "memory_invalidated_units",
-        "memory_bank_aliases",
-    ):
+    for table in BANK_TABLES:
+        if table in _COUNTED_APART:
+            continue
         out[table] = (
             f"SELECT bank_ref, COUNT(*) FROM {table} t {where.format(ref='t.bank_ref')}"
             " GROUP BY bank_ref"

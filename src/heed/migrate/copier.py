@@ -31,6 +31,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -72,27 +73,20 @@ def _insert_sql(table: str, columns: Sequence[str]) -> str:
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING"
 
 
+@dataclass(eq=False)
 class Copier:
     """One migration's copy: the two databases, the columns, the counters, the progress."""
 
-    def __init__(
-        self,
-        src: Snapshot,
-        dst: Target,
-        columns: dict[str, list[str]],
-        batch: int,
-        progress: Progress,
-    ) -> None:
-        self.src = src
-        self.dst = dst
-        self.columns = columns
-        self.batch = batch
-        self.progress = progress
-        #: The time of the copy: which archives are still live (epoch seconds).
-        self.now = time.time()
-        self.copied: dict[str, int] = {}
-        self.existing: dict[str, int] = {}
-        self.left_out: dict[str, int] = {}
+    src: Snapshot
+    dst: Target
+    columns: dict[str, list[str]]
+    batch: int
+    progress: Progress
+    #: The time of the copy: which archives are still live (epoch seconds).
+    now: float = field(init=False, default_factory=time.time)
+    copied: dict[str, int] = field(init=False, default_factory=dict)
+    existing: dict[str, int] = field(init=False, default_factory=dict)
+    left_out: dict[str, int] = field(init=False, default_factory=dict)
 
     def _count(self, table: str, offered: int, inserted: int, read: int | None = None) -> None:
         """*offered* rows written with ON CONFLICT DO NOTHING, *inserted* of them new;

@@ -22,6 +22,7 @@ __all__ = [
     "AuditEntry",
     "AuditFilter",
     "ObservabilityStore",
+    "Retention",
     "TraceFilter",
     "TraceRow",
     "UsageRow",
@@ -102,6 +103,19 @@ class AuditEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """What a prune keeps: of each bank it names, the ``max_traces`` / ``max_audits`` newest
+    traces and audit entries; in every bank, no row older than its table's cut-off (epoch
+    seconds; ``0``: no cut)."""
+
+    max_traces: int
+    max_audits: int
+    traces_before: float
+    audits_before: float
+    usage_before: float
+
+
+@dataclass(frozen=True, slots=True)
 class AuditFilter:
     """Which audit entries of a bank a list or stats read takes (``None``: any)."""
 
@@ -123,18 +137,10 @@ class ObservabilityStore(Protocol):
         transaction."""
         ...
 
-    def prune(
-        self,
-        banks: list[tuple[str, str]],
-        *,
-        max_traces: int,
-        max_audits: int,
-        traces_before: float,
-        audits_before: float,
-        usage_before: float,
-    ) -> None:
-        """Keep at most *max_traces* / *max_audits* newest rows of each of *banks*
-        (``(tenant, bank_id)``) and drop every row older than its cut-off, in every bank."""
+    def prune(self, banks: list[tuple[str, str]], retention: Retention) -> None:
+        """Keep at most *retention*'s ``max_traces`` / ``max_audits`` newest rows of each of
+        *banks* (``(tenant, bank_id)``) and drop every row older than its cut-off, in every
+        bank."""
         ...
 
     def usage(self, tenant: str, bank_id: str, since: float) -> list[UsageRow]:

@@ -37,6 +37,7 @@ from heed.observability.records import (
     AuditEntry,
     AuditFilter,
     ObservabilityStore,
+    Retention,
     TraceFilter,
     TraceRow,
     UsageRow,
@@ -256,16 +257,14 @@ class Observability:
             self._pruned_at = now
         day = 86_400.0
         limits = self.limits
-        await run_blocking(
-            self.io,
-            self.store.prune,
-            banks,
+        retention = Retention(
             max_traces=limits.max_traces,
             max_audits=limits.max_audits,
             traces_before=now - limits.trace_max_age_days * day if every else 0.0,
             audits_before=now - limits.audit_max_age_days * day if every else 0.0,
             usage_before=now - USAGE_DAYS * day if every else 0.0,
         )
+        await run_blocking(self.io, self.store.prune, banks, retention)
 
     async def forget_bank(self, tenant: str, bank_id: str) -> None:
         """Drop the bank's usage and traces (buffered and written) once it is deleted."""

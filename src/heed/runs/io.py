@@ -11,10 +11,13 @@ cancelled still waits for its call to return before it unwinds.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from heed.runtime.cancellation import reraise_cancellation
 from heed.runtime.offload import run_blocking
 
 __all__ = ["BlockingIO"]
@@ -32,6 +35,29 @@ class BlockingIO:
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on the pool; its result or exception."""
         return await run_blocking(self._pool, fn, *args, **kwargs)
+
+    async def watch_round(
+        self,
+        interval: float,
+        run_ids: Callable[[], list[str]],
+        read: Callable[[list[str]], dict[str, T]],
+        log: logging.Logger,
+        what: str,
+    ) -> dict[str, T]:
+        """One round of a periodic watch over runs: after *interval* seconds, ``read`` of the
+        runs *run_ids* then names, on the pool, and its result. Empty when it names none, or
+        when the read raised (logged on *log*: *what* could not read the runs, and the watch
+        goes on at its next round); a cancellation propagates."""
+        await asyncio.sleep(interval)
+        ids = run_ids()
+        if not ids:
+            return {}
+        try:
+            return await self.call(read, ids)
+        except Exception as exc:
+            reraise_cancellation(exc)
+            log.exception("%s could not read the runs; it goes on", what)
+            return {}
 
     def close(self) -> None:
         """Wait for calls in flight, then stop the threads."""

@@ -50,7 +50,7 @@ from heed.runs.broker import LAGGED, STOPPED, Broker
 from heed.runs.io import BlockingIO
 from heed.runs.model import RunEvent
 from heed.runs.store import RunStore
-from heed.runtime import CancellationToken, reraise_cancellation, settle
+from heed.runtime import CancellationToken, settle
 
 __all__ = ["HEARTBEAT", "Gap", "Heartbeat", "Journal", "run_topic"]
 
@@ -159,16 +159,13 @@ class Journal:
         Ends once nobody follows a run (the next reader starts it again)."""
         try:
             while self._followers and not self._closed:
-                await asyncio.sleep(self.watch_interval)
-                run_ids = list(self._followers)
-                if not run_ids:
-                    return
-                try:
-                    last_seqs = await self.read_io.call(self.store.last_seqs, run_ids)
-                except Exception as exc:
-                    reraise_cancellation(exc)
-                    log.exception("the journal watch could not read the runs; it goes on")
-                    continue
+                last_seqs = await self.read_io.watch_round(
+                    self.watch_interval,
+                    lambda: list(self._followers),
+                    self.store.last_seqs,
+                    log,
+                    "the journal watch",
+                )
                 for run_id, last_seq in last_seqs.items():
                     if run_id not in self._followers:
                         continue

@@ -642,16 +642,13 @@ class RunManager:
         watch goes on (the lease renewal is the backstop)."""
         try:
             while self.workers and not self._closing:
-                await asyncio.sleep(self.cancel_watch_interval)
-                run_ids = [rid for rid, w in self.workers.items() if not w.token.cancelled]
-                if not run_ids:
-                    continue
-                try:
-                    asked = await self.read_io.call(self.store.cancel_requests, run_ids)
-                except Exception as exc:
-                    reraise_cancellation(exc)
-                    log.exception("the cancel watch could not read the runs; it goes on")
-                    continue
+                asked = await self.read_io.watch_round(
+                    self.cancel_watch_interval,
+                    lambda: [rid for rid, w in self.workers.items() if not w.token.cancelled],
+                    self.store.cancel_requests,
+                    log,
+                    "the cancel watch",
+                )
                 for run_id, reason in asked.items():
                     self.cancel_local(run_id, reason)
         finally:

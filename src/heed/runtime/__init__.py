@@ -18,6 +18,7 @@ from heed.runtime.context import (
     current_token,
     detached,
     raise_if_cancelled,
+    scoped_value,
     set_context,
     use_context,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "run_concurrently",
     "run_in_process",
     "run_in_thread",
+    "scoped_value",
     "set_context",
     "settle",
     "tallying",

@@ -25,6 +25,7 @@ therefore starts with the one idiom heed uses::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import weakref
@@ -281,6 +282,13 @@ class CancellationToken:
                 return self._reason or DEADLINE_EXCEEDED
         finally:
             handle.remove()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep *seconds* (a backoff, a pause), waking early when the token is cancelled:
+        then raise :class:`OperationCancelled` (at once when it already is)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wait(), seconds)
+        self.raise_if_cancelled()
 
     def wait_sync(self, timeout: float | None = None) -> bool:
         """Block the calling thread until cancelled or *timeout*; True if cancelled."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, TypeVar
 
 from heed.runtime.cancellation import CancellationToken
 
@@ -27,9 +27,12 @@ __all__ = [
     "current_token",
     "detached",
     "raise_if_cancelled",
+    "scoped_value",
     "set_context",
     "use_context",
 ]
+
+_T = TypeVar("_T")
 
 DEFAULT_TENANT: Final = "default"
 
@@ -86,13 +89,21 @@ def raise_if_cancelled() -> None:
 
 
 @contextmanager
+def scoped_value(var: contextvars.ContextVar[_T], value: _T) -> Iterator[_T]:
+    """*var* holds *value* inside the ``with`` block (which gets *value*); on the way out,
+    a raise included, it holds again what it held before."""
+    reset = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(reset)
+
+
+@contextmanager
 def use_context(ctx: RequestContext) -> Iterator[RequestContext]:
     """Make *ctx* the active context inside the ``with`` block."""
-    reset = _current.set(ctx)
-    try:
+    with scoped_value(_current, ctx):
         yield ctx
-    finally:
-        _current.reset(reset)
 
 
 def set_context(ctx: RequestContext) -> None:

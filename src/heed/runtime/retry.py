@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -43,8 +42,6 @@ async def retry_async(
         delay = min(max_delay, base_delay * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
         if token is None:
             await asyncio.sleep(delay)
-            continue
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(token.wait(), delay)
-        token.raise_if_cancelled()
+        else:
+            await token.sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover

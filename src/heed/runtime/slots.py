@@ -86,7 +86,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, MutableSequence
+from collections.abc import AsyncIterator, Iterable, Iterator, MutableSequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -641,9 +641,10 @@ class Lane:
         return None
 
     @staticmethod
-    def _unqueue(queues: Mapping[str, Q], waiter: _Waiter) -> Q | None:
-        """*waiter* taken out of its tenant's queue in *queues*: that queue (left in
-        *queues*, even empty: the caller drops it), or ``None`` when it was in none."""
+    def _unqueue(queues: dict[str, Q], waiter: _Waiter, *, drop_empty: bool = True) -> Q | None:
+        """*waiter* taken out of its tenant's queue in *queues*: that queue, or ``None`` when
+        it was in none. A queue left empty is dropped from *queues* (``drop_empty=False``:
+        left there, the caller drops it)."""
         queue = queues.get(waiter.tenant)
         if queue is None:
             return None
@@ -651,19 +652,17 @@ class Lane:
             queue.remove(waiter)
         except ValueError:
             return None
+        if drop_empty and not queue:
+            del queues[waiter.tenant]
         return queue
 
     def _remove(self, waiter: _Waiter) -> None:
         if waiter.background and waiter.deferred:
-            deferred = self._unqueue(self._background_deferred, waiter)
-            if deferred is None:
-                return
-            self._background_deferred_count -= 1
-            if not deferred:
-                del self._background_deferred[waiter.tenant]
+            if self._unqueue(self._background_deferred, waiter) is not None:
+                self._background_deferred_count -= 1
             return
         if waiter.background:
-            ring = self._unqueue(self._background_queues, waiter)
+            ring = self._unqueue(self._background_queues, waiter, drop_empty=False)
             if ring is None:
                 return
             self._background_queued -= 1
@@ -671,12 +670,9 @@ class Lane:
             if not ring:
                 del self._background_queues[waiter.tenant]
         else:
-            queue = self._unqueue(self._queues, waiter)
-            if queue is None:
+            if self._unqueue(self._queues, waiter) is None:
                 return
             self._queued -= 1
-            if not queue:
-                del self._queues[waiter.tenant]
         if self._background_queued:
             # The last interactive waiter leaving may let background work take a free slot.
             self._dispatch()

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
+from heed.runtime.context import scoped_value
+
 __all__ = ["TokenTally", "current_tally", "tallying"]
 
 
@@ -89,11 +91,8 @@ def tallying(
     """Count the LLM calls made in this context, until the block ends, in a fresh tally
     (told with *on_wait* when they wait: :meth:`TokenTally.waiting`)."""
     tally = TokenTally(run_id, on_wait)
-    reset = _current.set(tally)
-    try:
+    with scoped_value(_current, tally):
         yield tally
-    finally:
-        _current.reset(reset)
 
 
 def current_tally() -> TokenTally | None:

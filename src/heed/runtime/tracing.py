@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -195,6 +195,7 @@ def _tracer() -> trace.Tracer | None:
     return state.tracer if state.enabled else None
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class _Recorded:
     """A recording span around a ``with`` block, current inside it: what the SDK's
     ``start_as_current_span`` does, in one small object rather than three nested
@@ -202,32 +203,15 @@ class _Recorded:
     measurable part of each one's cost). The span starts on ``__enter__``; on the way out the
     context is restored, an exception is recorded (:func:`_mark`) and the span ends."""
 
-    __slots__ = (
-        "_attributes",
-        "_context",
-        "_kind",
-        "_links",
-        "_name",
-        "_span",
-        "_token",
-        "_tracer",
-    )
-
-    def __init__(
-        self,
-        tracer: trace.Tracer,
-        name: str,
-        kind: SpanKind,
-        attributes: Mapping[str, AttributeValue] | None,
-        links: Sequence[Link] | None,
-        context: Context | None,
-    ) -> None:
-        self._tracer = tracer
-        self._name = name
-        self._kind = kind
-        self._attributes = attributes
-        self._links = links
-        self._context = context
+    _tracer: trace.Tracer
+    _name: str
+    _kind: SpanKind
+    _attributes: Mapping[str, AttributeValue] | None
+    _links: Sequence[Link] | None
+    _context: Context | None
+    #: Set on ``__enter__``: the span, and the token that restores the context.
+    _span: Span = field(init=False)
+    _token: Any = field(init=False)
 
     def __enter__(self) -> Span:
         current = self._tracer.start_span(

@@ -14,8 +14,6 @@ Cancellation propagates (the run ends ``cancelled``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 from heed.runs.events import EventType
@@ -39,9 +37,7 @@ class TaskRunner:
         await rc.emit(EventType.PROGRESS, {"title": title, "action": action})
         if action == "wait":
             seconds = float(payload.get("seconds", 1.0))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(rc.token.wait(), max(0.0, seconds))
-            rc.token.raise_if_cancelled()
+            await rc.token.sleep(max(0.0, seconds))
             return {"title": title, "summary": f"waited {seconds:g} s"}
         if action == "echo":
             return {"title": title, "summary": str(payload.get("content", ""))}

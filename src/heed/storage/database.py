@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import re
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Protocol, TypeVar
@@ -263,13 +263,27 @@ def _init_fields(cls: Any) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
-def from_row(cls: type[_Value], row: Any, **values: Any) -> _Value:
+def from_row(
+    cls: type[_Value],
+    row: Any,
+    *,
+    ints: Iterable[str] = (),
+    floats: Iterable[str] = (),
+    **values: Any,
+) -> _Value:
     """An instance of the dataclass *cls* from a database row (SQLite's or PostgreSQL's: both
     have ``keys()``): each field with a column of the same name takes that column's value,
     unless *values* gives the field (a conversion: JSON, a bool from an integer, a value the
     row does not hold); a field in neither keeps its default, and raises ``TypeError`` if it
-    has none."""
+    has none. The columns named in *ints* and *floats* (fields *values* does not give) are
+    taken as ``int`` and ``float`` (a ``NULL`` stays ``None``): a column's number whatever
+    the database gave (SQLite's ``REAL`` column hands back an integral value as ``int``)."""
     build: Callable[..., _Value] = cls
+    for kind, names in ((int, ints), (float, floats)):
+        for name in names:
+            if name not in values:
+                value = row[name]
+                values[name] = None if value is None else kind(value)
     columns = set(row.keys())
     taken = {
         name: row[name] for name in _init_fields(build) if name in columns and name not in values

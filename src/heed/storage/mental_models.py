@@ -62,8 +62,8 @@ def _model(row: Any, embedding: bool) -> MentalModel:
     return from_row(
         MentalModel,
         row,
+        ints=("max_tokens",),
         tags=list(loads(row["tags"]) or []),
-        max_tokens=int(row["max_tokens"]),
         trigger=dict(loads(row["trigger_settings"])),
         is_page=bool(row["is_page"]),
         reflect_response=json.loads(response) if response else None,
@@ -423,11 +423,7 @@ class MentalModelWrites:
         if holds_nul(model_id):
             return False
         with self._bank_write(bank_ref) as conn:
-            gone = conn.execute(
-                "DELETE FROM memory_mental_models WHERE bank_ref = ? AND id = ? RETURNING id",
-                (bank_ref, model_id),
-            ).fetchall()
-        return bool(gone)
+            return _delete_model(conn, bank_ref, model_id)
 
     def write_knowledge_rows(
         self,
@@ -556,15 +552,7 @@ class MentalModelWrites:
         if holds_nul(node_id):
             return None
         with self._bank_write(bank_ref) as conn:
-            page = conn.execute(
-                "SELECT id FROM memory_mental_models WHERE bank_ref = ? AND id = ? AND is_page = 1",
-                (bank_ref, node_id),
-            ).fetchone()
-            if page is not None:
-                conn.execute(
-                    "DELETE FROM memory_mental_models WHERE bank_ref = ? AND id = ?",
-                    (bank_ref, node_id),
-                )
+            if _delete_model(conn, bank_ref, node_id, page_only=True):
                 return [node_id]
             folders = {
                 r["id"]: r["parent_id"]
@@ -593,13 +581,21 @@ class MentalModelWrites:
                 if r["parent_id"] in subtree
             ]
             for page_id in pages:
-                conn.execute(
-                    "DELETE FROM memory_mental_models WHERE bank_ref = ? AND id = ?",
-                    (bank_ref, page_id),
-                )
+                _delete_model(conn, bank_ref, page_id)
             for folder_id in subtree:
                 conn.execute(
                     "DELETE FROM memory_knowledge_folders WHERE bank_ref = ? AND id = ?",
                     (bank_ref, folder_id),
                 )
         return pages
+
+
+def _delete_model(conn: Any, bank_ref: str, model_id: str, *, page_only: bool = False) -> bool:
+    """Delete the bank's mental model *model_id* (``page_only``: only when it is a page of
+    the knowledge base) on *conn*, in the caller's transaction; whether one was deleted."""
+    page = " AND is_page = 1" if page_only else ""
+    gone = conn.execute(
+        f"DELETE FROM memory_mental_models WHERE bank_ref = ? AND id = ?{page} RETURNING id",
+        (bank_ref, model_id),
+    ).fetchall()
+    return bool(gone)

@@ -18,6 +18,7 @@ from typing import Any, Final, Generic, TypeVar
 from heed.observability.records import (
     AuditEntry,
     AuditFilter,
+    Retention,
     TraceFilter,
     TraceRow,
     UsageRow,
@@ -108,11 +109,8 @@ def _trace(row: Any) -> TraceRow:
     return from_row(
         TraceRow,
         row,
-        started_at=float(row["started_at"]),
-        ended_at=float(row["ended_at"]),
-        duration_ms=int(row["duration_ms"]),
-        input_tokens=int(row["input_tokens"]),
-        output_tokens=int(row["output_tokens"]),
+        floats=("started_at", "ended_at"),
+        ints=("duration_ms", "input_tokens", "output_tokens"),
         input=_loads(row["input"]),
         output=_loads(row["output"]),
         metadata=_loads(row["metadata"]) or {},
@@ -120,13 +118,11 @@ def _trace(row: Any) -> TraceRow:
 
 
 def _audit(row: Any) -> AuditEntry:
-    ended_at, duration_ms = row["ended_at"], row["duration_ms"]
     return from_row(
         AuditEntry,
         row,
-        started_at=float(row["started_at"]),
-        ended_at=None if ended_at is None else float(ended_at),
-        duration_ms=None if duration_ms is None else int(duration_ms),
+        floats=("started_at", "ended_at"),
+        ints=("duration_ms",),
         request=_loads(row["request"]),
         response=_loads(row["response"]),
         metadata=_loads(row["metadata"]) or {},
@@ -247,19 +243,11 @@ class SqlObservabilityStore(SqlStore):
                     ),
                 )
 
-    def prune(
-        self,
-        banks: list[tuple[str, str]],
-        *,
-        max_traces: int,
-        max_audits: int,
-        traces_before: float,
-        audits_before: float,
-        usage_before: float,
-    ) -> None:
+    def prune(self, banks: list[tuple[str, str]], retention: Retention) -> None:
+        keeps = (("llm_requests", retention.max_traces), ("audit_logs", retention.max_audits))
         with self.db.write() as conn:
             for tenant, bank_id in banks:
-                for table, keep in (("llm_requests", max_traces), ("audit_logs", max_audits)):
+                for table, keep in keeps:
                     row = conn.execute(
                         f"SELECT started_at FROM {table} WHERE tenant = ? AND bank_id = ?"
                         " ORDER BY started_at DESC LIMIT 1 OFFSET ?",
@@ -271,12 +259,18 @@ class SqlObservabilityStore(SqlStore):
                             " AND started_at < ?",
                             (tenant, bank_id, row[0]),
                         )
-            if traces_before > 0:
-                conn.execute("DELETE FROM llm_requests WHERE started_at < ?", (traces_before,))
-            if audits_before > 0:
-                conn.execute("DELETE FROM audit_logs WHERE started_at < ?", (audits_before,))
-            if usage_before > 0:
-                conn.execute("DELETE FROM llm_usage WHERE hour_start < ?", (int(usage_before),))
+            if retention.traces_before > 0:
+                conn.execute(
+                    "DELETE FROM llm_requests WHERE started_at < ?", (retention.traces_before,)
+                )
+            if retention.audits_before > 0:
+                conn.execute(
+                    "DELETE FROM audit_logs WHERE started_at < ?", (retention.audits_before,)
+                )
+            if retention.usage_before > 0:
+                conn.execute(
+                    "DELETE FROM llm_usage WHERE hour_start < ?", (int(retention.usage_before),)
+                )
 
     def usage(self, tenant: str, bank_id: str, since: float) -> list[UsageRow]:
         with self.db.read() as conn:

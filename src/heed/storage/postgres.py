@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from typing import Any, Final
 
@@ -255,30 +255,33 @@ class PostgresDatabase:
         )
         self._pool.open(wait=True, timeout=connect_timeout)
 
-    @contextmanager
-    def read(self) -> Iterator[Connection]:
+    def read(self) -> AbstractContextManager[Connection]:
         """A connection for reads (autocommit), or the thread's open write transaction."""
+        return self._connection(transaction=False)
+
+    def write(self) -> AbstractContextManager[Connection]:
+        """One transaction: committed on exit, rolled back on error; nested blocks join."""
+        return self._connection(transaction=True)
+
+    @contextmanager
+    def _connection(self, *, transaction: bool) -> Iterator[Connection]:
+        """The thread's open write transaction when it has one; else a pooled connection,
+        in autocommit or (*transaction*) in a transaction the thread's nested blocks join."""
         current: Connection | None = getattr(self._local, "conn", None)
         if current is not None:
             yield current
             return
         with self._pool.connection() as raw:
-            yield Connection(raw)
-
-    @contextmanager
-    def write(self) -> Iterator[Connection]:
-        """One transaction: committed on exit, rolled back on error; nested blocks join."""
-        current: Connection | None = getattr(self._local, "conn", None)
-        if current is not None:
-            yield current
-            return
-        with self._pool.connection() as raw, raw.transaction():
-            conn = Connection(raw)
-            self._local.conn = conn
-            try:
-                yield conn
-            finally:
-                self._local.conn = None
+            if not transaction:
+                yield Connection(raw)
+                return
+            with raw.transaction():
+                conn = Connection(raw)
+                self._local.conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._local.conn = None
 
     @contextmanager
     def cancellable(self, *, transaction: bool = False) -> Iterator[Statements]:

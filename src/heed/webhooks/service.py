@@ -117,7 +117,7 @@ class Webhooks:
         await run_in_thread(check_target, url, self.allow_private)
         now = time.time()
         webhook = Webhook(
-            id="wh_" + uuid.uuid4().hex[:24],
+            id=_new_webhook_id(),
             tenant=bank.tenant,
             bank_ref=bank.ref,
             bank_id=bank.bank_id,
@@ -225,18 +225,14 @@ class Webhooks:
         :meth:`check_carried`)."""
         for webhook in webhooks:
             self.store.create(
-                Webhook(
-                    id="wh_" + uuid.uuid4().hex[:24],
+                replace(
+                    webhook,
+                    id=_new_webhook_id(),
                     tenant=bank.tenant,
                     bank_ref=bank.ref,
                     bank_id=bank.bank_id,
-                    url=webhook.url,
-                    secret=webhook.secret,
                     event_types=self._events(webhook.event_types),
-                    enabled=webhook.enabled,
                     http_config=self._config(webhook.http_config),
-                    created_at=webhook.created_at,
-                    updated_at=webhook.updated_at,
                 )
             )
         return len(webhooks)
@@ -334,3 +330,8 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
         return float(at), ident
     except ValueError:
         raise InvalidInput(f"cursor {cursor!r} is not one this server gave") from None
+
+
+def _new_webhook_id() -> str:
+    """A new webhook id: ``wh_`` and 24 random hex digits (ids are global, not per bank)."""
+    return "wh_" + uuid.uuid4().hex[:24]

@@ -231,14 +231,8 @@ def refuse_nul_in_document(document: PreparedDocument, ledger_key: str | None = 
 def refuse_nul_in_bank(bank: Bank) -> None:
     """Raise :class:`~heed.errors.InvalidText` when a text of *bank* holds NUL (see
     :func:`refuse_nul_in_document`)."""
-    for value, what in (
-        (bank.tenant, "tenant"),
-        (bank.bank_id, "bank_id"),
-        (bank.name, "name"),
-        (bank.mission, "mission"),
-        (bank.background, "background"),
-    ):
-        refuse_nul(value, what)
+    for name in ("tenant", "bank_id", "name", "mission", "background"):
+        refuse_nul(getattr(bank, name), name)
     _refuse_nul_in_value(bank.config, "config")
     _refuse_nul_in_value(bank.disposition, "disposition")
 
@@ -275,7 +269,7 @@ def unit_from_row(row: Any) -> StoredUnit:
     return from_row(
         StoredUnit,
         row,
-        seq=int(row["seq"]),
+        ints=("seq",),
         metadata=loads(row["metadata"]),
         tags=loads(row["tags"]),
         entities=[],

@@ -78,13 +78,7 @@ MIGRATIONS: Final = [
 
 
 def _archive(row: Any) -> StoredArchive:
-    return from_row(
-        StoredArchive,
-        row,
-        byte_size=int(row["byte_size"]),
-        created_at=float(row["created_at"]),
-        expires_at=float(row["expires_at"]),
-    )
+    return from_row(StoredArchive, row, ints=("byte_size",), floats=("created_at", "expires_at"))
 
 
 class SqlArchiveStore(SqlStore):
