@@ -499,3 +499,68 @@ async def test_aged_background_work_goes_even_while_the_cores_are_full() -> None
     assert "bg" in order
     hold.set()
     await asyncio.gather(*users, bg)
+
+
+async def test_the_reserved_slot_is_lent_to_background_work_only_after_users_went_quiet() -> None:
+    from heed.runtime import Lanes
+
+    retain = Lane("retain", capacity=2, max_queue=10, cpu_bound=True)
+    lanes = Lanes([retain], cores=2)
+    order: list[str] = []
+    user_done, background_done = asyncio.Event(), asyncio.Event()
+    bg = asyncio.create_task(_hold(retain, "bg", background_done, order, background=True))
+    await _settle()
+    # Nobody has used the machine yet: the reserved slot is lent, and not counted against
+    # background_capacity.
+    with retain.lent_slot(0.2) as lent:
+        assert lent
+        assert retain.stats().in_use == 2 and retain.stats().background_in_use == 1
+    assert retain.stats().in_use == 1
+    user = asyncio.create_task(_hold(retain, "user", user_done, order))
+    await _settle()
+    with retain.lent_slot(0.2) as lent:
+        assert not lent  # no slot free, and a user's work holds one
+    user_done.set()
+    await user
+    with retain.lent_slot(0.2) as lent:
+        assert not lent  # a user's work held a slot within the last 0.2 s
+    await asyncio.sleep(0.3)
+    assert lanes.cpu_budget.quiet(0.2)
+    with retain.lent_slot(0.2) as lent:
+        assert lent
+    background_done.set()
+    await bg
+
+
+async def test_a_lent_slot_never_jumps_queued_background_work_or_keeps_it_waiting() -> None:
+    from heed.runtime import Lanes
+
+    retain = Lane("retain", capacity=2, max_queue=10, cpu_bound=True)
+    Lanes([retain], cores=2)
+    order: list[str] = []
+    first, second = asyncio.Event(), asyncio.Event()
+    one = asyncio.create_task(_hold(retain, "one", first, order, background=True))
+    await _settle()
+    two = asyncio.create_task(_hold(retain, "two", second, order, background=True))
+    await _settle()
+    assert order == ["one"] and retain.stats().background_queued == 1
+    with retain.lent_slot(0.0) as lent:
+        assert not lent  # "two" waits for a background slot: it goes first
+    first.set()
+    await one
+    await _settle()
+    assert order == ["one", "two"]
+    # A lent slot beside "two"; when "two" ends, queued background work gets its slot at
+    # once although the lent one is still held.
+    with retain.lent_slot(0.0) as lent:
+        assert lent
+        three_done = asyncio.Event()
+        three = asyncio.create_task(_hold(retain, "three", three_done, order, background=True))
+        await _settle()
+        assert "three" not in order
+        second.set()
+        await two
+        await _settle()
+        assert order[-1] == "three"
+        three_done.set()
+        await three

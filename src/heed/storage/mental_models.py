@@ -55,9 +55,8 @@ _FROM: Final = " FROM memory_mental_models m JOIN memory_banks b ON b.ref = m.ba
 
 
 def _model(row: Any, embedding: bool) -> MentalModel:
-    vector = None
-    if embedding and row["embedding"] is not None:
-        vector = np.frombuffer(bytes(row["embedding"]), dtype=np.float32).copy()
+    raw = row["embedding"] if embedding else None
+    vector = None if raw is None else np.frombuffer(bytes(raw), dtype=np.float32).copy()
     response = row["reflect_response"]
     return from_row(
         MentalModel,
