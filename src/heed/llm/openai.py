@@ -42,7 +42,6 @@ cancellation is neither.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -70,8 +69,8 @@ from heed.llm.base import (
     parse_tool_arguments,
 )
 from heed.llm.observe import notify_failure, notify_retry
-from heed.llm.watch import CancelWatch
-from heed.runtime import current_token, retry_async, settle
+from heed.llm.watch import CancelWatch, sleep_unless_cancelled
+from heed.runtime import retry_async, settle
 
 __all__ = ["OpenAIProvider", "message_to_openai", "tool_to_openai"]
 
@@ -201,13 +200,7 @@ class _Backoff:
         delay, self.pending = self.pending, 0.0
         if delay <= 0:
             return
-        token = current_token()
-        if token is None:
-            await asyncio.sleep(delay)
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(token.wait(), delay)
-        token.raise_if_cancelled()
+        await sleep_unless_cancelled(delay)
 
 
 @dataclass
