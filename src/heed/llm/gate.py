@@ -35,7 +35,6 @@ stands in for a model in tests: its calls keep the CPU lanes' bounds, as before.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -51,7 +50,8 @@ from heed.llm.base import (
     UpstreamRateLimited,
 )
 from heed.llm.usage import current_work
-from heed.runtime import Lane, LaneStats, current_token
+from heed.llm.watch import sleep_unless_cancelled
+from heed.runtime import Lane, LaneStats
 
 __all__ = [
     "MAX_PAUSE",
@@ -123,7 +123,6 @@ class ProviderGate:
 
         A user's call (not *background*) facing a pause longer than :data:`USER_PAUSE_WAIT`
         raises :class:`UpstreamRateLimited` with the remaining time instead of waiting."""
-        token = current_token()
         while (remaining := self.paused_for()) > 0:
             if not background and remaining > USER_PAUSE_WAIT:
                 raise UpstreamRateLimited(
@@ -131,12 +130,7 @@ class ProviderGate:
                     provider=self.name,
                     retry_after=int(remaining + 0.999),
                 )
-            if token is None:
-                await asyncio.sleep(remaining)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(token.wait(), remaining)
-            token.raise_if_cancelled()
+            await sleep_unless_cancelled(remaining)
 
 
 class ProviderGates:

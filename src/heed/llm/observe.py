@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Final
 
+from heed.llm.hooks import Hooks
 from heed.runtime import reraise_cancellation
 
 __all__ = [
@@ -97,8 +97,7 @@ class LlmObserver:
 _context_observers: ContextVar[tuple[LlmObserver, ...]] = ContextVar(
     "heed_llm_observers", default=()
 )
-_global_observers: list[LlmObserver] = []
-_global_lock = threading.Lock()
+_global_observers: Hooks[LlmObserver] = Hooks()
 
 
 @contextlib.contextmanager
@@ -116,21 +115,17 @@ def observing(observer: LlmObserver) -> Iterator[LlmObserver]:
 
 def add_global_observer(observer: LlmObserver) -> None:
     """Tell *observer* about every retry and failure in this process, from now on."""
-    with _global_lock:
-        _global_observers.append(observer)
+    _global_observers.add(observer)
 
 
 def remove_global_observer(observer: LlmObserver) -> None:
     """Stop telling *observer* (added with :func:`add_global_observer`); no-op if absent."""
-    with _global_lock, contextlib.suppress(ValueError):
-        _global_observers.remove(observer)
+    _global_observers.remove(observer)
 
 
 def current_observers() -> tuple[LlmObserver, ...]:
     """The observers an event reported now would reach: the context's, then the global."""
-    with _global_lock:
-        everywhere = tuple(_global_observers)
-    return (*_context_observers.get(), *everywhere)
+    return (*_context_observers.get(), *_global_observers.snapshot())
 
 
 def notify_retry(

@@ -45,7 +45,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -70,8 +70,8 @@ from heed.llm.base import (
     parse_tool_arguments,
 )
 from heed.llm.observe import notify_failure, notify_retry
-from heed.llm.watch import CancelWatch
-from heed.runtime import current_token, retry_async, settle
+from heed.llm.watch import CancelWatch, sleep_unless_cancelled
+from heed.runtime import retry_async, settle
 
 __all__ = ["OpenAIProvider", "message_to_openai", "tool_to_openai"]
 
@@ -201,13 +201,21 @@ class _Backoff:
         delay, self.pending = self.pending, 0.0
         if delay <= 0:
             return
-        token = current_token()
-        if token is None:
-            await asyncio.sleep(delay)
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(token.wait(), delay)
-        token.raise_if_cancelled()
+        await sleep_unless_cancelled(delay)
+
+
+@contextlib.contextmanager
+def _upstream_errors(timed_out: str, broke: str) -> Iterator[None]:
+    """Raise httpx's errors in the block as the provider's: a timeout as
+    :class:`UpstreamTimedOut` (``"openai: " + timed_out``), another transport error as
+    :class:`UpstreamUnavailable` (``"openai: " + broke + ": " + the error``); neither
+    chained to the httpx error."""
+    try:
+        yield
+    except httpx.TimeoutException:
+        raise UpstreamTimedOut(f"{NAME}: {timed_out}", provider=NAME) from None
+    except httpx.TransportError as exc:
+        raise UpstreamUnavailable(f"{NAME}: {broke}: {exc!r}", provider=NAME) from None
 
 
 @dataclass
@@ -428,37 +436,12 @@ class OpenAIProvider(ProviderBase):
             )
             opening = False
             try:
-                assembler = _ChunkAssembler(self._model)
-                done = False
-                async for data in _sse_data(response.aiter_lines()):
-                    if data.strip() == "[DONE]":
-                        done = True
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except json.JSONDecodeError:
-                        raise BadModelOutput(
-                            f"{NAME}: upstream sent a malformed stream chunk: {data[:200]!r}",
-                            provider=NAME,
-                        ) from None
-                    for event in assembler.feed(chunk):
-                        await channel.put(event)
-                if not done and assembler.finish_reason is None:
-                    raise UpstreamUnavailable(
-                        f"{NAME}: the upstream closed the stream before finishing", provider=NAME
-                    )
-                for event in assembler.finish():
-                    await channel.put(event)
-            except httpx.TimeoutException:
-                raise UpstreamTimedOut(
-                    f"{NAME}: no data from {self.base_url} for {self._client.timeout.read} s "
+                with _upstream_errors(
+                    f"no data from {self.base_url} for {self._client.timeout.read} s "
                     "while streaming",
-                    provider=NAME,
-                ) from None
-            except httpx.TransportError as exc:
-                raise UpstreamUnavailable(
-                    f"{NAME}: the stream from {self.base_url} broke: {exc!r}", provider=NAME
-                ) from None
+                    f"the stream from {self.base_url} broke",
+                ):
+                    await self._relay(response, channel)
             finally:
                 await response.aclose()
             await channel.put(_END)
@@ -472,21 +455,43 @@ class OpenAIProvider(ProviderBase):
                 notify_failure(NAME, exc.upstream_status, reason, detail=exc.message)
             await channel.put(exc)
 
+    async def _relay(
+        self, response: httpx.Response, channel: asyncio.Queue[StreamEvent | _End | Exception]
+    ) -> None:
+        """Put the events of *response*'s stream on *channel*, the last one its finish;
+        raises :class:`BadModelOutput` on a malformed chunk and :class:`UpstreamUnavailable`
+        when the stream ends before its reply did (httpx's errors pass through)."""
+        assembler = _ChunkAssembler(self._model)
+        done = False
+        async for data in _sse_data(response.aiter_lines()):
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError:
+                raise BadModelOutput(
+                    f"{NAME}: upstream sent a malformed stream chunk: {data[:200]!r}",
+                    provider=NAME,
+                ) from None
+            for event in assembler.feed(chunk):
+                await channel.put(event)
+        if not done and assembler.finish_reason is None:
+            raise UpstreamUnavailable(
+                f"{NAME}: the upstream closed the stream before finishing",
+                provider=NAME,
+            )
+        for event in assembler.finish():
+            await channel.put(event)
+
     async def _open(self, payload: dict[str, Any]) -> httpx.Response:
         """POST the request and return the streaming response, or raise the mapped error."""
         url = f"{self.base_url}/chat/completions"
         request = self._client.build_request("POST", "chat/completions", json=payload)
-        try:
+        with _upstream_errors(
+            f"{url} did not answer within {self._client.timeout.connect} s", f"cannot reach {url}"
+        ):
             response = await self._client.send(request, stream=True)
-        except httpx.TimeoutException:
-            raise UpstreamTimedOut(
-                f"{NAME}: {url} did not answer within {self._client.timeout.connect} s",
-                provider=NAME,
-            ) from None
-        except httpx.TransportError as exc:
-            raise UpstreamUnavailable(
-                f"{NAME}: cannot reach {url}: {exc!r}", provider=NAME
-            ) from None
         if response.status_code < 400:
             return response
         try:

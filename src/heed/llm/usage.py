@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -45,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from heed.llm.base import ChatMessage, ToolCall
+from heed.llm.hooks import Hooks
 from heed.runtime import reraise_cancellation
 
 __all__ = [
@@ -165,27 +165,22 @@ class LlmCall:
 
 CallSink = Callable[[LlmCall], None]
 
-_sinks: list[CallSink] = []
-_sinks_lock = threading.Lock()
+_sinks: Hooks[CallSink] = Hooks()
 
 
 def add_call_sink(sink: CallSink) -> None:
     """Hand every LLM call of this process to *sink* from now on."""
-    with _sinks_lock:
-        _sinks.append(sink)
+    _sinks.add(sink)
 
 
 def remove_call_sink(sink: CallSink) -> None:
     """Stop handing calls to *sink*; no-op if it was not added."""
-    with _sinks_lock, contextlib.suppress(ValueError):
-        _sinks.remove(sink)
+    _sinks.remove(sink)
 
 
 def notify_call(call: LlmCall) -> None:
     """Hand *call* to every sink (in the order they were added)."""
-    with _sinks_lock:
-        sinks = tuple(_sinks)
-    for sink in sinks:
+    for sink in _sinks.snapshot():
         try:
             sink(call)
         except Exception as exc:
@@ -221,27 +216,24 @@ CallAdmission = Callable[
     [LlmWork | None, Sequence[ChatMessage], int | None], AbstractAsyncContextManager[None]
 ]
 
-_admissions: list[CallAdmission] = []
+_admissions: Hooks[CallAdmission] = Hooks()
 
 
 def add_call_admission(admission: CallAdmission) -> None:
     """Enter *admission* around every LLM call of this process from now on."""
-    with _sinks_lock:
-        _admissions.append(admission)
+    _admissions.add(admission)
 
 
 def remove_call_admission(admission: CallAdmission) -> None:
     """Stop entering *admission*; no-op if it was not added."""
-    with _sinks_lock, contextlib.suppress(ValueError):
-        _admissions.remove(admission)
+    _admissions.remove(admission)
 
 
 @contextlib.asynccontextmanager
 async def admitted(messages: Sequence[ChatMessage], max_tokens: int | None) -> AsyncIterator[None]:
     """Hold a call until every admission lets it start, and until it ended (see the module
     docstring). Raises what an admission raises (a cancelled wait: ``OperationCancelled``)."""
-    with _sinks_lock:
-        admissions = tuple(_admissions)
+    admissions = _admissions.snapshot()
     work = _work.get()
     async with contextlib.AsyncExitStack() as stack:
         for admission in admissions:

@@ -14,7 +14,8 @@ share:
   (:data:`OPERATION_KINDS`) and Hindsight's status of a run phase (:func:`status_of`);
 - **the delete**: :func:`cancel_on_delete` registers, as an engine ``before_delete`` hook,
   the cancel of the bank's unfinished runs of some kinds (:func:`cancel_bank_runs`: reason
-  ``bank deleted``, waiting until their workers stopped);
+  ``bank deleted``, waiting until their workers stopped); :class:`BankRunService` is the
+  base of a service whose runs are a bank's, registering it when the service is built;
 - **owned per-bank timers** (:class:`BankTimers`): background tasks keyed by bank, at most
   one per key, cancelled when their bank is deleted and stopped (and awaited, through
   :func:`heed.runtime.settle`) by ``aclose``.
@@ -25,7 +26,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
 
 from heed.memory.engine import BANK_DELETED, MemoryEngine
 from heed.memory.models import Bank, NotFound
@@ -41,6 +43,7 @@ __all__ = [
     "OPERATION_KINDS",
     "RETAIN_KIND",
     "TRANSFER_KINDS",
+    "BankRunService",
     "BankTimers",
     "bank_payload",
     "bank_run",
@@ -154,6 +157,23 @@ def cancel_on_delete(engine: MemoryEngine, manager: RunManager, *kinds: str) -> 
             await cancel_bank_runs(manager, bank, kind)
 
     engine.before_delete.append(cancel)
+
+
+@dataclass(eq=False)
+class BankRunService:
+    """The base of a service that runs work on banks through *manager* (its run kinds,
+    :attr:`KINDS`) over *engine*: built, it registers with *engine* that deleting a bank
+    first cancels the bank's unfinished runs of those kinds (:func:`cancel_on_delete`). A
+    subclass adds its own fields (a dataclass's, after these two) and, when it has more to
+    do once built, extends :meth:`__post_init__`."""
+
+    manager: RunManager
+    engine: MemoryEngine
+    #: The run kinds a bank delete cancels, in order.
+    KINDS: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        cancel_on_delete(self.engine, self.manager, *self.KINDS)
 
 
 class BankTimers:

@@ -58,19 +58,18 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from heed.llm.usage import llm_work
 from heed.memory.bank_runs import (
     MENTAL_MODEL_REFRESH_KIND,
+    BankRunService,
     bank_payload,
     bank_run,
     bank_session,
-    cancel_on_delete,
 )
-from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, Conflict
 from heed.mental_models.fingerprint import source_fingerprint
 from heed.mental_models.lookup import MentalModelLookup
@@ -86,7 +85,7 @@ from heed.reflect.result import ResultShape, reflect_result
 from heed.reflect.service import ReflectService
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
-from heed.runs.manager import AdmissionAborted, RunManager
+from heed.runs.manager import AdmissionAborted
 from heed.runs.model import Run
 from heed.runtime import (
     OperationCancelled,
@@ -144,27 +143,18 @@ def _parse(value: str | None) -> float | None:
         return None
 
 
-class MentalModelRefreshes:
+@dataclass(eq=False)
+class MentalModelRefreshes(BankRunService):
     """Submits, runs, dry-runs and stops refreshes (see the module docstring)."""
 
-    def __init__(
-        self,
-        manager: RunManager,
-        engine: MemoryEngine,
-        reflect: ReflectService,
-        store: MentalModelStore,
-        lookup: MentalModelLookup,
-        limits: RefreshLimits | None = None,
-    ) -> None:
-        self.manager = manager
-        self.engine = engine
-        self.reflect = reflect
-        self.store = store
-        self.lookup = lookup
-        self.limits = limits or RefreshLimits()
-        self._skipped: Counter[str] = Counter()
-        self._skipped_lock = threading.Lock()
-        cancel_on_delete(engine, manager, MENTAL_MODEL_REFRESH_KIND)
+    KINDS: ClassVar[tuple[str, ...]] = (MENTAL_MODEL_REFRESH_KIND,)
+
+    reflect: ReflectService
+    store: MentalModelStore
+    lookup: MentalModelLookup
+    limits: RefreshLimits = field(default_factory=RefreshLimits)
+    _skipped: Counter[str] = field(init=False, default_factory=Counter)
+    _skipped_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def skipped(self) -> dict[str, int]:
         """Refreshes skipped because their sources had not changed, in this process, by

@@ -39,6 +39,7 @@ __all__ = [
     "ScopeTags",
     "Tags",
     "check_values",
+    "codec",
     "decode_vector",
     "encode_vector",
     "epoch",
@@ -204,6 +205,23 @@ def row_of(record: Record, row: Callable[..., T], where: str, **fields: Any) -> 
         if name in values:
             values[name] = utc_time(values[name], name, where) or ""
     return row(**{**values, **fields})
+
+
+def codec(
+    record: type[Record], row: Callable[..., T], **fields: Any
+) -> tuple[Callable[[T], dict[str, Any]], Callable[[dict[str, Any], int, str], T]]:
+    """A section's ``encode`` and ``decode`` when its rows are its records, field for field:
+    ``encode`` is :func:`fields_of` (*record*'s fields of a row), ``decode`` validates a
+    value as a *record* (:func:`validate`) and builds the *row* of it (:func:`row_of`, with
+    *fields* over the record's: what the row holds besides)."""
+
+    def encode(value: T) -> dict[str, Any]:
+        return fields_of(value, record)
+
+    def decode(value: dict[str, Any], dim: int, where: str) -> T:
+        return row_of(validate(record, value, where), row, where, **fields)
+
+    return encode, decode
 
 
 def _copied(value: Any) -> Any:

@@ -85,17 +85,17 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import IO, Any, Final, Literal
+from typing import IO, Any, ClassVar, Final, Literal
 
-from heed.memory.bank_runs import TRANSFER_KINDS, cancel_on_delete, run_bank
-from heed.memory.engine import BANK_DELETED, MemoryEngine
+from heed.memory.bank_runs import TRANSFER_KINDS, BankRunService, run_bank
+from heed.memory.engine import BANK_DELETED
 from heed.memory.models import Bank, Conflict, NotFound, PreparedDocument
 from heed.memory.store import BankGone, BankTaken
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
-from heed.runs.manager import RunManager, RunNotFound
+from heed.runs.manager import RunNotFound
 from heed.runs.model import Run
 from heed.runs.state import is_terminal
 from heed.runtime import (
@@ -109,8 +109,15 @@ from heed.transfer.ids import NewIds
 from heed.transfer.limits import ExportQuotaExceeded, TransferLimits, export_key
 from heed.transfer.rows import BankSelection
 from heed.transfer.sections.base import Flags, TransferStores
-from heed.transfer.store import ArchiveStore, ExportQuotaFull, StoredArchive, file_parts
+from heed.transfer.store import (
+    ArchiveStore,
+    ExportQuotaFull,
+    StoredArchive,
+    TransferStore,
+    file_parts,
+)
 from heed.transfer.work import import_archive, merge_archive, write_archive
+from heed.webhooks.service import Webhooks
 
 __all__ = [
     "CLONE_KIND",
@@ -176,29 +183,28 @@ class _Progress:
                 log.warning("a transfer's progress event was lost: %s", result)
 
 
-class TransferRuns:
+@dataclass(eq=False)
+class TransferRuns(BankRunService):
     """Runs bank transfers (see the module docstring): the kinds' ``execute``, the
     staging banks' cleanup, and the cancel of a bank's transfers before it is deleted."""
 
-    def __init__(
-        self,
-        manager: RunManager,
-        engine: MemoryEngine,
-        archives: ArchiveStore,
-        stores: TransferStores,
-        model: str,
-        limits: TransferLimits,
-    ) -> None:
-        self.manager = manager
-        self.engine = engine
-        self.archives = archives
-        self.stores = stores
-        self.rows = stores.rows
-        self.webhooks = stores.webhooks
-        self.model = model
-        self.limits = limits
-        self._discarding: set[asyncio.Task[None]] = set()
-        cancel_on_delete(engine, manager, *TRANSFER_KINDS)
+    KINDS: ClassVar[tuple[str, ...]] = TRANSFER_KINDS
+
+    archives: ArchiveStore
+    stores: TransferStores
+    model: str
+    limits: TransferLimits
+    _discarding: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+
+    @property
+    def rows(self) -> TransferStore:
+        """The bank rows' store (:attr:`TransferStores.rows`)."""
+        return self.stores.rows
+
+    @property
+    def webhooks(self) -> Webhooks | None:
+        """The webhooks' service (:attr:`TransferStores.webhooks`; ``None``: not carried)."""
+        return self.stores.webhooks
 
     def kind_specs(self) -> dict[str, KindSpec]:
         """How transfer runs execute: register each under its kind."""

@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from heed.llm.base import BadModelOutput, ChatMessage, ChatProvider, JsonSchemaFormat
 from heed.llm.gate import call_concurrency, model_slot
@@ -73,13 +73,12 @@ from heed.llm.usage import llm_work
 from heed.memory.bank_config.view import BankSettings
 from heed.memory.bank_runs import (
     CONSOLIDATION_KIND,
+    BankRunService,
     BankTimers,
     bank_payload,
     bank_run,
     bank_session,
-    cancel_on_delete,
 )
-from heed.memory.engine import MemoryEngine
 from heed.memory.learning.observations import HISTORY_LIMIT, ObservationVersions, plan_actions
 from heed.memory.learning.scopes import Scope, ScopeRule, mission_for, scope_rule, scopes_of
 from heed.memory.models import (
@@ -94,7 +93,6 @@ from heed.memory.retain.prepare import embed_documents
 from heed.memory.store import ObservationChanges
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
-from heed.runs.manager import RunManager
 from heed.runs.model import Run
 from heed.runtime import (
     Lane,
@@ -243,29 +241,27 @@ def _counting(counters: _Counters) -> LlmObserver:
     return LlmObserver(on_retry=retried, on_failure=failed)
 
 
-class Consolidation:
+@dataclass(eq=False)
+class Consolidation(BankRunService):
     """Starts, runs and stops the consolidation of banks (see the module docstring)."""
 
-    def __init__(
-        self,
-        manager: RunManager,
-        engine: MemoryEngine,
-        provider: Callable[[], ChatProvider],
-        llm_lane: Lane,
-        limits: ConsolidationLimits | None = None,
-    ) -> None:
-        self.manager = manager
-        self.engine = engine
-        self.provider = provider
-        self.llm_lane = llm_lane
-        self.limits = limits or ConsolidationLimits()
-        #: Scheduled starts, one per bank (a bank delete cancels its own).
-        self._scheduled = BankTimers(engine)
-        #: Called with the bank and the scopes (tag lists) whose observations a completed
-        #: run changed (mental models' triggers); must return at once.
-        self.after_consolidation: list[Callable[[Bank, list[list[str]]], None]] = []
-        cancel_on_delete(engine, manager, CONSOLIDATION_KIND)
-        engine.after_retain.append(self.schedule)
+    KINDS: ClassVar[tuple[str, ...]] = (CONSOLIDATION_KIND,)
+
+    provider: Callable[[], ChatProvider]
+    llm_lane: Lane
+    limits: ConsolidationLimits = field(default_factory=ConsolidationLimits)
+    #: Scheduled starts, one per bank (a bank delete cancels its own).
+    _scheduled: BankTimers = field(init=False)
+    #: Called with the bank and the scopes (tag lists) whose observations a completed
+    #: run changed (mental models' triggers); must return at once.
+    after_consolidation: list[Callable[[Bank, list[list[str]]], None]] = field(
+        init=False, default_factory=list
+    )
+
+    def __post_init__(self) -> None:
+        self._scheduled = BankTimers(self.engine)
+        super().__post_init__()
+        self.engine.after_retain.append(self.schedule)
 
     def kind_spec(self) -> KindSpec:
         """How ``consolidation`` runs execute: register it as :data:`CONSOLIDATION_KIND`."""

@@ -25,24 +25,23 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from heed.errors import HeedError
 from heed.memory.bank_runs import (
     OPERATION_KINDS,
     RETAIN_KIND,
+    BankRunService,
     bank_payload,
     bank_run,
     bank_session,
-    cancel_on_delete,
     status_of_phase,
 )
-from heed.memory.engine import MemoryEngine
 from heed.memory.models import Bank, EntityRef, NotFound, RetainItem
 from heed.memory.retain.idempotency import check_fingerprint, retain_key
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
-from heed.runs.manager import RunManager, RunNotFound
+from heed.runs.manager import RunNotFound
 from heed.runs.model import Run
 from heed.runs.state import is_terminal
 from heed.runtime import run_in_thread
@@ -118,13 +117,11 @@ def _item_of(data: dict[str, Any]) -> RetainItem:
     )
 
 
-class RetainOperations:
+@dataclass(eq=False)
+class RetainOperations(BankRunService):
     """Submit, list, read and cancel a bank's async retains (see the module docstring)."""
 
-    def __init__(self, manager: RunManager, engine: MemoryEngine) -> None:
-        self.manager = manager
-        self.engine = engine
-        cancel_on_delete(engine, manager, RETAIN_KIND)
+    KINDS: ClassVar[tuple[str, ...]] = (RETAIN_KIND,)
 
     def kind_spec(self) -> KindSpec:
         """How ``retain`` runs execute: register it as :data:`RETAIN_KIND`."""

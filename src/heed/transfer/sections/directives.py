@@ -5,7 +5,7 @@ each a new id."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field
 
@@ -17,9 +17,7 @@ from heed.transfer.records import (
     Name,
     Record,
     ScopeTags,
-    fields_of,
-    row_of,
-    validate,
+    codec,
 )
 from heed.transfer.sections.base import Checker, ExportContext, ImportContext, Section
 
@@ -39,12 +37,7 @@ class DirectiveRecord(Record):
     updated_at: str
 
 
-def encode(row: Directive) -> dict[str, Any]:
-    return fields_of(row, DirectiveRecord)
-
-
-def decode(value: dict[str, Any], dim: int, where: str) -> Directive:
-    return row_of(validate(DirectiveRecord, value, where), Directive, where, bank_ref="")
+encode, decode = codec(DirectiveRecord, Directive, bank_ref="")
 
 
 def read(ctx: ExportContext) -> Iterator[list[Directive]]:

@@ -6,16 +6,13 @@ bank's own and are kept; the tree is checked with the mental models
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from heed.mental_models.values import KnowledgeFolder
 from heed.transfer.records import (
     Id,
     Name,
     Record,
-    fields_of,
-    row_of,
-    validate,
+    codec,
 )
 from heed.transfer.sections.base import (
     Checker,
@@ -39,12 +36,7 @@ class FolderRecord(Record):
     updated_at: str
 
 
-def encode(row: KnowledgeFolder) -> dict[str, Any]:
-    return fields_of(row, FolderRecord)
-
-
-def decode(value: dict[str, Any], dim: int, where: str) -> KnowledgeFolder:
-    return row_of(validate(FolderRecord, value, where), KnowledgeFolder, where, bank_ref="")
+encode, decode = codec(FolderRecord, KnowledgeFolder, bank_ref="")
 
 
 def read(ctx: ExportContext) -> Iterator[list[KnowledgeFolder]]:
