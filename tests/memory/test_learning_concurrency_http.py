@@ -3,6 +3,8 @@ it (``HEED_LLM_PROVIDER=openai``) against the fake OpenAI-compatible upstream on
 which holds every answer a moment, as a remote model does.
 
 - a retain's chunks are extracted side by side, the facts in chunk order;
+- an asynchronous retain writes each document as soon as it is ready, and consolidation
+  takes whole rounds of it while the model still reads the rest;
 - consolidation rounds run side by side (within one scope), and no round overwrites what
   another wrote: every fact ends cited by an observation;
 - a bank's daily budget of background tokens holds its consolidation, which says why it
@@ -34,6 +36,8 @@ from tests.support import LiveServer, metric_value, wait_for
 
 #: How long the upstream holds each answer.
 LATENCY = 1.0
+#: A unit saying "pace N" is read N times slower (documents of an import ready one by one).
+_PACE = re.compile(r"pace (\d+)")
 #: Facts one consolidation round takes (HEED_CONSOLIDATION_BATCH): several rounds per retain.
 BATCH = 3
 
@@ -66,7 +70,8 @@ def respond(body: dict[str, Any]) -> Behaviour | None:
         reply = _streamed({"actions": [action]})
     else:
         return None
-    reply.header_delay = LATENCY
+    pace = _PACE.search(user)
+    reply.header_delay = LATENCY * (int(pace.group(1)) if pace else 1)
     return reply
 
 
@@ -161,6 +166,59 @@ def test_a_retains_chunks_are_extracted_side_by_side(
     lane = "llm:openai"
     assert metric_value(metrics, "heed_lane_capacity", lane=lane) == 6
     assert metric_value(metrics, "heed_lane_in_use", lane=lane) == 0
+
+
+def test_an_asynchronous_retain_writes_documents_as_they_are_ready_and_consolidates_meanwhile(
+    server: LiveServer, upstream: RunningUpstream
+) -> None:
+    marker = "Zk" + uuid.uuid4().hex[:8]
+    bank = new_bank(server, retain_extraction_mode="concise", enable_observations=True)
+    # Four documents of two short turns: one chunk and two facts each, which the model
+    # reads one after the other, the last one slowly.
+    items = [
+        {
+            "content": f"{marker} doc {d} turn one: Ana planted tulips (pace {pace}).\n"
+            f"{marker} doc {d} turn two: Ben fixed the fence (pace {pace}).",
+            "document_id": f"doc-{d}",
+        }
+        for d, pace in enumerate([1, 2, 3, 7])
+    ]
+    response = httpx.post(
+        f"{server.url}/v1/default/banks/{bank}/memories",
+        json={"async": True, "items": items},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    operation = response.json()["operation_id"]
+
+    def slow_call() -> Record | None:
+        calls = [r for r in records_of(upstream, marker, "[0] (") if "pace 7" in _user_text(r.body)]
+        return calls[0] if calls else None
+
+    slow = wait_for(slow_call, seconds=30)
+    # While the model still reads the last document, the first three are written and
+    # their facts consolidated.
+    wait_for(
+        lambda: len([m for m in memories(server, bank) if m["text"].startswith("Stated: ")]) >= 6,
+        seconds=30,
+    )
+    wait_for(lambda: records_of(upstream, marker, "New facts:"), seconds=30)
+    assert slow.completed_at is None, "the first documents waited for the last one"
+
+    def done() -> bool:
+        url = f"{server.url}/v1/default/banks/{bank}/operations/{operation}"
+        status = httpx.get(url, timeout=30).json()["status"]
+        assert status in ("pending", "processing", "completed"), status
+        return status == "completed"
+
+    wait_for(done, seconds=60)
+    wait_for(lambda: len(memories(server, bank, consolidation_state="done")) == 8, seconds=60)
+    # Whole rounds while the retain wrote, the rest after it: as few rounds as after an
+    # import (8 facts, rounds of 3: 3 rounds), not a short round per document written.
+    rounds = records_of(upstream, marker, "New facts:")
+    sizes = sorted(len(_FACT.findall(_user_text(r.body))) for r in rounds)
+    assert sizes == [2, 3, 3]
+    assert min(r.started_at for r in rounds) < (slow.completed_at or 0)
 
 
 def test_consolidation_rounds_run_side_by_side_and_lose_no_fact(

@@ -50,8 +50,7 @@ from heed.llm.base import (
     UpstreamRateLimited,
 )
 from heed.llm.usage import current_work
-from heed.llm.watch import sleep_unless_cancelled
-from heed.runtime import Lane, LaneStats
+from heed.runtime import Lane, LaneStats, sleep_unless_cancelled
 
 __all__ = [
     "MAX_PAUSE",

@@ -70,8 +70,8 @@ from heed.llm.base import (
     parse_tool_arguments,
 )
 from heed.llm.observe import notify_failure, notify_retry
-from heed.llm.watch import CancelWatch, sleep_unless_cancelled
-from heed.runtime import retry_async, settle
+from heed.llm.watch import CancelWatch
+from heed.runtime import retry_async, settle, sleep_unless_cancelled
 
 __all__ = ["OpenAIProvider", "message_to_openai", "tool_to_openai"]
 

@@ -11,8 +11,8 @@ thread. Providers then:
 - ``await watch.sleep(seconds)``: a per-token delay that wakes on cancel;
 - ``watch.close()`` when the stream ends (unregisters the callback).
 
-Outside a stream, :func:`sleep_unless_cancelled` is a delay (a backoff, a pause) under the
-active token, without a watch.
+Outside a stream, :func:`heed.runtime.sleep_unless_cancelled` is a delay (a backoff, a
+pause) under the active token, without a watch.
 
 No polling: the wake-up is a ``call_soon_threadsafe`` from the token's callback.
 """
@@ -26,22 +26,9 @@ from typing import TypeVar
 
 from heed.runtime import CancellationToken, OperationCancelled, current_token, settle
 
-__all__ = ["CancelWatch", "sleep_unless_cancelled"]
+__all__ = ["CancelWatch"]
 
 T = TypeVar("T")
-
-
-async def sleep_unless_cancelled(seconds: float) -> None:
-    """Sleep *seconds* under the active token: wakes at once and raises
-    :class:`~heed.runtime.OperationCancelled` when it is (or was) cancelled; with no active
-    token, a plain sleep."""
-    token = current_token()
-    if token is None:
-        await asyncio.sleep(seconds)
-        return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(token.wait(), seconds)
-    token.raise_if_cancelled()
 
 
 class CancelWatch:

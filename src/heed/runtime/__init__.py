@@ -36,7 +36,7 @@ from heed.runtime.offload import (
 from heed.runtime.retry import retry_async
 from heed.runtime.slots import CpuBudget, Lane, LaneFull, Lanes, LaneStats
 from heed.runtime.tally import TokenTally, current_tally, tallying
-from heed.runtime.tasks import run_all, settle, wait_for_event
+from heed.runtime.tasks import run_all, settle, sleep_unless_cancelled, wait_for_event
 
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -70,6 +70,7 @@ __all__ = [
     "scoped_value",
     "set_context",
     "settle",
+    "sleep_unless_cancelled",
     "tallying",
     "use_context",
     "wait_for_event",

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from heed.runtime.context import current_token
 
-__all__ = ["run_all", "settle", "wait_for_event"]
+__all__ = ["run_all", "settle", "sleep_unless_cancelled", "wait_for_event"]
 
 T = TypeVar("T")
 
@@ -111,3 +111,14 @@ async def wait_for_event(event: asyncio.Event, seconds: float | None) -> bool:
     if token is not None:
         token.raise_if_cancelled()
     return event.is_set()
+
+
+async def sleep_unless_cancelled(seconds: float) -> None:
+    """Sleep *seconds* (a backoff, a pause) under the active token: wakes at once and raises
+    ``OperationCancelled`` when it is (or was) cancelled; with no active token, a plain
+    sleep."""
+    token = current_token()
+    if token is None:
+        await asyncio.sleep(seconds)
+    else:
+        await token.sleep(seconds)
