@@ -27,7 +27,6 @@ from heed.memory.models import (
     refuse_nul,
 )
 from heed.memory.retain.operations import RetainOperations
-from heed.memory.retain.prepare import embed_documents
 from heed.memory.retain.units import index_text
 from heed.memory.store import WriteResult
 from heed.runs import Run
@@ -203,7 +202,7 @@ class MemoryCuration:
         if self.engine.settings(bank).enable_observations:
             prepared.consolidation_state = "pending"
         document = loose_units([prepared])
-        await run_in_thread(embed_documents, [document], self.engine.embedder, self.engine.tokens)
+        await self.engine.embed(document.units)
         return document.units[0]
 
     def _apply(self, bank: Bank, result: WriteResult | None, unit: PreparedUnit | None) -> None:

@@ -89,7 +89,6 @@ from heed.memory.models import (
     StoredUnit,
     loose_units,
 )
-from heed.memory.retain.prepare import embed_documents
 from heed.memory.store import ObservationChanges
 from heed.runs.events import EventType
 from heed.runs.kinds import KindSpec, RunContext
@@ -457,7 +456,7 @@ class Consolidation(BankRunService):
             return
         actions = plan_actions(reply.value, scope, facts, related)
         fresh = [action.unit for action in actions]
-        await run_in_thread(embed_documents, [loose_units(fresh)], self.engine.embedder)
+        await self.engine.embed(fresh, background=True)
         async with run.writing:
             settled = run.versions.settle(actions, since, [f.seq for f in facts])
             await run_in_thread(self._write, bank, settled.changes, settled.fresh)

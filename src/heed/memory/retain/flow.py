@@ -24,9 +24,10 @@ import. A retain whose caller waits for the answer writes once every document is
 failure of the model leaves nothing written.
 
 Background embedding takes a retain slot with ``background=True``, or the slot kept for
-users while no user has wanted one for :data:`LEND_AFTER_QUIET` seconds
-(:meth:`heed.runtime.slots.Lane.lent_slot`): on an idle machine a bulk retain uses every
-core, and a user arriving meanwhile waits at most one piece of :data:`FEED_PIECE` units.
+users while no user has wanted one for a second (:meth:`MemoryEngine.embed
+<heed.memory.engine.MemoryEngine.embed>`): on an idle machine a bulk retain uses every core,
+and a user arriving meanwhile waits at most one piece of
+:data:`~heed.memory.retain.prepare.FEED_PIECE` units.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from heed.llm.gate import call_concurrency, model_slot
 from heed.llm.usage import llm_work
@@ -44,7 +45,6 @@ from heed.memory.models import Bank, PreparedDocument, PreparedUnit, RetainItem
 from heed.memory.retain.idempotency import LedgerEntry, RetainKey, check_ledger, retain_key
 from heed.memory.retain.prepare import (
     EmbedFeed,
-    embed_units,
     plan_documents,
     split_documents,
 )
@@ -53,11 +53,7 @@ from heed.runtime import raise_if_cancelled, run_all, run_in_thread, wait_for_ev
 if TYPE_CHECKING:
     from heed.memory.engine import MemoryEngine
 
-__all__ = ["LEND_AFTER_QUIET", "ProgressCallback", "RetainSummary", "RetainsInFlight", "retain"]
-
-#: Seconds without users' CPU work after which background embedding may use the slot kept
-#: for them.
-LEND_AFTER_QUIET: Final = 1.0
+__all__ = ["ProgressCallback", "RetainSummary", "RetainsInFlight", "retain"]
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -272,14 +268,4 @@ class _Flow:
         self._changed()
 
     async def _embed(self, units: list[PreparedUnit]) -> None:
-        """Embed and count *units* in place, in a retain slot (CPU work; a background
-        retain's yields to users' work, or takes the slot kept for them while they are away:
-        see the module docstring)."""
-        engine, lane = self.engine, self.engine.retain_lane
-        if self.background:
-            with lane.lent_slot(LEND_AFTER_QUIET) as lent:
-                if lent:
-                    await run_in_thread(embed_units, units, engine.embedder, engine.tokens)
-                    return
-        async with lane.slot(background=self.background):
-            await run_in_thread(embed_units, units, engine.embedder, engine.tokens)
+        await self.engine.embed(units, background=self.background)
