@@ -15,12 +15,13 @@ the parameter. An unknown bank is a 404.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, Offset, QueryId
+from heed.api.input_rules import IdPath, QueryId
+from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.memory import NotFound
@@ -29,20 +30,17 @@ from heed.observability.periods import IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["audit"], route_class=HeedRoute)
 
-PageLimit = Annotated[int, Query(ge=1, le=500)]
-
 
 @router.get("/{bank_id}/audit-logs")
 async def list_audit_logs(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
+    page: LogPageDep,
     action: QueryId | None = None,
     transport: QueryId | None = None,
     start_date: IsoDateTime | None = None,
     end_date: IsoDateTime | None = None,
-    limit: PageLimit = 50,
-    offset: Offset = 0,
 ) -> wire.AuditLogListResponse:
     """A page of the bank's audit entries, newest first."""
     where = AuditFilter(
@@ -52,9 +50,11 @@ async def list_audit_logs(
         until=instant(end_date),
     )
     bank = await engine.get_bank(bank_id)
-    entries, total = await observability.audits(bank.tenant, bank.bank_id, where, limit, offset)
+    entries, total = await observability.audits(
+        bank.tenant, bank.bank_id, where, page.limit, page.offset
+    )
     items = [wire.audit_summary(e) for e in entries]
-    return wire.AuditLogListResponse.page(bank.bank_id, items, total, limit, offset)
+    return page.answer(wire.AuditLogListResponse, items, total, bank_id=bank.bank_id)
 
 
 @router.get("/{bank_id}/audit-logs/stats")

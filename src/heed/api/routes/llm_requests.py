@@ -18,12 +18,13 @@ docs/observability.md.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, Offset, QueryId
+from heed.api.input_rules import IdPath, QueryId
+from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.observability import TraceFilter
@@ -31,7 +32,6 @@ from heed.observability.periods import BadFilter, IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["llm traces"], route_class=HeedRoute)
 
-PageLimit = Annotated[int, Query(ge=1, le=500)]
 CallType = Literal["llm", "embedding", "rerank", "decision"]
 Period = Literal["1d", "7d", "30d"]
 
@@ -41,6 +41,7 @@ async def list_llm_requests(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
+    page: LogPageDep,
     status: QueryId | None = None,
     operation: QueryId | None = None,
     scope: QueryId | None = None,
@@ -52,8 +53,6 @@ async def list_llm_requests(
     group: bool = False,
     start_date: IsoDateTime | None = None,
     end_date: IsoDateTime | None = None,
-    limit: PageLimit = 50,
-    offset: Offset = 0,
 ) -> wire.LLMRequestListResponse:
     """A page of the bank's LLM request traces, newest first (module docstring)."""
     refused = [n for n, v in (("document_id", document_id), ("memory_id", memory_id)) if v]
@@ -73,15 +72,11 @@ async def list_llm_requests(
     )
     bank = await engine.get_bank(bank_id)
     if call_type not in (None, "llm"):  # heed traces LLM calls only
-        return wire.LLMRequestListResponse.page(bank.bank_id, [], 0, limit, offset)
-    if group:
-        rows, total = await observability.trace_groups(
-            bank.tenant, bank.bank_id, where, limit, offset
-        )
-    else:
-        rows, total = await observability.traces(bank.tenant, bank.bank_id, where, limit, offset)
+        return page.answer(wire.LLMRequestListResponse, [], 0, bank_id=bank.bank_id)
+    listing = observability.trace_groups if group else observability.traces
+    rows, total = await listing(bank.tenant, bank.bank_id, where, page.limit, page.offset)
     items = [wire.llm_request(r) for r in rows]
-    return wire.LLMRequestListResponse.page(bank.bank_id, items, total, limit, offset)
+    return page.answer(wire.LLMRequestListResponse, items, total, bank_id=bank.bank_id)
 
 
 @router.get("/{bank_id}/llm-requests/stats")

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
 from heed.api.deps import CurationDep, MemoryDep, RetainOperationsDep
-from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
+from heed.api.input_rules import IdPath, QueryId, QueryText, TagsQuery
 from heed.api.openapi import CONFLICT
+from heed.api.paging import PageDep
 from heed.api.routing import HeedRoute
 from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import memory as wire
@@ -114,6 +115,7 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -
 async def list_memories(
     bank_id: IdPath,
     engine: MemoryDep,
+    page: PageDep,
     type: FactType | None = None,
     q: QueryText | None = None,
     document_id: QueryId | None = None,
@@ -125,8 +127,6 @@ async def list_memories(
     state: Literal["valid", "invalidated"] | None = None,
     tags: TagsQuery = None,
     tags_match: TagsMatchQuery = "any",
-    limit: Limit = 100,
-    offset: Offset = 0,
 ) -> wire.ListMemoryUnitsResponse:
     """Memory units, newest first (or by ``time_field``), with filters. ``state``: every
     stored unit is ``valid`` (an observation's earlier versions are its history, not
@@ -136,7 +136,7 @@ async def list_memories(
     exactly those tags; an unknown ``tags_match`` is a 400 naming it."""
     match = check_tags_match(tags_match)
     if state == "invalidated":
-        return wire.ListMemoryUnitsResponse(items=[], total=0, limit=limit, offset=offset)
+        return page.answer(wire.ListMemoryUnitsResponse, [], 0)
     flt = UnitFilter(
         fact_type=type,
         document_id=document_id,
@@ -151,12 +151,10 @@ async def list_memories(
     )
     units, total = await engine.on_bank(
         bank_id,
-        lambda bank: engine.list_units(bank, flt, limit, offset),
-        found=lambda page: bool(page[0]),
+        lambda bank: engine.list_units(bank, flt, page.limit, page.offset),
+        found=lambda found: bool(found[0]),
     )
-    return wire.ListMemoryUnitsResponse(
-        items=[unit_item(u) for u in units], total=total, limit=limit, offset=offset
-    )
+    return page.answer(wire.ListMemoryUnitsResponse, [unit_item(u) for u in units], total)
 
 
 @router.delete("")

@@ -21,7 +21,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from heed.api.deps import ViewsDep
-from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
+from heed.api.input_rules import IdPath, Limit, QueryId, QueryText, TagsQuery
+from heed.api.paging import PageDep
 from heed.api.routes.memories import FactType
 from heed.api.routing import HeedRoute
 from heed.api.tag_query import TagsMatchQuery
@@ -69,30 +70,26 @@ async def get_graph(
 async def list_tags(
     bank_id: IdPath,
     views: ViewsDep,
+    page: PageDep,
     q: QueryText | None = None,
     source: TagSource = "memories",
-    limit: Limit = 100,
-    offset: Offset = 0,
 ) -> wire.ListTagsResponse:
     """The bank's tags with how many memories (or mental models) carry each."""
-    tags, total = await views.tags(bank_id, source, q, limit, offset)
-    return wire.ListTagsResponse(
-        items=[wire.TagItem(tag=tag, count=n) for tag, n in tags],
-        total=total,
-        limit=limit,
-        offset=offset,
+    tags, total = await views.tags(bank_id, source, q, page.limit, page.offset)
+    return page.answer(
+        wire.ListTagsResponse, [wire.TagItem(tag=t, count=n) for t, n in tags], total
     )
 
 
 @router.get("/observations/scopes")
 async def list_observation_scopes(
-    bank_id: IdPath, views: ViewsDep, limit: Limit = 100, offset: Offset = 0
+    bank_id: IdPath, views: ViewsDep, page: PageDep
 ) -> wire.ObservationScopesResponse:
     """The distinct tag sets of the bank's observations, with their counts."""
-    scopes, total = await views.observation_scopes(bank_id, limit, offset)
+    scopes, total = await views.observation_scopes(bank_id, page.limit, page.offset)
     return wire.ObservationScopesResponse(
         scopes=[wire.ObservationScope(tags=tags, count=n) for tags, n in scopes],
         total=total,
-        limit=limit,
-        offset=offset,
+        limit=page.limit,
+        offset=page.offset,
     )
