@@ -21,12 +21,11 @@ from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
 from heed.api.input_rules import IdPath, QueryId
+from heed.api.list_queries import AuditQueryDep
 from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.memory import NotFound
-from heed.observability import AuditFilter
-from heed.observability.periods import IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["audit"], route_class=HeedRoute)
 
@@ -36,19 +35,11 @@ async def list_audit_logs(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
+    query: AuditQueryDep,
     page: LogPageDep,
-    action: QueryId | None = None,
-    transport: QueryId | None = None,
-    start_date: IsoDateTime | None = None,
-    end_date: IsoDateTime | None = None,
 ) -> wire.AuditLogListResponse:
     """A page of the bank's audit entries, newest first."""
-    where = AuditFilter(
-        action=action,
-        transport=transport,
-        since=instant(start_date),
-        until=instant(end_date),
-    )
+    where = query.where()
     bank = await engine.get_bank(bank_id)
     entries, total = await observability.audits(
         bank.tenant, bank.bank_id, where, page.limit, page.offset

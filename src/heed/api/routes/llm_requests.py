@@ -24,15 +24,14 @@ from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
 from heed.api.input_rules import IdPath, QueryId
+from heed.api.list_queries import CallType, TraceQueryDep
 from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.observability import TraceFilter
-from heed.observability.periods import BadFilter, IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["llm traces"], route_class=HeedRoute)
 
-CallType = Literal["llm", "embedding", "rerank", "decision"]
 Period = Literal["1d", "7d", "30d"]
 
 
@@ -41,39 +40,15 @@ async def list_llm_requests(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
+    query: TraceQueryDep,
     page: LogPageDep,
-    status: QueryId | None = None,
-    operation: QueryId | None = None,
-    scope: QueryId | None = None,
-    call_type: CallType | None = None,
-    provider: QueryId | None = None,
-    trace_id: QueryId | None = None,
-    document_id: QueryId | None = None,
-    memory_id: QueryId | None = None,
-    group: bool = False,
-    start_date: IsoDateTime | None = None,
-    end_date: IsoDateTime | None = None,
 ) -> wire.LLMRequestListResponse:
     """A page of the bank's LLM request traces, newest first (module docstring)."""
-    refused = [n for n, v in (("document_id", document_id), ("memory_id", memory_id)) if v]
-    if refused:
-        raise BadFilter(
-            f"{', '.join(refused)}: heed's LLM request traces are not linked to documents or "
-            "memories; filter by trace_id (a run) instead"
-        )
-    where = TraceFilter(
-        status=status,
-        operation=operation,
-        scope=scope,
-        provider=provider,
-        trace_id=trace_id,
-        since=instant(start_date),
-        until=instant(end_date),
-    )
+    where = query.where()
     bank = await engine.get_bank(bank_id)
-    if call_type not in (None, "llm"):  # heed traces LLM calls only
+    if query.call_type not in (None, "llm"):  # heed traces LLM calls only
         return page.answer(wire.LLMRequestListResponse, [], 0, bank_id=bank.bank_id)
-    listing = observability.trace_groups if group else observability.traces
+    listing = observability.trace_groups if query.group else observability.traces
     rows, total = await listing(bank.tenant, bank.bank_id, where, page.limit, page.offset)
     items = [wire.llm_request(r) for r in rows]
     return page.answer(wire.LLMRequestListResponse, items, total, bank_id=bank.bank_id)

@@ -22,8 +22,8 @@ from fastapi import APIRouter, Query
 
 from heed.api.deps import ViewsDep
 from heed.api.input_rules import IdPath, Limit, QueryId, QueryText, TagsQuery
+from heed.api.list_queries import FactType
 from heed.api.paging import PageDep
-from heed.api.routes.memories import FactType
 from heed.api.routing import HeedRoute
 from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import views as wire

@@ -22,7 +22,7 @@ from heed.api.input_rules import (
     TagList,
     Text,
 )
-from heed.api.wire.reflect import ReflectLLMCall, ReflectToolCall, TokenUsage
+from heed.api.wire.reflect import ReflectLLMCall, TokenUsage, ToolCallOut
 
 __all__ = [
     "AsyncOperationSubmitResponse",
@@ -192,8 +192,8 @@ class DryRunFacts(BaseModel):
 
 # The dry run's trace holds reflect's calls (its tool call's ``input`` optional), under
 # their own schema names (no docstrings: they would become the schemas' descriptions).
-class DryRunToolCall(ReflectToolCall):
-    input: dict[str, Any] | None = None
+class DryRunToolCall(ToolCallOut):
+    pass
 
 
 class DryRunLLMCall(ReflectLLMCall):

@@ -26,6 +26,7 @@ __all__ = [
     "ReflectToolCall",
     "ReflectTrace",
     "TokenUsage",
+    "ToolCallOut",
     "ToolCallsInclude",
     "refuse_not_implemented",
 ]
@@ -97,12 +98,18 @@ class ReflectBasedOn(BaseModel):
     directives: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ReflectToolCall(BaseModel):
+# A tool call of a reflect trace, as reflect's answer and a mental model's dry run show it
+# (no docstring: it would become the schemas' description).
+class ToolCallOut(BaseModel):
     tool: str
-    input: dict[str, Any]
+    input: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
     duration_ms: int
     iteration: int = 0
+
+
+class ReflectToolCall(ToolCallOut):
+    input: dict[str, Any]
 
 
 class ReflectLLMCall(BaseModel):
