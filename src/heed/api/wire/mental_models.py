@@ -191,7 +191,7 @@ class DryRunFacts(BaseModel):
 
 
 # The dry run's trace holds reflect's calls (its tool call's ``input`` optional), under
-# their own schema names (no docstrings: they would become the schemas' descriptions).
+# their own schema names (no docstrings: a model's docstring is its schema's description).
 class DryRunToolCall(ToolCallOut):
     pass
 

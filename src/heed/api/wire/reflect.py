@@ -98,9 +98,11 @@ class ReflectBasedOn(BaseModel):
     directives: list[dict[str, Any]] = Field(default_factory=list)
 
 
-# A tool call of a reflect trace, as reflect's answer and a mental model's dry run show it
-# (no docstring: it would become the schemas' description).
 class ToolCallOut(BaseModel):
+    """A tool call of a reflect trace, as reflect's answer (:class:`ReflectToolCall`) and a
+    mental model's dry run show it. Not an answer's model itself: the subclasses are, and a
+    class's docstring is not inherited by their schemas."""
+
     tool: str
     input: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
