@@ -6,6 +6,9 @@
   ``call_type``, ``provider``, ``trace_id``, ``document_id``, ``memory_id``, ``group``,
   ``start_date``, ``end_date``; :meth:`TraceQuery.where` is the
   :class:`~heed.observability.TraceFilter` (refusing ``document_id`` / ``memory_id``);
+- :class:`AuditStatsQuery` (``GET .../audit-logs/stats``): ``action``, ``period``;
+- :class:`TraceStatsQuery` (``GET .../llm-requests/stats``): ``operation``, ``call_type``,
+  ``period``; :meth:`TraceStatsQuery.where` is the :class:`~heed.observability.TraceFilter`;
 - :class:`UnitQuery` (``GET .../memories/list``): ``type``, ``q``, ``document_id``,
   ``entity_id``, ``time_field``, ``start_date``, ``end_date``, ``consolidation_state``,
   ``state``, ``tags``, ``tags_match``; :meth:`UnitQuery.where` is the
@@ -37,11 +40,16 @@ from heed.observability.periods import BadFilter, IsoDateTime, instant
 __all__ = [
     "AuditQuery",
     "AuditQueryDep",
+    "AuditStatsQuery",
+    "AuditStatsQueryDep",
     "CallType",
     "FactType",
+    "StatsPeriod",
     "TimeField",
     "TraceQuery",
     "TraceQueryDep",
+    "TraceStatsQuery",
+    "TraceStatsQueryDep",
     "UnitQuery",
     "UnitQueryDep",
 ]
@@ -53,6 +61,8 @@ if get_args(FactType) != FACT_TYPES:  # pragma: no cover - a new fact type must 
 TimeField = Literal["created_at", "updated_at", "mentioned_at", "occurred_start", "occurred_end"]
 CallType = Literal["llm", "embedding", "rerank", "decision"]
 """Hindsight's call types; heed traces ``llm`` calls only."""
+StatsPeriod = Literal["1d", "7d", "30d"]
+"""A stats read's span: a day by hour, or 7 or 30 days by day."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +123,27 @@ class TraceQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditStatsQuery:
+    """The audit log stats' filter and span, as sent."""
+
+    action: QueryId | None = None
+    period: StatsPeriod | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStatsQuery:
+    """The LLM request stats' filters and span, as sent."""
+
+    operation: QueryId | None = None
+    call_type: CallType | None = None
+    period: StatsPeriod | None = None
+
+    def where(self) -> TraceFilter:
+        """The traces counted (by ``operation``; ``call_type`` is the route's)."""
+        return TraceFilter(operation=self.operation)
+
+
+@dataclass(frozen=True, slots=True)
 class UnitQuery:
     """The memory listing's filters, as sent."""
 
@@ -147,5 +178,7 @@ class UnitQuery:
 
 
 AuditQueryDep = Annotated[AuditQuery, Depends(AuditQuery)]
+AuditStatsQueryDep = Annotated[AuditStatsQuery, Depends(AuditStatsQuery)]
+TraceStatsQueryDep = Annotated[TraceStatsQuery, Depends(TraceStatsQuery)]
 TraceQueryDep = Annotated[TraceQuery, Depends(TraceQuery)]
 UnitQueryDep = Annotated[UnitQuery, Depends(UnitQuery)]

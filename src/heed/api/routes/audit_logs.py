@@ -15,13 +15,11 @@ the parameter. An unknown bank is a 404.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, QueryId
-from heed.api.list_queries import AuditQueryDep
+from heed.api.input_rules import IdPath
+from heed.api.list_queries import AuditQueryDep, AuditStatsQueryDep
 from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
@@ -50,15 +48,11 @@ async def list_audit_logs(
 
 @router.get("/{bank_id}/audit-logs/stats")
 async def audit_log_stats(
-    bank_id: IdPath,
-    engine: MemoryDep,
-    observability: ObservabilityDep,
-    action: QueryId | None = None,
-    period: Literal["1d", "7d", "30d"] | None = None,
+    bank_id: IdPath, engine: MemoryDep, observability: ObservabilityDep, query: AuditStatsQueryDep
 ) -> wire.AuditLogStatsResponse:
     """The bank's audit entries by action, per time bucket of *period*."""
     bank = await engine.get_bank(bank_id)
-    stats = await observability.audit_stats(bank.tenant, bank.bank_id, action, period)
+    stats = await observability.audit_stats(bank.tenant, bank.bank_id, query.action, query.period)
     return wire.AuditLogStatsResponse.model_validate({"bank_id": bank.bank_id, **stats})
 
 

@@ -18,21 +18,16 @@ docs/observability.md.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, QueryId
-from heed.api.list_queries import CallType, TraceQueryDep
+from heed.api.input_rules import IdPath
+from heed.api.list_queries import TraceQueryDep, TraceStatsQueryDep
 from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
-from heed.observability import TraceFilter
 
 router = APIRouter(prefix="/v1/default/banks", tags=["llm traces"], route_class=HeedRoute)
-
-Period = Literal["1d", "7d", "30d"]
 
 
 @router.get("/{bank_id}/llm-requests")
@@ -56,17 +51,12 @@ async def list_llm_requests(
 
 @router.get("/{bank_id}/llm-requests/stats")
 async def llm_request_stats(
-    bank_id: IdPath,
-    engine: MemoryDep,
-    observability: ObservabilityDep,
-    operation: QueryId | None = None,
-    call_type: CallType | None = None,
-    period: Period | None = None,
+    bank_id: IdPath, engine: MemoryDep, observability: ObservabilityDep, query: TraceStatsQueryDep
 ) -> wire.LLMRequestStatsResponse:
     """The bank's LLM calls by status and their tokens, per time bucket of *period*."""
     bank = await engine.get_bank(bank_id)
-    where = TraceFilter(operation=operation)
-    stats = await observability.trace_stats(bank.tenant, bank.bank_id, where, period)
-    if call_type not in (None, "llm"):  # heed traces LLM calls only
+    where = query.where()
+    stats = await observability.trace_stats(bank.tenant, bank.bank_id, where, query.period)
+    if query.call_type not in (None, "llm"):  # heed traces LLM calls only
         stats["buckets"] = []
     return wire.LLMRequestStatsResponse.model_validate({"bank_id": bank.bank_id, **stats})
