@@ -14,8 +14,9 @@
   ``state``, ``tags``, ``tags_match``; :meth:`UnitQuery.where` is the
   :class:`~heed.memory.store.UnitFilter`.
 
-Each class is its own dependency (``Depends(AuditQuery)``): FastAPI reads its fields as
-the route's query parameters, documented as when the route declared them (same names,
+Each class but :class:`TraceQuery` is its own dependency (``Depends(AuditQuery)``):
+FastAPI reads its fields as the route's query parameters (:func:`_trace_query` reads
+:class:`TraceQuery`'s), documented as when the route declared them (same names,
 types, defaults and order; a dependency's parameters follow the route's own). The classes
 hold the values as sent: nothing is checked or refused until the route calls ``where``, so
 a route refuses a filter at the point of its body it always did (after the request's 422s).
@@ -86,40 +87,49 @@ class AuditQuery:
 
 @dataclass(frozen=True, slots=True)
 class TraceQuery:
-    """The LLM request listing's filters, as sent; ``group`` pages by run (``trace_id``)."""
+    """The LLM request listing's filters (read by :func:`_trace_query`); ``group`` pages
+    by run (``trace_id``); ``unlinked`` names ``document_id`` / ``memory_id`` when given."""
 
-    status: QueryId | None = None
-    operation: QueryId | None = None
-    scope: QueryId | None = None
-    call_type: CallType | None = None
-    provider: QueryId | None = None
-    trace_id: QueryId | None = None
-    document_id: QueryId | None = None
-    memory_id: QueryId | None = None
-    group: bool = False
-    start_date: IsoDateTime | None = None
-    end_date: IsoDateTime | None = None
+    filter: TraceFilter
+    call_type: CallType | None
+    group: bool
+    unlinked: tuple[str, ...]
 
     def where(self) -> TraceFilter:
         """The traces these filters pass; :class:`BadFilter` (400) naming ``document_id``
         and / or ``memory_id`` when given: heed's traces are not linked to either."""
-        refused = [
-            n for n, v in (("document_id", self.document_id), ("memory_id", self.memory_id)) if v
-        ]
-        if refused:
+        if self.unlinked:
             raise BadFilter(
-                f"{', '.join(refused)}: heed's LLM request traces are not linked to documents "
-                "or memories; filter by trace_id (a run) instead"
+                f"{', '.join(self.unlinked)}: heed's LLM request traces are not linked to "
+                "documents or memories; filter by trace_id (a run) instead"
             )
-        return TraceFilter(
-            status=self.status,
-            operation=self.operation,
-            scope=self.scope,
-            provider=self.provider,
-            trace_id=self.trace_id,
-            since=instant(self.start_date),
-            until=instant(self.end_date),
-        )
+        return self.filter
+
+
+def _trace_query(
+    status: QueryId | None = None,
+    operation: QueryId | None = None,
+    scope: QueryId | None = None,
+    call_type: CallType | None = None,
+    provider: QueryId | None = None,
+    trace_id: QueryId | None = None,
+    document_id: QueryId | None = None,
+    memory_id: QueryId | None = None,
+    group: bool = False,
+    start_date: IsoDateTime | None = None,
+    end_date: IsoDateTime | None = None,
+) -> TraceQuery:
+    where = TraceFilter(
+        status=status,
+        operation=operation,
+        scope=scope,
+        provider=provider,
+        trace_id=trace_id,
+        since=instant(start_date),
+        until=instant(end_date),
+    )
+    unlinked = tuple(n for n, v in (("document_id", document_id), ("memory_id", memory_id)) if v)
+    return TraceQuery(where, call_type, group, unlinked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,5 +190,5 @@ class UnitQuery:
 AuditQueryDep = Annotated[AuditQuery, Depends(AuditQuery)]
 AuditStatsQueryDep = Annotated[AuditStatsQuery, Depends(AuditStatsQuery)]
 TraceStatsQueryDep = Annotated[TraceStatsQuery, Depends(TraceStatsQuery)]
-TraceQueryDep = Annotated[TraceQuery, Depends(TraceQuery)]
+TraceQueryDep = Annotated[TraceQuery, Depends(_trace_query)]
 UnitQueryDep = Annotated[UnitQuery, Depends(UnitQuery)]
