@@ -9,6 +9,9 @@
 - :class:`AuditStatsQuery` (``GET .../audit-logs/stats``): ``action``, ``period``;
 - :class:`TraceStatsQuery` (``GET .../llm-requests/stats``): ``operation``, ``call_type``,
   ``period``; :meth:`TraceStatsQuery.where` is the :class:`~heed.observability.TraceFilter`;
+- :class:`GraphQuery` (``GET .../graph``): ``type``, ``limit``, ``q``, ``tags``,
+  ``tags_match``, ``document_id``, ``chunk_id``; :meth:`GraphQuery.where` is the
+  :class:`~heed.memory.store.UnitFilter` of the graph's units;
 - :class:`UnitQuery` (``GET .../memories/list``): ``type``, ``q``, ``document_id``,
   ``entity_id``, ``time_field``, ``start_date``, ``end_date``, ``consolidation_state``,
   ``state``, ``tags``, ``tags_match``; :meth:`UnitQuery.where` is the
@@ -25,12 +28,12 @@ This module does not use postponed annotations: FastAPI reads a class dependency
 parameters from its ``__init__``, whose annotations must be evaluated objects.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal, get_args
 
 from fastapi import Depends
 
-from heed.api.input_rules import QueryId, QueryText, TagsQuery
+from heed.api.input_rules import Limit, QueryId, QueryText, TagsQuery
 from heed.api.tag_query import TagsMatchQuery
 from heed.memory.models import FACT_TYPES
 from heed.memory.store import UnitFilter
@@ -45,6 +48,8 @@ __all__ = [
     "AuditStatsQueryDep",
     "CallType",
     "FactType",
+    "GraphQuery",
+    "GraphQueryDep",
     "StatsPeriod",
     "TimeField",
     "TraceQuery",
@@ -154,6 +159,23 @@ class TraceStatsQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphQuery:
+    """The memory graph's filters and size (``limit``: its most units), as sent."""
+
+    type: FactType | None = None
+    limit: Limit = 1000
+    q: QueryText | None = None
+    tags: TagsQuery = None
+    tags_match: TagsMatchQuery = "any"
+    document_id: QueryId | None = None
+    chunk_id: QueryId | None = None
+
+    def where(self) -> UnitFilter:
+        """The units these filters pass; an unknown ``tags_match`` is a 400 naming it."""
+        return replace(_unit_filter(self), chunk_id=self.chunk_id)
+
+
+@dataclass(frozen=True, slots=True)
 class UnitQuery:
     """The memory listing's filters, as sent."""
 
@@ -173,18 +195,27 @@ class UnitQuery:
         """The units these filters pass (``time_field`` defaults to ``occurred_start`` when
         a date is given); an unknown ``tags_match`` is a 400 naming it."""
         dated = self.start_date or self.end_date
-        return UnitFilter(
-            fact_type=self.type,
-            document_id=self.document_id,
-            search=self.q,
+        return replace(
+            _unit_filter(self),
             entity_id=self.entity_id,
             time_field=self.time_field or ("occurred_start" if dated else None),
             start=self.start_date,
             end=self.end_date,
             consolidation_state=self.consolidation_state,
-            tags=self.tags,
-            tags_match=check_tags_match(self.tags_match),
         )
+
+
+def _unit_filter(query: GraphQuery | UnitQuery) -> UnitFilter:
+    """The filter of *query*'s ``type``, ``q``, ``document_id``, ``tags`` and ``tags_match``
+    (checked first: an unknown one is a 400 naming it), the rest unset."""
+    match = check_tags_match(query.tags_match)
+    return UnitFilter(
+        fact_type=query.type,
+        document_id=query.document_id,
+        search=query.q,
+        tags=query.tags,
+        tags_match=match,
+    )
 
 
 AuditQueryDep = Annotated[AuditQuery, Depends(AuditQuery)]
@@ -192,3 +223,4 @@ AuditStatsQueryDep = Annotated[AuditStatsQuery, Depends(AuditStatsQuery)]
 TraceStatsQueryDep = Annotated[TraceStatsQuery, Depends(TraceStatsQuery)]
 TraceQueryDep = Annotated[TraceQuery, Depends(_trace_query)]
 UnitQueryDep = Annotated[UnitQuery, Depends(UnitQuery)]
+GraphQueryDep = Annotated[GraphQuery, Depends(GraphQuery)]
