@@ -5,10 +5,13 @@
 - :func:`refuse_tag_groups`: Hindsight's ``tag_groups`` is refused with a 400 naming it;
 - :data:`TagQueryDep`: ``tags``, ``tags_match`` and ``tag_groups`` as one dependency
   (:class:`TagQuery`); nothing is checked until the route calls :meth:`TagQuery.match`,
-  so a route refuses them at the point of its body it always did.
-"""
+  so a route refuses them at the point of its body it always did;
+- :data:`TypedTagQueryDep`: the same, with ``tags_match`` typed as the modes (another
+  value is a 422 before the route runs, as for the knowledge base's routes).
 
-from __future__ import annotations
+The dependency classes need evaluated annotations, as :mod:`heed.api.list_queries` says:
+no postponed annotations here either.
+"""
 
 from dataclasses import dataclass
 from typing import Annotated
@@ -19,7 +22,14 @@ from heed.api.input_rules import QueryText, TagsQuery
 from heed.memory.models import InvalidInput, TagsMatch
 from heed.memory.tags import TAGS_MATCH, check_tags_match
 
-__all__ = ["TagQuery", "TagQueryDep", "TagsMatchQuery", "refuse_tag_groups"]
+__all__ = [
+    "TagQuery",
+    "TagQueryDep",
+    "TagsMatchQuery",
+    "TypedTagQuery",
+    "TypedTagQueryDep",
+    "refuse_tag_groups",
+]
 
 TagsMatchQuery = Annotated[
     str,
@@ -39,11 +49,12 @@ def refuse_tag_groups(tag_groups: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class TagQuery:
-    """A request's ``tags``, ``tags_match`` and ``tag_groups``, as sent (unchecked)."""
+    """A request's ``tags``, ``tags_match`` and ``tag_groups``, as sent (unchecked). The
+    class is its own dependency: FastAPI reads its fields as query parameters."""
 
-    tags: list[str] | None
-    tags_match: str
-    tag_groups: str | None
+    tags: TagsQuery = None
+    tags_match: TagsMatchQuery = "any"
+    tag_groups: QueryText | None = None
 
     def match(self) -> TagsMatch:
         """The checked ``tags_match`` mode, after refusing ``tag_groups`` (each a 400
@@ -52,13 +63,16 @@ class TagQuery:
         return check_tags_match(self.tags_match)
 
 
-def _tag_query(
-    tags: TagsQuery = None,
-    tags_match: TagsMatchQuery = "any",
-    tag_groups: QueryText | None = None,
-) -> TagQuery:
-    return TagQuery(tags, tags_match, tag_groups)
+@dataclass(frozen=True, slots=True)
+class TypedTagQuery(TagQuery):
+    """:class:`TagQuery` with ``tags_match`` typed as the modes: another value is a 422
+    before the route runs."""
+
+    tags_match: TagsMatch = "any"
 
 
-TagQueryDep = Annotated[TagQuery, Depends(_tag_query)]
+TagQueryDep = Annotated[TagQuery, Depends(TagQuery)]
 """The three query parameters of :class:`TagQuery`, documented as the route's own."""
+
+TypedTagQueryDep = Annotated[TagQuery, Depends(TypedTagQuery)]
+"""As :data:`TagQueryDep`, ``tags_match`` one of the modes (the schema's enum)."""

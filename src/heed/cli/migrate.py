@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from heed.cli.options import settings_of
 from heed.redact import redact, secrets_of
+
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from heed.migrate import MigrationSummary, Verification
@@ -110,6 +113,13 @@ def _summary_lines(summary: MigrationSummary) -> list[str]:
     return lines
 
 
+def _number_option(
+    flag: str, default: float, bounds: click.IntRange | click.FloatRange, help_text: str
+) -> Callable[[FC], FC]:
+    """``click.option(flag)``: a number within *bounds*, *default* shown in ``--help``."""
+    return click.option(flag, default=default, show_default=True, type=bounds, help=help_text)
+
+
 @click.command("migrate")
 @click.option(
     "--from",
@@ -127,27 +137,19 @@ def _summary_lines(summary: MigrationSummary) -> list[str]:
     help="The PostgreSQL database, postgresql://... with pgvector 0.8+ "
     "(default: HEED_DATABASE_URL; required when that is unset).",
 )
-@click.option(
-    "--batch-size",
-    default=DEFAULT_BATCH_SIZE,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Rows per transaction.",
-)
+@_number_option("--batch-size", DEFAULT_BATCH_SIZE, click.IntRange(min=1), "Rows per transaction.")
 @click.option("--verify-only", is_flag=True, help="Copy nothing; only compare the two.")
-@click.option(
+@_number_option(
     "--verify-queries",
-    default=DEFAULT_VERIFY_QUERIES,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Recall queries compared per bank (0: compare counts only).",
+    DEFAULT_VERIFY_QUERIES,
+    click.IntRange(min=0),
+    "Recall queries compared per bank (0: compare counts only).",
 )
-@click.option(
+@_number_option(
     "--connect-timeout",
-    default=10.0,
-    show_default=True,
-    type=click.FloatRange(min=0.5),
-    help="Seconds to wait for the PostgreSQL server.",
+    10.0,
+    click.FloatRange(min=0.5),
+    "Seconds to wait for the PostgreSQL server.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def migrate(

@@ -15,21 +15,17 @@ the parameter. An unknown bank is a 404.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, Offset, QueryId
+from heed.api.input_rules import IdPath
+from heed.api.list_queries import AuditQueryDep, AuditStatsQueryDep
+from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
 from heed.memory import NotFound
-from heed.observability import AuditFilter
-from heed.observability.periods import IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["audit"], route_class=HeedRoute)
-
-PageLimit = Annotated[int, Query(ge=1, le=500)]
 
 
 @router.get("/{bank_id}/audit-logs")
@@ -37,37 +33,26 @@ async def list_audit_logs(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
-    action: QueryId | None = None,
-    transport: QueryId | None = None,
-    start_date: IsoDateTime | None = None,
-    end_date: IsoDateTime | None = None,
-    limit: PageLimit = 50,
-    offset: Offset = 0,
+    query: AuditQueryDep,
+    page: LogPageDep,
 ) -> wire.AuditLogListResponse:
     """A page of the bank's audit entries, newest first."""
-    where = AuditFilter(
-        action=action,
-        transport=transport,
-        since=instant(start_date),
-        until=instant(end_date),
-    )
+    where = query.where()
     bank = await engine.get_bank(bank_id)
-    entries, total = await observability.audits(bank.tenant, bank.bank_id, where, limit, offset)
+    entries, total = await observability.audits(
+        bank.tenant, bank.bank_id, where, page.limit, page.offset
+    )
     items = [wire.audit_summary(e) for e in entries]
-    return wire.AuditLogListResponse.page(bank.bank_id, items, total, limit, offset)
+    return page.answer(wire.AuditLogListResponse, items, total, bank_id=bank.bank_id)
 
 
 @router.get("/{bank_id}/audit-logs/stats")
 async def audit_log_stats(
-    bank_id: IdPath,
-    engine: MemoryDep,
-    observability: ObservabilityDep,
-    action: QueryId | None = None,
-    period: Literal["1d", "7d", "30d"] | None = None,
+    bank_id: IdPath, engine: MemoryDep, observability: ObservabilityDep, query: AuditStatsQueryDep
 ) -> wire.AuditLogStatsResponse:
     """The bank's audit entries by action, per time bucket of *period*."""
     bank = await engine.get_bank(bank_id)
-    stats = await observability.audit_stats(bank.tenant, bank.bank_id, action, period)
+    stats = await observability.audit_stats(bank.tenant, bank.bank_id, query.action, query.period)
     return wire.AuditLogStatsResponse.model_validate({"bank_id": bank.bank_id, **stats})
 
 

@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Query
 
 from heed.api.deps import AliasesDep, MemoryDep, ObservabilityDep, RetainOperationsDep
-from heed.api.input_rules import MAX_ID_CHARS, IdPath, Limit, Offset, QueryText
+from heed.api.input_rules import MAX_ID_CHARS, IdPath, QueryText
 from heed.api.openapi import CONFLICT
+from heed.api.paging import PageDep
 from heed.api.policies import continue_on_disconnect
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
@@ -35,16 +36,15 @@ NewBankId = Annotated[
 async def list_banks(
     engine: MemoryDep,
     aliases: AliasesDep,
+    page: PageDep,
     q: Annotated[
         QueryText | None,
         Query(description="Case-insensitive substring of the bank's id, name or an alias"),
     ] = None,
-    limit: Limit = 100,
-    offset: Offset = 0,
 ) -> wire.BankListResponse:
     """The caller's banks with their unit counts (those *q* matches, when given), each with
     the alias it is shown under and, when only an alias matched *q*, those aliases."""
-    rows, total = await engine.list_banks(limit, offset, q or None)
+    rows, total = await engine.list_banks(page.limit, page.offset, q or None)
     shown, matched = await aliases.display([bank for bank, _ in rows], q)
     return wire.BankListResponse(
         banks=[
@@ -62,8 +62,8 @@ async def list_banks(
             for bank, count in rows
         ],
         total=total,
-        limit=limit,
-        offset=offset,
+        limit=page.limit,
+        offset=page.offset,
     )
 
 

@@ -16,21 +16,20 @@ end of such a path names this route.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 import heed.api.routes.documents  # noqa: F401  (registers the document_path convertor)
 from heed.api.deps import ViewsDep
-from heed.api.input_rules import IdPath, Offset
+from heed.api.input_rules import IdPath
 from heed.api.openapi import ErrorDetail
+from heed.api.paging import PageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import views as wire
 from heed.errors import HeedError
 
 router = APIRouter(prefix="/v1/default", tags=["documents"], route_class=HeedRoute)
-
-ChunkLimit = Annotated[int, Query(ge=1, le=1000)]
 
 HISTORY_NOT_KEPT: Final = (
     "GET /v1/default/banks/{bank_id}/documents/{document_id}/history is not implemented by"
@@ -48,17 +47,11 @@ _NOT_IMPLEMENTED: Final[dict[int | str, dict[str, Any]]] = {
 
 @router.get("/banks/{bank_id}/documents/{document_id:document_path}/chunks")
 async def list_document_chunks(
-    bank_id: IdPath,
-    document_id: IdPath,
-    views: ViewsDep,
-    limit: ChunkLimit = 100,
-    offset: Offset = 0,
+    bank_id: IdPath, document_id: IdPath, views: ViewsDep, page: PageDep
 ) -> wire.ListChunksResponse:
     """A page of the document's chunks, by chunk index."""
-    chunks, total = await views.document_chunks(bank_id, document_id, limit, offset)
-    return wire.ListChunksResponse(
-        items=[wire.chunk_response(c) for c in chunks], total=total, limit=limit, offset=offset
-    )
+    chunks, total = await views.document_chunks(bank_id, document_id, page.limit, page.offset)
+    return page.answer(wire.ListChunksResponse, [wire.chunk_response(c) for c in chunks], total)
 
 
 @router.get("/chunks/{chunk_id}")
@@ -73,11 +66,7 @@ async def get_chunk(chunk_id: IdPath, views: ViewsDep) -> wire.ChunkResponse:
     response_model=None,
 )
 async def get_document_history(
-    bank_id: IdPath,
-    document_id: IdPath,
-    views: ViewsDep,
-    limit: ChunkLimit = 100,
-    offset: Offset = 0,
+    bank_id: IdPath, document_id: IdPath, views: ViewsDep, page: PageDep
 ) -> None:
     """501 (see :data:`HISTORY_NOT_KEPT`), once the bank and the document are found."""
     await views.document_chunks(bank_id, document_id, 0, 0)  # the 404s

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Query
 from pydantic import Field
 
 from heed.api.deps import DirectivesDep
-from heed.api.input_rules import MAX_LIST_ITEMS, MAX_TAG_CHARS, IdPath, Limit, Offset
+from heed.api.input_rules import MAX_LIST_ITEMS, MAX_TAG_CHARS, IdPath
+from heed.api.paging import PageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import directives as wire
 from heed.api.wire.memory import DeleteResponse, deleted
@@ -49,23 +50,18 @@ async def create_directive(
 async def list_directives(
     bank_id: IdPath,
     directives: DirectivesDep,
+    page: PageDep,
     tags: TagsQuery = None,
     tags_match: Literal["any", "all", "any_strict", "all_strict", "exact"] = "any",
     active_only: bool = True,
-    limit: Limit = 100,
-    offset: Offset = 0,
 ) -> wire.DirectiveListResponse:
     """The bank's directives in the order they are said (priority, highest first)."""
     scope = DirectiveScope(tags, tags_match) if tags else None
     found, total = await directives.list_directives(
-        bank_id, scope, active_only=active_only, limit=limit, offset=offset
+        bank_id, scope, active_only=active_only, limit=page.limit, offset=page.offset
     )
-    return wire.DirectiveListResponse(
-        items=[wire.directive_response(bank_id, d) for d in found],
-        total=total,
-        limit=limit,
-        offset=offset,
-    )
+    items = [wire.directive_response(bank_id, d) for d in found]
+    return page.answer(wire.DirectiveListResponse, items, total)
 
 
 @router.get("/{directive_id}")

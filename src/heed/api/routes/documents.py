@@ -18,7 +18,8 @@ from fastapi import APIRouter
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from heed.api.deps import CurationDep, MemoryDep
-from heed.api.input_rules import IdPath, Limit, Offset, QueryText
+from heed.api.input_rules import IdPath, QueryText
+from heed.api.paging import PageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.memory.models import DocumentInfo, InvalidInput
@@ -67,25 +68,20 @@ def _document_fields(d: DocumentInfo, bank_id: str) -> dict[str, Any]:
 async def list_documents(
     bank_id: IdPath,
     engine: MemoryDep,
+    page: PageDep,
     q: QueryText | None = None,
-    limit: Limit = 100,
-    offset: Offset = 0,
 ) -> wire.ListDocumentsResponse:
     """The bank's documents, most recently written first."""
     docs, total = await engine.on_bank(
         bank_id,
-        lambda bank: engine.list_documents(bank, q, limit, offset),
-        found=lambda page: bool(page[0]),
+        lambda bank: engine.list_documents(bank, q, page.limit, page.offset),
+        found=lambda found: bool(found[0]),
     )
-    return wire.ListDocumentsResponse(
-        items=[
-            wire.DocumentListItem(**_document_fields(d, bank_id), text_length=d.text_length)
-            for d in docs
-        ],
-        total=total,
-        limit=limit,
-        offset=offset,
-    )
+    items = [
+        wire.DocumentListItem(**_document_fields(d, bank_id), text_length=d.text_length)
+        for d in docs
+    ]
+    return page.answer(wire.ListDocumentsResponse, items, total)
 
 
 @router.post("/{document_id:document_path}/reprocess")

@@ -24,7 +24,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from heed.api.deps import ViewsDep
-from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.input_rules import IdPath, Limit
+from heed.api.paging import PageDep
 from heed.api.routing import HeedRoute
 from heed.api.tag_query import TagQueryDep
 from heed.api.wire import views as wire
@@ -38,18 +39,12 @@ MinCount = Annotated[int, Query(ge=1, le=1_000_000_000)]
 
 @router.get("")
 async def list_entities(
-    bank_id: IdPath,
-    views: ViewsDep,
-    tag: TagQueryDep,
-    limit: Limit = 100,
-    offset: Offset = 0,
+    bank_id: IdPath, views: ViewsDep, page: PageDep, tag: TagQueryDep
 ) -> wire.EntityListResponse:
     """The bank's entities, the most named first (then by canonical name)."""
     match = tag.match()
-    entities, total = await views.entities(bank_id, tag.tags, match, limit, offset)
-    return wire.EntityListResponse(
-        items=[wire.entity_item(e) for e in entities], total=total, limit=limit, offset=offset
-    )
+    entities, total = await views.entities(bank_id, tag.tags, match, page.limit, page.offset)
+    return page.answer(wire.EntityListResponse, [wire.entity_item(e) for e in entities], total)
 
 
 @router.get("/graph")

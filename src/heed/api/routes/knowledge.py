@@ -21,11 +21,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from heed.api.deps import KnowledgeBaseDep, MemoryDep
-from heed.api.input_rules import IdPath, QueryText, TagsQuery
+from heed.api.input_rules import IdPath, QueryText
 from heed.api.openapi import CONFLICT, NOT_FOUND, UPSTREAM
 from heed.api.routes.mental_models import trigger_out
 from heed.api.routing import HeedRoute
-from heed.api.tag_query import refuse_tag_groups
+from heed.api.tag_query import TypedTagQueryDep
 from heed.api.wire import memory as memory_wire
 from heed.api.wire import mental_models as wire
 from heed.mental_models.knowledge import Node, page_markdown, page_type, snippet
@@ -76,17 +76,12 @@ def node_out(node: Node) -> wire.KnowledgeNodeOut:
 
 @router.get("/tree")
 async def get_knowledge_base_tree(
-    bank_id: IdPath,
-    engine: MemoryDep,
-    knowledge: KnowledgeBaseDep,
-    tags: TagsQuery = None,
-    tags_match: wire.TagsMatch = "any",
-    tag_groups: QueryText | None = None,
+    bank_id: IdPath, engine: MemoryDep, knowledge: KnowledgeBaseDep, tag: TypedTagQueryDep
 ) -> wire.KnowledgeTreeResponse:
     """The knowledge base as a tree (folders first, then pages, by name)."""
-    refuse_tag_groups(tag_groups)
+    match = tag.match()
     bank = await engine.get_bank(bank_id)
-    roots = await knowledge.tree(bank, tags, tags_match)
+    roots = await knowledge.tree(bank, tag.tags, match)
     return wire.KnowledgeTreeResponse(roots=[node_out(n) for n in roots])
 
 
@@ -139,15 +134,13 @@ async def search_knowledge_base(
     q: QueryText,
     engine: MemoryDep,
     knowledge: KnowledgeBaseDep,
+    tag: TypedTagQueryDep,
     limit: SearchLimit = 10,
-    tags: TagsQuery = None,
-    tags_match: wire.TagsMatch = "any",
-    tag_groups: QueryText | None = None,
 ) -> wire.KnowledgeSearchResponse:
     """Pages ranked for ``q`` (score 1.0: first by meaning and by words)."""
-    refuse_tag_groups(tag_groups)
+    match = tag.match()
     bank = await engine.get_bank(bank_id)
-    found = await knowledge.search(bank, q, limit, tags, tags_match)
+    found = await knowledge.search(bank, q, limit, tag.tags, match)
     return wire.KnowledgeSearchResponse(
         results=[
             wire.KnowledgeSearchResult(

@@ -18,22 +18,16 @@ docs/observability.md.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from heed.api.deps import MemoryDep, ObservabilityDep
-from heed.api.input_rules import IdPath, Offset, QueryId
+from heed.api.input_rules import IdPath
+from heed.api.list_queries import TraceQueryDep, TraceStatsQueryDep
+from heed.api.paging import LogPageDep
 from heed.api.routing import HeedRoute
 from heed.api.wire import observability as wire
-from heed.observability import TraceFilter
-from heed.observability.periods import BadFilter, IsoDateTime, instant
 
 router = APIRouter(prefix="/v1/default/banks", tags=["llm traces"], route_class=HeedRoute)
-
-PageLimit = Annotated[int, Query(ge=1, le=500)]
-CallType = Literal["llm", "embedding", "rerank", "decision"]
-Period = Literal["1d", "7d", "30d"]
 
 
 @router.get("/{bank_id}/llm-requests")
@@ -41,62 +35,28 @@ async def list_llm_requests(
     bank_id: IdPath,
     engine: MemoryDep,
     observability: ObservabilityDep,
-    status: QueryId | None = None,
-    operation: QueryId | None = None,
-    scope: QueryId | None = None,
-    call_type: CallType | None = None,
-    provider: QueryId | None = None,
-    trace_id: QueryId | None = None,
-    document_id: QueryId | None = None,
-    memory_id: QueryId | None = None,
-    group: bool = False,
-    start_date: IsoDateTime | None = None,
-    end_date: IsoDateTime | None = None,
-    limit: PageLimit = 50,
-    offset: Offset = 0,
+    query: TraceQueryDep,
+    page: LogPageDep,
 ) -> wire.LLMRequestListResponse:
     """A page of the bank's LLM request traces, newest first (module docstring)."""
-    refused = [n for n, v in (("document_id", document_id), ("memory_id", memory_id)) if v]
-    if refused:
-        raise BadFilter(
-            f"{', '.join(refused)}: heed's LLM request traces are not linked to documents or "
-            "memories; filter by trace_id (a run) instead"
-        )
-    where = TraceFilter(
-        status=status,
-        operation=operation,
-        scope=scope,
-        provider=provider,
-        trace_id=trace_id,
-        since=instant(start_date),
-        until=instant(end_date),
-    )
+    where = query.where()
     bank = await engine.get_bank(bank_id)
-    if call_type not in (None, "llm"):  # heed traces LLM calls only
-        return wire.LLMRequestListResponse.page(bank.bank_id, [], 0, limit, offset)
-    if group:
-        rows, total = await observability.trace_groups(
-            bank.tenant, bank.bank_id, where, limit, offset
-        )
-    else:
-        rows, total = await observability.traces(bank.tenant, bank.bank_id, where, limit, offset)
+    if query.call_type not in (None, "llm"):  # heed traces LLM calls only
+        return page.answer(wire.LLMRequestListResponse, [], 0, bank_id=bank.bank_id)
+    listing = observability.trace_groups if query.group else observability.traces
+    rows, total = await listing(bank.tenant, bank.bank_id, where, page.limit, page.offset)
     items = [wire.llm_request(r) for r in rows]
-    return wire.LLMRequestListResponse.page(bank.bank_id, items, total, limit, offset)
+    return page.answer(wire.LLMRequestListResponse, items, total, bank_id=bank.bank_id)
 
 
 @router.get("/{bank_id}/llm-requests/stats")
 async def llm_request_stats(
-    bank_id: IdPath,
-    engine: MemoryDep,
-    observability: ObservabilityDep,
-    operation: QueryId | None = None,
-    call_type: CallType | None = None,
-    period: Period | None = None,
+    bank_id: IdPath, engine: MemoryDep, observability: ObservabilityDep, query: TraceStatsQueryDep
 ) -> wire.LLMRequestStatsResponse:
     """The bank's LLM calls by status and their tokens, per time bucket of *period*."""
     bank = await engine.get_bank(bank_id)
-    where = TraceFilter(operation=operation)
-    stats = await observability.trace_stats(bank.tenant, bank.bank_id, where, period)
-    if call_type not in (None, "llm"):  # heed traces LLM calls only
+    where = query.where()
+    stats = await observability.trace_stats(bank.tenant, bank.bank_id, where, query.period)
+    if query.call_type not in (None, "llm"):  # heed traces LLM calls only
         stats["buckets"] = []
     return wire.LLMRequestStatsResponse.model_validate({"bank_id": bank.bank_id, **stats})

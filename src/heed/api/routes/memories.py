@@ -7,16 +7,17 @@ operation runs under its own token (see :mod:`heed.memory.retain.operations`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
 from heed.api.deps import CurationDep, MemoryDep, RetainOperationsDep
-from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
+from heed.api.input_rules import IdPath
+from heed.api.list_queries import FactType, UnitQueryDep
 from heed.api.openapi import CONFLICT
+from heed.api.paging import PageDep
 from heed.api.routing import HeedRoute
-from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import memory as wire
 from heed.api.wire.memory_convert import (
     curated_item,
@@ -25,20 +26,11 @@ from heed.api.wire.memory_convert import (
     retain_items,
     unit_item,
 )
-from heed.memory.models import FACT_TYPES
 from heed.memory.retain.idempotency import MAX_KEY_CHARS
-from heed.memory.store import UnitFilter
-from heed.memory.tags import check_tags_match
 
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/memories", tags=["memories"], route_class=HeedRoute
 )
-
-FactType = Literal["world", "experience", "observation"]
-""":data:`heed.memory.models.FACT_TYPES` as a type, so the schema lists them."""
-if get_args(FactType) != FACT_TYPES:  # pragma: no cover - a new fact type must be added here
-    raise RuntimeError(f"FactType {get_args(FactType)} differs from FACT_TYPES {FACT_TYPES}")
-TimeField = Literal["created_at", "updated_at", "mentioned_at", "occurred_start", "occurred_end"]
 
 
 IdempotencyKey = Annotated[
@@ -112,21 +104,7 @@ async def recall(bank_id: IdPath, body: wire.RecallRequest, engine: MemoryDep) -
 
 @router.get("/list")
 async def list_memories(
-    bank_id: IdPath,
-    engine: MemoryDep,
-    type: FactType | None = None,
-    q: QueryText | None = None,
-    document_id: QueryId | None = None,
-    entity_id: QueryId | None = None,
-    time_field: TimeField | None = None,
-    start_date: QueryId | None = None,
-    end_date: QueryId | None = None,
-    consolidation_state: Literal["pending", "done", "failed"] | None = None,
-    state: Literal["valid", "invalidated"] | None = None,
-    tags: TagsQuery = None,
-    tags_match: TagsMatchQuery = "any",
-    limit: Limit = 100,
-    offset: Offset = 0,
+    bank_id: IdPath, engine: MemoryDep, query: UnitQueryDep, page: PageDep
 ) -> wire.ListMemoryUnitsResponse:
     """Memory units, newest first (or by ``time_field``), with filters. ``state``: every
     stored unit is ``valid`` (an observation's earlier versions are its history, not
@@ -134,29 +112,15 @@ async def list_memories(
     would keep (:func:`heed.memory.tags.tags_pass`): ``any`` (the default) and ``all`` also
     keep the untagged, the ``_strict`` modes do not, ``exact`` keeps the units carrying
     exactly those tags; an unknown ``tags_match`` is a 400 naming it."""
-    match = check_tags_match(tags_match)
-    if state == "invalidated":
-        return wire.ListMemoryUnitsResponse(items=[], total=0, limit=limit, offset=offset)
-    flt = UnitFilter(
-        fact_type=type,
-        document_id=document_id,
-        search=q,
-        entity_id=entity_id,
-        time_field=time_field or ("occurred_start" if start_date or end_date else None),
-        start=start_date,
-        end=end_date,
-        consolidation_state=consolidation_state,
-        tags=tags,
-        tags_match=match,
-    )
+    flt = query.where()
+    if query.state == "invalidated":
+        return page.answer(wire.ListMemoryUnitsResponse, [], 0)
     units, total = await engine.on_bank(
         bank_id,
-        lambda bank: engine.list_units(bank, flt, limit, offset),
-        found=lambda page: bool(page[0]),
+        lambda bank: engine.list_units(bank, flt, page.limit, page.offset),
+        found=lambda found: bool(found[0]),
     )
-    return wire.ListMemoryUnitsResponse(
-        items=[unit_item(u) for u in units], total=total, limit=limit, offset=offset
-    )
+    return page.answer(wire.ListMemoryUnitsResponse, [unit_item(u) for u in units], total)
 
 
 @router.delete("")

@@ -12,13 +12,14 @@ gives its counters in ``detail``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from heed.api.deps import MemoryDep, RetainOperationsDep
-from heed.api.input_rules import IdPath, Limit, Offset
+from heed.api.input_rules import IdPath
 from heed.api.openapi import CONFLICT
+from heed.api.paging import PageQuery, page_query
 from heed.api.routing import HeedRoute
 from heed.api.wire import memory as wire
 from heed.memory.bank_runs import CONSOLIDATION_KIND, RETAIN_KIND, status_of
@@ -31,6 +32,8 @@ router = APIRouter(
 )
 
 OperationStatus = Literal["pending", "processing", "completed", "failed", "cancelled"]
+OperationsPage = Annotated[PageQuery, Depends(page_query(20))]
+"""``limit`` 1 to 1000, default 20, and ``offset``."""
 
 
 def _iso(ts: float | None) -> str | None:
@@ -95,18 +98,17 @@ async def list_operations(
     bank_id: IdPath,
     engine: MemoryDep,
     operations: RetainOperationsDep,
+    page: OperationsPage,
     status: OperationStatus | None = None,
-    limit: Limit = 20,
-    offset: Offset = 0,
 ) -> wire.OperationsListResponse:
     """The bank's operations, newest first."""
     bank = await engine.get_bank(bank_id)
-    total, runs = await operations.list(bank, status, offset=offset, limit=limit)
+    total, runs = await operations.list(bank, status, offset=page.offset, limit=page.limit)
     return wire.OperationsListResponse(
         bank_id=bank_id,
         total=total,
-        limit=limit,
-        offset=offset,
+        limit=page.limit,
+        offset=page.offset,
         operations=[
             wire.OperationResponse(
                 **await _operation_fields(operations, run),

@@ -21,13 +21,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from heed.api.deps import ViewsDep
-from heed.api.input_rules import IdPath, Limit, Offset, QueryId, QueryText, TagsQuery
-from heed.api.routes.memories import FactType
+from heed.api.input_rules import IdPath, QueryText
+from heed.api.list_queries import GraphQueryDep
+from heed.api.paging import PageDep
 from heed.api.routing import HeedRoute
-from heed.api.tag_query import TagsMatchQuery
 from heed.api.wire import views as wire
-from heed.memory.store import UnitFilter
-from heed.memory.tags import check_tags_match
 from heed.memory.views.service import TAG_SOURCES
 
 router = APIRouter(prefix="/v1/default/banks/{bank_id}", tags=["memories"], route_class=HeedRoute)
@@ -43,56 +41,37 @@ TagSource = Annotated[
 
 @router.get("/graph")
 async def get_graph(
-    bank_id: IdPath,
-    views: ViewsDep,
-    type: FactType | None = None,
-    limit: Limit = 1000,
-    q: QueryText | None = None,
-    tags: TagsQuery = None,
-    tags_match: TagsMatchQuery = "any",
-    document_id: QueryId | None = None,
-    chunk_id: QueryId | None = None,
+    bank_id: IdPath, views: ViewsDep, query: GraphQueryDep
 ) -> wire.GraphDataResponse:
     """The newest ``limit`` units passing the filters and the links among them."""
-    flt = UnitFilter(
-        fact_type=type,
-        document_id=document_id,
-        chunk_id=chunk_id,
-        search=q,
-        tags=tags,
-        tags_match=check_tags_match(tags_match),
-    )
-    return wire.memory_graph(await views.memory_graph(bank_id, flt, limit), limit)
+    flt = query.where()
+    return wire.memory_graph(await views.memory_graph(bank_id, flt, query.limit), query.limit)
 
 
 @router.get("/tags")
 async def list_tags(
     bank_id: IdPath,
     views: ViewsDep,
+    page: PageDep,
     q: QueryText | None = None,
     source: TagSource = "memories",
-    limit: Limit = 100,
-    offset: Offset = 0,
 ) -> wire.ListTagsResponse:
     """The bank's tags with how many memories (or mental models) carry each."""
-    tags, total = await views.tags(bank_id, source, q, limit, offset)
-    return wire.ListTagsResponse(
-        items=[wire.TagItem(tag=tag, count=n) for tag, n in tags],
-        total=total,
-        limit=limit,
-        offset=offset,
+    tags, total = await views.tags(bank_id, source, q, page.limit, page.offset)
+    return page.answer(
+        wire.ListTagsResponse, [wire.TagItem(tag=t, count=n) for t, n in tags], total
     )
 
 
 @router.get("/observations/scopes")
 async def list_observation_scopes(
-    bank_id: IdPath, views: ViewsDep, limit: Limit = 100, offset: Offset = 0
+    bank_id: IdPath, views: ViewsDep, page: PageDep
 ) -> wire.ObservationScopesResponse:
     """The distinct tag sets of the bank's observations, with their counts."""
-    scopes, total = await views.observation_scopes(bank_id, limit, offset)
+    scopes, total = await views.observation_scopes(bank_id, page.limit, page.offset)
     return wire.ObservationScopesResponse(
         scopes=[wire.ObservationScope(tags=tags, count=n) for tags, n in scopes],
         total=total,
-        limit=limit,
-        offset=offset,
+        limit=page.limit,
+        offset=page.offset,
     )

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from heed.api.deps import MemoryDep, WebhooksDep
-from heed.api.input_rules import IdPath, Offset, QueryId
+from heed.api.input_rules import IdPath, QueryId
+from heed.api.paging import PageQuery, page_query
 from heed.api.routing import HeedRoute
 from heed.api.wire import webhooks as wire
 from heed.api.wire.memory import DeleteResponse, deleted
@@ -20,6 +21,8 @@ from heed.api.wire.memory import DeleteResponse, deleted
 router = APIRouter(
     prefix="/v1/default/banks/{bank_id}/webhooks", tags=["webhooks"], route_class=HeedRoute
 )
+WebhooksPage = Annotated[PageQuery, Depends(page_query(least=0))]
+"""``limit`` 0 to 1000 (default 100) and ``offset``."""
 
 
 @router.post("", status_code=201)
@@ -47,15 +50,12 @@ async def list_webhooks(
     bank_id: IdPath,
     engine: MemoryDep,
     webhooks: WebhooksDep,
-    limit: Annotated[int, Query(ge=0, le=1000)] = 100,
-    offset: Offset = 0,
+    page: WebhooksPage,
 ) -> wire.WebhookListResponse:
     """The bank's webhooks, oldest first (secrets not shown)."""
     bank = await engine.get_bank(bank_id)
-    page, total = await webhooks.list_bank(bank, limit, offset)
-    return wire.WebhookListResponse(
-        items=[wire.webhook_out(w) for w in page], total=total, limit=limit, offset=offset
-    )
+    found, total = await webhooks.list_bank(bank, page.limit, page.offset)
+    return page.answer(wire.WebhookListResponse, [wire.webhook_out(w) for w in found], total)
 
 
 @router.patch("/{webhook_id}")

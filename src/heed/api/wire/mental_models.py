@@ -22,7 +22,7 @@ from heed.api.input_rules import (
     TagList,
     Text,
 )
-from heed.api.wire.reflect import TokenUsage
+from heed.api.wire.reflect import ReflectLLMCall, TokenUsage, ToolCallOut
 
 __all__ = [
     "AsyncOperationSubmitResponse",
@@ -190,17 +190,14 @@ class DryRunFacts(BaseModel):
     used: dict[str, int] = Field(default_factory=dict)
 
 
-class DryRunToolCall(BaseModel):
-    tool: str
-    input: dict[str, Any] | None = None
-    output: dict[str, Any] | None = None
-    duration_ms: int
-    iteration: int = 0
+# The dry run's trace holds reflect's calls (its tool call's ``input`` optional), under
+# their own schema names (no docstrings: a model's docstring is its schema's description).
+class DryRunToolCall(ToolCallOut):
+    pass
 
 
-class DryRunLLMCall(BaseModel):
-    scope: str
-    duration_ms: int
+class DryRunLLMCall(ReflectLLMCall):
+    pass
 
 
 class DryRunTrace(BaseModel):

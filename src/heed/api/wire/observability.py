@@ -10,9 +10,8 @@ heed keeps no span ids, cached or reasoning ("thoughts") token counts: ``span_id
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Self
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -66,15 +65,6 @@ class _BankPage(BaseModel):
     total: int
     limit: int
     offset: int
-
-    @classmethod
-    def page(
-        cls, bank_id: str, items: Sequence[BaseModel], total: int, limit: int, offset: int
-    ) -> Self:
-        """The page of *items* (already converted) of bank *bank_id*."""
-        return cls.model_validate(
-            {"bank_id": bank_id, "total": total, "limit": limit, "offset": offset, "items": items}
-        )
 
 
 class LLMRequestListResponse(_BankPage):

@@ -26,6 +26,7 @@ __all__ = [
     "ReflectToolCall",
     "ReflectTrace",
     "TokenUsage",
+    "ToolCallOut",
     "ToolCallsInclude",
     "refuse_not_implemented",
 ]
@@ -97,12 +98,20 @@ class ReflectBasedOn(BaseModel):
     directives: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ReflectToolCall(BaseModel):
+class ToolCallOut(BaseModel):
+    """A tool call of a reflect trace, as reflect's answer (:class:`ReflectToolCall`) and a
+    mental model's dry run show it. Not an answer's model itself: the subclasses are, and a
+    class's docstring is not inherited by their schemas."""
+
     tool: str
-    input: dict[str, Any]
+    input: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
     duration_ms: int
     iteration: int = 0
+
+
+class ReflectToolCall(ToolCallOut):
+    input: dict[str, Any]
 
 
 class ReflectLLMCall(BaseModel):

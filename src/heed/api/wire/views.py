@@ -79,10 +79,16 @@ class EntityGraphNode(BaseModel):
     data: EntityGraphNodeData
 
 
-class EntityGraphEdgeData(_Camel):
+class _GraphEdgeData(_Camel):
+    """An edge of a graph answer: its id and the ids of the two nodes it joins (a
+    subclass's schema lists these first, then its own fields)."""
+
     id: str
     source: str
     target: str
+
+
+class EntityGraphEdgeData(_GraphEdgeData):
     link_type: str = Field("cooccurrence", alias="linkType")
     weight: int = 0
     last_cooccurred: str | None = Field(None, alias="lastCooccurred")
@@ -114,10 +120,7 @@ class MemoryGraphNode(BaseModel):
     data: MemoryGraphNodeData
 
 
-class MemoryGraphEdgeData(_Camel):
-    id: str
-    source: str
-    target: str
+class MemoryGraphEdgeData(_GraphEdgeData):
     link_type: str = Field("", alias="linkType")
     weight: float = 0.0
     entity_name: str = Field("", alias="entityName")

@@ -7,7 +7,7 @@ import { EVENT, TERMINAL_EVENTS } from "./events.js";
 import { MentalModelsSection } from "./mental_models.js";
 import { ObservationsSection } from "./observations.js";
 import { readSse } from "./stream.js";
-import { card, clear, describeError, formatTime, h, setStatus as status, shorten } from "./ui.js";
+import { card, clear, describeError, factItem, formatTime, h, setStatus as status, shorten } from "./ui.js";
 
 const PAGE = 50;
 
@@ -107,19 +107,12 @@ export function timingChart(trace) {
 function factView(fact) {
   const when = fact.occurred_start || fact.mentioned_at || fact.date;
   const entities = Array.isArray(fact.entities) ? fact.entities.join(", ") : fact.entities;
-  return h(
-    "li",
-    { class: "fact", dataset: { id: fact.id ?? "" } },
-    h("div", { class: "fact-text" }, fact.text ?? ""),
-    h(
-      "div",
-      { class: "fact-meta" },
-      fact.type || fact.fact_type ? h("span", { class: "tag" }, fact.type || fact.fact_type) : null,
-      when ? h("span", {}, formatTime(when)) : null,
-      entities ? h("span", {}, shorten(entities, 60)) : null,
-      fact.context ? h("span", {}, shorten(fact.context, 40)) : null,
-    ),
-  );
+  return factItem({ class: "fact", dataset: { id: fact.id ?? "" } }, fact.text ?? "", [
+    fact.type || fact.fact_type ? h("span", { class: "tag" }, fact.type || fact.fact_type) : null,
+    when ? h("span", {}, formatTime(when)) : null,
+    entities ? h("span", {}, shorten(entities, 60)) : null,
+    fact.context ? h("span", {}, shorten(fact.context, 40)) : null,
+  ]);
 }
 
 /** The memory view: mount(root), show(bankId, tab), close(). */

@@ -5,7 +5,7 @@
 import { mentalModels as api } from "./api.js";
 import { EVENT } from "./events.js";
 import { RunProgress, activeRuns } from "./progress.js";
-import { FormListSection, askFirst, clear, describeError, formatTime, h, setStatus } from "./ui.js";
+import { FormListSection, askFirst, clear, describeError, factItem, formatTime, h, setStatus } from "./ui.js";
 
 const REFRESH_KIND = "mental_model_refresh";
 
@@ -135,17 +135,10 @@ class ModelView {
       clear(this.historyList);
       for (const entry of entries ?? []) {
         this.historyList.append(
-          h(
-            "li",
-            { class: "version", dataset: { version: String(entry.version) } },
-            h("div", { class: "fact-text" }, entry.previous_content || "(empty)"),
-            h(
-              "div",
-              { class: "fact-meta" },
-              h("span", { class: "tag" }, entry.reason || "changed"),
-              entry.changed_at ? h("span", {}, `replaced ${formatTime(entry.changed_at)}`) : null,
-            ),
-          ),
+          factItem({ class: "version", dataset: { version: String(entry.version) } }, entry.previous_content || "(empty)", [
+            h("span", { class: "tag" }, entry.reason || "changed"),
+            entry.changed_at ? h("span", {}, `replaced ${formatTime(entry.changed_at)}`) : null,
+          ]),
         );
       }
       setStatus(this.historyState, entries?.length ? "" : "No earlier contents yet.", "");

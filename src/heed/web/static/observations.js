@@ -3,7 +3,7 @@
 
 import { observations as api } from "./api.js";
 import { RunProgress, activeRuns } from "./progress.js";
-import { askFirst, card, clear, describeError, formatTime, h, setStatus, shorten } from "./ui.js";
+import { askFirst, card, clear, describeError, factItem, formatTime, h, setStatus, shorten } from "./ui.js";
 
 const PAGE = 50;
 const MAX_SOURCES = 50; // sources fetched when a list of them is opened
@@ -33,33 +33,19 @@ function sourceView(unit) {
     return h("li", { class: "fact source missing", dataset: { id: unit.id } }, h("span", { class: "muted" }, `${unit.id}: ${unit.error}`));
   }
   const when = unit.occurred_start || unit.mentioned_at || unit.date;
-  return h(
-    "li",
-    { class: "fact source", dataset: { id: unit.id } },
-    h("div", { class: "fact-text" }, unit.text ?? ""),
-    h(
-      "div",
-      { class: "fact-meta" },
-      unit.fact_type ? h("span", { class: "tag" }, unit.fact_type) : null,
-      when ? h("span", {}, formatTime(when)) : null,
-      unit.context ? h("span", {}, shorten(unit.context, 40)) : null,
-    ),
-  );
+  return factItem({ class: "fact source", dataset: { id: unit.id } }, unit.text ?? "", [
+    unit.fact_type ? h("span", { class: "tag" }, unit.fact_type) : null,
+    when ? h("span", {}, formatTime(when)) : null,
+    unit.context ? h("span", {}, shorten(unit.context, 40)) : null,
+  ]);
 }
 
 function versionView(version) {
-  return h(
-    "li",
-    { class: "version" },
-    h("div", { class: "fact-text" }, version.text ?? ""),
-    h(
-      "div",
-      { class: "fact-meta" },
-      version.reason ? h("span", { class: "tag" }, version.reason) : null,
-      typeof version.proof_count === "number" ? h("span", {}, `proof count ${version.proof_count}`) : null,
-      version.changed_at ? h("span", {}, `until ${formatTime(version.changed_at)}`) : null,
-    ),
-  );
+  return factItem({ class: "version" }, version.text ?? "", [
+    version.reason ? h("span", { class: "tag" }, version.reason) : null,
+    typeof version.proof_count === "number" ? h("span", {}, `proof count ${version.proof_count}`) : null,
+    version.changed_at ? h("span", {}, `until ${formatTime(version.changed_at)}`) : null,
+  ]);
 }
 
 /** A list inside <details> read when first opened: load() -> [elements], or throws. */
@@ -234,17 +220,14 @@ export class ObservationsSection {
     const sources = Array.isArray(observation.source_memory_ids) ? observation.source_memory_ids : [];
     const proof = observation.proof_count ?? sources.length;
     const bankId = this.bankId;
-    return h(
-      "li",
+    return factItem(
       { class: "fact observation", dataset: { id: observation.id ?? "" } },
-      h("div", { class: "fact-text" }, observation.text ?? ""),
-      h(
-        "div",
-        { class: "fact-meta" },
+      observation.text ?? "",
+      [
         h("span", { class: "tag proof-count", title: "how many facts prove it" }, `proof count ${proof}`),
         observation.updated_at ? h("span", {}, `updated ${formatTime(observation.updated_at)}`) : null,
         ...(observation.tags ?? []).map((tag) => h("span", { class: "tag muted-tag" }, tag)),
-      ),
+      ],
       sources.length
         ? lazyDetails("sources", `Sources (${sources.length})`, async () => {
             const ids = sources.slice(0, MAX_SOURCES);

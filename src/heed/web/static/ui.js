@@ -25,6 +25,15 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+/**
+ * A list item of the fact lists (facts, observations, their sources and earlier versions):
+ * li(attrs) holding the text (div.fact-text), the meta line (div.fact-meta of the *meta*
+ * elements; null ones are left out, as by h) and then *rest*.
+ */
+export function factItem(attrs, text, meta, ...rest) {
+  return h("li", attrs, h("div", { class: "fact-text" }, text), h("div", { class: "fact-meta" }, meta), ...rest);
+}
+
 /** A titled card section (the memory page's panels); its heading labels it. */
 export function card(title, ...body) {
   const id = `card-${title.toLowerCase().replaceAll(" ", "-")}`;
