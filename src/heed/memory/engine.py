@@ -51,7 +51,7 @@ from heed.memory.recall.vectors import BankIndexes, CurrentIndex, StoreVectors, 
 from heed.memory.retain.flow import ProgressCallback, RetainsInFlight, RetainSummary
 from heed.memory.retain.flow import retain as retain_flow
 from heed.memory.retain.idempotency import RetainKey
-from heed.memory.retain.prepare import check_items, embed_units
+from heed.memory.retain.prepare import check_items, embed_in_slots
 from heed.memory.spans import MEMORY_RECORDS, memory_span
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
 from heed.memory.timeseries import Timeseries, check_period, count_timeseries
@@ -75,9 +75,6 @@ __all__ = [
 ]
 
 BANK_DELETED: Final = "bank deleted"
-#: Seconds without users' CPU work after which background embedding may use the slot kept
-#: for them (:meth:`MemoryEngine.embed`).
-LEND_AFTER_QUIET: Final = 1.0
 #: How long a bank read is answered from memory (see :meth:`MemoryEngine.get_bank`).
 BANK_CACHE_SECONDS: Final = 1.0
 _BANK_CACHE_SIZE: Final = 4096
@@ -456,18 +453,10 @@ class MemoryEngine:
             return summary
 
     async def embed(self, units: Sequence[PreparedUnit], *, background: bool = False) -> None:
-        """Embed and count *units* in place, in a retain slot: CPU work, so it takes a slot
-        like any (*background*: one that yields to users', or the slot kept for them while
-        they are away, for a short piece: :meth:`heed.runtime.slots.Lane.lent_slot`)."""
-        if not units:
-            return
-        if background:
-            with self.retain_lane.lent_slot(LEND_AFTER_QUIET) as lent:
-                if lent:
-                    await run_in_thread(embed_units, units, self.embedder, self.tokens)
-                    return
-        async with self.retain_lane.slot(background=background):
-            await run_in_thread(embed_units, units, self.embedder, self.tokens)
+        """Embed and count *units* in place, in retain slots: CPU work, so it takes a slot
+        like any (*background*: yields to users': see
+        :func:`heed.memory.retain.prepare.embed_in_slots`)."""
+        await embed_in_slots(units, self.embedder, self.tokens, self.retain_lane, background)
 
     def mark_for_consolidation(
         self,

@@ -153,6 +153,11 @@ class CpuBudget:
         """Whether interactive CPU work uses every core: background work waits."""
         return self.held >= self.cores
 
+    def wanted(self) -> bool:
+        """Whether users' CPU work holds every core or waits for a slot in some lane: then
+        background CPU work should hold a core for as short a time as it can."""
+        return self.full() or any(lane._queued for lane in self._lanes)
+
     def quiet(self, seconds: float) -> bool:
         """Whether no interactive CPU work has held or waited for a slot of any lane for
         *seconds*: the cores are idle of users' work (see :meth:`Lane.lent_slot`)."""
@@ -515,6 +520,11 @@ class Lane:
         if self._counts(slot) and self._budget is not None:
             self._budget.held += 1
         return slot
+
+    def users_waiting(self) -> bool:
+        """Whether users' work waits for a slot in this lane, or, when it shares a CPU budget,
+        users' CPU work wants more cores than it has (:meth:`CpuBudget.wanted`)."""
+        return self._budget.wanted() if self._budget is not None else bool(self._queued)
 
     @contextmanager
     def lent_slot(self, quiet: float) -> Iterator[bool]:

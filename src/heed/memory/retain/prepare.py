@@ -35,13 +35,14 @@ from heed.memory.models import (
 )
 from heed.memory.retain.idempotency import document_id_for
 from heed.memory.retain.units import index_text, neighbour_texts, split_units, with_neighbours
-from heed.runtime import raise_if_cancelled, run_all, wait_for_event
+from heed.runtime import Lane, raise_if_cancelled, run_all, run_in_thread, wait_for_event
 
 __all__ = [
     "DocumentPlan",
     "EmbedFeed",
     "check_items",
     "embed_documents",
+    "embed_in_slots",
     "embed_units",
     "plan_documents",
     "prepare_documents",
@@ -183,6 +184,40 @@ def embed_units(
         counts = tokens.count_many([u.text for u in all_units])
         for unit, count in zip(all_units, counts, strict=True):
             unit.token_count = count
+
+
+#: Seconds without users' CPU work after which background embedding may use the slot kept
+#: for them (:func:`embed_in_slots`).
+LEND_AFTER_QUIET: Final = 1.0
+#: The units background embedding holds a core for while users wait for one (tens of
+#: milliseconds).
+CONTENDED_PIECE: Final = 8
+
+
+async def embed_in_slots(
+    units: Sequence[PreparedUnit],
+    embedder: Embedder,
+    tokens: TokenCounter | None,
+    lane: Lane,
+    background: bool = False,
+) -> None:
+    """Embed and count *units* in place, in slots of *lane* (CPU work). *background* work
+    yields to users': in pieces of :data:`CONTENDED_PIECE` units while users wait for a
+    core (it was granted its slot by aging), and in the slot kept for users while none has
+    wanted a core for :data:`LEND_AFTER_QUIET` seconds (:meth:`heed.runtime.Lane.lent_slot`;
+    *units* should then be a short piece, such as an :class:`EmbedFeed`'s). Raises
+    ``OperationCancelled`` while waiting for a slot or between batches."""
+    if background and units:
+        with lane.lent_slot(LEND_AFTER_QUIET) as lent:
+            if lent:
+                await run_in_thread(embed_units, units, embedder, tokens)
+                return
+    while units:
+        async with lane.slot(background=background):
+            # Users waiting for a core: a shorter hold, the rest after their turn.
+            take = units[:CONTENDED_PIECE] if background and lane.users_waiting() else units
+            await run_in_thread(embed_units, take, embedder, tokens)
+        units = units[len(take) :]
 
 
 def prepare_documents(
