@@ -122,8 +122,8 @@ class MemoryEngine:
         self.learning = learning or Learning()
         #: ``HEED_MENTAL_MODEL_MIN_REFRESH_INTERVAL_SECONDS``: a setting's server default.
         self.min_refresh_interval = min_refresh_interval
-        #: Called with the bank after a retain wrote into it (consolidation's scheduler);
-        #: must return at once.
+        #: Called with the bank after each document a retain wrote into it (consolidation's
+        #: scheduler, mental models' triggers: both debounce); must return at once.
         self.after_retain: list[Callable[[Bank], None]] = []
         #: The asynchronous retains writing into each bank (consolidation takes whole rounds
         #: meanwhile).
