@@ -54,7 +54,7 @@ from heed.memory.retain.idempotency import RetainKey
 from heed.memory.retain.prepare import check_items, embed_in_slots
 from heed.memory.spans import MEMORY_RECORDS, memory_span
 from heed.memory.store import BankGone, MemoryStore, UnitFilter, WriteResult
-from heed.memory.timeseries import Timeseries, check_period, count_timeseries
+from heed.memory.views.timeseries import Timeseries, check_period, count_timeseries
 from heed.runtime import (
     CancellationToken,
     Lane,
@@ -404,7 +404,7 @@ class MemoryEngine:
     async def memories_timeseries(
         self, bank_id: str, period: str | None, time_field: str | None
     ) -> tuple[Bank, Timeseries]:
-        """The bank's units per time bucket over *period* (:mod:`heed.memory.timeseries`);
+        """The bank's units per time bucket over *period* (:mod:`heed.memory.views.timeseries`);
         :class:`InvalidInput` (400) naming an unknown period."""
         period = check_period(period)
         bank = await self.get_bank(bank_id)

@@ -311,7 +311,7 @@ class MemoryStore(LearningStore, DirectiveStore, BrowseStore, Protocol):
     ) -> list[tuple[str, str, int]]:
         """``(prefix, fact_type, count)``: the bank's units grouped by the first *chars*
         characters of their *time_field* (one of
-        :data:`heed.memory.timeseries.TIME_FIELDS`; ``created_at`` where a unit has none)
+        :data:`heed.memory.views.timeseries.TIME_FIELDS`; ``created_at`` where a unit has none)
         and fact type, for prefixes ``>= since``."""
         ...
 

@@ -30,6 +30,11 @@ NewBankId = Annotated[
     ),
 ]
 """The id of a bank being created or changed: the engine's own rule, in the schema."""
+BankSearch = Annotated[
+    QueryText | None,
+    Query(description="Case-insensitive substring of the bank's id, name or an alias"),
+]
+"""The bank list's ``q``: which banks to list by their id, name or aliases."""
 
 
 @router.get("")
@@ -37,10 +42,7 @@ async def list_banks(
     engine: MemoryDep,
     aliases: AliasesDep,
     page: PageDep,
-    q: Annotated[
-        QueryText | None,
-        Query(description="Case-insensitive substring of the bank's id, name or an alias"),
-    ] = None,
+    q: BankSearch = None,
 ) -> wire.BankListResponse:
     """The caller's banks with their unit counts (those *q* matches, when given), each with
     the alias it is shown under and, when only an alias matched *q*, those aliases."""

@@ -1,3 +1,3 @@
 """Bank views: what a bank holds, read for browsing (entities, the entity and memory graphs,
-tags, observation scopes, chunks). ``service`` answers them from the store's reads, whose row
-types are in ``rows``."""
+tags, observation scopes, chunks, memories per time bucket: ``timeseries``). ``service``
+answers them from the store's reads, whose row types are in ``rows``."""

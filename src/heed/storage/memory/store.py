@@ -20,7 +20,7 @@ import numpy as np
 from heed.memory.models import Bank, BankStats, DocumentInfo, StoredUnit
 from heed.memory.store import BankGone, UnitFilter, VectorChanges, VectorRows
 from heed.memory.tags import filters_by_tags, tags_pass
-from heed.memory.timeseries import TIME_FIELDS
+from heed.memory.views.timeseries import TIME_FIELDS
 from heed.storage.database import SqlDatabase, apply_migrations, read_page
 from heed.storage.memory.aliases import AliasRows
 from heed.storage.memory.browse import BrowseReads
