@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -65,7 +64,7 @@ from heed.runs.manager import RunManager
 from heed.runs.model import Run
 from heed.runs.reaper import Reaper
 from heed.runs.recovery import recover
-from heed.runtime import Lane, Lanes, ProcessLimits, run_in_thread
+from heed.runtime import Lane, Lanes, ProcessLimits, helper_pool, run_in_thread
 from heed.runtime.offload import (
     configure_thread_pool,
     preload_in_processes,
@@ -214,7 +213,6 @@ class Services:
     observability_store: SqlObservabilityStore = field(init=False)
     observability: Observability = field(init=False)
     llm_budgets: LlmBudgets = field(init=False)
-    _observability_io: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -276,10 +274,9 @@ class Services:
         self.reaper = Reaper(manager)
 
         # What LLM calls cost, their traces, and audit entries, per bank (issue 41, 40).
-        self._observability_io = ThreadPoolExecutor(1, thread_name_prefix="heed-observability")
         self.observability = Observability(
             self.observability_store,
-            self._observability_io,
+            helper_pool("heed-observability", 1),  # its writes in order, off the loop
             ObservabilityLimits(
                 keep_content=settings.llm_request_log_content == "on",
                 max_traces=settings.llm_request_log_max_per_bank,
@@ -550,6 +547,5 @@ class Services:
         await self.broker.aclose()
         remove_call_admission(self.llm_budgets.admit)
         await self.observability.close()  # after the runs: their last calls are written
-        self._observability_io.shutdown(wait=True)
         self.database.close()
         await run_in_thread(shutdown_tracing, self.tracing)  # flushes what is still batched
