@@ -217,9 +217,6 @@ class _Flow:
             return all(self.learned) and not any(self.unembedded)
         return self.learned[position] and not self.unembedded[position]
 
-    def _changed(self) -> None:
-        self.changed.set()
-
     async def _learn(self) -> None:
         """Read the documents' facts when the bank extracts (their calls are background
         work when the retain is), and mark what consolidation should take."""
@@ -229,7 +226,7 @@ class _Flow:
             if mode == "off" or extractor is None:
                 self.engine.mark_for_consolidation(self.bank, self.documents, self.settings)
                 self.learned = [True] * len(self.documents)
-                self._changed()
+                self.changed.set()
                 return
             provider = extractor()
             self.extraction = Extraction()
@@ -261,11 +258,11 @@ class _Flow:
         document.units.extend(facts)
         self.engine.mark_for_consolidation(self.bank, [document], self.settings, self.extraction)
         self.learned[index] = True
-        self._changed()
+        self.changed.set()
 
     def _embedded(self, index: int, count: int) -> None:
         self.unembedded[index] -= count
-        self._changed()
+        self.changed.set()
 
     async def _embed(self, units: list[PreparedUnit]) -> None:
         await self.engine.embed(units, background=self.background)
